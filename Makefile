@@ -1,0 +1,66 @@
+# Quire: `make run` starts the standalone cluster, `make test` runs everything CI runs.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.quire-installed
+DATA   ?= data
+PROTOS := $(wildcard metastore/proto/*.proto bookie/proto/*.proto hub/proto/*.proto)
+
+.PHONY: all setup system-deps run test lint typecheck proto proto-check pytest bench-smoke clean
+
+all: test
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml tests/plugin_example/pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps -e tests/plugin_example
+	touch $@
+
+setup: $(STAMP)
+
+# Real components the tests need: Java 17 (on the machine) and Debian's ZooKeeper.
+system-deps:
+	@command -v java >/dev/null || { echo "java (17) is required but not installed" >&2; exit 1; }
+	@if [ ! -e /usr/share/java/zookeeper.jar ]; then \
+		echo "installing Debian zookeeper"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq zookeeper >/dev/null; \
+	fi
+	@test -e /usr/share/java/zookeeper.jar || { echo "zookeeper jars missing after install" >&2; exit 1; }
+
+run: setup
+	$(VENV)/bin/quire standalone --data $(DATA)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+typecheck: setup
+	$(VENV)/bin/mypy metastore placement
+	$(VENV)/bin/mypy bookie tools
+
+proto: setup
+	@for f in $(PROTOS); do d=$$(dirname $$f); \
+		$(PY) -m grpc_tools.protoc -I$$d --python_out=$$d --pyi_out=$$d $$f || exit 1; done
+
+# Generated modules are committed; fail when they differ from a fresh generation.
+proto-check: setup
+	@tmp=$$(mktemp -d); status=0; \
+	for f in $(PROTOS); do d=$$(dirname $$f); b=$$(basename $$f .proto); \
+		$(PY) -m grpc_tools.protoc -I$$d --python_out=$$tmp --pyi_out=$$tmp $$f || status=1; \
+		for ext in _pb2.py _pb2.pyi; do \
+			cmp -s $$tmp/$$b$$ext $$d/$$b$$ext || { echo "stale generated file: $$d/$$b$$ext (run make proto)" >&2; status=1; }; \
+		done; done; rm -rf $$tmp; exit $$status
+
+pytest: setup system-deps
+	$(PY) -m pytest -q -ra
+
+test: setup system-deps lint typecheck proto-check pytest
+
+bench-smoke: setup
+	$(VENV)/bin/quire bench placement
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

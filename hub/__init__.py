@@ -1,0 +1,1 @@
+"""Quire hub package."""

@@ -1,0 +1,1 @@
+"""Metastore backends (each registered under the quire.metastore entry-point group)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf modules for metastore records (run `make proto`)."""

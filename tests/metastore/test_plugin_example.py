@@ -1,0 +1,31 @@
+"""The README's worked plugin example (tests/plugin_example) registers and passes the kit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from metastore.registry import available_schemes, backend_class
+
+
+def test_example_plugin_is_registered_through_the_entry_point() -> None:
+    assert "sqlite" in available_schemes()
+    assert backend_class("sqlite").__name__ == "SqliteMetaStore"
+
+
+def test_kit_cli_passes_the_example_plugin(tmp_path: Path) -> None:
+    uri = f"sqlite://{tmp_path}/meta.db"
+    proc = subprocess.run([sys.executable, "-m", "metastore.testing", "--uri", uri],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "25 passed, 0 failed, 0 skipped" in proc.stdout
+    assert "ephemeral_dies_with_owner  PASSED" in proc.stdout
+
+
+def test_kit_cli_reports_failures_with_nonzero_exit(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "metastore.testing", "--uri", "nosuch://x",
+                           "-k", "create_and_get"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert "create_and_get  FAILED" in proc.stdout
+    assert "unknown metastore scheme 'nosuch'" in proc.stdout

@@ -1,0 +1,85 @@
+"""``quire bench NAME``: benchmarks that print one JSON line per result.
+
+Each benchmark is a module ``tools.bench.<name>`` with
+``add_arguments(parser)`` and ``run(args) -> Iterable[dict]``; every dict is
+printed as one JSON line. A result holds at least ``bench``, ``case``, the
+configuration it ran with, and ``ops_per_sec`` and/or latency percentiles
+(``p50_ms``, ``p99_ms``, ``p999_ms``) where they apply.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+BENCHMARKS = {
+    "metastore": "CAS put / get / cursor scan per backend against the raw client",
+    "placement": "new_ensemble / replace_bookie rates on 300 bookies, 30 racks, 3 regions",
+    "storage": "bookie entry-storage group-commit write path against raw batched LMDB puts",
+    "bookie": "one bookie process, one pipelined client, durable adds",
+    "ledger": "E3 W2 A2 over three bookie processes",
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    sub = parser.add_subparsers(dest="bench", metavar="NAME", required=True)
+    for name, help_text in BENCHMARKS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = importlib.import_module(f"tools.bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"tools.bench.{name}":
+                sub._name_parser_map.pop(name, None)
+                continue
+            raise
+        module.add_arguments(p)
+        p.set_defaults(bench_run=module.run)
+    return _run
+
+
+def _run(args: argparse.Namespace) -> int:
+    for result in args.bench_run(args):
+        emit(result)
+    return 0
+
+
+def emit(result: dict[str, Any]) -> None:
+    """Print one result as a JSON line (the CLI prints; libraries never do)."""
+    sys.stdout.write(json.dumps(result, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def percentiles(latencies_s: Sequence[float]) -> dict[str, float]:
+    """p50/p99/p999 in milliseconds of a list of latencies in seconds."""
+    if not latencies_s:
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0}
+    xs = sorted(latencies_s)
+
+    def pick(q: float) -> float:
+        return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000.0, 4)
+
+    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "p999_ms": pick(0.999)}
+
+
+def rate(count: int, seconds: float) -> float:
+    return round(count / seconds, 1) if seconds > 0 else 0.0
+
+
+def timed(fn: Callable[[], Any], count: int) -> tuple[float, list[float]]:
+    """Call ``fn`` ``count`` times; return (total seconds, per-call latencies)."""
+    lat: list[float] = []
+    t0 = time.perf_counter()
+    for _ in range(count):
+        s = time.perf_counter()
+        fn()
+        lat.append(time.perf_counter() - s)
+    return time.perf_counter() - t0, lat
+
+
+def results(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(items)
