@@ -51,7 +51,9 @@ called ``get``. Sessions (``await ms.session(timeout)``) each own a dedicated
 ZooKeeper session (a second kazoo client) so that the requested timeout is
 honoured and ``close`` ends exactly that session's ephemeral keys; their
 znodes are ZooKeeper ``EPHEMERAL`` nodes, removed by the server when the
-owning process dies.
+owning process dies. ``alive`` turns False for good when the session is
+closed or expires, or once it has been disconnected for longer than its
+timeout (the server has then probably expired it, as a lease would have).
 """
 
 from __future__ import annotations
@@ -349,7 +351,8 @@ async def _kazoo(client: Any, method: str, args: tuple[Any, ...], kwargs: dict[s
     if left <= 0:
         left = 0.001
     try:
-        return await asyncio.wait_for(fut, left)
+        async with asyncio.timeout(left):
+            return await fut
     except TimeoutError:
         raise ServiceDownError(f"{what}: no answer from ZooKeeper within "
                                f"{deadline.seconds:.1f} s") from None
@@ -392,12 +395,16 @@ def _new_client(hosts: str, session_timeout: float) -> Any:
 
 
 async def _start_client(client: Any, hosts: str, connect_timeout: float) -> None:
-    event = client.start_async()
-    ok = await asyncio.to_thread(event.wait, connect_timeout)
-    if ok and client.connected:
-        return
-    await _stop_client(client)
-    raise ServiceDownError(f"cannot connect to ZooKeeper at {hosts} within {connect_timeout:.1f} s")
+    client.start_async()  # connects on kazoo's own thread; poll so no executor thread is held
+    try:
+        await _wait_connected(client, _Deadline(connect_timeout), f"connect to {hosts}")
+    except ServiceDownError:
+        await _stop_client(client)
+        raise ServiceDownError(f"cannot connect to ZooKeeper at {hosts} "
+                               f"within {connect_timeout:.1f} s") from None
+    except BaseException:  # cancelled: do not leak the client's threads
+        await asyncio.shield(_stop_client(client))
+        raise
 
 
 async def _stop_client(client: Any) -> None:
@@ -658,17 +665,39 @@ class ZooKeeperSession(Session):
         self.session_id = f"{sid:#x}"
         self._closed = False
         self._lost = False
+        self._suspended_at: float | None = None
         self._owned: dict[tuple[str, str], tuple[ZooKeeperTable, Version]] = {}
         conn.client.add_listener(self._on_state)
 
     def _on_state(self, state: str) -> None:  # kazoo's connection thread
-        if state == KazooState.LOST and not self._closed:
+        if self._closed:
+            return
+        if state == KazooState.SUSPENDED:
+            if self._suspended_at is None:
+                self._suspended_at = time.monotonic()
+        elif state == KazooState.CONNECTED:
+            self._check_suspension()
+            self._suspended_at = None
+        elif state == KazooState.LOST:
+            self._mark_lost("expired")
+
+    def _mark_lost(self, why: str) -> None:
+        if not self._lost:
             self._lost = True
-            log.warning("ZooKeeper session %s expired; its ephemeral keys are gone", self.session_id)
+            log.warning("ZooKeeper session %s %s; treat its ephemeral keys as gone", self.session_id, why)
+
+    def _check_suspension(self) -> None:
+        since = self._suspended_at
+        if since is not None and time.monotonic() - since >= self.timeout:
+            self._mark_lost(f"was disconnected for over its {self.timeout:.1f} s timeout")
 
     @property
     def alive(self) -> bool:
-        if self._closed or self._lost or self._store.closed:
+        """False once closed, expired, or disconnected for longer than ``timeout`` (never again True)."""
+        if self._closed or self._store.closed:
+            return False
+        self._check_suspension()
+        if self._lost:
             return False
         cid = self._conn.client.client_id
         return cid is None or int(cid[0]) == self._zk_session
@@ -689,7 +718,17 @@ class ZooKeeperSession(Session):
         if self._closed:
             return
         self._closed = True
-        if not self._lost and self._conn.client.connected:
+        client = self._conn.client
+        if self._owned and not client.connected and client.state != KazooState.LOST:
+            # Disconnected but maybe not expired: give the session up to its timeout to come
+            # back, so its keys go now rather than whenever the server expires it.
+            try:
+                await _wait_connected(client, _Deadline(min(self.timeout, self._conn.operation_timeout)),
+                                      f"close session {self.session_id}")
+            except ServiceDownError:
+                log.info("session %s closed while disconnected; ZooKeeper will expire its keys",
+                         self.session_id)
+        if client.connected:  # also when deemed lost: the owner check below is exact
             deadline = _Deadline(min(self._conn.operation_timeout, 5.0))
             for (_, key), (table, _v) in list(self._owned.items()):
                 path = table._key_path(key)

@@ -1,0 +1,91 @@
+"""Building a placement policy from configuration.
+
+::
+
+    policy = build_policy({"ensemble_placement_policy": "regionaware", "local_region": "region-a"})
+    policy = build_policy(conf, dns=StaticMapping(locations_from_registrations))
+
+Keys and defaults are listed in ``placement.config``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from placement.config import (
+    DEFAULT_POLICY,
+    DNS_RESOLVER_KEY,
+    POLICY_KEY,
+    SCRIPT_FILE_KEY,
+    get_str,
+    import_object,
+)
+from placement.dns import DNSToSwitchMapping, ScriptBasedMapping, StaticMapping
+from placement.policy import EnsemblePlacementPolicy
+from placement.rackaware import RackawareEnsemblePlacementPolicy
+from placement.regionaware import RegionAwareEnsemblePlacementPolicy
+
+_JAVA_PACKAGE = "org.apache.bookkeeper.client."
+
+POLICIES: Mapping[str, type[EnsemblePlacementPolicy]] = {
+    "rackaware": RackawareEnsemblePlacementPolicy,
+    "regionaware": RegionAwareEnsemblePlacementPolicy,
+}
+"""Short names accepted for ``ensemble_placement_policy``."""
+
+_BY_CLASS_NAME = {cls.__name__.lower(): cls for cls in POLICIES.values()}
+
+
+def _policy_class(name: str) -> type[EnsemblePlacementPolicy]:
+    lowered = name.lower()
+    if lowered.startswith(_JAVA_PACKAGE.lower()):  # the seed's Java class names
+        lowered = lowered[len(_JAVA_PACKAGE) :]
+    cls = POLICIES.get(lowered) or _BY_CLASS_NAME.get(lowered)
+    if cls is not None:
+        return cls
+    if "." not in name and ":" not in name:
+        raise ValueError(f"{POLICY_KEY}={name!r} is not one of {sorted(POLICIES)} nor a dotted class path")
+    found = import_object(name, POLICY_KEY)
+    if not isinstance(found, type) or not issubclass(found, EnsemblePlacementPolicy):
+        raise ValueError(f"{POLICY_KEY}={name!r} is not an EnsemblePlacementPolicy subclass")
+    return found
+
+
+def build_dns(conf: Mapping[str, str]) -> DNSToSwitchMapping:
+    """The resolver the configuration asks for.
+
+    ``dns_resolver_class`` wins (built with its ``from_conf(conf)``); else
+    ``network_topology_script_file`` gives a ``ScriptBasedMapping``; else an
+    empty ``StaticMapping`` (every bookie in ``DEFAULT_RACK`` until filled).
+    Raises ``ValueError`` for a class that cannot be imported or is not a
+    ``DNSToSwitchMapping``, and for a script that is not an executable file.
+    """
+    class_path = get_str(conf, DNS_RESOLVER_KEY)
+    if class_path is not None:
+        found = import_object(class_path, DNS_RESOLVER_KEY)
+        if not isinstance(found, type) or not issubclass(found, DNSToSwitchMapping):
+            raise ValueError(f"{DNS_RESOLVER_KEY}={class_path!r} is not a DNSToSwitchMapping subclass")
+        return found.from_conf(conf)
+    script = get_str(conf, SCRIPT_FILE_KEY)
+    if script is not None:
+        if not os.path.isfile(script):
+            raise ValueError(f"{SCRIPT_FILE_KEY}={script!r} does not exist or is not a file")
+        if not os.access(script, os.X_OK):
+            raise ValueError(f"{SCRIPT_FILE_KEY}={script!r} is not executable")
+        return ScriptBasedMapping(script)
+    return StaticMapping()
+
+
+def build_policy(conf: Mapping[str, str], dns: DNSToSwitchMapping | None = None) -> EnsemblePlacementPolicy:
+    """The placement policy the configuration asks for.
+
+    ``dns`` overrides the resolver the configuration would build. Raises
+    ``ValueError`` with the offending key and value for an unknown policy
+    name, a class path that cannot be imported or is not a policy, a bad
+    resolver or script, a bad stabilize period or a bad ``local_region``.
+    """
+    name = get_str(conf, POLICY_KEY) or DEFAULT_POLICY
+    cls = _policy_class(name)
+    resolver = dns if dns is not None else build_dns(conf)
+    return cls.from_conf(conf, resolver)

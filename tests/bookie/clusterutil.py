@@ -1,0 +1,34 @@
+"""Helpers for ledger-client tests that run a real LocalCluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from bookie.client import BookKeeper
+from tools.cluster import LocalCluster
+
+FAST_CLIENT = {"add_entry_timeout": "3", "read_entry_timeout": "3", "speculative_read_timeout_ms": "200",
+               "bookie_watch_interval_ms": "200"}
+
+
+@asynccontextmanager
+async def cluster_and_client(tmp_path: Path, bookies: int = 3,
+                             overrides: dict[str, str] | None = None) -> AsyncIterator[tuple[LocalCluster, BookKeeper]]:
+    conf = {"session_timeout": "1000", "gc_wait_time": "600000"}
+    conf.update(overrides or {})
+    async with LocalCluster(bookies=bookies, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
+        bk = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
+        try:
+            yield cluster, bk
+        finally:
+            await bk.close()
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    """Poll an external condition (a registration, a file) until true; fail after ``timeout``."""
+    async with asyncio.timeout(timeout):
+        while not await predicate():
+            await asyncio.sleep(interval)

@@ -1,0 +1,163 @@
+"""The ledger client against real bookie processes: writes, reads, passwords, ensemble changes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bookie.client import BookKeeper
+from bookie.errors import (
+    DigestMismatchError,
+    LedgerClosedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+)
+from bookie.metadata import LedgerState
+from bookie.storage import corrupt_stored_entry
+from tests.bookie.clusterutil import FAST_CLIENT, cluster_and_client, wait_for
+
+
+async def test_write_read_close_round_trip(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2, digest="crc32c", password=b"pw", properties={"app": b"test"})
+        assert set(lh.metadata.current_ensemble) == set(cluster.bookie_addresses)
+        first = await lh.add_entry(b"zero")
+        ids = await lh.add_entries([f"entry-{i}".encode() for i in range(1, 200)])
+        assert first == 0 and ids == list(range(1, 200))
+        assert lh.last_add_confirmed == 199
+        got = [(e.entry_id, e.data, e.length) async for e in lh.read(0, 199)]
+        assert got[0] == (0, b"zero", 4)
+        assert got[1:] == [(i, f"entry-{i}".encode(), len(f"entry-{i}")) for i in range(1, 200)]
+        await lh.close()
+        assert lh.is_closed and lh.metadata.last_entry_id == 199
+        assert lh.metadata.length == 4 + sum(len(f"entry-{i}") for i in range(1, 200))
+        with pytest.raises(LedgerClosedError):
+            await lh.add_entry(b"late")
+        rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"pw")
+        assert rh.is_closed and rh.last_add_confirmed == 199
+        assert rh.metadata.properties == {"app": b"test"}
+        assert [e.data async for e in rh.read(198, 199)] == [b"entry-198", b"entry-199"]
+        with pytest.raises(NoSuchEntryError):
+            [e async for e in rh.read(150, 200)]
+
+
+async def test_mac_digest_and_wrong_password(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (_, bk):
+        lh = await bk.create_ledger(3, 3, 2, digest="mac", password=b"secret")
+        await lh.add_entries([b"a", b"b", b"c"])
+        with pytest.raises(UnauthorizedError):
+            await bk.open_ledger(lh.ledger_id, password=b"wrong")
+        with pytest.raises(UnauthorizedError):
+            await bk.open_ledger_no_recovery(lh.ledger_id, password=b"wrong")
+        # the writer was not disturbed by the refused opens
+        assert await lh.add_entry(b"d") == 3
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, password=b"secret")
+        assert [e.data async for e in rh.read(0, 3)] == [b"a", b"b", b"c", b"d"]
+
+
+async def test_bad_arguments_and_missing_ledgers(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (_, bk):
+        with pytest.raises(ValueError):
+            await bk.create_ledger(2, 3, 2)
+        with pytest.raises(ValueError):
+            await bk.create_ledger(3, 2, 2, digest="md5")
+        with pytest.raises(NotEnoughBookiesError):
+            await bk.create_ledger(5, 2, 2)
+        with pytest.raises(NoSuchLedgerError):
+            await bk.open_ledger(424242)
+        lh = await bk.create_ledger(3, 2, 2)
+        await lh.add_entry(b"x")
+        await lh.close()
+        await bk.delete_ledger(lh.ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            await bk.open_ledger_no_recovery(lh.ledger_id)
+        with pytest.raises(NoSuchLedgerError):
+            await bk.delete_ledger(lh.ledger_id)
+
+
+async def test_ledger_ids_are_unique_across_clients(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (cluster, bk):
+        other = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
+        try:
+            handles = await asyncio.gather(*(c.create_ledger(3, 2, 2) for c in [bk, other] * 5))
+        finally:
+            await other.close()
+        ids = [h.ledger_id for h in handles]
+        assert len(set(ids)) == 10
+
+
+async def test_ensemble_change_when_a_bookie_dies(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path, bookies=4) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        spare = (set(cluster.bookie_addresses) - set(lh.metadata.current_ensemble)).pop()
+        assert await lh.add_entries([b"before-%d" % i for i in range(50)]) == list(range(50))
+        victim = lh.metadata.current_ensemble[1]
+        await cluster.kill_bookie(cluster.bookie_addresses.index(victim))
+        ids = await lh.add_entries([b"after-%d" % i for i in range(50)])
+        assert ids == list(range(50, 100))
+        assert len(lh.metadata.ensembles) == 2
+        first, ensemble = lh.metadata.ensembles[1]
+        assert 0 < first <= 50 and victim not in ensemble and spare in ensemble
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id)
+        data = [e.data async for e in rh.read(0, 99)]
+        assert data == [b"before-%d" % i for i in range(50)] + [b"after-%d" % i for i in range(50)]
+
+
+async def test_add_fails_only_when_no_replacement_exists(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path, bookies=3) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        await lh.add_entry(b"ok")
+        await cluster.kill_bookie(0)
+        with pytest.raises(NotEnoughBookiesError):
+            await lh.add_entries([b"x"] * 5)
+        with pytest.raises(NotEnoughBookiesError):
+            await lh.add_entry(b"y")
+
+
+async def test_corrupt_replica_falls_back_and_all_corrupt_fails(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2, password=b"p")
+        await lh.add_entries([b"payload-%d" % i for i in range(10)])
+        await lh.close()
+        ensemble = lh.metadata.current_ensemble
+        holders = [ensemble[i] for i in lh.metadata.write_set(4)]
+        corrupt_stored_entry(cluster.bookie_data_dir(cluster.bookie_addresses.index(holders[0])), lh.ledger_id, 4)
+        for _ in range(3):  # whatever replica is asked first, the good one answers
+            rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"p")
+            assert (await rh.read_entry(4)).data == b"payload-4"
+        assert bk.failure_history[holders[0]] >= 1
+        corrupt_stored_entry(cluster.bookie_data_dir(cluster.bookie_addresses.index(holders[1])), lh.ledger_id, 4)
+        with pytest.raises(DigestMismatchError):
+            await rh.read_entry(4)
+        assert (await rh.read_entry(5)).data == b"payload-5"
+
+
+async def test_read_only_bookie_is_not_chosen(tmp_path: Path) -> None:
+    override = tmp_path / "usage"
+    override.write_text("0.10\n")
+    async with cluster_and_client(tmp_path, bookies=4,
+                                  overrides={"disk_check_interval": "100"}) as (cluster, bk):
+        # make bookie 0 read-only through its disk-usage hook
+        ro = cluster.bookie_addresses[0]
+        cluster.set_bookie_conf(0, disk_usage_override_file=str(override))
+        await cluster.stop_bookie(0)
+        await cluster.restart_bookie(0)
+        override.write_text("0.99\n")
+
+        async def seen_read_only() -> bool:
+            await bk.watcher.refresh()
+            return ro in bk.watcher.readonly
+
+        await wait_for(seen_read_only)
+        for _ in range(10):
+            lh = await bk.create_ledger(3, 2, 2)
+            assert ro not in lh.metadata.current_ensemble
+            await lh.add_entry(b"x")
+        with pytest.raises(NotEnoughBookiesError):
+            await bk.create_ledger(4, 2, 2)
