@@ -59,6 +59,7 @@ timeout (the server has then probably expired it, as a lease would have).
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -166,6 +167,10 @@ def decode_record(data: bytes | None, where: str) -> Value:
         raise MetastoreError(f"{where}: znode data is not a metastore Record: {exc}",
                              code="CorruptRecord") from None
     return Value(dict(rec.fields))
+
+
+_RECORD_CACHE = 4096
+"""Records per table remembered for read-free CAS puts."""
 
 
 def make_version(stat: Any) -> Version:
@@ -431,6 +436,16 @@ class ZooKeeperTable(MetastoreTable):
         super().__init__(name)
         self._store = store
         self.path = f"{store.prefix}/{escape_name(name)}"
+        # key -> (version, full record) last read or written by this table. A CAS put whose
+        # version equals the cached one merges into the cached record and needs no read:
+        # versions name exactly one state of a znode, and the guarded set rejects a stale one.
+        self._records: collections.OrderedDict[str, tuple[Version, Value]] = collections.OrderedDict()
+
+    def _remember(self, key: str, version: Version, value: Value) -> None:
+        self._records[key] = (version, value)
+        self._records.move_to_end(key)
+        if len(self._records) > _RECORD_CACHE:
+            self._records.popitem(last=False)
 
     # helpers
 
@@ -469,7 +484,9 @@ class ZooKeeperTable(MetastoreTable):
             try:
                 _, stat = await conn.call("create_async", path, data, ephemeral=ephemeral,
                                           include_data=True, what=self._desc(key), deadline=deadline)
-                return make_version(stat)
+                created = make_version(stat)
+                self._remember(key, created, Value({k: v for k, v in value.items() if v is not None}))
+                return created
             except NoKeyError:  # the table znode is missing (first use, or removed under us)
                 if attempt:
                     raise
@@ -495,7 +512,9 @@ class ZooKeeperTable(MetastoreTable):
         watch = self._make_watch(key, watcher) if watcher is not None else None
         data, stat = await conn.call("get_async", path, watch=watch, what=what, retry=True)
         value = decode_record(data, what)
-        return Versioned(value.project(fields), make_version(stat))
+        got = make_version(stat)
+        self._remember(key, got, value)
+        return Versioned(value.project(fields), got)
 
     def _make_watch(self, key: str, watcher: Watcher) -> Callable[[Any], None]:
         loop = asyncio.get_running_loop()
@@ -532,6 +551,20 @@ class ZooKeeperTable(MetastoreTable):
         path = self._key_path(key)
         what = self._desc(key)
         deadline = conn.deadline()
+        cached = self._records.get(key)
+        if cached is not None and version != Version.ANY and cached[0] == version:
+            merged = cached[1].merged(value)
+            data = encode_record(merged)
+            self._check_size(path, data, key)
+            try:
+                new_stat = await conn.call("set_async", path, data, version=split_version(version)[1],
+                                           what=what, deadline=deadline)
+            except (BadVersionError, NoKeyError):
+                self._records.pop(key, None)
+                raise
+            new_version = make_version(new_stat)
+            self._remember(key, new_version, merged)
+            return new_version
         for _ in range(_ANY_RETRIES):
             current, stat = await self._read(key, deadline)
             if version != Version.ANY and not _stat_matches(stat, version):
@@ -545,13 +578,16 @@ class ZooKeeperTable(MetastoreTable):
                 if version != Version.ANY:
                     raise
                 continue  # lost a race: read again and re-merge
-            return make_version(new_stat)
+            new_version = make_version(new_stat)
+            self._remember(key, new_version, current.merged(value))
+            return new_version
         raise ServiceDownError(f"{what}: gave up after {_ANY_RETRIES} contended updates")
 
     async def remove(self, key: str, version: Version) -> None:
         self._check_open()
         key = check_key(key)
         version = check_version(version)
+        self._records.pop(key, None)
         conn = self._store._conn
         path = self._key_path(key)
         what = self._desc(key)

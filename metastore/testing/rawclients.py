@@ -68,11 +68,13 @@ class RawKazoo:
         self.zk.ensure_path(self.root)
 
     def put(self, key: str, data: bytes) -> None:
+        from kazoo.exceptions import NoNodeError
+
         path = f"{self.root}/{key}"
-        if self.zk.exists(path) is None:
-            self.zk.create(path, data)
-        else:
+        try:
             self.zk.set(path, data)
+        except NoNodeError:
+            self.zk.create(path, data)
 
     def get(self, key: str) -> bytes:
         return bytes(self.zk.get(f"{self.root}/{key}")[0])

@@ -1,0 +1,89 @@
+"""LocalCluster and `quire standalone`: real bookie processes, kill/restart, data-dir ownership."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from bookie.client import BookKeeper
+from bookie.registration import list_bookies
+from metastore import open_metastore
+from tools.cluster import LocalCluster
+
+
+async def test_bookies_register_and_survive_kill_restart(tmp_path: Path) -> None:
+    data = tmp_path / "given"
+    async with LocalCluster(bookies=2, hubs=0, metastore="lmdb", data_dir=data,
+                            conf_overrides={"session_timeout": "1000"}) as cluster:
+        assert cluster.hub_addresses == []
+        assert len(set(cluster.bookie_addresses)) == 2
+        ms = await open_metastore(cluster.metastore_uri)
+        try:
+            regs = await list_bookies(ms)
+            assert set(regs) == set(cluster.bookie_addresses)
+            bk = await BookKeeper.connect(ms)
+            lh = await bk.create_ledger(2, 2, 2)
+            await lh.add_entries([b"a", b"b"])
+            await lh.close()
+            addr = cluster.bookie_addresses[0]
+            pid = cluster.bookie_pid(0)
+            await cluster.kill_bookie(0)
+            assert cluster.bookie_pid(0) is None
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)  # type: ignore[arg-type]
+            await cluster.restart_bookie(0)
+            assert cluster.bookie_addresses[0] == addr
+            assert addr in await list_bookies(ms)
+            rh = await bk.open_ledger_no_recovery(lh.ledger_id)
+            assert [e.data async for e in rh.read(0, 1)] == [b"a", b"b"]
+            await bk.close()
+        finally:
+            await ms.close()
+    assert data.is_dir(), "a data_dir given by the caller is never deleted"
+    assert (data / "bookie-0" / "bk_server.conf").is_file()
+
+
+async def test_owned_temp_dir_is_removed_and_hubs_are_refused(tmp_path: Path) -> None:
+    cluster = LocalCluster(bookies=1)
+    await cluster.start()
+    owned = cluster.data_dir
+    assert owned.is_dir()
+    await cluster.stop()
+    assert not owned.exists()
+    with pytest.raises(NotImplementedError):
+        LocalCluster(bookies=1, hubs=1)
+
+
+async def test_bad_bookie_conf_fails_start_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="no_such_key"):
+        async with LocalCluster(bookies=1, data_dir=tmp_path, conf_overrides={"no_such_key": "1"}):
+            pass
+
+
+async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.cli", "standalone", "--bookies", "2", "--data", str(tmp_path / "sa"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while not lines or not lines[-1].startswith("standalone ready"):
+                raw = await proc.stdout.readline()
+                assert raw, f"standalone exited early: {lines}"
+                lines.append(raw.decode().strip())
+        uri = lines[0].split()[1]
+        assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
+        bk = await BookKeeper.connect(uri)
+        lh = await bk.create_ledger(2, 2, 2)
+        assert await lh.add_entry(b"hello") == 0
+        await bk.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 30)
+    assert code == 0
