@@ -30,6 +30,7 @@ Failure modes: ``NotEnoughBookiesError`` (no ensemble or replacement),
 from __future__ import annotations
 
 import asyncio
+import builtins
 import collections
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -128,7 +129,8 @@ class BookieWatcher:
 
     async def refresh(self) -> None:
         regs = await list_bookies(self._store)
-        writable, readonly = set(), set()
+        writable: set[str] = set()
+        readonly: set[str] = set()
         for addr, rec in regs.items():
             if self._mapping is not None and rec.network_location:
                 self._mapping.set_location(addr, rec.network_location)
@@ -656,7 +658,7 @@ class LedgerHandle:
             conn = await self.bk.pool.get(addr)
             resp = await conn.request(protocol.read_request(conn.next_txn_id(), self.ledger_id, entry_id),
                                       self.bk.conf.read_entry_timeout)
-        except asyncio.TimeoutError:
+        except builtins.TimeoutError:
             self.bk.note_failure(addr)
             raise TimeoutError(f"read {self.ledger_id}:{entry_id} from {addr} timed out") from None
         except BKError:
@@ -681,7 +683,7 @@ def _best_error(errors: list[BaseException], ledger_id: int, entry_id: int) -> B
                 if kind in (NoSuchEntryError, NoSuchLedgerError) and not all(
                         isinstance(x, NoSuchEntryError | NoSuchLedgerError) for x in errors):
                     continue
-                return NoSuchEntryError(str(e)) if kind is NoSuchLedgerError else e  # type: ignore[return-value]
+                return NoSuchEntryError(str(e)) if kind is NoSuchLedgerError else e
     for e in errors:
         if isinstance(e, BKError):
             return e

@@ -101,7 +101,7 @@ class LedgerMetadata:
     def encode(self) -> bytes:
         return pb.LedgerMetadataFormat(
             ensemble_size=self.ensemble_size, write_quorum_size=self.write_quorum,
-            ack_quorum_size=self.ack_quorum, state=pb.LedgerMetadataFormat.State.Value(self.state.value),
+            ack_quorum_size=self.ack_quorum, state=self.state.value,
             last_entry_id=self.last_entry_id, length=self.length,
             segments=[pb.LedgerMetadataFormat.Segment(first_entry_id=f, ensemble=e) for f, e in self.ensembles],
             digest_type=self.digest, password_digest=self.password_digest, ctime_ms=self.ctime_ms,

@@ -109,7 +109,7 @@ async def _read_for_recovery(handle: LedgerHandle, entry_id: int) -> bytes | Non
     missing = sum(1 for r in results if isinstance(r, NoSuchEntryError | NoSuchLedgerError))
     if missing >= md.write_quorum - md.ack_quorum + 1:
         return None
-    errs = "; ".join(f"{a}: {r}" for a, r in zip(addrs, results, strict=True))
+    errs = "; ".join(f"{a}: {r!r}" for a, r in zip(addrs, results, strict=True))
     raise BookieUnavailableError(f"recovery of ledger {handle.ledger_id} cannot decide entry {entry_id}: {errs}")
 
 

@@ -24,7 +24,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -85,7 +84,7 @@ class LocalCluster:
             for i in range(bookies)
         ]
         self._zk: Any = None
-        self._emulator: subprocess.Popen[str] | None = None
+        self._emulator: asyncio.subprocess.Process | None = None
         self._started = False
 
     # --- properties -----------------------------------------------------------------------------
@@ -140,11 +139,11 @@ class LocalCluster:
             await asyncio.to_thread(self._zk.start)
             return f"zk://{self._zk.connect_string}/quire"
         if m == "hbase":
-            self._emulator = subprocess.Popen(
-                [sys.executable, "-m", "metastore.testing.hbase_thrift_emulator", "--port", "0"],
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._emulator = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "metastore.testing.hbase_thrift_emulator", "--port", "0",
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
             assert self._emulator.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(self._emulator.stdout.readline), START_TIMEOUT)
+            line = (await asyncio.wait_for(self._emulator.stdout.readline(), START_TIMEOUT)).decode()
             port = int(line.strip().rsplit(":", 1)[-1].split()[-1])
             return f"hbase://127.0.0.1:{port}/quire{uuid.uuid4().hex[:6]}"
         raise ValueError(f"unknown metastore {m!r}: use lmdb, zookeeper, hbase or a URI")
@@ -166,7 +165,7 @@ class LocalCluster:
 
     async def _start_bookie(self, role: _Role) -> None:
         _write_conf(role.conf_path, self._bookie_conf(role))
-        logf = open(role.log_path, "ab")  # noqa: SIM115 - handed to the child
+        logf = open(role.log_path, "ab")
         try:
             role.proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "tools.cli", "bookie", "--conf", str(role.conf_path),
@@ -276,9 +275,10 @@ class LocalCluster:
         if self._emulator is not None:
             self._emulator.terminate()
             try:
-                self._emulator.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
+                await asyncio.wait_for(self._emulator.wait(), STOP_TIMEOUT)
+            except TimeoutError:
                 self._emulator.kill()
+                await self._emulator.wait()
             self._emulator = None
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -34,8 +34,8 @@ class _Kit:
             if report.outcome == "skipped" and isinstance(report.longrepr, tuple):
                 detail = str(report.longrepr[2]).removeprefix("Skipped: ")
             elif report.outcome == "failed":
-                detail = str(getattr(report.longrepr, "reprcrash", "") or "").splitlines()[-1:][0:1]
-                detail = detail[0] if detail else "failed"
+                lines = str(getattr(report.longrepr, "reprcrash", "") or "").splitlines()
+                detail = lines[-1] if lines else "failed"
             self.rows.append((name, report.outcome, detail))
 
 

@@ -43,7 +43,7 @@ class RawLmdb:
 
     def get(self, key: str) -> bytes:
         with self.env.begin(db=self.db) as txn:
-            return bytes(txn.get(key.encode()))
+            return bytes(txn.get(key.encode()) or b"")
 
     def scan(self) -> int:
         n = 0

@@ -30,5 +30,5 @@ async def cluster_and_client(tmp_path: Path, bookies: int = 3,
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05) -> None:  # type: ignore[no-untyped-def]
     """Poll an external condition (a registration, a file) until true; fail after ``timeout``."""
     async with asyncio.timeout(timeout):
-        while not await predicate():
+        while not await predicate():  # noqa: ASYNC110 - an external condition, with a deadline
             await asyncio.sleep(interval)

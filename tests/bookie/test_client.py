@@ -16,7 +16,6 @@ from bookie.errors import (
     NotEnoughBookiesError,
     UnauthorizedError,
 )
-from bookie.metadata import LedgerState
 from bookie.storage import corrupt_stored_entry
 from tests.bookie.clusterutil import FAST_CLIENT, cluster_and_client, wait_for
 

@@ -81,16 +81,17 @@ async def test_ten_thousand_adds_survive_a_bookie_kill(tmp_path: Path) -> None:
         lh = await bk.create_ledger(3, 2, 2)
         victim = lh.metadata.current_ensemble[2]
         acked: list[int] = []
+        third = asyncio.Event()
 
         async def writer() -> None:
             for start in range(0, 10_000, 100):
                 ids = await lh.add_entries([b"entry-%06d" % i for i in range(start, start + 100)])
                 acked.extend(ids)
+                if len(acked) >= 3000:
+                    third.set()
 
         task = asyncio.create_task(writer())
-        async with asyncio.timeout(60):
-            while len(acked) < 3000:
-                await asyncio.sleep(0.01)
+        await asyncio.wait_for(third.wait(), 60)
         await cluster.kill_bookie(cluster.bookie_addresses.index(victim))
         await asyncio.wait_for(task, 120)
         assert acked == list(range(10_000))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import tempfile
 import time
@@ -56,8 +57,7 @@ async def _one(bk: BookKeeper, e: int, w: int, a: int, entries: int, size: int, 
     t0 = time.perf_counter()
     for _ in range(entries):
         await sem.acquire()
-        s = time.perf_counter()
-        lh._submit_nowait(body).add_done_callback(lambda f, s=s: finished(s, f))
+        lh._submit_nowait(body).add_done_callback(functools.partial(finished, time.perf_counter()))
     await done
     secs = time.perf_counter() - t0
     await lh.close()

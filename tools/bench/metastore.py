@@ -110,5 +110,9 @@ async def _run(uri: str, count: int, size: int) -> list[dict[str, Any]]:
 
     for q, r in ((quire_put, raw_put), (quire_get, raw_get), (quire_scan, raw_scan)):
         out += [q, r, {**base, "case": q["case"], "client": "ratio quire/raw",
-                       "ratio": round(q["ops_per_sec"] / r["ops_per_sec"], 3) if r["ops_per_sec"] else None}]
+                       "ratio": _ratio(q["ops_per_sec"], r["ops_per_sec"])}]
     return out
+
+
+def _ratio(ours: Any, raw: Any) -> float | None:
+    return round(float(ours) / float(raw), 3) if raw else None
