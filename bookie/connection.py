@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import cast
 
 from bookie import protocol
 from bookie.errors import BookieUnavailableError, ProtocolError
@@ -36,8 +37,7 @@ class BookieConnection(asyncio.Protocol):
 
     # asyncio.Protocol -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport
 
     def data_received(self, data: bytes) -> None:
         try:

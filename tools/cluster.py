@@ -154,7 +154,8 @@ class LocalCluster:
             "bookie_port": role.address.rsplit(":", 1)[1] if role.address else "0",
             "ledger_directories": str(role.conf_path.parent / "data"),
             "metastore_uri": self.metastore_uri,
-            "stats_http_port": role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "0",
+            # -1: the bookie picks a free port and names it in its ready line
+            "stats_http_port": role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "-1",
         }
         values.update(self.conf_overrides)
         values.update(role.extra)

@@ -1,0 +1,1 @@
+"""Generated protobuf modules for the bookie wire protocol and records (run `make proto`)."""

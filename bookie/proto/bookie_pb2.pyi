@@ -1,0 +1,120 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_UNSPECIFIED: _ClassVar[OperationType]
+    ADD_ENTRY: _ClassVar[OperationType]
+    READ_ENTRY: _ClassVar[OperationType]
+    READ_LAC: _ClassVar[OperationType]
+    GET_BOOKIE_INFO: _ClassVar[OperationType]
+
+class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[StatusCode]
+    NO_ENTRY: _ClassVar[StatusCode]
+    NO_LEDGER: _ClassVar[StatusCode]
+    FENCED: _ClassVar[StatusCode]
+    UNAUTHORIZED: _ClassVar[StatusCode]
+    BAD_REQUEST: _ClassVar[StatusCode]
+    READ_ONLY: _ClassVar[StatusCode]
+    TOO_LARGE: _ClassVar[StatusCode]
+    UNKNOWN_OP: _ClassVar[StatusCode]
+    ERROR: _ClassVar[StatusCode]
+OP_UNSPECIFIED: OperationType
+ADD_ENTRY: OperationType
+READ_ENTRY: OperationType
+READ_LAC: OperationType
+GET_BOOKIE_INFO: OperationType
+OK: StatusCode
+NO_ENTRY: StatusCode
+NO_LEDGER: StatusCode
+FENCED: StatusCode
+UNAUTHORIZED: StatusCode
+BAD_REQUEST: StatusCode
+READ_ONLY: StatusCode
+TOO_LARGE: StatusCode
+UNKNOWN_OP: StatusCode
+ERROR: StatusCode
+
+class Request(_message.Message):
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    txn_id: int
+    op: OperationType
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    body: bytes
+    fence: bool
+    recovery: bool
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ...) -> None: ...
+
+class Response(_message.Message):
+    __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message")
+    TXN_ID_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    LAC_FIELD_NUMBER: _ClassVar[int]
+    FREE_DISK_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_DISK_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    txn_id: int
+    op: OperationType
+    status: StatusCode
+    ledger_id: int
+    entry_id: int
+    body: bytes
+    lac: int
+    free_disk: int
+    total_disk: int
+    read_only: bool
+    message: str
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class BookieRegistrationRecord(_message.Message):
+    __slots__ = ("address", "network_location", "state", "free_disk", "total_disk", "registered_ms")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WRITABLE: _ClassVar[BookieRegistrationRecord.State]
+        READ_ONLY: _ClassVar[BookieRegistrationRecord.State]
+    WRITABLE: BookieRegistrationRecord.State
+    READ_ONLY: BookieRegistrationRecord.State
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NETWORK_LOCATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FREE_DISK_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_DISK_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    network_location: str
+    state: BookieRegistrationRecord.State
+    free_disk: int
+    total_disk: int
+    registered_ms: int
+    def __init__(self, address: _Optional[str] = ..., network_location: _Optional[str] = ..., state: _Optional[_Union[BookieRegistrationRecord.State, str]] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., registered_ms: _Optional[int] = ...) -> None: ...
+
+class LedgerIndexRecord(_message.Message):
+    __slots__ = ("master_key", "fenced", "lac")
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    LAC_FIELD_NUMBER: _ClassVar[int]
+    master_key: bytes
+    fenced: bool
+    lac: int
+    def __init__(self, master_key: _Optional[bytes] = ..., fenced: _Optional[bool] = ..., lac: _Optional[int] = ...) -> None: ...

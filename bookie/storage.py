@@ -1,0 +1,463 @@
+"""Entry storage: ledger entries in LMDB with group commit.
+
+    storage = EntryStorage("/var/lib/quire/bookie")
+    await storage.add_entry(ledger_id, entry_id, master_key, payload, lac)   # durable on return
+    entry_id, payload = storage.read_entry(ledger_id, LAST_ENTRY)
+    await storage.fence(ledger_id, master_key)
+    await storage.close()
+
+Layout: one LMDB environment (opened with ``sync=True``: a commit returns
+after fsync) holding two databases. ``entries`` maps
+``ledger_id (8 bytes BE) + entry_id (8 bytes BE)`` to the entry payload
+(``bookie/digest.py`` format, stored as received); ``ledgers`` maps
+``ledger_id (8 bytes BE)`` to a ``LedgerIndexRecord`` (master key, fenced
+flag, highest LAC piggybacked on an add).
+
+Group commit: every write (add, fence, delete) joins the open batch. While
+no commit is in flight the batch is handed, at the end of the current loop
+turn, to a single commit thread that writes it in one transaction; adds that
+arrive meanwhile fill the next batch, which starts as soon as the previous
+commit returns. A write is acknowledged (its future resolved or ``done``
+callback called) only after its transaction committed with sync, so every
+acknowledged add survives a kill -9.
+
+Validation happens on the event loop against the in-memory ledger state,
+which already includes writes not yet committed: the first add to a ledger
+records its master key, another key is refused with ``UnauthorizedError``, a
+fenced ledger refuses adds with ``LedgerFencedError`` (recovery adds pass).
+Reads see committed entries only.
+
+Failures: validation errors are raised synchronously; a failed commit
+(disk full, map full) is passed to every waiter of that batch as a
+``BookieServerError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+from bookie.errors import (
+    BadRequestError,
+    BKError,
+    BookieServerError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from bookie.proto.bookie_pb2 import LedgerIndexRecord
+
+log = logging.getLogger(__name__)
+
+LAST_ENTRY = -1
+"""``entry_id`` for ``read_entry``: the last entry stored for the ledger."""
+
+DEFAULT_MAP_SIZE = 64 * 1024**3
+_MAX_ID = (1 << 63) - 1
+
+Done = Callable[[BaseException | None], None]
+"""Completion callback: ``None`` once durable, else the error (called on the event loop)."""
+
+
+_ENTRY_KEY = struct.Struct(">QQ")
+
+
+def entry_key(ledger_id: int, entry_id: int) -> bytes:
+    """The 16-byte LMDB key of an entry."""
+    return _ENTRY_KEY.pack(ledger_id, entry_id)
+
+
+def ledger_key(ledger_id: int) -> bytes:
+    return ledger_id.to_bytes(8, "big")
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    """A snapshot of one ledger's record (including writes not yet committed)."""
+
+    ledger_id: int
+    master_key: bytes
+    fenced: bool
+    lac: int
+
+
+class _LedgerState:
+    __slots__ = ("fenced", "lac", "master_key")
+
+    def __init__(self, master_key: bytes, fenced: bool = False, lac: int = -1) -> None:
+        self.master_key = master_key
+        self.fenced = fenced
+        self.lac = lac
+
+    def record(self) -> bytes:
+        return LedgerIndexRecord(master_key=self.master_key, fenced=self.fenced,
+                                 lac=self.lac).SerializeToString()
+
+
+class _Batch:
+    __slots__ = ("deletes", "dirty", "futures", "puts", "started", "waiters")
+
+    def __init__(self) -> None:
+        self.puts: list[tuple[bytes, bytes]] = []
+        self.dirty: set[int] = set()
+        self.deletes: list[int] = []
+        self.waiters: list[Done] = []
+        self.futures: list[asyncio.Future[None]] = []
+        self.started = time.perf_counter()
+
+
+def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
+    if not 0 <= ledger_id <= _MAX_ID:
+        raise BadRequestError(f"ledger id {ledger_id} out of range")
+    if entry_id is not None and not 0 <= entry_id <= _MAX_ID:
+        raise BadRequestError(f"entry id {entry_id} out of range")
+
+
+class EntryStorage:
+    """Durable entry storage of one bookie; see the module docstring.
+
+    All methods are called from one event loop thread; commits run on a
+    private thread. ``on_commit(entries, seconds)`` (optional) is called on
+    the loop after each commit with the number of entries written and the
+    time from the batch's first write to its commit.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=2, sync=True,
+                                  metasync=True, readahead=False, lock=True)
+        except lmdb.Error as exc:
+            raise BookieServerError(f"cannot open entry storage at {self.path}: {exc}") from exc
+        self._entries = self._env.open_db(b"entries")
+        self._ledgers = self._env.open_db(b"ledgers")
+        self._state: dict[int, _LedgerState] = {}
+        self._batch: _Batch | None = None
+        self._committing = False
+        self._kicked = False
+        self._closing = False
+        self._closed = False
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="bookie-commit")
+        self.on_commit: Callable[[int, float], None] | None = None
+        self.commits = 0
+        self.entries_committed = 0
+
+    # --- ledger state ---------------------------------------------------------------------------
+
+    def _ledger(self, ledger_id: int) -> _LedgerState | None:
+        state = self._state.get(ledger_id)
+        if state is None:
+            with self._env.begin(db=self._ledgers) as txn:
+                raw = txn.get(ledger_key(ledger_id))
+            if raw is None:
+                return None
+            rec = LedgerIndexRecord.FromString(raw)
+            state = self._state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac)
+        return state
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo | None:
+        """The ledger's record, or ``None`` when this bookie has none."""
+        state = self._ledger(ledger_id)
+        if state is None:
+            return None
+        return LedgerInfo(ledger_id, state.master_key, state.fenced, state.lac)
+
+    def ledger_ids(self) -> set[int]:
+        """Every ledger this storage has a record of (committed or pending)."""
+        with self._env.begin(db=self._ledgers) as txn:
+            ids = {int.from_bytes(k, "big") for k in txn.cursor().iternext(keys=True, values=False)}
+        return ids | set(self._state)
+
+    # --- writes ---------------------------------------------------------------------------------
+
+    def submit_add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+                   done: Done, *, recovery: bool = False) -> None:
+        """Queue one entry for the next group commit; ``done(None)`` once it is durable.
+
+        Raises at once (``done`` is then never called): ``BadRequestError``
+        for an id out of range, ``UnauthorizedError`` for a master key other
+        than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
+        ``recovery``, ``BookieServerError`` when the storage is closing.
+        """
+        self._add(ledger_id, entry_id, master_key, payload, lac, recovery).waiters.append(done)
+
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
+                  lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
+        """Store one entry: ``await storage.add_entry(...)`` returns once it is durable.
+
+        A plain function returning a future (one coroutine less per add on
+        the hot path); the future fails with the errors of ``submit_add`` or
+        of the commit.
+        """
+        fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
+        try:
+            self._add(ledger_id, entry_id, master_key, payload, lac, recovery).futures.append(fut)
+        except BKError as exc:
+            fut.set_exception(exc)
+        return fut
+
+    def _add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+             recovery: bool) -> _Batch:
+        """Validate and queue one entry (the hot path); returns the batch it joined."""
+        if self._closing:
+            raise BookieServerError("entry storage is closing")
+        if not (0 <= ledger_id <= _MAX_ID and 0 <= entry_id <= _MAX_ID):
+            raise BadRequestError(f"entry id {ledger_id}:{entry_id} out of range")
+        state = self._state.get(ledger_id) or self._ledger(ledger_id)
+        batch = self._batch or self._open_batch()
+        if state is None:
+            state = self._state[ledger_id] = _LedgerState(master_key)
+            batch.dirty.add(ledger_id)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        elif state.fenced and not recovery:
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        if lac > state.lac:
+            state.lac = lac
+            batch.dirty.add(ledger_id)
+        batch.puts.append((_ENTRY_KEY.pack(ledger_id, entry_id), payload))
+        return batch
+
+    def submit_fence(self, ledger_id: int, master_key: bytes, done: Done) -> None:
+        """Fence the ledger (creating its record if unknown); ``done(None)`` once durable.
+
+        Raises ``UnauthorizedError`` for a wrong master key, ``BadRequestError``
+        for a bad id, ``BookieServerError`` when closing.
+        """
+        self._fence(ledger_id, master_key).waiters.append(done)
+
+    async def fence(self, ledger_id: int, master_key: bytes) -> None:
+        """Fence the ledger durably; errors as ``submit_fence``."""
+        fut = asyncio.get_running_loop().create_future()
+        self._fence(ledger_id, master_key).futures.append(fut)
+        await fut
+
+    def _fence(self, ledger_id: int, master_key: bytes) -> _Batch:
+        if self._closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        state = self._ledger(ledger_id)
+        if state is None:
+            state = self._state[ledger_id] = _LedgerState(master_key)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        batch = self._batch or self._open_batch()
+        state.fenced = True
+        batch.dirty.add(ledger_id)
+        return batch
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete the ledger's entries and record durably (garbage collection)."""
+        if self._closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        fut = asyncio.get_running_loop().create_future()
+        self._state.pop(ledger_id, None)
+        batch = self._batch or self._open_batch()
+        batch.dirty.discard(ledger_id)
+        batch.deletes.append(ledger_id)
+        batch.futures.append(fut)
+        await fut
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, bytes]:
+        """``(entry_id, payload)`` of a committed entry; ``LAST_ENTRY`` reads the highest one.
+
+        Raises ``NoSuchLedgerError`` when the bookie has no record of the
+        ledger, ``NoSuchEntryError`` when it has no such entry (committed),
+        ``BadRequestError`` for an id out of range.
+        """
+        _check_ids(ledger_id, None if entry_id == LAST_ENTRY else entry_id)
+        if self._ledger(ledger_id) is None:
+            raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
+        with self._env.begin(db=self._entries) as txn:
+            if entry_id != LAST_ENTRY:
+                payload = txn.get(entry_key(ledger_id, entry_id))
+                if payload is None:
+                    raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} on this bookie")
+                return entry_id, payload
+            found = self._last_key(txn, ledger_id)
+            if found is None:
+                raise NoSuchEntryError(f"no entries of ledger {ledger_id} on this bookie")
+            key, payload = found
+            return int.from_bytes(key[8:], "big"), payload
+
+    def _last_key(self, txn: lmdb.Transaction, ledger_id: int) -> tuple[bytes, bytes] | None:
+        cur = txn.cursor()
+        positioned = cur.set_range(entry_key(ledger_id + 1, 0)) if ledger_id < _MAX_ID else False
+        if not (cur.prev() if positioned else cur.last()):
+            return None
+        key = bytes(cur.key())
+        if key[:8] != ledger_key(ledger_id):
+            return None
+        return key, bytes(cur.value())
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """The highest committed entry id of the ledger, ``-1`` when none."""
+        with self._env.begin(db=self._entries) as txn:
+            found = self._last_key(txn, ledger_id)
+        return -1 if found is None else int.from_bytes(found[0][8:], "big")
+
+    def read_lac(self, ledger_id: int) -> int:
+        """The highest LAC piggybacked on an add (``-1`` when none); ``NoSuchLedgerError``."""
+        _check_ids(ledger_id)
+        state = self._ledger(ledger_id)
+        if state is None:
+            raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
+        return state.lac
+
+    def entry_count(self) -> int:
+        """Committed entries in the storage (all ledgers)."""
+        with self._env.begin(db=self._entries) as txn:
+            return int(txn.stat(self._entries)["entries"])
+
+    # --- group commit ---------------------------------------------------------------------------
+
+    def _open_batch(self) -> _Batch:
+        batch = self._batch = _Batch()
+        if not self._committing and not self._kicked:
+            self._kicked = True
+            loop = self._loop or asyncio.get_running_loop()
+            self._loop = loop
+            loop.call_soon(self._start_commit)
+        return batch
+
+    def _start_commit(self) -> None:
+        self._kicked = False
+        batch = self._batch
+        if batch is None or self._committing:
+            return
+        self._batch = None
+        self._committing = True
+        records = []
+        for lid in batch.dirty:
+            state = self._state.get(lid)
+            if state is not None:
+                records.append((ledger_key(lid), state.record()))
+        assert self._loop is not None
+        fut = self._loop.run_in_executor(self._executor, self._write, batch.puts, records, batch.deletes)
+        fut.add_done_callback(lambda f: self._commit_done(batch, f))
+
+    def _write(self, puts: list[tuple[bytes, bytes]], records: list[tuple[bytes, bytes]],
+               deletes: list[int]) -> None:
+        """Runs on the commit thread: one transaction, committed with sync."""
+        with self._env.begin(write=True) as txn:
+            if puts:
+                txn.cursor(db=self._entries).putmulti(puts)
+            if records:
+                txn.cursor(db=self._ledgers).putmulti(records)
+            for lid in deletes:
+                prefix = ledger_key(lid)
+                cur = txn.cursor(db=self._entries)
+                if cur.set_range(prefix):
+                    while cur.key()[:8] == prefix:
+                        if not cur.delete():
+                            break
+                txn.delete(prefix, db=self._ledgers)
+
+    def _commit_done(self, batch: _Batch, fut: asyncio.Future[None]) -> None:
+        self._committing = False
+        exc: BaseException | None = None
+        if fut.cancelled():
+            exc = BookieServerError("commit cancelled")
+        elif fut.exception() is not None:
+            cause = fut.exception()
+            log.error("entry storage commit of %d entries failed: %s", len(batch.puts), cause)
+            exc = BookieServerError(f"commit failed: {cause}")
+            exc.__cause__ = cause
+        else:
+            self.commits += 1
+            self.entries_committed += len(batch.puts)
+            if self.on_commit is not None:
+                self.on_commit(len(batch.puts), time.perf_counter() - batch.started)
+        for lid in batch.deletes:
+            self._state.pop(lid, None)
+        for done in batch.waiters:
+            try:
+                done(exc)
+            except Exception:
+                log.exception("entry storage completion callback raised")
+        for fut in batch.futures:
+            if not fut.done():
+                if exc is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(exc)
+        if self._batch is not None:
+            self._start_commit()
+        else:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    async def flush(self) -> None:
+        """Return once every write submitted so far is committed."""
+        while self._committing or self._batch is not None:
+            idle = asyncio.get_running_loop().create_future()
+            self._idle_waiters.append(idle)
+            if not self._committing:
+                self._start_commit()
+            await idle
+
+    async def close(self) -> None:
+        """Refuse new writes, wait for the commits in flight, close the environment."""
+        if self._closed:
+            return
+        self._closing = True
+        await self.flush()
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self._env.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # --- test hooks -----------------------------------------------------------------------------
+
+    def corrupt_entry_for_test(self, ledger_id: int, entry_id: int) -> None:
+        """Flip the last byte of a stored entry (test hook: the client must detect it)."""
+        with self._env.begin(write=True, db=self._entries) as txn:
+            _flip_last_byte(txn, self._entries, ledger_id, entry_id)
+
+
+def corrupt_stored_entry(path: str | os.PathLike[str], ledger_id: int, entry_id: int) -> None:
+    """Flip the last byte of a stored entry in the storage at ``path`` (test hook).
+
+    Safe while a bookie process uses the directory (LMDB serialises writers
+    across processes). Raises ``NoSuchEntryError`` when the entry is absent.
+    """
+    env = lmdb.open(str(path), max_dbs=2, sync=True, lock=True, create=False)
+    try:
+        db = env.open_db(b"entries")
+        with env.begin(write=True, db=db) as txn:
+            _flip_last_byte(txn, db, ledger_id, entry_id)
+    finally:
+        env.close()
+
+
+def _flip_last_byte(txn: lmdb.Transaction, db: Any, ledger_id: int, entry_id: int) -> None:
+    key = entry_key(ledger_id, entry_id)
+    found = txn.get(key, db=db)
+    if found is None:
+        raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
+    payload = bytes(found)
+    if not payload:
+        raise BadRequestError(f"entry {ledger_id}:{entry_id} is empty")
+    txn.put(key, payload[:-1] + bytes([payload[-1] ^ 0xFF]), db=db)

@@ -1,0 +1,381 @@
+"""``quire bench bookie``: one real bookie process, one pipelined client, durable adds.
+
+    quire bench bookie [--count 100000] [--sizes 100,1024] [--window 1000] [--rate 5000]
+
+Starts ``python -m tools.cli bookie`` on a temporary directory with an lmdb
+metastore, connects one raw-protocol client (``RawBookieClient``, an
+``asyncio.Protocol`` on uvloop) and reports, one JSON line each:
+
+* ``fsync``: the disk's fsync rate (``os.fsync`` loop on a temp file in the
+  same directory), the comparison a durable add is bound by;
+* ``throughput``: adds/s and p50/p99/p999 with ``--window`` adds
+  outstanding, per entry size;
+* ``fixed_rate``: latency percentiles at ``--rate`` adds/s, measured after
+  one second of warm-up at the same rate.
+
+Payloads are encoded (``encode_entry``, crc32c) before the clock starts, so
+the figures are the bookie's, not the client's encoder's.
+
+``RawBookieClient`` and ``BookieProcess`` are also used by the bookie tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from bookie import protocol as proto
+from bookie.digest import encode_entry, master_key
+from bookie.errors import BookieUnavailableError, ProtocolError
+from tools.bench import percentiles, rate
+
+Callback = Callable[[Any], None]
+"""Receives the ``Response``, or a ``BKError`` when the connection is lost."""
+
+
+class RawBookieClient(asyncio.Protocol):
+    """A minimal pipelined bookie connection speaking ``bookie.protocol`` directly.
+
+    ``submit(request, callback)`` sends without waiting (writes are batched
+    per loop turn); ``await call(request)`` waits for the response.
+    Responses that match no request (txn id 0: the bookie could not decode a
+    frame) go to the ``orphans`` queue. ``closed`` resolves when the
+    connection is lost; outstanding callbacks then get ``BookieUnavailableError``.
+    """
+
+    def __init__(self, max_frame_size: int = proto.DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = proto.FrameDecoder(max_frame_size)
+        self.pending: proto.PendingRequests[Callback] = proto.PendingRequests()
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self.transport: asyncio.Transport | None = None
+        self.orphans: asyncio.Queue[proto.Response] = asyncio.Queue()
+        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def connect(cls, address: str, timeout: float = 10.0) -> RawBookieClient:
+        host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        _, client = await asyncio.wait_for(loop.create_connection(cls, host, int(port)), timeout)
+        return client
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        err = BookieUnavailableError(f"connection lost: {exc or 'closed by the bookie'}")
+        for cb in self.pending.drain():
+            cb(err)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        for frame in frames:
+            resp = proto.parse_response(frame)
+            try:
+                cb = self.pending.complete(resp)
+            except ProtocolError:
+                self.orphans.put_nowait(resp)
+                continue
+            cb(resp)
+        self.flush()
+
+    def submit(self, request: proto.Request, callback: Callback) -> None:
+        """Send ``request`` (a txn id is assigned when it has none)."""
+        if self.transport is None:
+            callback(BookieUnavailableError("not connected"))
+            return
+        if not request.txn_id:
+            request.txn_id = self.pending.next_txn_id()
+        self.pending.add(request, callback)
+        self.send_raw(proto.encode_frame(request))
+
+    def send_raw(self, data: bytes) -> None:
+        """Queue raw bytes (tests send malformed frames with it)."""
+        self._out.append(data)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and self.transport is not None:
+            self.transport.writelines(self._out)
+        self._out.clear()
+
+    async def call(self, request: proto.Request, timeout: float = 10.0) -> proto.Response:
+        """Send and wait; raises ``BookieUnavailableError`` if the connection is lost."""
+        fut: asyncio.Future[proto.Response] = asyncio.get_running_loop().create_future()
+
+        def done(result: Any) -> None:
+            if fut.done():
+                return
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+
+        self.submit(request, done)
+        return await asyncio.wait_for(fut, timeout)
+
+    async def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        await asyncio.wait_for(asyncio.shield(self.closed), 10.0)
+
+
+class BookieProcess:
+    """A ``python -m tools.cli bookie`` OS process; ``start`` returns once it printed its ready line."""
+
+    def __init__(self, conf_path: Path, log_path: Path, extra_args: Sequence[str] = ()) -> None:
+        self.conf_path = conf_path
+        self.log_path = log_path
+        self.extra_args = list(extra_args)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.address = ""
+        self.ready_line = ""
+
+    @classmethod
+    def write_conf(cls, path: Path, settings: dict[str, Any]) -> Path:
+        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        return path
+
+    def start(self, timeout: float = 30.0) -> BookieProcess:
+        """Start and wait for ``bookie ready``; ``RuntimeError`` (with the log tail) on failure."""
+        cmd = [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(self.conf_path), *self.extra_args]
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        log.close()
+        assert self.proc.stdout is not None
+        line = _readline(self.proc, timeout)
+        if not line.startswith("bookie ready "):
+            self.kill()
+            raise RuntimeError(f"bookie did not start ({line!r}); log tail:\n{self.log_tail()}")
+        self.ready_line = line
+        self.address = line.split()[2]
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        """SIGTERM and wait; returns the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL and reap."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """One stdout line of ``proc`` within ``timeout`` (``""`` on exit or timeout)."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    buf = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while b"\n" not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sel.select(left):
+                break
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.decode(errors="replace").strip()
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--count", type=int, default=100_000, help="adds per throughput run")
+    parser.add_argument("--sizes", default="100,1024", help="entry body sizes in bytes, comma-separated")
+    parser.add_argument("--window", type=int, default=1000, help="adds outstanding in the throughput run")
+    parser.add_argument("--rate", type=int, default=5000, help="adds/s of the fixed-rate run (0 skips it)")
+    parser.add_argument("--rate-seconds", type=float, default=5.0, help="length of the fixed-rate run")
+    parser.add_argument("--dir", default=None, help="work directory (default: a temp dir under ./data/bench)")
+
+
+def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
+    sizes = [int(s) for s in str(args.sizes).split(",") if s]
+    root = Path(args.dir) if args.dir else None
+    if root is None:
+        os.makedirs("data/bench", exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="bookie-", dir=os.path.abspath("data/bench")))
+    root.mkdir(parents=True, exist_ok=True)
+    yield fsync_rate(root)
+    conf = BookieProcess.write_conf(root / "bk_server.conf", {
+        "bookie_port": 0, "ledger_directories": root / "data",
+        "metastore_uri": f"lmdb://{(root / 'meta').resolve()}", "gc_wait_time": 0})
+    bookie = BookieProcess(conf, root / "bookie.log").start()
+    try:
+        import uvloop
+
+        yield from uvloop.run(_bench(bookie.address, sizes, args.count, args.window, args.rate,
+                                     args.rate_seconds))
+    finally:
+        bookie.terminate()
+        if not args.dir:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def fsync_rate(root: Path, seconds: float = 2.0) -> dict[str, Any]:
+    """fsyncs/s of small appends to a file in ``root`` (what one durable commit costs)."""
+    path = root / "fsync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    lat: list[float] = []
+    try:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            s = time.perf_counter()
+            os.write(fd, b"x" * 100)
+            os.fsync(fd)
+            lat.append(time.perf_counter() - s)
+        total = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+        path.unlink()
+    return {"bench": "bookie", "case": "fsync", "dir": str(root), "count": len(lat),
+            "ops_per_sec": rate(len(lat), total), **percentiles(lat)}
+
+
+def _payloads(ledger_id: int, count: int, size: int) -> list[bytes]:
+    body = os.urandom(size)
+    return [encode_entry(ledger_id, i, i - 1, (i + 1) * size, body) for i in range(count)]
+
+
+async def _bench(address: str, sizes: list[int], count: int, window: int, fixed_rate: int,
+                 rate_seconds: float) -> list[dict[str, Any]]:
+    client = await RawBookieClient.connect(address)
+    key = master_key(b"bench")
+    out: list[dict[str, Any]] = []
+    ledger = 1
+    try:
+        for size in sizes:
+            ledger += 1
+            secs, lat, errors = await _pipelined(client, ledger, key, _payloads(ledger, count, size), window)
+            out.append({"bench": "bookie", "case": "throughput", "entry_size": size, "count": count,
+                        "window": window, "errors": errors, "seconds": round(secs, 4),
+                        "ops_per_sec": rate(count, secs), **percentiles(lat)})
+        if fixed_rate > 0:
+            ledger += 1  # warm-up at the same rate, not measured
+            await _fixed_rate(client, ledger, key, _payloads(ledger, fixed_rate, sizes[0]), fixed_rate)
+            ledger += 1
+            n = int(fixed_rate * rate_seconds)
+            secs, lat, errors = await _fixed_rate(client, ledger, key, _payloads(ledger, n, sizes[0]),
+                                                  fixed_rate)
+            out.append({"bench": "bookie", "case": "fixed_rate", "entry_size": sizes[0],
+                        "target_rate": fixed_rate, "warmup_seconds": 1.0, "count": n, "errors": errors,
+                        "seconds": round(secs, 4),
+                        "ops_per_sec": rate(n, secs), **percentiles(lat)})
+    finally:
+        await client.close()
+    return out
+
+
+async def _pipelined(client: RawBookieClient, ledger: int, key: bytes, payloads: list[bytes],
+                     window: int) -> tuple[float, list[float], int]:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    lat: list[float] = []
+    errors = 0
+    next_id = 0
+    total = len(payloads)
+    clock = time.perf_counter
+
+    def send() -> None:
+        nonlocal next_id
+        eid = next_id
+        next_id += 1
+        t = clock()
+        client.submit(proto.add_request(0, ledger, eid, key, payloads[eid]), lambda r: answered(r, t))
+
+    def answered(resp: Any, sent: float) -> None:
+        nonlocal errors
+        lat.append(clock() - sent)
+        if not isinstance(resp, proto.Response) or resp.status != proto.OK:
+            errors += 1
+            if not isinstance(resp, proto.Response):
+                if not done.done():
+                    done.set_exception(resp)
+                return
+        if next_id < total:
+            send()
+        elif len(lat) == total and not done.done():
+            done.set_result(None)
+
+    t0 = clock()
+    for _ in range(min(window, total)):
+        send()
+    await asyncio.wait_for(done, 600)
+    return clock() - t0, lat, errors
+
+
+def _bind(fn: Callable[[Any, float], None], sent: float) -> Callback:
+    return lambda resp: fn(resp, sent)
+
+
+async def _fixed_rate(client: RawBookieClient, ledger: int, key: bytes, payloads: list[bytes],
+                      ops_per_sec: int) -> tuple[float, list[float], int]:
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    lat: list[float] = []
+    errors = 0
+    total = len(payloads)
+    clock = time.perf_counter
+
+    def answered(resp: Any, sent: float) -> None:
+        nonlocal errors
+        lat.append(clock() - sent)
+        if not isinstance(resp, proto.Response) or resp.status != proto.OK:
+            errors += 1
+        if len(lat) == total and not done.done():
+            done.set_result(None)
+
+    t0 = clock()
+    sent = 0
+    while sent < total:
+        due = min(total, int((clock() - t0) * ops_per_sec) + 1)
+        while sent < due:
+            t = clock()
+            client.submit(proto.add_request(0, ledger, sent, key, payloads[sent]), _bind(answered, t))
+            sent += 1
+        client.flush()
+        await asyncio.sleep(0.001)
+    await asyncio.wait_for(done, 60)
+    return clock() - t0, lat, errors
