@@ -6,9 +6,12 @@
   of the ``str`` key, so LMDB's byte order is Python ``str`` order and every
   table is scannable. LMDB limits a key to 511 bytes: a longer key raises
   ``IllegalOpError``.
-* A record is ``version (8 bytes, big-endian) + Record`` (protobuf). Versions
-  come from one counter per environment, bumped inside every write
-  transaction, so they grow across delete and re-create and across processes.
+* A record is ``version (8 bytes, big-endian) + Record`` (protobuf). A new
+  version is the wall clock in nanoseconds, and always past the key's
+  previous version: it grows on every put, and a key removed and created
+  again gets a version newer than any it had (unless the clock steps back
+  between the remove and the create). A transaction touches only the one
+  table, so each commit writes as few pages as possible.
 * Every write is one LMDB transaction committed with ``fsync`` (durable on
   return). Several OS processes may open the same directory: LMDB's own
   reader table and writer lock serialise them, and each CAS is a read-check-
@@ -17,7 +20,8 @@
   the event loop (they take microseconds and never block on other writers).
 * Sessions are leases and watches are polled (``metastore.lease``).
 
-Options (``open_metastore(uri, **conf)``, strings accepted): ``map_size``
+Options (``open_metastore(uri, **conf)`` or the URI's query string such as
+``lmdb:///data/meta?map_size=1073741824``; strings accepted): ``map_size``
 (bytes, default 8 GiB, sparse), ``max_value_size`` (bytes per field value,
 default 16 MiB), ``watch_poll_interval`` (seconds, default 0.05).
 
@@ -31,10 +35,11 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import time
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import lmdb
 
@@ -63,7 +68,6 @@ from metastore.proto.metastore_pb2 import Record
 T = TypeVar("T")
 
 _VER = struct.Struct(">Q")
-_COUNTER_KEY = b"version"
 MAX_KEY_BYTES = 511
 DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_MAX_VALUE_SIZE = 16 << 20
@@ -76,7 +80,6 @@ class _SharedEnv:
         self.path = path
         self.env = lmdb.open(path, map_size=map_size, max_dbs=4096, subdir=True, sync=True,
                              metasync=True, lock=True, readahead=False, max_readers=1024)
-        self.meta = self.env.open_db(b"__meta__")
         self.refs = 0
         self.dbs: dict[str, Any] = {}
         self.lock = threading.Lock()
@@ -137,7 +140,6 @@ class LmdbTable(MetastoreScannableTable):
         super().__init__(name)
         self._store = store
         self._env = store.shared.env
-        self._meta = store.shared.meta
         self._db = store.shared.db(name)
 
     def _check_open(self) -> None:
@@ -159,11 +161,10 @@ class LmdbTable(MetastoreScannableTable):
             raise NoKeyError(f"{self.name}/{key}")
         return decode_record(raw, fields)
 
-    def _next_version(self, txn: Any) -> int:
-        cur = txn.get(_COUNTER_KEY, db=self._meta)
-        nxt = (_VER.unpack(cur)[0] if cur else 0) + 1
-        txn.put(_COUNTER_KEY, _VER.pack(nxt), db=self._meta)
-        return nxt
+    @staticmethod
+    def _next_version(previous: int) -> int:
+        """Wall-clock nanoseconds, and always past ``previous`` (see the module docstring)."""
+        return max(previous + 1, time.time_ns())
 
     def _put_sync(self, k: bytes, key: str, value: Value, version: Version) -> Version:
         with self._env.begin(write=True, db=self._db) as txn:
@@ -172,13 +173,15 @@ class LmdbTable(MetastoreScannableTable):
                 if raw is not None:
                     raise KeyExistsError(f"{self.name}/{key}")
                 new_value = Value({f: v for f, v in value.items() if v is not None})
+                previous = 0
             else:
                 if raw is None:
                     raise NoKeyError(f"{self.name}/{key}")
-                if version != Version.ANY and _VER.unpack_from(raw)[0] != version.value:
+                previous = _VER.unpack_from(raw)[0]
+                if version != Version.ANY and previous != version.value:
                     raise BadVersionError(f"{self.name}/{key}: version {version!r} is not current")
                 new_value = Value(Record.FromString(raw[8:]).fields).merged(value)
-            nv = self._next_version(txn)
+            nv = self._next_version(previous)
             txn.put(k, encode_record(nv, new_value))
         return Version(nv)
 
@@ -192,7 +195,6 @@ class LmdbTable(MetastoreScannableTable):
             ):
                 raise BadVersionError(f"{self.name}/{key}: version {version!r} is not current")
             txn.delete(k)
-            self._next_version(txn)
 
     async def put(self, key: str, value: Value, version: Version) -> Version:
         self._check_open()
@@ -298,7 +300,9 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise IllegalOpError(f"lmdb URI {uri!r} names no directory (use lmdb:///abs/path)")
-        return cls(os.path.abspath(path), conf)
+        options: dict[str, Any] = dict(parse_qsl(parts.query))
+        options.update(conf)  # keyword options win over the URI's query string
+        return cls(os.path.abspath(path), options)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a write transaction in a worker thread (it waits for fsync)."""

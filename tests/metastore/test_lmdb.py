@@ -33,6 +33,14 @@ async def test_field_over_limit_is_illegal(tmp_path: Path) -> None:
     await ms.close()
 
 
+async def test_options_in_the_uri_query(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}?max_value_size=10")
+    t = await ms.create_table("t")
+    with pytest.raises(IllegalOpError, match="limit of 10"):
+        await t.put("k", Value({"a": b"x" * 11}), Version.NEW)
+    await ms.close()
+
+
 async def test_bad_option_value_is_illegal(tmp_path: Path) -> None:
     with pytest.raises(IllegalOpError, match="max_value_size"):
         await open_metastore(f"lmdb://{tmp_path}", max_value_size="lots")

@@ -36,7 +36,9 @@ def _uri(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> Iterable[dict[str, Any]]:
-    return asyncio.run(_run(_uri(args), args.count, args.value_size))
+    import uvloop
+
+    return uvloop.run(_run(_uri(args), args.count, args.value_size))
 
 
 async def _run(uri: str, count: int, size: int) -> list[dict[str, Any]]:
