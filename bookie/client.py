@@ -33,16 +33,19 @@ import asyncio
 import builtins
 import collections
 import logging
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
 from bookie import digest as digests
 from bookie import protocol
+from bookie.conf import read_properties
 from bookie.connection import BookieConnectionPool
 from bookie.errors import (
     BKError,
     BookieUnavailableError,
+    ConfError,
     DigestMismatchError,
     LedgerClosedError,
     LedgerFencedError,
@@ -66,7 +69,7 @@ from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BookKeeper", "ClientConf", "LedgerEntry", "LedgerHandle"]
+__all__ = ["BookKeeper", "ClientConf", "LedgerEntry", "LedgerHandle", "load_client_conf"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,27 @@ class ClientConf:
                 except (TypeError, ValueError):
                     raise ValueError(f"client conf {f.name}={raw!r} is not a number") from None
         return cls(**values)
+
+
+PLACEMENT_KEYS = frozenset({"ensemble_placement_policy", "network_topology_script_file",
+                            "network_topology_stabilize_period_seconds", "dns_resolver_class", "local_region"})
+
+
+def load_client_conf(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Read a ledger-client conf file (``conf/bk_client.conf``) for ``BookKeeper.connect(conf=...)``.
+
+    Raises ``ConfError`` naming the key for an unknown key or a bad value.
+    """
+    props = read_properties(path)
+    known = {f.name for f in fields(ClientConf)} | PLACEMENT_KEYS
+    for key in props:
+        if key not in known:
+            raise ConfError(f"unknown key {key!r} in {path}")
+    try:
+        ClientConf.from_mapping(props)
+    except ValueError as exc:
+        raise ConfError(f"{path}: {exc}") from None
+    return {k: v for k, v in props.items() if v != ""}
 
 
 class LedgerEntry(NamedTuple):

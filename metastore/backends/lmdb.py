@@ -35,8 +35,8 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
-import time
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit

@@ -160,3 +160,39 @@ async def test_read_only_bookie_is_not_chosen(tmp_path: Path) -> None:
             await lh.add_entry(b"x")
         with pytest.raises(NotEnoughBookiesError):
             await bk.create_ledger(4, 2, 2)
+
+
+def test_client_conf_file_lists_every_key_and_rejects_unknown(tmp_path: Path) -> None:
+    from bookie.client import PLACEMENT_KEYS, ClientConf, load_client_conf
+    from bookie.errors import ConfError
+
+    shipped = Path(__file__).resolve().parents[2] / "conf" / "bk_client.conf"
+    conf = load_client_conf(shipped)
+    listed = {line.split("=", 1)[0] for line in shipped.read_text().splitlines()
+              if line and not line.startswith("#")}
+    from dataclasses import fields
+
+    assert listed == {f.name for f in fields(ClientConf)} | PLACEMENT_KEYS
+    assert ClientConf.from_mapping(conf) == ClientConf()
+    bad = tmp_path / "bad.conf"
+    bad.write_text("add_entry_timeout=soon\n")
+    with pytest.raises(ConfError, match="add_entry_timeout"):
+        load_client_conf(bad)
+    bad.write_text("no_such_key=1\n")
+    with pytest.raises(ConfError, match="no_such_key"):
+        load_client_conf(bad)
+
+
+async def test_region_aware_policy_from_conf(tmp_path: Path) -> None:
+    from placement import RegionAwareEnsemblePlacementPolicy
+
+    async with cluster_and_client(tmp_path, bookies=3) as (cluster, _):
+        bk = await BookKeeper.connect(cluster.metastore_uri, conf={**FAST_CLIENT,
+                                      "ensemble_placement_policy": "regionaware", "local_region": "default-region"})
+        try:
+            assert isinstance(bk.policy, RegionAwareEnsemblePlacementPolicy)
+            lh = await bk.create_ledger(3, 2, 2)
+            assert set(lh.metadata.current_ensemble) == set(cluster.bookie_addresses)
+            assert await lh.add_entry(b"x") == 0
+        finally:
+            await bk.close()
