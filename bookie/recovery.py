@@ -32,6 +32,7 @@ from bookie.errors import (
     BKError,
     BookieUnavailableError,
     DigestMismatchError,
+    LedgerClosedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     UnauthorizedError,
@@ -148,7 +149,13 @@ async def recover_ledger(bk: BookKeeper, ledger_id: int, password: bytes) -> tup
         length = header.length
         entry_id += 1
     if rewrites:
-        await asyncio.gather(*rewrites)
+        try:
+            await asyncio.gather(*rewrites)
+        except LedgerClosedError:  # a concurrent recoverer finished first
+            md, version = await bk.ledgers.read(ledger_id)
+            if md.is_closed:
+                return md, version
+            raise
     last = entry_id - 1
     log.info("recovered ledger %d: last entry %d, length %d (%d entries re-replicated)",
              ledger_id, last, length, len(rewrites))

@@ -142,10 +142,12 @@ class LeasedTable(MetastoreTable):
         return Versioned(value, got.version)
 
     async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
-        self._check_open()
-        fields = check_fields(fields)
+        if self._closed:
+            raise IllegalOpError("table is closed")
+        if fields is not ALL_FIELDS:
+            fields = check_fields(fields)
         got = await self.raw.get(key, self._with_lease(fields))
-        if not await self._live(key, got):
+        if LEASE_FIELD in got.value and not await self._live(key, got):
             raise NoKeyError(f"{self.name}/{key}")
         if watcher is not None:
             if self._watches is None:

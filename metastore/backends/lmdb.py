@@ -153,9 +153,11 @@ class LmdbTable(MetastoreScannableTable):
         return raw
 
     async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
-        self._check_open()
+        if self._closed or self._store._closed:
+            raise IllegalOpError(f"table {self.name} is closed")
         k = self._key(key)
-        fields = check_fields(fields)
+        if fields is not ALL_FIELDS:
+            fields = check_fields(fields)
         raw = self._env.begin(db=self._db).get(k)  # a read txn is aborted when dropped
         if raw is None:
             raise NoKeyError(f"{self.name}/{key}")
