@@ -395,3 +395,15 @@ def test_encode_entry_matches_what_the_bookie_echoes() -> None:
     # guards the helper the other tests rely on
     req = add_req(5, 3, b"abc", lac=2)
     assert req.body == encode_entry(5, 3, 2, 12, b"abc")
+
+
+def test_unreachable_metastore_exits_with_the_reason(tmp_path: Path) -> None:
+    """A bookie whose metastore cannot be reached fails fast, says why, and leaves no process behind."""
+    conf = tmp_path / "bk.conf"
+    conf.write_text(f"bookie_port=0\nledger_directories={tmp_path / 'data'}\n"
+                    "metastore_uri=zk://127.0.0.1:1/quire?connect_timeout=2\n")
+    proc = subprocess.run([sys.executable, "-m", "tools.cli", "bookie", "--conf", str(conf)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "cannot connect to ZooKeeper at 127.0.0.1:1" in proc.stderr.strip().splitlines()[-1]
+    assert "bookie ready" not in proc.stdout
