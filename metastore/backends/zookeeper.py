@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -79,6 +80,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.exceptions import BadVersionError as KazooBadVersionError
+from kazoo.handlers.threading import AsyncResult, SequentialThreadingHandler
 from kazoo.protocol.states import EventType as KazooEventType
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
@@ -344,12 +346,13 @@ async def _kazoo(client: Any, method: str, args: tuple[Any, ...], kwargs: dict[s
         else:
             fut.set_exception(ar.exception)
 
-    def on_done(ar: Any) -> None:  # kazoo's completion thread
+    def on_done(ar: Any) -> None:  # kazoo's connection thread (see _LoopAsyncResult)
         try:
             loop.call_soon_threadsafe(on_loop, ar)
         except RuntimeError:  # the loop is closed: nobody waits any more
             pass
 
+    on_done._quire_direct = True  # type: ignore[attr-defined]
     ar = getattr(client, method)(*args, **kwargs)
     ar.rawlink(on_done)
     left = deadline.left()
@@ -392,9 +395,35 @@ class _Conn:
                 raise _map_error(exc, what) from None
 
 
+class _LoopAsyncResult(AsyncResult):  # type: ignore[misc]
+    """An ``AsyncResult`` that runs its callbacks in the thread that completes it.
+
+    kazoo queues ``rawlink`` callbacks to its completion thread. Ours (marked
+    ``_quire_direct``) only hand the result to the event loop with
+    ``call_soon_threadsafe``, which is thread-safe and quick, so they run at
+    once instead: one thread wake-up less on every operation. kazoo's own
+    callbacks (retries, recipes) still go through the completion thread.
+    """
+
+    def _do_callbacks(self) -> None:
+        for callback in self._callbacks:
+            if getattr(callback, "_quire_direct", False) or not self._handler.running:
+                try:
+                    callback(self)
+                except Exception:
+                    log.exception("kazoo completion callback raised")
+            else:  # kazoo's own callbacks keep running on its completion thread
+                self._handler.completion_queue.put(functools.partial(callback, self))
+
+
+class _LoopHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    def async_result(self) -> _LoopAsyncResult:
+        return _LoopAsyncResult(self)
+
+
 def _new_client(hosts: str, session_timeout: float) -> Any:
     retry = KazooRetry(max_tries=-1, delay=0.05, backoff=2, max_delay=1.0, max_jitter=0.2)
-    return KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=retry,
+    return KazooClient(hosts=hosts, timeout=session_timeout, connection_retry=retry, handler=_LoopHandler(),
                        command_retry=KazooRetry(max_tries=3, delay=0.05, max_delay=1.0),
                        logger=logging.getLogger("kazoo.client"))
 
