@@ -76,13 +76,15 @@ class LocalCluster:
         self.metastore = metastore
         self.conf_overrides = {k: str(v) for k, v in (conf_overrides or {}).items()}
         self._owns_dir = data_dir is None
-        self.data_dir = Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="quire-"))
+        self.data_dir = (Path(data_dir) if data_dir is not None else Path(tempfile.mkdtemp(prefix="quire-"))).resolve()
         self.metastore_uri = ""
         self._bookies = [
             _Role(f"bookie-{i}", self.data_dir / f"bookie-{i}" / "bk_server.conf",
                   self.data_dir / f"bookie-{i}" / "bookie.log")
             for i in range(bookies)
         ]
+        for role in self._bookies:
+            self._reuse_address(role)
         self._zk: Any = None
         self._emulator: asyncio.subprocess.Process | None = None
         self._started = False
@@ -148,6 +150,21 @@ class LocalCluster:
             return f"hbase://127.0.0.1:{port}/quire{uuid.uuid4().hex[:6]}"
         raise ValueError(f"unknown metastore {m!r}: use lmdb, zookeeper, hbase or a URI")
 
+    @staticmethod
+    def _reuse_address(role: _Role) -> None:
+        """Keep a bookie's port across runs on one data dir: ledger metadata names bookies by address."""
+        if not role.conf_path.is_file():
+            return
+        from bookie.conf import read_properties
+
+        props = read_properties(role.conf_path)
+        port = props.get("bookie_port", "0")
+        if port.isdigit() and int(port) > 0:
+            role.address = f"{props.get('bookie_host') or '127.0.0.1'}:{port}"
+        stats = props.get("stats_http_port", "0")
+        if stats.isdigit() and int(stats) > 0:
+            role.stats_url = f"http://127.0.0.1:{stats}/metrics"
+
     def _bookie_conf(self, role: _Role) -> dict[str, str]:
         values = {
             "bookie_host": "127.0.0.1",
@@ -179,6 +196,7 @@ class LocalCluster:
         for p in parts[3:]:
             if p.startswith("stats="):
                 role.stats_url = p.removeprefix("stats=")
+        _write_conf(role.conf_path, self._bookie_conf(role))  # record the ports it got, for restarts
 
     @staticmethod
     def _child_env() -> dict[str, str]:

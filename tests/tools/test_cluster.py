@@ -46,6 +46,13 @@ async def test_bookies_register_and_survive_kill_restart(tmp_path: Path) -> None
             await ms.close()
     assert data.is_dir(), "a data_dir given by the caller is never deleted"
     assert (data / "bookie-0" / "bk_server.conf").is_file()
+    # a second run on the same data dir keeps the bookies' addresses, so old ledgers stay readable
+    async with LocalCluster(bookies=2, data_dir=data) as again:
+        assert again.bookie_addresses == cluster.bookie_addresses
+        bk = await BookKeeper.connect(again.metastore_uri)
+        rh = await bk.open_ledger(lh.ledger_id)
+        assert [e.data async for e in rh.read(0, 1)] == [b"a", b"b"]
+        await bk.close()
 
 
 async def test_owned_temp_dir_is_removed_and_hubs_are_refused(tmp_path: Path) -> None:
