@@ -150,24 +150,25 @@ def frame_bytes(body: bytes) -> bytes:
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
+M = TypeVar("M", Request, Response)
+
+
+def _parse(message: M, frame: bytes, what: str) -> M:
+    try:
+        message.ParseFromString(frame)
+    except (DecodeError, ValueError, RuntimeError) as exc:
+        raise errors.MalformedFrameError(f"malformed {what} frame of {len(frame)} bytes: {exc}") from None
+    return message
+
+
 def parse_request(frame: bytes) -> Request:
     """Decode one request frame body; ``MalformedFrameError`` when it is not a Request."""
-    req = Request()
-    try:
-        req.ParseFromString(frame)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise errors.MalformedFrameError(f"malformed request frame of {len(frame)} bytes: {exc}") from None
-    return req
+    return _parse(Request(), frame, "request")
 
 
 def parse_response(frame: bytes) -> Response:
     """Decode one response frame body; ``MalformedFrameError`` when it is not a Response."""
-    resp = Response()
-    try:
-        resp.ParseFromString(frame)
-    except (DecodeError, ValueError, RuntimeError) as exc:
-        raise errors.MalformedFrameError(f"malformed response frame of {len(frame)} bytes: {exc}") from None
-    return resp
+    return _parse(Response(), frame, "response")
 
 
 # --- requests (client side) -------------------------------------------------------------------
