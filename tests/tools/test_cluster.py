@@ -94,3 +94,36 @@ async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGTERM)
         code = await asyncio.wait_for(proc.wait(), 30)
     assert code == 0
+
+
+@pytest.mark.parametrize("backend", ["zookeeper", "hbase"])
+async def test_cluster_on_other_metastores(tmp_path: Path, backend: str) -> None:
+    """LocalCluster starts its own ZooKeeper (system jars) or HBase gateway emulator and runs ledgers on it."""
+    async with LocalCluster(bookies=3, metastore=backend, data_dir=tmp_path,
+                            conf_overrides={"session_timeout": "2000"}) as cluster:
+        scheme = "zk://" if backend == "zookeeper" else "hbase://"
+        assert cluster.metastore_uri.startswith(scheme)
+        bk = await BookKeeper.connect(cluster.metastore_uri)
+        try:
+            assert bk.watcher.writable == set(cluster.bookie_addresses)
+            lh = await bk.create_ledger(3, 2, 2)
+            await lh.add_entries([b"on-" + backend.encode()] * 20)
+            await cluster.kill_bookie(0)
+            await cluster.restart_bookie(0)
+            await lh.close()
+            rh = await bk.open_ledger(lh.ledger_id)
+            assert rh.metadata.last_entry_id == 19
+            assert {e.data async for e in rh.read(0, 19)} == {b"on-" + backend.encode()}
+        finally:
+            await bk.close()
+
+
+async def test_cluster_on_a_given_metastore_uri(tmp_path: Path) -> None:
+    uri = f"lmdb://{tmp_path / 'shared-meta'}"
+    async with LocalCluster(bookies=1, metastore=uri, data_dir=tmp_path / "c") as cluster:
+        assert cluster.metastore_uri == uri
+        ms = await open_metastore(uri)
+        try:
+            assert list(await list_bookies(ms)) == cluster.bookie_addresses
+        finally:
+            await ms.close()
