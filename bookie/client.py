@@ -592,6 +592,8 @@ class LedgerHandle:
                     break
                 if md.state is LedgerState.IN_RECOVERY:
                     raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered") from None
+        else:
+            raise MetadataVersionError(f"ledger {self.ledger_id}: could not record the close")
         self.bk._handles.discard(self)
         if self._error is not None and not isinstance(self._error, LedgerClosedError):
             log.info("ledger %d closed after error %s", self.ledger_id, self._error)
