@@ -101,7 +101,12 @@ async def test_ensemble_change_when_a_bookie_dies(tmp_path: Path) -> None:
         assert ids == list(range(50, 100))
         assert len(lh.metadata.ensembles) == 2
         first, ensemble = lh.metadata.ensembles[1]
-        assert 0 < first <= 50 and victim not in ensemble and spare in ensemble
+        # the new segment starts right after the LAC when the failure was seen: no later than the
+        # first entry after the kill that the victim had to store (entries complete in order)
+        victim_index = lh.metadata.ensembles[0][1].index(victim)
+        blocked = next(e for e in range(50, 100) if victim_index in lh.metadata.write_set(e))
+        assert 50 <= first <= blocked
+        assert victim not in ensemble and spare in ensemble
         await lh.close()
         rh = await bk.open_ledger(lh.ledger_id)
         data = [e.data async for e in rh.read(0, 99)]
