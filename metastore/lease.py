@@ -315,6 +315,9 @@ class LeaseBackedMetaStore(MetaStore):
 
     native_watches = False
     watch_poll_interval = 0.05
+    table_class: type[LeasedTable] = LeasedTable
+    """Wrappers for plain and scannable tables; a backend may subclass them for fast paths."""
+    scannable_table_class: type[LeasedScannableTable] = LeasedScannableTable
 
     def __init__(self) -> None:
         self._tables: dict[str, LeasedTable] = {}
@@ -338,9 +341,9 @@ class LeaseBackedMetaStore(MetaStore):
         if scannable:
             if not isinstance(raw, MetastoreScannableTable):
                 raise IllegalOpError(f"backend {self.name} cannot order table {name}")
-            t = LeasedScannableTable(raw, leases, self._watches)
+            t = self.scannable_table_class(raw, leases, self._watches)
         else:
-            t = LeasedTable(raw, leases, self._watches)
+            t = self.table_class(raw, leases, self._watches)
         self._tables[name] = t
         return t
 

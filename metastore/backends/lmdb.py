@@ -16,14 +16,22 @@
   return). Several OS processes may open the same directory: LMDB's own
   reader table and writer lock serialise them, and each CAS is a read-check-
   write inside one write transaction.
-* Writes run in a worker thread (they wait for the disk); reads run inline on
-  the event loop (they take microseconds and never block on other writers).
+* Writes run on one writer thread per environment (they wait for the disk and
+  for other processes' writers); reads run inline on the event loop (they take
+  microseconds and never block on writers). Writes that queue up while a
+  commit is in flight share the next transaction (group commit); each still
+  checks its own version and fails alone.
+* Decoded records are cached per table, validated on every read by comparing
+  the stored bytes, so another process's write is always seen.
 * Sessions are leases and watches are polled (``metastore.lease``).
 
 Options (``open_metastore(uri, **conf)`` or the URI's query string such as
 ``lmdb:///data/meta?map_size=1073741824``; strings accepted): ``map_size``
 (bytes, default 8 GiB, sparse), ``max_value_size`` (bytes per field value,
-default 16 MiB), ``watch_poll_interval`` (seconds, default 0.05).
+default 16 MiB), ``max_tables`` (tables one process may open, default 128 — the
+store itself holds any number; LMDB sizes each transaction by this bound, so
+it is kept small), ``watch_poll_interval`` (seconds, default 0.05). The first
+store a process opens on a directory fixes ``map_size`` and ``max_tables``.
 
 LMDB forbids opening one environment twice in a process, so environments are
 shared per directory by a process-wide, reference-counted registry — the one
@@ -33,7 +41,9 @@ piece of module state in the metastore.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import queue
 import struct
 import threading
 import time
@@ -61,47 +71,197 @@ from metastore.api import (
     check_value,
     check_version,
 )
-from metastore.errors import BadVersionError, IllegalOpError, KeyExistsError, NoKeyError, ServiceDownError
-from metastore.lease import LeaseBackedMetaStore, conf_float
+from metastore.errors import (
+    BadVersionError,
+    IllegalOpError,
+    KeyExistsError,
+    MetastoreError,
+    NoKeyError,
+    ServiceDownError,
+)
+from metastore.lease import LEASE_FIELD, LeaseBackedMetaStore, LeasedScannableTable, LeasedTable, conf_float
 from metastore.proto.metastore_pb2 import Record
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _VER = struct.Struct(">Q")
 MAX_KEY_BYTES = 511
 DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_MAX_VALUE_SIZE = 16 << 20
+DEFAULT_MAX_TABLES = 128
+"""LMDB sizes every transaction's table array by this, so a small bound keeps reads fast."""
+CACHE_ENTRIES = 65536
+"""Decoded records kept per table (records up to ``CACHE_RECORD_BYTES``)."""
+CACHE_RECORD_BYTES = 4096
 
 
 class _SharedEnv:
     """One open LMDB environment, shared by every store of this process on that path."""
 
-    def __init__(self, path: str, map_size: int) -> None:
+    def __init__(self, path: str, map_size: int, max_tables: int) -> None:
         self.path = path
-        self.env = lmdb.open(path, map_size=map_size, max_dbs=4096, subdir=True, sync=True,
+        self.max_tables = max_tables
+        self.env = lmdb.open(path, map_size=map_size, max_dbs=max_tables, subdir=True, sync=True,
                              metasync=True, lock=True, readahead=False, max_readers=1024)
         self.refs = 0
         self.dbs: dict[str, Any] = {}
         self.lock = threading.Lock()
+        self.writer = _Writer(self.env, os.path.basename(path))
 
     def db(self, table: str) -> Any:
         with self.lock:
             handle = self.dbs.get(table)
             if handle is None:
-                handle = self.env.open_db(("t:" + table).encode(), create=True)
+                try:
+                    handle = self.env.open_db(("t:" + table).encode(), create=True)
+                except lmdb.DbsFullError:
+                    raise IllegalOpError(
+                        f"cannot open table {table}: this process already has max_tables={self.max_tables} "
+                        f"tables of {self.path} open (raise it with ?max_tables=N)") from None
                 self.dbs[table] = handle
             return handle
+
+
+_STOP: Any = object()
+MAX_GROUP = 256
+
+
+def _settle(done: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    """Complete a group's futures on their loop (one wake-up per group and loop)."""
+    for fut, ok, result in done:
+        if fut.done():
+            continue
+        if ok:
+            fut.set_result(result)
+        else:
+            fut.set_exception(result)
+
+
+class _Writer:
+    """The one thread that runs an environment's write transactions.
+
+    A job is ``fn(txn, *args)``: it must check before it writes and raise (a
+    ``MetastoreError``) without writing when its check fails, so jobs can
+    share a transaction. Jobs queued while a commit runs form the next group;
+    an ``lmdb.Error`` inside a group (say the map is full) aborts it and its
+    jobs are retried one transaction each, so only the culprit fails. A job
+    with ``txn=False`` (opening a table) runs alone outside any transaction.
+    """
+
+    def __init__(self, env: Any, name: str) -> None:
+        self.env = env
+        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.commits = 0
+        """Write transactions committed, and writes they carried (``writes / commits`` = mean group)."""
+        self.writes = 0
+        self.thread = threading.Thread(target=self._run, name=f"lmdb-writer-{name}", daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...], txn: bool = True) -> asyncio.Future[T]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self.queue.put((loop, fut, fn, args, txn))
+        return fut
+
+    def stop(self) -> None:
+        self.queue.put(_STOP)
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=30)
+
+    def _run(self) -> None:
+        q = self.queue
+        while True:
+            job = q.get()
+            if job is _STOP:
+                return
+            group = [job]
+            stop = False
+            while len(group) < MAX_GROUP:
+                try:
+                    nxt = q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                group.append(nxt)
+            self._run_group(group)
+            if stop:
+                return
+
+    def _run_group(self, group: list[Any]) -> None:
+        done: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+        batch = [j for j in group if j[4]]
+        for loop, fut, fn, args, _ in (j for j in group if not j[4]):
+            done.setdefault(loop, []).append(self._call(fut, fn, None, args))
+        if len(batch) == 1:
+            loop, fut, fn, args, _ = batch[0]
+            done.setdefault(loop, []).append(self._one(fut, fn, args))
+            self.writes += 1
+        elif batch:
+            results: list[tuple[asyncio.AbstractEventLoop, tuple[asyncio.Future[Any], bool, Any]]] = []
+            try:
+                with self.env.begin(write=True) as txn:
+                    for loop, fut, fn, args, _ in batch:
+                        results.append((loop, self._call(fut, fn, txn, args, raise_lmdb=True)))
+                self.commits += 1
+                self.writes += len(batch)
+            except lmdb.Error:
+                log.warning("lmdb group commit of %d writes failed; retrying them one by one", len(batch))
+                results = [(loop, self._one(fut, fn, args)) for loop, fut, fn, args, _ in batch]
+                self.writes += len(batch)
+            except BaseException as exc:  # the commit itself failed: nothing of the group is durable
+                results = [(loop, (fut, False, _as_down(exc))) for loop, fut, _, _, _ in batch]
+            for loop, r in results:
+                done.setdefault(loop, []).append(r)
+        for loop, items in done.items():
+            try:
+                loop.call_soon_threadsafe(_settle, items)
+            except RuntimeError:  # that loop is closed: nobody waits for these any more
+                pass
+
+    def _one(self, fut: asyncio.Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[Any, bool, Any]:
+        try:
+            with self.env.begin(write=True) as txn:
+                out = self._call(fut, fn, txn, args, raise_lmdb=True)
+            self.commits += 1
+            return out
+        except BaseException as exc:
+            return fut, False, _as_down(exc)
+
+    @staticmethod
+    def _call(fut: asyncio.Future[Any], fn: Callable[..., Any], txn: Any, args: tuple[Any, ...],
+              raise_lmdb: bool = False) -> tuple[Any, bool, Any]:
+        try:
+            return fut, True, (fn(*args) if txn is None else fn(txn, *args))
+        except MetastoreError as exc:
+            return fut, False, exc
+        except lmdb.Error as exc:
+            if raise_lmdb:
+                raise
+            return fut, False, _as_down(exc)
+        except Exception as exc:
+            return fut, False, exc
+
+
+def _as_down(exc: BaseException) -> BaseException:
+    if isinstance(exc, MetastoreError):
+        return exc
+    if isinstance(exc, lmdb.Error):
+        return ServiceDownError(f"lmdb write failed: {exc}")
+    return exc
 
 
 _ENVS: dict[str, _SharedEnv] = {}
 _ENVS_LOCK = threading.Lock()
 
 
-def _acquire(path: str, map_size: int) -> _SharedEnv:
+def _acquire(path: str, map_size: int, max_tables: int) -> _SharedEnv:
     with _ENVS_LOCK:
         shared = _ENVS.get(path)
         if shared is None:
-            shared = _SharedEnv(path, map_size)
+            shared = _SharedEnv(path, map_size, max_tables)
             _ENVS[path] = shared
         shared.refs += 1
         return shared
@@ -112,6 +272,7 @@ def _release(shared: _SharedEnv) -> None:
         shared.refs -= 1
         if shared.refs <= 0:
             _ENVS.pop(shared.path, None)
+            shared.writer.stop()
             shared.env.close()
 
 
@@ -121,6 +282,7 @@ def encode_record(version: int, value: Value) -> bytes:
 
 
 _from_string = Record.FromString
+_versioned = tuple.__new__  # builds a Versioned without NamedTuple's Python-level __new__
 _unpack_version = _VER.unpack_from
 
 
@@ -141,6 +303,8 @@ class LmdbTable(MetastoreScannableTable):
         self._store = store
         self._env = store.shared.env
         self._db = store.shared.db(name)
+        self._writer = store.shared.writer
+        self._cache: dict[bytes, tuple[bytes, Versioned]] = {}
 
     def _check_open(self) -> None:
         if self._closed or self._store.closed:
@@ -152,51 +316,79 @@ class LmdbTable(MetastoreScannableTable):
             raise IllegalOpError(f"key of {len(raw)} bytes is over LMDB's {MAX_KEY_BYTES}-byte limit")
         return raw
 
-    async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
+    def _decode(self, k: bytes, raw: bytes) -> Versioned:
+        """The record stored as ``raw`` under ``k``, from the cache when the bytes are unchanged."""
+        hit = self._cache.get(k)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        got = decode_record(raw)
+        self._remember(k, raw, got)
+        return got
+
+    def _remember(self, k: bytes, raw: bytes, got: Versioned) -> None:
+        if len(raw) > CACHE_RECORD_BYTES:
+            return
+        cache = self._cache
+        if len(cache) >= CACHE_ENTRIES:
+            for old in list(cache)[: CACHE_ENTRIES // 4]:  # drop the oldest quarter
+                cache.pop(old, None)
+        cache[k] = (raw, got)
+
+    def read(self, key: str) -> Versioned:
+        """The whole current record (shared with the cache: callers must copy its ``Value``)."""
         if self._closed or self._store._closed:
             raise IllegalOpError(f"table {self.name} is closed")
-        k = self._key(key)
-        if fields is not ALL_FIELDS:
-            fields = check_fields(fields)
+        if type(key) is not str or not key:
+            check_key(key)
+        k = key.encode("utf-8", "surrogatepass")
+        if len(k) > MAX_KEY_BYTES:
+            self._key(key)
         raw = self._env.begin(db=self._db).get(k)  # a read txn is aborted when dropped
         if raw is None:
             raise NoKeyError(f"{self.name}/{key}")
-        return decode_record(raw, fields)
+        return self._decode(k, raw)
+
+    async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
+        got = self.read(key)
+        if fields is not ALL_FIELDS:
+            fields = check_fields(fields)
+        return Versioned(got.value.project(fields), got.version)
 
     @staticmethod
     def _next_version(previous: int) -> int:
         """Wall-clock nanoseconds, and always past ``previous`` (see the module docstring)."""
         return max(previous + 1, time.time_ns())
 
-    def _put_sync(self, k: bytes, key: str, value: Value, version: Version) -> Version:
-        with self._env.begin(write=True, db=self._db) as txn:
-            raw = txn.get(k)
-            if version == Version.NEW:
-                if raw is not None:
-                    raise KeyExistsError(f"{self.name}/{key}")
-                new_value = Value({f: v for f, v in value.items() if v is not None})
-                previous = 0
-            else:
-                if raw is None:
-                    raise NoKeyError(f"{self.name}/{key}")
-                previous = _VER.unpack_from(raw)[0]
-                if version != Version.ANY and previous != version.value:
-                    raise BadVersionError(f"{self.name}/{key}: version {version!r} is not current")
-                new_value = Value(Record.FromString(raw[8:]).fields).merged(value)
-            nv = self._next_version(previous)
-            txn.put(k, encode_record(nv, new_value))
-        return Version(nv)
-
-    def _remove_sync(self, k: bytes, key: str, version: Version) -> None:
-        with self._env.begin(write=True, db=self._db) as txn:
-            raw = txn.get(k)
+    def _put_txn(self, txn: Any, k: bytes, key: str, value: Value, version: Version) -> Version:
+        raw = txn.get(k, db=self._db)
+        if version == Version.NEW:
+            if raw is not None:
+                raise KeyExistsError(f"{self.name}/{key}")
+            new_value = Value({f: v for f, v in value.items() if v is not None})
+            previous = 0
+        else:
             if raw is None:
                 raise NoKeyError(f"{self.name}/{key}")
-            if version != Version.ANY and (
-                version == Version.NEW or _VER.unpack_from(raw)[0] != version.value
-            ):
+            previous = _VER.unpack_from(raw)[0]
+            if version != Version.ANY and previous != version.value:
                 raise BadVersionError(f"{self.name}/{key}: version {version!r} is not current")
-            txn.delete(k)
+            new_value = self._decode(k, raw).value.merged(value)
+        nv = Version(self._next_version(previous))
+        record = encode_record(nv.value, new_value)
+        txn.put(k, record, db=self._db)
+        self._remember(k, record, Versioned(new_value, nv))
+        return nv
+
+    def _remove_txn(self, txn: Any, k: bytes, key: str, version: Version) -> None:
+        raw = txn.get(k, db=self._db)
+        if raw is None:
+            raise NoKeyError(f"{self.name}/{key}")
+        if version != Version.ANY and (
+            version == Version.NEW or _VER.unpack_from(raw)[0] != version.value
+        ):
+            raise BadVersionError(f"{self.name}/{key}: version {version!r} is not current")
+        txn.delete(k, db=self._db)
+        self._cache.pop(k, None)
 
     async def put(self, key: str, value: Value, version: Version) -> Version:
         self._check_open()
@@ -207,13 +399,13 @@ class LmdbTable(MetastoreScannableTable):
         for f, v in value.items():
             if v is not None and len(v) > limit:
                 raise IllegalOpError(f"field {f!r} of {len(v)} bytes is over the lmdb limit of {limit}")
-        return await self._store.write(self._put_sync, k, key, value, version)
+        return await self._store.write(self._put_txn, k, key, value, version)
 
     async def remove(self, key: str, version: Version) -> None:
         self._check_open()
         k = self._key(key)
         version = check_version(version)
-        await self._store.write(self._remove_sync, k, key, version)
+        await self._store.write(self._remove_txn, k, key, version)
 
     def _page(self, after: bytes | None, start: bytes, start_inclusive: bool, stop: bytes,
               stop_inclusive: bool, order: Order, fields: Fields, n: int) -> list[tuple[str, Versioned]]:
@@ -231,7 +423,7 @@ class LmdbTable(MetastoreScannableTable):
                     k = cur.key()
                     if stop and (k > stop or (k == stop and not stop_inclusive)):
                         break
-                    out.append((k.decode("utf-8", "surrogatepass"), decode_record(cur.value(), fields)))
+                    out.append((k.decode("utf-8", "surrogatepass"), self._scanned(k, cur.value(), fields)))
                     ok = cur.next()
             else:
                 pos, incl = (after, False) if after is not None else (start, start_inclusive)
@@ -247,9 +439,15 @@ class LmdbTable(MetastoreScannableTable):
                     k = cur.key()
                     if stop and (k < stop or (k == stop and not stop_inclusive)):
                         break
-                    out.append((k.decode("utf-8", "surrogatepass"), decode_record(cur.value(), fields)))
+                    out.append((k.decode("utf-8", "surrogatepass"), self._scanned(k, cur.value(), fields)))
                     ok = cur.prev()
         return out
+
+    def _scanned(self, k: bytes, raw: bytes, fields: Fields) -> Versioned:
+        """A scanned record: from the cache when unchanged (a scan does not fill the cache)."""
+        hit = self._cache.get(k)
+        got = hit[1] if hit is not None and hit[0] == raw else decode_record(raw)
+        return Versioned(got.value.project(fields), got.version)
 
     async def _cursor(self, start: str, start_inclusive: bool, stop: str, stop_inclusive: bool,
                       order: Order, fields: Fields) -> MetastoreCursor:
@@ -275,11 +473,39 @@ class LmdbTable(MetastoreScannableTable):
         return await self._cursor(first_key, first_inclusive, last_key, last_inclusive, order, fields)
 
 
+class _FastGet(LeasedTable):
+    """Lease wrapper whose ``get`` reads inline, one layer deep, when the record is not ephemeral."""
+
+    raw: LmdbTable
+
+    async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
+        t = self.raw
+        if watcher is None and type(key) is str and key and not (self._closed or t._closed or t._store._closed):
+            k = key.encode("utf-8", "surrogatepass")
+            if len(k) <= MAX_KEY_BYTES:
+                raw = t._env.begin(db=t._db).get(k)  # a read txn is aborted when dropped
+                if raw is None:
+                    raise NoKeyError(f"{self.name}/{key}")
+                hit = t._cache.get(k)
+                value, version = hit[1] if hit is not None and hit[0] == raw else t._decode(k, raw)
+                if LEASE_FIELD not in value:
+                    if fields is ALL_FIELDS:
+                        return _versioned(Versioned, (Value(value), version))
+                    return _versioned(Versioned, (value.project(check_fields(fields)), version))
+        return await super().get(key, fields, watcher)
+
+
+class _FastGetScannable(_FastGet, LeasedScannableTable):
+    raw: LmdbTable
+
+
 class LmdbMetaStore(LeaseBackedMetaStore):
     """``lmdb:///path``: the embedded, durable, multi-process-safe default."""
 
     name = "lmdb"
     version = 1
+    table_class = _FastGet
+    scannable_table_class = _FastGetScannable
 
     def __init__(self, path: str, conf: dict[str, Any]) -> None:
         self.watch_poll_interval = conf_float(conf, "watch_poll_interval", 0.05)
@@ -287,9 +513,10 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         self.path = path
         self.max_value_size = int(conf_float(conf, "max_value_size", DEFAULT_MAX_VALUE_SIZE))
         map_size = int(conf_float(conf, "map_size", DEFAULT_MAP_SIZE))
+        max_tables = int(conf_float(conf, "max_tables", DEFAULT_MAX_TABLES))
         try:
             os.makedirs(path, exist_ok=True)
-            self.shared = _acquire(path, map_size)
+            self.shared = _acquire(path, map_size, max_tables)
         except (OSError, lmdb.Error) as exc:
             raise ServiceDownError(f"cannot open lmdb store at {path}: {exc}") from exc
         self._write_lock = asyncio.Lock()
@@ -307,18 +534,15 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         return cls(os.path.abspath(path), options)
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a write transaction in a worker thread (it waits for fsync)."""
+        """Run ``fn(txn, *args)`` in a write transaction on the writer thread; return once it is synced."""
         self._check_open()
-        try:
-            return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
-        except lmdb.Error as exc:
-            raise ServiceDownError(f"lmdb write failed: {exc}") from exc
+        return await self.shared.writer.submit(fn, args)
 
     async def _open_raw_table(self, name: str, scannable: bool) -> MetastoreTable:
         self._check_open()
         try:
-            return await self.write(LmdbTable, self, name)
-        except lmdb.Error as exc:
+            return await self.shared.writer.submit(LmdbTable, (self, name), txn=False)
+        except ServiceDownError as exc:
             raise ServiceDownError(f"cannot open table {name}: {exc}") from exc
 
     async def close(self) -> None:

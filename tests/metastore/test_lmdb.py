@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from metastore import Value, Version, open_metastore
-from metastore.errors import IllegalOpError, NoKeyError, ServiceDownError
+from metastore.errors import BadVersionError, IllegalOpError, NoKeyError, ServiceDownError
 
 
 async def test_key_over_lmdb_limit_is_illegal_and_store_keeps_working(tmp_path: Path) -> None:
@@ -73,4 +74,81 @@ async def test_write_is_durable_for_another_process(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
                          text=True, timeout=60, check=True).stdout.split()
     assert out == ["durable", str(v.value)]
+    await ms.close()
+
+
+async def test_cached_record_is_revalidated_against_another_process_write(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    t = await ms.create_table("t")
+    v1 = await t.put("k", Value({"a": b"mine"}), Version.NEW)
+    assert (await t.get("k")).value == {"a": b"mine"}  # now cached in this process
+    script = ("import asyncio,sys\nfrom metastore import open_metastore, Value, Version\n"
+              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
+              " v=await t.put('k', Value({'a': b'theirs'}), Version.ANY); print(v.value)\nasyncio.run(m())")
+    out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    got = await t.get("k")
+    assert got.value == {"a": b"theirs"}
+    assert got.version.value == int(out[0]) and got.version > v1
+    await ms.close()
+
+
+async def test_returned_values_are_copies_of_the_cache(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    t = await ms.create_table("t")
+    await t.put("k", Value({"a": b"1"}), Version.NEW)
+    got = await t.get("k")
+    got.value["a"] = b"changed by the caller"
+    assert (await t.get("k")).value == {"a": b"1"}
+    await ms.close()
+
+
+async def test_concurrent_writes_share_commits_and_each_checks_its_own_version(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    t = await ms.create_table("t")
+    base = await t.put("contended", Value({"n": b"0"}), Version.NEW)
+    writer = ms.shared.writer  # type: ignore[attr-defined]
+    commits, writes = writer.commits, writer.writes
+    fresh = [t.put(f"k{i}", Value({"i": str(i).encode()}), Version.NEW) for i in range(100)]
+    racing = [t.put("contended", Value({"n": str(i).encode()}), base) for i in range(20)]
+    results = await asyncio.gather(*fresh, *racing, return_exceptions=True)
+    assert all(isinstance(r, Version) for r in results[:100])
+    cas = results[100:]
+    winners = [i for i, r in enumerate(cas) if isinstance(r, Version)]
+    assert len(winners) == 1
+    assert all(isinstance(r, BadVersionError) for i, r in enumerate(cas) if i != winners[0])
+    assert writer.writes - writes == 120
+    assert writer.commits - commits < 120  # writes queued behind a commit rode a shared one
+    await ms.close()
+    reopened = await open_metastore(f"lmdb://{tmp_path}")
+    t2 = await reopened.create_table("t")
+    assert (await t2.get("contended")).value == {"n": str(winners[0]).encode()}
+    assert [(await t2.get(f"k{i}")).value["i"] for i in range(100)] == [str(i).encode() for i in range(100)]
+    await reopened.close()
+
+
+async def test_a_write_that_overflows_the_map_fails_alone(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}?map_size=1048576")
+    t = await ms.create_table("t")
+    small = [t.put(f"s{i}", Value({"v": b"x" * 100}), Version.NEW) for i in range(20)]
+    huge = t.put("huge", Value({"v": b"x" * (4 << 20)}), Version.NEW)
+    results = await asyncio.gather(huge, *small, return_exceptions=True)
+    assert isinstance(results[0], ServiceDownError)
+    assert all(isinstance(r, Version) for r in results[1:])
+    with pytest.raises(NoKeyError):
+        await t.get("huge")
+    assert (await t.get("s19")).value == {"v": b"x" * 100}
+    await t.put("after", Value({"v": b"ok"}), Version.NEW)  # the store keeps serving
+    await ms.close()
+
+
+async def test_too_many_open_tables_is_a_clear_error(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}?max_tables=4")
+    opened = []
+    with pytest.raises(IllegalOpError, match="max_tables=4"):
+        for i in range(10):
+            opened.append(await ms.create_table(f"t{i}"))
+    assert 1 <= len(opened) < 4  # the hidden sessions table takes one slot
+    await opened[0].put("k", Value({"a": b"1"}), Version.NEW)
+    assert (await opened[0].get("k")).value == {"a": b"1"}
     await ms.close()
