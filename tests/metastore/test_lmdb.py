@@ -152,3 +152,25 @@ async def test_too_many_open_tables_is_a_clear_error(tmp_path: Path) -> None:
     await opened[0].put("k", Value({"a": b"1"}), Version.NEW)
     assert (await opened[0].get("k")).value == {"a": b"1"}
     await ms.close()
+
+
+async def test_unknown_write_mode_is_illegal(tmp_path: Path) -> None:
+    with pytest.raises(IllegalOpError, match="write_mode='eventually'"):
+        await open_metastore(f"lmdb://{tmp_path}?write_mode=eventually")
+
+
+async def test_inline_writes_are_durable_and_a_failing_write_leaves_the_store_serving(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path}?write_mode=inline&map_size=1048576")
+    t = await ms.create_table("t")
+    v = await t.put("k", Value({"a": b"1"}), Version.NEW)
+    with pytest.raises(ServiceDownError, match="lmdb write failed"):
+        await t.put("huge", Value({"a": b"x" * (4 << 20)}), Version.NEW)
+    with pytest.raises(BadVersionError):
+        await t.put("k", Value({"a": b"2"}), Version(v.value + 1))
+    await ms.close()
+    script = ("import asyncio,sys\nfrom metastore import open_metastore\n"
+              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
+              " g=await t.get('k'); print(g.value['a'].decode(), g.version.value)\nasyncio.run(m())")
+    out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout.split()
+    assert out == ["1", str(v.value)]
