@@ -222,7 +222,9 @@ class LeasedCursor(MetastoreCursor):
         out: list[tuple[str, Versioned]] = []
         while len(out) < n and self._inner.has_more():
             for key, got in await self._inner.read_entries(n - len(out)):
-                if await self._table._live(key, got):
+                if LEASE_FIELD not in got.value:
+                    out.append((key, got))
+                elif await self._table._live(key, got):
                     out.append((key, LeasedTable._strip(got, self._fields)))
         return out
 

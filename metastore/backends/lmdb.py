@@ -294,10 +294,10 @@ _unpack_version = _VER.unpack_from
 def decode_record(raw: bytes, fields: Fields = ALL_FIELDS) -> Versioned:
     stored = _from_string(raw[8:]).fields
     if fields is ALL_FIELDS:
-        value = Value(stored)
+        value = Value(stored.items())
     else:
         value = Value({f: stored[f] for f in fields if f in stored})  # type: ignore[union-attr]
-    return Versioned(value, Version(_unpack_version(raw)[0]))
+    return _versioned(Versioned, (value, Version(_unpack_version(raw)[0])))
 
 
 class LmdbTable(MetastoreScannableTable):
@@ -451,8 +451,10 @@ class LmdbTable(MetastoreScannableTable):
     def _scanned(self, k: bytes, raw: bytes, fields: Fields) -> Versioned:
         """A scanned record: from the cache when unchanged (a scan does not fill the cache)."""
         hit = self._cache.get(k)
-        got = hit[1] if hit is not None and hit[0] == raw else decode_record(raw)
-        return Versioned(got.value.project(fields), got.version)
+        if hit is not None and hit[0] == raw:
+            value, version = hit[1]
+            return _versioned(Versioned, (value.project(fields), version))
+        return decode_record(raw, fields)
 
     async def _cursor(self, start: str, start_inclusive: bool, stop: str, stop_inclusive: bool,
                       order: Order, fields: Fields) -> MetastoreCursor:
