@@ -182,11 +182,8 @@ class _Writer:
                 return
             group = [job]
             stop = False
-            while len(group) < MAX_GROUP:
-                try:
-                    nxt = q.get_nowait()
-                except queue.Empty:
-                    break
+            while len(group) < MAX_GROUP and not q.empty():
+                nxt = q.get()
                 if nxt is _STOP:
                     stop = True
                     break
