@@ -16,10 +16,24 @@ flag, highest LAC piggybacked on an add).
 Group commit: every write (add, fence, delete) joins the open batch. While
 no commit is in flight the batch is handed, at the end of the current loop
 turn, to a single commit thread that writes it in one transaction; adds that
-arrive meanwhile fill the next batch, which starts as soon as the previous
-commit returns. A write is acknowledged (its future resolved or ``done``
-callback called) only after its transaction committed with sync, so every
-acknowledged add survives a kill -9.
+arrive meanwhile fill the next batch, which is handed over as soon as the
+previous commit returns. A write is acknowledged (its future resolved or
+``done`` callback called) only after its transaction committed with sync, so
+every acknowledged add survives a kill -9.
+
+The per-add cost on the loop is what bounds a bookie's throughput, so the
+write path is lean: ``submit_add`` validates and appends the key, payload and
+callback to the open batch (no object per add besides the key); the commit
+thread puts the batch with one ``putmulti`` (``append=True`` when its keys
+sort after everything stored, the usual case of a ledger written in order);
+and a finished commit comes back to the loop as one ``call_soon_threadsafe``
+that runs the batch's callbacks in a tight loop. While it runs them it hands
+the next batch (filled meanwhile, or by those very callbacks when clients
+pipeline their adds) to the commit thread, so one batch's fsync overlaps the
+loop's work on the other. py-lmdb releases the GIL around every single put;
+to keep the puts from trading the GIL with a busy loop one at a time, the
+loop waits (GIL released) while the commit thread puts a batch it handed
+over, then runs on during the fsync.
 
 Validation happens on the event loop against the in-memory ledger state,
 which already includes writes not yet committed: the first add to a ledger
@@ -37,10 +51,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import struct
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,12 +80,27 @@ LAST_ENTRY = -1
 
 DEFAULT_MAP_SIZE = 64 * 1024**3
 _MAX_ID = (1 << 63) - 1
+_STAGE_WAIT = 0.25
+"""Longest the loop waits for the commit thread to put a batch it handed over (seconds).
+
+Only a scheduling aid: past it (the LMDB writer lock held by another process,
+a huge batch) the loop runs on and the puts finish concurrently."""
+_SLICE = 32
+"""Completion callbacks run between two checks for handing over the next batch."""
 
 Done = Callable[[BaseException | None], None]
 """Completion callback: ``None`` once durable, else the error (called on the event loop)."""
 
 
 _ENTRY_KEY = struct.Struct(">QQ")
+_pack_key = _ENTRY_KEY.pack
+
+
+def _future_placeholder(exc: BaseException | None) -> None:
+    raise AssertionError("add_entry replaces this callback with its future")
+
+
+_FUTURE: Done = _future_placeholder
 
 
 def entry_key(ledger_id: int, entry_id: int) -> bytes:
@@ -106,14 +136,28 @@ class _LedgerState:
 
 
 class _Batch:
-    __slots__ = ("deletes", "dirty", "futures", "puts", "started", "waiters")
+    """The writes of one group commit.
+
+    Entries are two parallel lists (keys, payloads) rather than a tuple per
+    add: the hot path allocates no object the cyclic GC has to track.
+    ``waiters`` are the ``done`` callbacks, ``futures`` those of the
+    coroutine API; both are completed in order, callbacks first.
+    ``staged`` is held until the commit thread has put the batch into its
+    transaction (see ``EntryStorage._start_commit``).
+    """
+
+    __slots__ = ("deletes", "dirty", "futures", "keys", "records", "staged", "started", "values",
+                 "waiters")
 
     def __init__(self) -> None:
-        self.puts: list[tuple[bytes, bytes]] = []
-        self.dirty: set[int] = set()
-        self.deletes: list[int] = []
+        self.keys: list[bytes] = []
+        self.values: list[bytes] = []
         self.waiters: list[Done] = []
         self.futures: list[asyncio.Future[None]] = []
+        self.dirty: set[int] = set()
+        self.deletes: list[int] = []
+        self.records: list[tuple[bytes, bytes]] = []
+        self.staged = threading.Lock()
         self.started = time.perf_counter()
 
 
@@ -151,7 +195,8 @@ class EntryStorage:
         self._closed = False
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="bookie-commit")
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
         self.on_commit: Callable[[int, float], None] | None = None
         self.commits = 0
         self.entries_committed = 0
@@ -193,26 +238,8 @@ class EntryStorage:
         than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
         ``recovery``, ``BookieServerError`` when the storage is closing.
         """
-        self._add(ledger_id, entry_id, master_key, payload, lac, recovery).waiters.append(done)
-
-    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
-                  lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
-        """Store one entry: ``await storage.add_entry(...)`` returns once it is durable.
-
-        A plain function returning a future (one coroutine less per add on
-        the hot path); the future fails with the errors of ``submit_add`` or
-        of the commit.
-        """
-        fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
-        try:
-            self._add(ledger_id, entry_id, master_key, payload, lac, recovery).futures.append(fut)
-        except BKError as exc:
-            fut.set_exception(exc)
-        return fut
-
-    def _add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
-             recovery: bool) -> _Batch:
-        """Validate and queue one entry (the hot path); returns the batch it joined."""
+        # The hot path of the server: kept inline (no helper call), with no
+        # per-add allocation besides the key (see ``_Batch``).
         if self._closing:
             raise BookieServerError("entry storage is closing")
         if not (0 <= ledger_id <= _MAX_ID and 0 <= entry_id <= _MAX_ID):
@@ -229,8 +256,29 @@ class EntryStorage:
         if lac > state.lac:
             state.lac = lac
             batch.dirty.add(ledger_id)
-        batch.puts.append((_ENTRY_KEY.pack(ledger_id, entry_id), payload))
-        return batch
+        batch.keys.append(_pack_key(ledger_id, entry_id))
+        batch.values.append(payload)
+        batch.waiters.append(done)
+
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
+                  lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
+        """Store one entry: ``await storage.add_entry(...)`` returns once it is durable.
+
+        A plain function returning a future (one coroutine less per add on
+        the hot path); the future fails with the errors of ``submit_add`` or
+        of the commit.
+        """
+        fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
+        try:
+            self.submit_add(ledger_id, entry_id, master_key, payload, lac, _FUTURE, recovery=recovery)
+        except BKError as exc:
+            fut.set_exception(exc)
+        else:  # swap the placeholder for the future (``submit_add`` appended it last)
+            batch = self._batch
+            assert batch is not None
+            batch.waiters.pop()
+            batch.futures.append(fut)
+        return fut
 
     def submit_fence(self, ledger_id: int, master_key: bytes, done: Done) -> None:
         """Fence the ledger (creating its record if unknown); ``done(None)`` once durable.
@@ -242,7 +290,7 @@ class EntryStorage:
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Fence the ledger durably; errors as ``submit_fence``."""
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._fence(ledger_id, master_key).futures.append(fut)
         await fut
 
@@ -265,7 +313,7 @@ class EntryStorage:
         if self._closing:
             raise BookieServerError("entry storage is closing")
         _check_ids(ledger_id)
-        fut = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._state.pop(ledger_id, None)
         batch = self._batch or self._open_batch()
         batch.dirty.discard(ledger_id)
@@ -338,30 +386,66 @@ class EntryStorage:
         return batch
 
     def _start_commit(self) -> None:
+        """Hand the open batch to the commit thread (on the loop; one commit in flight at most).
+
+        Waits, GIL released, until the commit thread has put the batch into
+        its transaction (at most ``_STAGE_WAIT``): py-lmdb releases and
+        retakes the GIL around every put, so puts racing a busy loop would
+        each wait for the interpreter's switch interval. The fsync that
+        follows runs while the loop goes on.
+        """
         self._kicked = False
         batch = self._batch
         if batch is None or self._committing:
             return
+        if self._thread is None:
+            loop = self._loop = self._loop or asyncio.get_running_loop()
+            thread = threading.Thread(target=self._commit_thread, args=(loop,),
+                                      name="bookie-commit", daemon=True)
+            thread.start()
+            self._thread = thread
+        state = self._state
+        batch.records = [(ledger_key(lid), ledger.record())
+                         for lid in batch.dirty if (ledger := state.get(lid)) is not None]
         self._batch = None
         self._committing = True
-        records = []
-        for lid in batch.dirty:
-            state = self._state.get(lid)
-            if state is not None:
-                records.append((ledger_key(lid), state.record()))
-        assert self._loop is not None
-        fut = self._loop.run_in_executor(self._executor, self._write, batch.puts, records, batch.deletes)
-        fut.add_done_callback(lambda f: self._commit_done(batch, f))
+        staged = batch.staged
+        staged.acquire()
+        self._jobs.put(batch)
+        staged.acquire(timeout=_STAGE_WAIT)
 
-    def _write(self, puts: list[tuple[bytes, bytes]], records: list[tuple[bytes, bytes]],
-               deletes: list[int]) -> None:
-        """Runs on the commit thread: one transaction, committed with sync."""
-        with self._env.begin(write=True) as txn:
-            if puts:
-                txn.cursor(db=self._entries).putmulti(puts)
-            if records:
-                txn.cursor(db=self._ledgers).putmulti(records)
-            for lid in deletes:
+    def _commit_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The commit thread: write each batch handed over, then complete it on the loop."""
+        jobs = self._jobs
+        done = self._commit_done
+        while True:
+            batch = jobs.get()
+            if batch is None:
+                return
+            error: BaseException | None = None
+            try:
+                self._write(batch)
+            except BaseException as exc:  # reported to every waiter of the batch
+                error = exc
+            try:
+                loop.call_soon_threadsafe(done, batch, error)
+            except RuntimeError:  # the loop is closed: nobody is left to tell
+                log.error("entry storage commit finished after its event loop closed")
+                return
+
+    def _write(self, batch: _Batch) -> None:
+        """On the commit thread: one transaction, committed with sync (the env has ``sync=True``)."""
+        try:
+            txn = self._env.begin(write=True)
+            try:
+                self._put(txn, batch)
+            except BaseException:
+                txn.abort()
+                raise
+        finally:
+            batch.staged.release()  # the loop runs on; deletes may take long
+        try:
+            for lid in batch.deletes:
                 prefix = ledger_key(lid)
                 cur = txn.cursor(db=self._entries)
                 if cur.set_range(prefix):
@@ -369,42 +453,91 @@ class EntryStorage:
                         if not cur.delete():
                             break
                 txn.delete(prefix, db=self._ledgers)
+        except BaseException:
+            txn.abort()
+            raise
+        txn.commit()
 
-    def _commit_done(self, batch: _Batch, fut: asyncio.Future[None]) -> None:
+    def _put(self, txn: lmdb.Transaction, batch: _Batch) -> None:
+        keys = batch.keys
+        if keys:
+            cur = txn.cursor(db=self._entries)
+            items = zip(keys, batch.values, strict=True)
+            # A ledger is mostly written in order: when the batch's keys ascend past
+            # every stored key, MDB_APPEND skips the tree descent and fills pages
+            # rather than splitting them. Should an append be refused (a key twice
+            # in the batch), the whole batch is put again plainly: same result as
+            # plain puts, the later add of a key wins.
+            if keys == sorted(keys) and (not cur.last() or bytes(cur.key()) < keys[0]):
+                consumed, added = cur.putmulti(items, append=True)
+                if added != consumed:
+                    cur.putmulti(zip(keys, batch.values, strict=True))
+            else:
+                cur.putmulti(items)
+        if batch.records:
+            txn.cursor(db=self._ledgers).putmulti(batch.records)
+
+    def _commit_done(self, batch: _Batch, cause: BaseException | None) -> None:
+        """On the loop: the batch's transaction committed (``cause`` is None) or failed."""
         self._committing = False
         exc: BaseException | None = None
-        if fut.cancelled():
-            exc = BookieServerError("commit cancelled")
-        elif fut.exception() is not None:
-            cause = fut.exception()
-            log.error("entry storage commit of %d entries failed: %s", len(batch.puts), cause)
+        n = len(batch.keys)
+        if cause is not None:
+            log.error("entry storage commit of %d entries failed: %s", n, cause)
             exc = BookieServerError(f"commit failed: {cause}")
             exc.__cause__ = cause
         else:
             self.commits += 1
-            self.entries_committed += len(batch.puts)
+            self.entries_committed += n
             if self.on_commit is not None:
-                self.on_commit(len(batch.puts), time.perf_counter() - batch.started)
+                try:
+                    self.on_commit(n, time.perf_counter() - batch.started)
+                except Exception:
+                    log.exception("entry storage on_commit hook raised")
         for lid in batch.deletes:
             self._state.pop(lid, None)
-        for done in batch.waiters:
-            try:
-                done(exc)
-            except Exception:
-                log.exception("entry storage completion callback raised")
+        # The callbacks run in order, each dropped as soon as it has run: what it
+        # holds is freed at once, and a batch of dead closures does not pile up to
+        # trigger cyclic GC passes (they count allocations minus deallocations).
+        waiters = batch.waiters
+        waiters.reverse()
+        pop = waiters.pop
+        left = len(waiters)
+        seen = -1
+        while left:
+            # The commit thread is idle: hand it the open batch once that holds as
+            # many adds as there are callbacks left to run, or once the callbacks
+            # stop adding to it. Pipelining clients (whose callbacks add again) then
+            # settle into two batches of about the same size, one committing while
+            # the loop runs the callbacks of the other.
+            if not self._committing and self._batch is not None:
+                size = len(self._batch.keys)
+                if size >= left or size == seen:
+                    self._start_commit()
+                seen = size
+            run = min(left, _SLICE)
+            left -= run
+            for _ in range(run):
+                done = pop()
+                try:
+                    done(exc)
+                except Exception:
+                    log.exception("entry storage completion callback raised")
+            del done
         for fut in batch.futures:
             if not fut.done():
                 if exc is None:
                     fut.set_result(None)
                 else:
                     fut.set_exception(exc)
-        if self._batch is not None:
-            self._start_commit()
-        else:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+        if not self._committing:
+            if self._batch is not None:
+                self._start_commit()
+            else:
+                idle, self._idle_waiters = self._idle_waiters, []
+                for w in idle:
+                    if not w.done():
+                        w.set_result(None)
 
     async def flush(self) -> None:
         """Return once every write submitted so far is committed."""
@@ -422,7 +555,10 @@ class EntryStorage:
         self._closing = True
         await self.flush()
         self._closed = True
-        self._executor.shutdown(wait=True)
+        if self._thread is not None:
+            self._jobs.put(None)  # the thread is idle (nothing in flight): it ends at once
+            self._thread.join()
+            self._thread = None
         self._env.close()
 
     @property

@@ -1,0 +1,160 @@
+"""Entry storage group commit: pipelined completions, the append fast path, callback isolation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+
+import pytest
+
+from bookie.errors import BadRequestError, BookieServerError
+from bookie.storage import LAST_ENTRY, EntryStorage
+
+KEY = b"k" * 20
+MAX_ID = (1 << 63) - 1
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+async def storage(tmp_path: Path):
+    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
+    yield s
+    await s.close()
+
+
+def _payload(i: int) -> bytes:
+    return i.to_bytes(8, "big") * 3
+
+
+def _noop(_exc: BaseException | None) -> None:
+    pass
+
+
+async def test_pipelined_adds_are_acked_in_order_and_only_once_committed(storage: EntryStorage) -> None:
+    """Callbacks that add again (a client keeping ``window`` adds outstanding), as the server sees them."""
+    window, total = 200, 3000
+    acked: list[int] = []
+    problems: list[str] = []
+    sizes: list[int] = []
+    storage.on_commit = lambda n, _secs: sizes.append(n)
+    finished = asyncio.get_running_loop().create_future()
+    next_id = 0
+
+    def submit() -> None:
+        nonlocal next_id
+        eid = next_id
+        next_id += 1
+
+        def done(exc: BaseException | None) -> None:
+            if exc is not None:
+                problems.append(f"{eid}: {exc!r}")
+            elif storage.read_entry(1, eid) != (eid, _payload(eid)):  # reads see committed entries only
+                problems.append(f"{eid} acknowledged before its commit")
+            acked.append(eid)
+            if next_id < total:
+                submit()
+            elif len(acked) == total:
+                finished.set_result(None)
+
+        storage.submit_add(1, eid, KEY, _payload(eid), eid - 1, done)
+
+    for _ in range(window):
+        submit()
+    await asyncio.wait_for(finished, 30)
+    assert problems == []
+    assert acked == list(range(total))
+    assert sum(sizes) == total and storage.entry_count() == total
+    # The first batch holds the whole window; from then on the callbacks' adds are handed
+    # to the commit thread while the rest of the callbacks still run: the window splits.
+    assert sizes[0] == window
+    assert all(n < window for n in sizes[1:])
+    assert storage.read_lac(1) == total - 2
+
+
+async def test_out_of_order_rewritten_and_duplicate_entries(storage: EntryStorage) -> None:
+    for i in range(10):  # ascending past everything stored: the append path
+        storage.submit_add(5, i, KEY, b"a%d" % i, -1, _noop)
+    await storage.flush()
+    storage.submit_add(2, 0, KEY, b"lower ledger", -1, _noop)  # sorts before stored keys
+    storage.submit_add(5, 3, KEY, b"rewritten", -1, _noop)
+    await storage.flush()
+    storage.submit_add(5, 10, KEY, b"first", -1, _noop)  # the same key twice in one batch
+    storage.submit_add(5, 10, KEY, b"second", -1, _noop)
+    storage.submit_add(5, 11, KEY, b"next", -1, _noop)
+    await storage.flush()
+    storage.submit_add(5, 13, KEY, b"13", -1, _noop)  # descending within a batch
+    storage.submit_add(5, 12, KEY, b"12", -1, _noop)
+    await storage.flush()
+    assert storage.read_entry(2, 0) == (0, b"lower ledger")
+    assert storage.read_entry(5, 3) == (3, b"rewritten")
+    assert storage.read_entry(5, 9) == (9, b"a9")
+    assert storage.read_entry(5, 10) == (10, b"second")  # the later add wins, as with plain puts
+    assert storage.read_entry(5, 11) == (11, b"next")
+    assert storage.read_entry(5, 12) == (12, b"12")
+    assert storage.read_entry(5, LAST_ENTRY) == (13, b"13")
+    assert storage.entry_count() == 15
+
+
+async def test_a_raising_callback_or_hook_does_not_stop_the_others(storage: EntryStorage,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    acks: list[BaseException | None] = []
+
+    def bad(_exc: BaseException | None) -> None:
+        raise RuntimeError("boom")
+
+    def bad_hook(_n: int, _secs: float) -> None:
+        raise RuntimeError("hook")
+
+    storage.on_commit = bad_hook
+    with caplog.at_level(logging.ERROR, logger="bookie.storage"):
+        storage.submit_add(1, 0, KEY, b"x", -1, acks.append)
+        storage.submit_add(1, 1, KEY, b"y", -1, bad)
+        storage.submit_add(1, 2, KEY, b"z", -1, acks.append)
+        fut = storage.add_entry(1, 3, KEY, b"w")
+        await storage.flush()
+    assert acks == [None, None]
+    assert fut.done() and fut.exception() is None
+    assert "completion callback raised" in caplog.text and "on_commit hook raised" in caplog.text
+
+
+async def test_failed_commit_reaches_every_callback_once(tmp_path: Path) -> None:
+    s = EntryStorage(tmp_path / "s", map_size=1 << 20)  # 1 MiB: the map fills up
+    try:
+        results: dict[int, list[BaseException | None]] = {i: [] for i in range(400)}
+        for i in range(400):
+            s.submit_add(1, i, KEY, b"x" * 4000, -1, results[i].append)
+        await s.flush()
+        assert all(len(r) == 1 for r in results.values())
+        outcomes = [r[0] for r in results.values()]
+        assert any(isinstance(o, BookieServerError) for o in outcomes)
+        assert all(o is None or isinstance(o, BookieServerError) for o in outcomes)
+        ok: list[BaseException | None] = []
+        s.submit_add(2, 0, KEY, b"small", -1, ok.append)  # the storage still works
+        await s.flush()
+        assert len(ok) == 1 and (ok[0] is None or isinstance(ok[0], BookieServerError))
+    finally:
+        await s.close()
+
+
+async def test_id_bounds(storage: EntryStorage) -> None:
+    acks: list[BaseException | None] = []
+    storage.submit_add(MAX_ID, MAX_ID, KEY, b"edge", -1, acks.append)
+    for ledger_id, entry_id in ((MAX_ID + 1, 0), (0, MAX_ID + 1), (1 << 64, 0), (-1, 0), (0, -1)):
+        with pytest.raises(BadRequestError):
+            storage.submit_add(ledger_id, entry_id, KEY, b"x", -1, acks.append)
+    await storage.flush()
+    assert acks == [None]
+    assert storage.read_entry(MAX_ID, LAST_ENTRY) == (MAX_ID, b"edge")
+
+
+async def test_close_ends_the_commit_thread(tmp_path: Path) -> None:
+    before = {t for t in threading.enumerate() if t.name == "bookie-commit"}
+    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
+    await s.add_entry(1, 0, KEY, b"x")
+    mine = [t for t in threading.enumerate() if t.name == "bookie-commit" and t not in before]
+    assert len(mine) == 1 and mine[0].is_alive()
+    await s.close()
+    assert not mine[0].is_alive()
