@@ -318,11 +318,17 @@ class LmdbTable(MetastoreScannableTable):
             raise IllegalOpError(f"key of {len(raw)} bytes is over LMDB's {MAX_KEY_BYTES}-byte limit")
         return raw
 
+    def _cached(self, k: bytes, raw: bytes) -> Versioned | None:
+        """The cached record of ``k`` if it is still the one stored as ``raw``."""
+        hit = self._cache.get(k)
+        return hit[1] if hit is not None and hit[0] == raw else None
+
     def _decode(self, k: bytes, raw: bytes) -> Versioned:
         """The record stored as ``raw`` under ``k``, from the cache when the bytes are unchanged."""
-        hit = self._cache.get(k)
-        if hit is not None and hit[0] == raw:
-            return hit[1]
+        return self._cached(k, raw) or self._fill(k, raw)
+
+    def _fill(self, k: bytes, raw: bytes) -> Versioned:
+        """Decode ``raw`` (not in the cache) and remember it."""
         got = decode_record(raw)
         self._remember(k, raw, got)
         return got
@@ -447,11 +453,10 @@ class LmdbTable(MetastoreScannableTable):
 
     def _scanned(self, k: bytes, raw: bytes, fields: Fields) -> Versioned:
         """A scanned record: from the cache when unchanged (a scan does not fill the cache)."""
-        hit = self._cache.get(k)
-        if hit is not None and hit[0] == raw:
-            value, version = hit[1]
-            return _versioned(Versioned, (value.project(fields), version))
-        return decode_record(raw, fields)
+        got = self._cached(k, raw)
+        if got is None:
+            return decode_record(raw, fields)
+        return _versioned(Versioned, (got.value.project(fields), got.version))
 
     async def _cursor(self, start: str, start_inclusive: bool, stop: str, stop_inclusive: bool,
                       order: Order, fields: Fields) -> MetastoreCursor:
@@ -490,8 +495,8 @@ class _FastGet(LeasedTable):
                 raw = t._env.begin(db=t._db).get(k)  # a read txn is aborted when dropped
                 if raw is None:
                     raise NoKeyError(f"{self.name}/{key}")
-                hit = t._cache.get(k)
-                value, version = hit[1] if hit is not None and hit[0] == raw else t._decode(k, raw)
+                hit = t._cache.get(k)  # ``_decode`` inlined: this is the hottest path of the store
+                value, version = hit[1] if hit is not None and hit[0] == raw else t._fill(k, raw)
                 if LEASE_FIELD not in value:
                     if fields is ALL_FIELDS:
                         return _versioned(Versioned, (Value(value), version))

@@ -17,6 +17,7 @@ import pytest
 
 from bookie import protocol as proto
 from bookie.digest import encode_entry, master_key
+from bookie.storage import EntryStorage
 from tools.bench.bookie import BookieProcess, RawBookieClient
 
 KEY = master_key(b"password")
@@ -33,6 +34,14 @@ def bookie_settings(root: Path, meta_uri: str, **settings: Any) -> dict[str, Any
     }
     base.update(settings)
     return base
+
+
+@pytest.fixture
+async def storage(tmp_path: Path) -> AsyncIterator[EntryStorage]:
+    """A fresh entry store (small map) closed after the test."""
+    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
+    yield s
+    await s.close()
 
 
 @pytest.fixture

@@ -25,13 +25,6 @@ KEY = b"k" * 20
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def storage(tmp_path: Path):
-    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
-    yield s
-    await s.close()
-
-
 def test_key_layout() -> None:
     assert entry_key(1, 2) == bytes.fromhex("0000000000000001" "0000000000000002")
 

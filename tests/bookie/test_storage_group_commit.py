@@ -18,13 +18,6 @@ MAX_ID = (1 << 63) - 1
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.fixture
-async def storage(tmp_path: Path):
-    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
-    yield s
-    await s.close()
-
-
 def _payload(i: int) -> bytes:
     return i.to_bytes(8, "big") * 3
 

@@ -13,6 +13,15 @@ from metastore import Value, Version, open_metastore
 from metastore.errors import BadVersionError, IllegalOpError, NoKeyError, ServiceDownError
 
 
+def _in_child(path: Path, body: str) -> list[str]:
+    """Run ``body`` (one line, with ``t`` = table ``t`` of the store at ``path``) in another process."""
+    script = ("import asyncio,sys\nfrom metastore import open_metastore, Value, Version\n"
+              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
+              f" {body}\nasyncio.run(m())")
+    return subprocess.run([sys.executable, "-c", script, f"lmdb://{path}"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.split()
+
+
 async def test_key_over_lmdb_limit_is_illegal_and_store_keeps_working(tmp_path: Path) -> None:
     ms = await open_metastore(f"lmdb://{tmp_path}")
     t = await ms.create_table("t")
@@ -68,11 +77,7 @@ async def test_write_is_durable_for_another_process(tmp_path: Path) -> None:
     ms = await open_metastore(f"lmdb://{tmp_path}")
     t = await ms.create_table("t")
     v = await t.put("k", Value({"a": b"durable"}), Version.NEW)
-    script = ("import asyncio,sys\nfrom metastore import open_metastore\n"
-              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
-              " g=await t.get('k'); print(g.value['a'].decode(), g.version.value)\nasyncio.run(m())")
-    out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = _in_child(tmp_path, "g=await t.get('k'); print(g.value['a'].decode(), g.version.value)")
     assert out == ["durable", str(v.value)]
     await ms.close()
 
@@ -82,11 +87,7 @@ async def test_cached_record_is_revalidated_against_another_process_write(tmp_pa
     t = await ms.create_table("t")
     v1 = await t.put("k", Value({"a": b"mine"}), Version.NEW)
     assert (await t.get("k")).value == {"a": b"mine"}  # now cached in this process
-    script = ("import asyncio,sys\nfrom metastore import open_metastore, Value, Version\n"
-              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
-              " v=await t.put('k', Value({'a': b'theirs'}), Version.ANY); print(v.value)\nasyncio.run(m())")
-    out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = _in_child(tmp_path, "v=await t.put('k', Value({'a': b'theirs'}), Version.ANY); print(v.value)")
     got = await t.get("k")
     assert got.value == {"a": b"theirs"}
     assert got.version.value == int(out[0]) and got.version > v1
@@ -168,9 +169,5 @@ async def test_inline_writes_are_durable_and_a_failing_write_leaves_the_store_se
     with pytest.raises(BadVersionError):
         await t.put("k", Value({"a": b"2"}), Version(v.value + 1))
     await ms.close()
-    script = ("import asyncio,sys\nfrom metastore import open_metastore\n"
-              "async def m():\n ms=await open_metastore(sys.argv[1]); t=await ms.create_table('t')\n"
-              " g=await t.get('k'); print(g.value['a'].decode(), g.version.value)\nasyncio.run(m())")
-    out = subprocess.run([sys.executable, "-c", script, f"lmdb://{tmp_path}"], capture_output=True,
-                         text=True, timeout=60, check=True).stdout.split()
+    out = _in_child(tmp_path, "g=await t.get('k'); print(g.value['a'].decode(), g.version.value)")
     assert out == ["1", str(v.value)]
