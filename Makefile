@@ -3,10 +3,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.quire-installed
+BENCH_STAMP := $(VENV)/.quire-bench-installed
 DATA   ?= data
 PROTOS := $(wildcard metastore/proto/*.proto bookie/proto/*.proto hub/proto/*.proto)
 
-.PHONY: all setup system-deps run test lint typecheck proto proto-check pytest bench-smoke clean
+.PHONY: all setup system-deps bench-deps run test lint typecheck proto proto-check pytest bench-smoke clean
 
 all: test
 
@@ -15,7 +16,7 @@ $(PY):
 
 $(STAMP): pyproject.toml tests/plugin_example/pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,scan]'
 	$(PY) -m pip install -q --no-deps -e tests/plugin_example
 	touch $@
 
@@ -30,6 +31,24 @@ system-deps:
 		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq zookeeper >/dev/null; \
 	fi
 	@test -e /usr/share/java/zookeeper.jar || { echo "zookeeper jars missing after install" >&2; exit 1; }
+	@# the benchmark peers (tools/bench/peers.py); the peer tests run them, so CI installs them too
+	@if ! command -v redis-server >/dev/null || ! command -v nats-server >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq; pkgs=redis-server; \
+		if apt-cache policy nats-server 2>/dev/null | grep -q 'Candidate: [0-9]'; then pkgs="$$pkgs nats-server"; \
+		else echo "nats-server is not in this machine's Debian archive: benchmarks skip the NATS peer"; fi; \
+		command -v redis-server >/dev/null && pkgs=$${pkgs#redis-server}; \
+		if [ -n "$$(echo $$pkgs)" ]; then echo "installing Debian$$pkgs"; \
+			DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; fi; \
+	fi
+	@command -v redis-server >/dev/null || { echo "redis-server missing after install" >&2; exit 1; }
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
+# Peers and clients for `quire bench publish|fanout`: Debian redis-server and nats-server, redis-py and nats-py.
+bench-deps: system-deps $(BENCH_STAMP)
 
 run: setup
 	$(VENV)/bin/quire standalone --data $(DATA)
@@ -37,9 +56,10 @@ run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
-typecheck: setup
+# mypy sees the bench extra (redis, nats) so its stubs decide what is typed, same as on a dev machine.
+typecheck: setup $(BENCH_STAMP)
 	$(VENV)/bin/mypy metastore placement
-	$(VENV)/bin/mypy bookie tools
+	$(VENV)/bin/mypy bookie hub tools
 
 proto: setup
 	@for f in $(PROTOS); do d=$$(dirname $$f); \
@@ -54,7 +74,7 @@ proto-check: setup
 			cmp -s $$tmp/$$b$$ext $$d/$$b$$ext || { echo "stale generated file: $$d/$$b$$ext (run make proto)" >&2; status=1; }; \
 		done; done; rm -rf $$tmp; exit $$status
 
-pytest: setup system-deps
+pytest: setup system-deps bench-deps
 	$(PY) -m pytest -q -ra
 
 test: setup system-deps lint typecheck proto-check pytest

@@ -1,11 +1,14 @@
-"""Bookie configuration: a frozen dataclass built from a ``key=value`` properties file.
+"""Bookie configuration: a frozen dataclass on the one configuration layer (``metastore.conf``).
 
     conf = BookieConf.from_file("conf/bk_server.conf", overrides={"bookie_port": "0"})
+    conf = load_conf(BookieConf, "conf/bk_server.conf", {"bookie_port": 0})   # the same
     conf.bookie_port, conf.metastore, conf.disk_check_interval_s
 
 ``conf/bk_server.conf`` lists every key with its default and a one-line
-comment. An unknown key or a bad value raises ``ConfError`` whose message is
-one line naming the key (``quire bookie`` prints it and exits non-zero).
+comment (a test checks it with ``check_conf_file``). An unknown key or a bad
+value raises ``ConfError`` (``bookie.errors.ConfError``, a subclass of
+``metastore.conf.ConfError``) whose message is one line naming the key;
+``quire bookie`` prints it and exits non-zero.
 
 Times are in milliseconds and sizes in bytes, as in BookKeeper's
 ``bk_server.conf``. ``metastore_uri`` names the metastore; without it,
@@ -17,115 +20,109 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bookie.errors import ConfError
+from metastore import conf as _conf
+from metastore.conf import read_properties, setting
+from placement import DEFAULT_RACK
 
-DEFAULT_RACK = "/default-region/default-rack"
+__all__ = ["DEFAULT_RACK", "BookieConf", "read_properties"]
 
-
-def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Parse a Java-style properties file into ``{key: value}`` (strings, stripped).
-
-    ``#`` and ``!`` start comment lines; ``key=value``, ``key: value`` and
-    ``key value`` are accepted; a repeated key keeps its last value. Raises
-    ``ConfError`` when the file cannot be read or a line has no key.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfError(f"cannot read configuration file {path}: {exc.strerror or exc}") from None
-    out: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if cut < 0:
-            key, _, value = line.partition(" ")
-        else:
-            key, value = line[:cut], line[cut + 1:]
-        key, value = key.strip(), value.strip()
-        if not key:
-            raise ConfError(f"{path}:{lineno}: line has no key: {raw.strip()!r}")
-        out[key] = value
-    return out
+_MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class BookieConf:
     """Every bookie setting, with BookKeeper's names (snake_case) where one exists."""
 
-    bookie_port: int = 3181
-    bookie_host: str = "127.0.0.1"
-    advertised_address: str = ""
-    ledger_directories: str = "data/bookie"
-    metastore_uri: str = ""
-    zk_host: str = ""
-    zk_prefix: str = "/quire"
-    session_timeout: int = 2000
-    bookie_rack: str = DEFAULT_RACK
-    max_frame_size: int = 5242880
-    max_pending_requests: int = 10000
-    ledger_storage_map_size: int = 64 * 1024**3
-    disk_usage_threshold: float = 0.95
-    disk_usage_lwm_threshold: float = 0.90
-    disk_check_interval: int = 10000
-    disk_usage_override_file: str = ""
-    gc_wait_time: int = 60000
-    stats_http_port: int = 0
-    stats_http_host: str = "127.0.0.1"
+    bookie_port: int = setting(3181, "Port the bookie listens on; 0 picks a free port (printed in the ready line).",
+                               min=0, max=65535)
+    bookie_host: str = setting("127.0.0.1", "Interface the bookie listens on.")
+    advertised_address: str = setting("", "Host the bookie registers as (clients connect to it); "
+                                          "empty = bookie_host.")
+    ledger_directories: str = setting("data/bookie", "The one directory that holds the entry storage (LMDB).")
+    metastore_uri: str = setting("", "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
+                                     "required unless zk_host is set.")
+    zk_host: str = setting("", "ZooKeeper servers (host:port[,host:port]), used as zk://<zk_host><zk_prefix> "
+                               "when metastore_uri is empty.")
+    zk_prefix: str = setting("/quire", "Path prefix under which Quire's tables live in ZooKeeper.")
+    session_timeout: int = setting(2000, "Registration session timeout (ms): the registration vanishes this "
+                                         "long after the bookie dies.", min=1)
+    bookie_rack: str = setting(DEFAULT_RACK, "Network location published in the registration (/region/rack).")
+    max_frame_size: int = setting(5242880, "Largest frame accepted, in bytes (BookKeeper's "
+                                           "nettyMaxFrameSizeBytes).", min=1024)
+    max_pending_requests: int = setting(10000, "Requests in flight per connection before the bookie stops "
+                                               "reading from it.", min=1)
+    max_pending_response_bytes: int = setting(
+        8 * _MiB, "Bytes of responses queued on one connection (read by the client too slowly) before the "
+                   "bookie stops reading its requests.", min=65536)
+    max_partial_frame_bytes: int = setting(
+        128 * _MiB, "Bytes all connections together may hold in incomplete frames; over it the newest "
+                    "offending connection is closed.", min=1024)
+    ledger_storage_map_size: int = setting(64 * 1024**3, "LMDB map size in bytes: the most the entry storage "
+                                                         "may grow to (sparse, 64 GiB).", min=_MiB)
+    disk_usage_threshold: float = setting(0.95, "Used fraction of the ledger directory's filesystem (or of the "
+                                                "LMDB map) at which the bookie turns read-only.")
+    disk_usage_lwm_threshold: float = setting(0.90, "Used fraction below which a read-only bookie turns "
+                                                    "writable again.")
+    disk_check_interval: int = setting(10000, "How often disk usage is checked (ms); commits re-check it "
+                                              "every disk_check_bytes written.", min=1)
+    disk_check_bytes: int = setting(16 * _MiB, "Bytes committed between two free-space checks made by the "
+                                               "commits themselves.", min=4096)
+    disk_usage_override_file: str = setting("", "Test hook: a file holding a used fraction (e.g. 0.97) that "
+                                                "replaces the measured one; empty = off.")
+    gc_wait_time: int = setting(60000, "How often entries of ledgers deleted from the metastore are removed "
+                                       "(ms); 0 disables.", min=0)
+    stats_http_port: int = setting(0, "Prometheus text endpoint (/metrics): 0 = off, -1 = a free port "
+                                      "(shown in the ready line).", min=-1, max=65535)
+    stats_http_host: str = setting("127.0.0.1", "Interface the stats endpoint listens on.")
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, why: str) -> None:
-            if not ok:
-                raise ConfError(f"bad value for {key}: {getattr(self, key)!r} ({why})")
+            _conf.require(ok, key, getattr(self, key), why)
 
-        need(0 <= self.bookie_port <= 65535, "bookie_port", "expected 0..65535; 0 picks a free port")
-        need(bool(self.bookie_host), "bookie_host", "must not be empty")
-        need(bool(self.ledger_directories) and "," not in self.ledger_directories,
-             "ledger_directories", "expected exactly one directory")
-        need(self.session_timeout > 0, "session_timeout", "expected milliseconds > 0")
-        parts = self.bookie_rack.split("/")
-        need(self.bookie_rack.startswith("/") and all(parts[1:]), "bookie_rack",
-             "expected a network location such as /region/rack")
-        need(self.max_frame_size >= 1024, "max_frame_size", "expected bytes >= 1024")
-        need(self.max_pending_requests > 0, "max_pending_requests", "expected > 0")
-        need(self.ledger_storage_map_size >= 1024 * 1024, "ledger_storage_map_size", "expected bytes >= 1 MiB")
-        need(0.0 < self.disk_usage_threshold <= 1.0, "disk_usage_threshold", "expected a fraction in (0, 1]")
-        need(0.0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold, "disk_usage_lwm_threshold",
-             "expected a fraction in (0, disk_usage_threshold]")
-        need(self.disk_check_interval > 0, "disk_check_interval", "expected milliseconds > 0")
-        need(self.gc_wait_time >= 0, "gc_wait_time", "expected milliseconds >= 0; 0 disables")
-        need(-1 <= self.stats_http_port <= 65535, "stats_http_port",
-             "expected 0 (off), -1 (a free port) or a port")
-        if self.metastore_uri:
-            need("://" in self.metastore_uri, "metastore_uri", "expected SCHEME://..., e.g. lmdb:///path")
-        if self.zk_host:
-            need(not self.zk_prefix or self.zk_prefix.startswith("/"), "zk_prefix", "expected /path")
+        try:
+            need(0 <= self.bookie_port <= 65535, "bookie_port", "expected 0..65535; 0 picks a free port")
+            need(bool(self.bookie_host), "bookie_host", "must not be empty")
+            need(bool(self.ledger_directories) and "," not in self.ledger_directories,
+                 "ledger_directories", "expected exactly one directory")
+            need(self.session_timeout > 0, "session_timeout", "expected milliseconds > 0")
+            parts = self.bookie_rack.split("/")
+            need(self.bookie_rack.startswith("/") and all(parts[1:]), "bookie_rack",
+                 "expected a network location such as /region/rack")
+            need(self.max_frame_size >= 1024, "max_frame_size", "expected bytes >= 1024")
+            need(self.max_pending_requests > 0, "max_pending_requests", "expected > 0")
+            need(self.ledger_storage_map_size >= _MiB, "ledger_storage_map_size", "expected bytes >= 1 MiB")
+            need(0.0 < self.disk_usage_threshold <= 1.0, "disk_usage_threshold",
+                 "expected a fraction in (0, 1]")
+            need(0.0 < self.disk_usage_lwm_threshold <= self.disk_usage_threshold, "disk_usage_lwm_threshold",
+                 "expected a fraction in (0, disk_usage_threshold]")
+            need(self.disk_check_interval > 0, "disk_check_interval", "expected milliseconds > 0")
+            need(self.gc_wait_time >= 0, "gc_wait_time", "expected milliseconds >= 0; 0 disables")
+            need(-1 <= self.stats_http_port <= 65535, "stats_http_port",
+                 "expected 0 (off), -1 (a free port) or a port")
+            if self.metastore_uri:
+                need("://" in self.metastore_uri, "metastore_uri", "expected SCHEME://..., e.g. lmdb:///path")
+            if self.zk_host:
+                need(not self.zk_prefix or self.zk_prefix.startswith("/"), "zk_prefix", "expected /path")
+        except _conf.ConfError as exc:
+            raise ConfError(str(exc)) from None
 
     # --- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def from_properties(cls, props: Mapping[str, str], source: str = "configuration") -> BookieConf:
-        """Build from string values; ``ConfError`` for an unknown key or an unparsable value."""
-        types = {f.name: f.type for f in fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, raw in props.items():
-            if key not in types:
-                raise ConfError(f"unknown key {key!r} in {source}")
-            kwargs[key] = _parse(key, str(raw).strip(), str(types[key]))
-        return cls(**kwargs)
+    def from_properties(cls, props: Mapping[str, Any], source: str = "configuration") -> BookieConf:
+        """Build from string (or typed) values; ``ConfError`` for an unknown key or a bad value."""
+        return _bookie_errors(lambda: _conf.parse_conf(cls, props, source=source))
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str] | None,
-                  overrides: Mapping[str, str] | None = None) -> BookieConf:
-        """Read ``path`` (``None``: defaults only), then apply ``overrides`` (string values)."""
-        props = read_properties(path) if path is not None else {}
-        props.update(overrides or {})
-        return cls.from_properties(props, source=str(path) if path is not None else "overrides")
+                  overrides: Mapping[str, Any] | None = None) -> BookieConf:
+        """Read ``path`` (``None``: defaults only), then apply ``overrides``; ``ConfError`` on any bad key."""
+        return _bookie_errors(lambda: _conf.load_conf(cls, path, overrides))
 
     def replace(self, **changes: Any) -> BookieConf:
         return dataclasses.replace(self, **changes)
@@ -158,13 +155,12 @@ class BookieConf:
         return self.gc_wait_time / 1000.0
 
 
-def _parse(key: str, raw: str, type_name: str) -> Any:
+def _bookie_errors(build: Any) -> BookieConf:
+    """Run ``build``; a ``metastore.conf.ConfError`` comes out as ``bookie.errors.ConfError`` (same text)."""
     try:
-        if type_name == "int":
-            return int(raw, 0) if raw.lower().startswith(("0x", "0o", "0b")) else int(raw)
-        if type_name == "float":
-            return float(raw)
-    except ValueError:
-        expected = "an integer" if type_name == "int" else "a number"
-        raise ConfError(f"bad value for {key}: {raw!r} (expected {expected})") from None
-    return raw
+        conf: BookieConf = build()
+    except ConfError:
+        raise
+    except _conf.ConfError as exc:
+        raise ConfError(str(exc)) from None
+    return conf

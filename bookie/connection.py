@@ -1,43 +1,87 @@
 """Client connections to bookies: one pipelined ``asyncio.Protocol`` per bookie address.
 
     pool = BookieConnectionPool(connect_timeout=3.0)
-    conn = await pool.get("127.0.0.1:3181")     # BookieUnavailableError if it cannot connect
-    response = await conn.request(add_request(conn.next_txn_id(), ...))
+    conn = await pool.get("127.0.0.1:3181")      # BookieUnavailableError if it cannot connect
+    response = await conn.request(read_request(conn.next_txn_id(), ...), timeout=5.0)
 
-Requests written in one loop turn leave in one ``writelines`` call; responses
-are matched by txn id (``bookie.protocol.PendingRequests``) in whatever order
-they come. When the connection drops every outstanding request fails with
-``BookieUnavailableError``; the next ``pool.get`` reconnects.
+    conn = pool.connected("127.0.0.1:3181")       # the open connection, or None (no waiting)
+    conn.submit(add_request(0, ...), callback)     # callback(Response | BKError), no future
+
+Requests submitted in one loop turn leave in one ``writelines`` call
+(``bookie.outbox.Outbox``, shared with the bookie server);
+responses are matched by txn id (``bookie.protocol.PendingRequests``) in
+whatever order they come. ``submit`` is the allocation-free path the ledger
+writer uses: the callback gets the response (any status) or, when the
+connection drops, a ``BookieUnavailableError``. ``send``/``request`` wrap it
+in a future. A response that matches no request (txn id 0: the bookie could
+not decode a frame) goes to ``on_orphan``. The next ``pool.get`` after a
+loss reconnects.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import cast
+from collections.abc import Callable
+from typing import TypeVar, cast
 
 from bookie import protocol
-from bookie.errors import BookieUnavailableError, ProtocolError
+from bookie.errors import BKError, BookieUnavailableError, ProtocolError
+from bookie.outbox import Outbox
 
 log = logging.getLogger(__name__)
+
+__all__ = ["BookieConnection", "BookieConnectionPool", "ResponseCallback"]
+
+ResponseCallback = Callable[[protocol.Response | BKError], None]
+"""Gets the response to one request (any status), or the error that lost the connection."""
+
+C = TypeVar("C", bound="BookieConnection")
+
+
+def _resolve(fut: asyncio.Future[protocol.Response], result: protocol.Response | BKError) -> None:
+    if fut.done():
+        return
+    if isinstance(result, BaseException):
+        fut.set_exception(result)
+    else:
+        fut.set_result(result)
 
 
 class BookieConnection(asyncio.Protocol):
     """One TCP connection to one bookie; requests pipeline, responses match by txn id."""
 
-    def __init__(self, address: str, max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, address: str = "", max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
+                 on_orphan: Callable[[protocol.Response], None] | None = None) -> None:
         self.address = address
+        self.on_orphan = on_orphan
         self._decoder = protocol.FrameDecoder(max_frame_size)
-        self._pending: protocol.PendingRequests[asyncio.Future[protocol.Response]] = protocol.PendingRequests()
+        self._pending: protocol.ClientTxns[ResponseCallback] = protocol.ClientTxns()
         self._transport: asyncio.Transport | None = None
-        self._outbox: list[bytes] = []
-        self._flush_scheduled = False
+        self._outbox = Outbox()
         self._loop = asyncio.get_running_loop()
-        self.closed = False
+        self.is_closed = False
+        """True once the connection is lost or closed (then ``pool.get`` opens a new one)."""
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        """Resolves once the connection is lost or closed."""
+
+    @classmethod
+    async def connect(cls: type[C], address: str, timeout: float = 10.0,
+                      max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE) -> C:
+        """Open a connection to ``host:port``; ``BookieUnavailableError`` when that fails in ``timeout``."""
+        host, _, port = address.rpartition(":")
+        loop = asyncio.get_running_loop()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: cls(address, max_frame_size), host, int(port)), timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc or 'timeout'}") from None
+        return proto
 
     # asyncio.Protocol -----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport
+        self._outbox.attach(self._transport)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -46,15 +90,24 @@ class BookieConnection(asyncio.Protocol):
             log.warning("bookie %s sent a bad frame: %s", self.address, exc)
             self._fail(BookieUnavailableError(f"bookie {self.address}: {exc}"))
             return
+        parse = protocol.parse_response
+        complete = self._pending.complete
         for frame in frames:
             try:
-                response = protocol.parse_response(frame)
-                fut = self._pending.complete(response)
+                response = parse(frame)
             except ProtocolError as exc:
                 log.warning("bookie %s: %s", self.address, exc)
                 continue
-            if not fut.done():
-                fut.set_result(response)
+            try:
+                callback = complete(response)
+            except ProtocolError as exc:
+                if self.on_orphan is not None:
+                    self.on_orphan(response)
+                else:
+                    log.warning("bookie %s: %s", self.address, exc)
+                continue
+            callback(response)
+        self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} lost"
@@ -64,20 +117,37 @@ class BookieConnection(asyncio.Protocol):
     def next_txn_id(self) -> int:
         return self._pending.next_txn_id()
 
+    def submit(self, request: protocol.Request, callback: ResponseCallback) -> None:
+        """Queue ``request`` (a txn id is assigned when it has none); ``callback`` gets the outcome.
+
+        On a closed connection the callback runs at once with ``BookieUnavailableError``.
+        """
+        if self.is_closed or self._transport is None:
+            callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
+            return
+        if not request.txn_id:
+            request.txn_id = self._pending.next_txn_id()
+        self._pending.add(request, callback)
+        self._outbox.send(protocol.encode_frame(request))
+
+    def submit_add(self, body: bytes, callback: ResponseCallback) -> None:
+        """Queue an ADD_ENTRY encoded once for every bookie (``protocol.add_request_body``); as ``submit``."""
+        if self.is_closed or self._transport is None:
+            callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
+            return
+        txn_id = self._pending.add_next(protocol.ADD_ENTRY, callback)
+        outbox = self._outbox
+        outbox.put(protocol.add_frame_head(txn_id, body))
+        outbox.send(body)
+
     def send(self, request: protocol.Request) -> asyncio.Future[protocol.Response]:
         """Queue ``request``; the future resolves to its response (any status) or fails."""
         fut: asyncio.Future[protocol.Response] = self._loop.create_future()
-        if self.closed or self._transport is None:
-            fut.set_exception(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
-            return fut
-        self._pending.add(request, fut)
-        self._outbox.append(protocol.encode_frame(request))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
+        self.submit(request, lambda result: _resolve(fut, result))
         return fut
 
     async def request(self, request: protocol.Request, timeout: float | None = None) -> protocol.Response:
+        """Send and wait for the response; ``builtins.TimeoutError`` after ``timeout`` seconds."""
         fut = self.send(request)
         try:
             return await asyncio.wait_for(fut, timeout)
@@ -85,25 +155,30 @@ class BookieConnection(asyncio.Protocol):
             self._pending.pop(request.txn_id)
             raise
 
+    def send_raw(self, data: bytes) -> None:
+        """Queue raw bytes (tests send malformed frames with it)."""
+        self._outbox.send(data)
+
     def forget(self, txn_id: int) -> None:
+        """Drop an outstanding request (its callback will not run)."""
         self._pending.pop(txn_id)
 
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._outbox and self._transport is not None and not self.closed:
-            out, self._outbox = self._outbox, []
-            self._transport.writelines(out)
+    def flush(self) -> None:
+        """Write what is queued now, in one ``writelines``."""
+        self._outbox.flush()
 
     def _fail(self, exc: BookieUnavailableError) -> None:
-        self.closed = True
-        self._outbox.clear()
-        for fut in self._pending.drain():
-            if not fut.done():
-                fut.set_exception(exc)
+        self.is_closed = True
+        self._outbox.detach()
+        for callback in self._pending.drain():
+            callback(exc)
         if self._transport is not None:
             self._transport.abort()
+        if not self.done.done():
+            self.done.set_result(None)
 
     def close(self) -> None:
+        """Close now: outstanding requests fail with ``BookieUnavailableError``."""
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} closed"))
 
 
@@ -117,9 +192,15 @@ class BookieConnectionPool:
         self._conns: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Future[BookieConnection]] = {}
 
-    async def get(self, address: str) -> BookieConnection:
+    def connected(self, address: str) -> BookieConnection | None:
+        """The open connection to ``address``, or ``None`` (then ``await get(address)``)."""
         conn = self._conns.get(address)
-        if conn is not None and not conn.closed:
+        return conn if conn is not None and not conn.is_closed else None
+
+    async def get(self, address: str) -> BookieConnection:
+        """The open connection to ``address``, connecting if needed; ``BookieUnavailableError``."""
+        conn = self.connected(address)
+        if conn is not None:
             return conn
         pending = self._connecting.get(address)
         if pending is not None:
@@ -127,7 +208,7 @@ class BookieConnectionPool:
         fut: asyncio.Future[BookieConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = fut
         try:
-            conn = await self._connect(address)
+            conn = await BookieConnection.connect(address, self.connect_timeout, self.max_frame_size)
             self._conns[address] = conn
             fut.set_result(conn)
             return conn
@@ -138,18 +219,8 @@ class BookieConnectionPool:
         finally:
             self._connecting.pop(address, None)
 
-    async def _connect(self, address: str) -> BookieConnection:
-        host, _, port = address.rpartition(":")
-        loop = asyncio.get_running_loop()
-        try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: BookieConnection(address, self.max_frame_size), host, int(port)),
-                self.connect_timeout)
-        except (OSError, TimeoutError, ValueError) as exc:
-            raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc or 'timeout'}") from None
-        return proto
-
     def close(self) -> None:
+        """Close every connection (their outstanding requests fail)."""
         for conn in self._conns.values():
             conn.close()
         self._conns.clear()

@@ -89,6 +89,8 @@ def master_key(password: bytes) -> bytes:
 
 def digest_type_of(digest_type: DigestType | str) -> DigestType:
     """Normalise a digest type name; ``ValueError`` for an unknown one."""
+    if type(digest_type) is DigestType:
+        return digest_type
     try:
         return DigestType(digest_type)
     except ValueError:
@@ -113,7 +115,8 @@ def encode_entry(ledger_id: int, entry_id: int, lac: int, length: int, body: byt
     """
     kind = digest_type_of(digest_type)
     header = _HEADER.pack(ledger_id, entry_id, lac, length)
-    body = bytes(body)
+    if type(body) is not bytes:
+        body = bytes(body)
     return header + _digest(kind, password, header, body) + body
 
 

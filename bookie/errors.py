@@ -9,14 +9,16 @@ BookKeeper's ``BKException.Code`` name, so callers can map them without
     except DigestMismatchError:
         ...  # corrupted on disk or on the wire: read another replica
 
-``NotEnoughBookiesError`` is the placement package's error, re-exported
-(imported lazily, on first access).
+``NotEnoughBookiesError`` is the placement package's error, re-exported as a
+``BKError``; ``ConfError`` is the configuration layer's (``metastore.conf``),
+likewise. Both leaf packages are imported when this module loads.
 """
 
 from __future__ import annotations
 
 import builtins
 
+from metastore.conf import ConfError as MetastoreConfError
 from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 
@@ -97,6 +99,15 @@ class TooLargeError(BKError):
     code = "TooLongFrameException"
 
 
+class EntryTooLargeError(TooLargeError):
+    """An add's entry is larger than the client's ``max_entry_size`` (refused before anything is sent).
+
+    The message names the limit; the ledger handle stays usable.
+    """
+
+    code = "TooLongFrameException"
+
+
 class UnknownOpError(BKError):
     """The bookie does not serve the requested operation."""
 
@@ -138,8 +149,11 @@ class MalformedFrameError(ProtocolError):
     """A complete frame does not hold a valid protobuf message."""
 
 
-class ConfError(BKError, ValueError):
-    """A configuration file or value is invalid; the message is one line naming the key."""
+class ConfError(BKError, MetastoreConfError):
+    """A configuration file or value is invalid; the message is one line naming the key.
+
+    Also a ``metastore.conf.ConfError`` (and so a ``ValueError``).
+    """
 
     code = "ConfigurationException"
 
@@ -163,6 +177,7 @@ __all__ = [
     "BookieUnavailableError",
     "ConfError",
     "DigestMismatchError",
+    "EntryTooLargeError",
     "FrameTooLargeError",
     "LedgerClosedError",
     "LedgerFencedError",

@@ -5,7 +5,15 @@
     version = await mgr.create(ledger_id, metadata)       # LedgerExistsError if taken
     metadata, version = await mgr.read(ledger_id)         # NoSuchLedgerError
     version = await mgr.write(ledger_id, metadata, version)  # MetadataVersionError on a lost CAS
+    metadata, version = await mgr.update(ledger_id, change)  # read-modify-write, retried on conflicts
+    metadata, version = await close_ledger(mgr, ledger_id, last_entry_id, length)
     await mgr.delete(ledger_id)
+    ids = await mgr.ledger_ids()                          # every ledger id (keys only; for bookie GC)
+
+Every read-modify-write goes through ``metastore.cas.cas_retry`` (bounded
+attempts, jittered backoff): ``update`` for ledger records, ``update_record``
+for the id generator. ``close_ledger`` is the one close-by-CAS, used by the
+writer's ``close`` and by recovery.
 
 Records are ``LedgerMetadataFormat`` protobufs in field ``data``; keys are the
 20-digit zero-padded ledger id so the scannable table lists ledgers in id
@@ -18,15 +26,19 @@ import bisect
 import dataclasses
 import enum
 import hashlib
+import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from bookie.errors import BKError, NoSuchLedgerError
+from bookie.errors import BKError, LedgerFencedError, NoSuchLedgerError, UnauthorizedError
 from bookie.proto import ledger_metadata_pb2 as pb
 from metastore import MetaStore, Order, Value, Version
-from metastore.api import MetastoreScannableTable, MetastoreTable
+from metastore.api import MetastoreScannableTable, MetastoreTable, Versioned
+from metastore.cas import cas_retry, update_record
 from metastore.errors import BadVersionError, KeyExistsError, NoKeyError
+
+log = logging.getLogger(__name__)
 
 LEDGERS_TABLE = "ledgers"
 IDGEN_TABLE = "idgen"
@@ -49,12 +61,19 @@ class LedgerState(enum.Enum):
     CLOSED = "CLOSED"
 
 
-def ledger_key(ledger_id: int) -> str:
+def ledger_record_key(ledger_id: int) -> str:
+    """The ``ledgers`` table key of a ledger: its id, zero-padded to 20 digits (sorts in id order)."""
     return f"{ledger_id:020d}"
 
 
 def password_digest(password: bytes) -> bytes:
     return hashlib.sha256(b"quire-ledger-password:" + password).digest()
+
+
+def check_password(md: LedgerMetadata, ledger_id: int, password: bytes) -> None:
+    """Raise ``UnauthorizedError`` unless ``password`` is the ledger's (a ledger without one takes any)."""
+    if md.password_digest and md.password_digest != password_digest(password):
+        raise UnauthorizedError(f"wrong password for ledger {ledger_id}")
 
 
 @dataclass
@@ -92,6 +111,7 @@ class LedgerMetadata:
         return [(entry_id + i) % self.ensemble_size for i in range(self.write_quorum)]
 
     def bookies(self) -> set[str]:
+        """Every bookie of every segment (the ones that may hold entries of this ledger)."""
         return {b for _, ens in self.ensembles for b in ens}
 
     def copy(self) -> LedgerMetadata:
@@ -132,53 +152,75 @@ class LedgerMetadataManager:
         return cls(await store.create_scannable_table(LEDGERS_TABLE), await store.create_table(IDGEN_TABLE))
 
     async def new_ledger_id(self) -> int:
-        """The next ledger id (1, 2, ...), by CAS increment of ``idgen/ledger``."""
-        while True:
-            try:
-                got = await self.idgen.get(IDGEN_KEY)
-            except NoKeyError:
-                try:
-                    await self.idgen.put(IDGEN_KEY, Value({"next": b"1"}), Version.NEW)
-                except KeyExistsError:
-                    pass
-                continue
-            current = int(got.value.get("next") or b"0")
-            try:
-                await self.idgen.put(IDGEN_KEY, Value({"next": str(current + 1).encode()}), got.version)
-            except BadVersionError:
-                continue
-            return current
+        """The next ledger id (1, 2, ...), by CAS increment of ``idgen/ledger``.
+
+        Raises ``BadVersionError`` when every bounded attempt lost the race.
+        """
+
+        def bump(current: Versioned | None) -> Value:
+            nxt = int(current.value.get("next") or b"1") if current is not None else 1
+            return Value({"next": str(nxt + 1).encode()})
+
+        written = await update_record(self.idgen, IDGEN_KEY, bump)
+        assert written is not None
+        return int(written.value.get("next") or b"2") - 1
 
     async def create(self, ledger_id: int, metadata: LedgerMetadata) -> Version:
         try:
-            return await self.ledgers.put(ledger_key(ledger_id), Value({"data": metadata.encode()}), Version.NEW)
+            return await self.ledgers.put(ledger_record_key(ledger_id), Value({"data": metadata.encode()}), Version.NEW)
         except KeyExistsError:
             raise LedgerExistsError(f"ledger {ledger_id} exists") from None
 
     async def read(self, ledger_id: int) -> tuple[LedgerMetadata, Version]:
         try:
-            got = await self.ledgers.get(ledger_key(ledger_id))
+            got = await self.ledgers.get(ledger_record_key(ledger_id))
         except NoKeyError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
         return LedgerMetadata.decode(got.value.get("data") or b""), got.version
 
     async def write(self, ledger_id: int, metadata: LedgerMetadata, version: Version) -> Version:
         try:
-            return await self.ledgers.put(ledger_key(ledger_id), Value({"data": metadata.encode()}), version)
+            return await self.ledgers.put(ledger_record_key(ledger_id), Value({"data": metadata.encode()}), version)
         except BadVersionError:
             raise MetadataVersionError(f"ledger {ledger_id} metadata changed") from None
         except NoKeyError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
 
+    async def update(self, ledger_id: int, change: Callable[[LedgerMetadata], LedgerMetadata | None], *,
+                     current: tuple[LedgerMetadata, Version] | None = None) -> tuple[LedgerMetadata, Version]:
+        """Read-modify-write one ledger's metadata by compare-and-set, retried on conflicts.
+
+        ``change(md)`` gets a copy of the current metadata and returns the
+        metadata to write, or ``None`` to leave the record as it is (then the
+        current one is returned). It may raise to give up (the error
+        propagates) and may run several times. The first attempt uses
+        ``current`` when given (a version the caller holds) instead of
+        reading. Returns the metadata as stored and its version. Raises
+        ``NoSuchLedgerError``, or ``MetadataVersionError`` after the bounded
+        attempts all conflicted.
+        """
+        known = [current]
+
+        async def step() -> tuple[LedgerMetadata, Version]:
+            held = known[0]
+            known[0] = None
+            md, version = held if held is not None else await self.read(ledger_id)
+            new = change(md.copy())
+            if new is None:
+                return md, version
+            return new, await self.write(ledger_id, new, version)
+
+        return await cas_retry(step, retry_on=(MetadataVersionError,))
+
     async def delete(self, ledger_id: int) -> None:
         try:
-            await self.ledgers.remove(ledger_key(ledger_id), Version.ANY)
+            await self.ledgers.remove(ledger_record_key(ledger_id), Version.ANY)
         except NoKeyError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
 
     async def exists(self, ledger_id: int) -> bool:
         try:
-            await self.ledgers.get(ledger_key(ledger_id), fields=())
+            await self.ledgers.get(ledger_record_key(ledger_id), fields=())
             return True
         except NoKeyError:
             return False
@@ -192,3 +234,51 @@ class LedgerMetadataManager:
                     yield int(key), LedgerMetadata.decode(got.value.get("data") or b"")
         finally:
             await cur.close()
+
+    async def ledger_ids(self) -> set[int]:
+        """The id of every ledger the metastore lists (no record decoded: keys only).
+
+        Raises ``MetastoreError`` when the table cannot be read. Keys that are
+        not ledger ids (written by something else) are skipped.
+        """
+        ids: set[int] = set()
+        cur = await self.ledgers.open_cursor(fields=())
+        try:
+            while cur.has_more():
+                for key, _ in await cur.read_entries(1024):
+                    if key.isdigit():
+                        ids.add(int(key))
+        finally:
+            await cur.close()
+        return ids
+
+
+async def close_ledger(manager: LedgerMetadataManager, ledger_id: int, last_entry_id: int, length: int, *,
+                       current: tuple[LedgerMetadata, Version] | None = None,
+                       recovering: bool = False) -> tuple[LedgerMetadata, Version]:
+    """Mark a ledger CLOSED at ``last_entry_id``/``length`` by compare-and-set (the one close of a ledger).
+
+    A ledger already closed is left as it is and its metadata returned: the
+    caller compares ``last_entry_id`` (a writer whose end differs was fenced;
+    a recoverer that lost the race to another one accepts its result). A
+    writer (``recovering=False``) finding the ledger IN_RECOVERY gets
+    ``LedgerFencedError``. Raises ``NoSuchLedgerError`` and, after the
+    bounded attempts, ``MetadataVersionError``.
+    """
+
+    def close(md: LedgerMetadata) -> LedgerMetadata | None:
+        if md.is_closed:
+            return None
+        if md.state is LedgerState.IN_RECOVERY and not recovering:
+            raise LedgerFencedError(f"ledger {ledger_id} is being recovered")
+        md.state = LedgerState.CLOSED
+        md.last_entry_id = last_entry_id
+        md.length = length
+        return md
+
+    md, version = await manager.update(ledger_id, close, current=current)
+    if md.last_entry_id != last_entry_id:
+        log.log(logging.ERROR if recovering else logging.INFO,
+                "ledger %d was closed at %d, this %s had %d", ledger_id, md.last_entry_id,
+                "recovery" if recovering else "writer", last_entry_id)
+    return md, version

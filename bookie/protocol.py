@@ -9,6 +9,13 @@ this module; everything here is testable with byte strings alone::
         ...
     transport.write(encode_frame(response))
 
+    conn = ServerConnection(max_frame_size, max_pending_requests, max_response_bytes)   # server side
+    conn.receive_data(data)
+    while (event := conn.next_event()) not in (NEED_DATA, PAUSED):
+        ...                                     # a Request to serve, or a Response to send as is
+    transport.pause_reading() if not conn.reading else transport.resume_reading()
+    status_of(exc); add_header(request); add_response(txn_id, ledger_id, entry_id, exc)
+
     pending = PendingRequests()                 # client side
     req = add_request(pending.next_txn_id(), ledger_id, entry_id, key, payload)
     pending.add(req, future)
@@ -29,8 +36,10 @@ from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from google.protobuf.message import DecodeError
+from google.protobuf.message import Message as ProtoMessage
 
 from bookie import errors
+from bookie.digest import HEADER_SIZE
 from bookie.proto import bookie_pb2 as pb
 
 Request = pb.Request
@@ -63,9 +72,10 @@ DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024
 
 LENGTH_PREFIX = struct.Struct(">I")
 PREFIX_SIZE = LENGTH_PREFIX.size
-_MAX_ENCODABLE = 0xFFFFFFFF
+ENTRY_HEADER = struct.Struct(">qqq")
+"""Ledger id, entry id and LAC at the start of an entry payload (``bookie.digest``)."""
 
-STATUS_ERRORS: dict[int, type[errors.BKError]] = {
+STATUS_ERRORS: dict[pb.StatusCode, type[errors.BKError]] = {
     NO_ENTRY: errors.NoSuchEntryError,
     NO_LEDGER: errors.NoSuchLedgerError,
     FENCED: errors.LedgerFencedError,
@@ -87,66 +97,84 @@ class FrameDecoder:
     than ``max_frame_size`` bytes raises ``FrameTooLargeError`` at once (the
     body is never buffered); the error's ``frames`` holds the complete frames
     before it. The decoder is then unusable, as the stream is.
+
+    ``receive(data)`` + ``next_frame()`` split the same stream one frame at a
+    time (``None``: the next frame is incomplete), so a connection that stops
+    serving requests keeps the rest of what it read unparsed.
     """
 
-    __slots__ = ("_broken", "_buf", "max_frame_size")
+    __slots__ = ("_broken", "_buf", "_pos", "max_frame_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
         if max_frame_size <= 0:
             raise ValueError(f"max_frame_size must be positive, not {max_frame_size}")
         self.max_frame_size = max_frame_size
-        self._buf = bytearray()
+        self._buf: bytes | bytearray = b""
+        self._pos = 0
         self._broken: errors.FrameTooLargeError | None = None
 
     @property
     def buffered(self) -> int:
-        """Bytes held for an incomplete frame."""
-        return len(self._buf)
+        """Bytes held: an incomplete frame, and complete frames not taken yet."""
+        return len(self._buf) - self._pos
+
+    def receive(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data``; ``FrameTooLargeError`` if the stream already broke."""
+        if self._broken is not None:
+            raise self._broken
+        buf = self._buf
+        pos = self._pos
+        if pos == len(buf):  # nothing held (the usual case): keep ``data`` itself, no copy
+            self._buf = data if type(data) is bytes else bytes(data)
+            self._pos = 0
+            return
+        if isinstance(buf, bytearray):
+            if pos:
+                del buf[:pos]
+        else:
+            buf = self._buf = bytearray(memoryview(buf)[pos:])
+        self._pos = 0
+        buf += data
+
+    def next_frame(self) -> bytes | None:
+        """The next complete frame body, or ``None``; ``FrameTooLargeError`` for an oversized header."""
+        buf = self._buf
+        pos = self._pos
+        if len(buf) - pos < PREFIX_SIZE:
+            return None
+        (size,) = LENGTH_PREFIX.unpack_from(buf, pos)
+        if size > self.max_frame_size:
+            self.clear()
+            self._broken = errors.FrameTooLargeError(
+                f"frame of {size} bytes exceeds max_frame_size {self.max_frame_size}")
+            raise self._broken
+        end = pos + PREFIX_SIZE + size
+        if end > len(buf):
+            return None
+        self._pos = end
+        frame = buf[pos + PREFIX_SIZE:end]
+        return frame if type(frame) is bytes else bytes(frame)
+
+    def clear(self) -> None:
+        """Drop everything buffered (the connection is gone)."""
+        self._buf = b""
+        self._pos = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
         """Add ``data``; return every frame body it completes, in order."""
-        if self._broken is not None:
-            raise self._broken
-        buf: bytes | bytearray
-        if self._buf:
-            self._buf += data
-            buf = self._buf
-        else:
-            buf = bytes(data)
+        self.receive(data)
         frames: list[bytes] = []
-        pos = 0
-        end_of_data = len(buf)
-        limit = self.max_frame_size
-        unpack = LENGTH_PREFIX.unpack_from
-        while end_of_data - pos >= PREFIX_SIZE:
-            (size,) = unpack(buf, pos)
-            if size > limit:
-                self._buf = bytearray()
-                message = f"frame of {size} bytes exceeds max_frame_size {limit}"
-                self._broken = errors.FrameTooLargeError(message)
-                raise errors.FrameTooLargeError(message, frames=frames)
-            end = pos + PREFIX_SIZE + size
-            if end > end_of_data:
-                break
-            frames.append(bytes(buf[pos + PREFIX_SIZE:end]))
-            pos = end
-        if buf is self._buf:
-            del self._buf[:pos]
-        elif pos < end_of_data:
-            self._buf = bytearray(buf[pos:])
+        try:
+            while (frame := self.next_frame()) is not None:
+                frames.append(frame)
+        except errors.FrameTooLargeError as exc:
+            raise errors.FrameTooLargeError(str(exc), frames=frames) from None
         return frames
 
 
-def encode_frame(message: Request | Response) -> bytes:
-    """The length-prefixed frame of ``message``."""
+def encode_frame(message: ProtoMessage) -> bytes:
+    """The length-prefixed frame of ``message`` (any protobuf message: the hub frames its own the same way)."""
     body = message.SerializeToString()
-    return LENGTH_PREFIX.pack(len(body)) + body
-
-
-def frame_bytes(body: bytes) -> bytes:
-    """Length-prefix an already serialized message (``ValueError`` over 4 GiB)."""
-    if len(body) > _MAX_ENCODABLE:
-        raise ValueError(f"frame of {len(body)} bytes cannot be length-prefixed")
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
@@ -241,6 +269,243 @@ def raise_for_status(response: Response) -> Response:
     return response
 
 
+# --- server-side rules -------------------------------------------------------------------------
+
+STATUS_OF: dict[type[BaseException], pb.StatusCode] = {cls: status for status, cls in STATUS_ERRORS.items()}
+"""The wire status for each ``BKError`` class a request may fail with (inverse of ``STATUS_ERRORS``)."""
+
+
+def status_of(exc: BaseException) -> pb.StatusCode:
+    """The wire status for an error raised while serving a request (``ERROR`` by default)."""
+    return STATUS_OF.get(type(exc), ERROR)
+
+
+def add_header(request: Request) -> tuple[int, int, int]:
+    """``(ledger_id, entry_id, lac)`` from an ADD_ENTRY payload's header.
+
+    Raises ``BadRequestError`` when the payload is shorter than its header or
+    names an entry other than the request's.
+    """
+    payload = request.body
+    if len(payload) < HEADER_SIZE:
+        raise errors.BadRequestError("entry payload shorter than its header")
+    ledger_id, entry_id, lac = ENTRY_HEADER.unpack_from(payload)
+    if ledger_id != request.ledger_id or entry_id != request.entry_id:
+        raise errors.BadRequestError(f"payload is of entry {ledger_id}:{entry_id}")
+    return ledger_id, entry_id, lac
+
+
+def add_response(txn_id: int, ledger_id: int, entry_id: int, exc: BaseException | None = None) -> Response:
+    """The answer to an ADD_ENTRY once its commit finished (``exc`` None) or failed."""
+    if exc is None:
+        return Response(txn_id=txn_id, op=ADD_ENTRY, status=OK, ledger_id=ledger_id, entry_id=entry_id)
+    return Response(txn_id=txn_id, op=ADD_ENTRY, status=status_of(exc), ledger_id=ledger_id,
+                    entry_id=entry_id, message=str(exc))
+
+
+class _Signal:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+NEED_DATA = _Signal("NEED_DATA")
+"""``ServerConnection.next_event``: no complete request is buffered; read more."""
+PAUSED = _Signal("PAUSED")
+"""``ServerConnection.next_event``: serve nothing more now (see ``ServerConnection.paused``)."""
+
+Event = Request | Response | _Signal
+"""What ``ServerConnection.next_event`` returns: a request to serve, a response to send as is, a signal."""
+
+DEFAULT_MAX_PENDING_REQUESTS = 10000
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+
+
+class ServerConnection:
+    """The bookie's rules for one client connection, without I/O (h11 style).
+
+    Bytes go in with ``receive_data``; ``next_event()`` returns, in order,
+    each ``Request`` to serve, each ``Response`` to send as it is (a
+    ``BAD_REQUEST`` for an undecodable frame, txn id 0; a ``TOO_LARGE`` for
+    an oversized frame, after which the connection closes once idle),
+    ``NEED_DATA`` or ``PAUSED``. The shell reports what happens to the
+    requests and the output: ``request_started``/``request_finished`` for
+    requests answered later (an add awaiting its commit),
+    ``response_queued``/``flushed`` for the response bytes queued between two
+    writes, ``writing_paused``/``writing_resumed`` from the transport's
+    ``pause_writing``/``resume_writing``, ``drain`` on shutdown.
+
+    Decisions: ``paused`` (serve no more requests, stop reading) while the
+    transport's write buffer is over its high-water mark, while
+    ``max_pending_requests`` requests are in flight (until half of them
+    finished), while ``max_response_bytes`` of responses wait for a flush
+    (``response_queued`` returns True: flush now), once draining or broken;
+    ``reading`` says whether the transport should read; ``close_now`` says
+    a broken connection has answered everything it read.
+    """
+
+    __slots__ = ("_held", "_stop", "broken", "decoder", "draining", "in_flight", "max_pending_requests",
+                 "max_response_bytes", "queued_bytes", "write_paused")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+                 max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+        self.decoder = FrameDecoder(max_frame_size)
+        self.max_pending_requests = max_pending_requests
+        self.max_response_bytes = max_response_bytes
+        self.in_flight = 0
+        self.queued_bytes = 0
+        self.write_paused = False
+        self.draining = False
+        self.broken = False
+        self._held = False  # paused for requests in flight: hold until half of them finished
+        self._stop = False  # cached ``paused``
+
+    # --- input ----------------------------------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Buffer bytes read from the client (ignored once the stream broke)."""
+        if not self.broken:
+            self.decoder.receive(data)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read but not yet served (an incomplete frame, and frames held while paused)."""
+        return self.decoder.buffered
+
+    def next_event(self) -> Event:
+        """The next thing to do; see the class docstring."""
+        if self._stop:
+            return PAUSED
+        try:
+            frame = self.decoder.next_frame()
+        except errors.FrameTooLargeError as exc:
+            self.broken = True
+            self._update()
+            return error_response(TOO_LARGE, str(exc))
+        if frame is None:
+            return NEED_DATA
+        request = Request()
+        try:
+            request.ParseFromString(frame)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return error_response(BAD_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}")
+        return request
+
+    # --- what the shell reports -----------------------------------------------------------------
+
+    def request_started(self) -> None:
+        self.in_flight += 1
+        if self.in_flight >= self.max_pending_requests:
+            self._held = True
+            self._stop = True
+
+    def request_finished(self) -> bool:
+        """Count a request answered; True when the shell must act (serve again, or ``close_now``)."""
+        self.in_flight -= 1
+        if self._held and self.in_flight <= self.max_pending_requests // 2:
+            self._held = False
+            self._update()
+            return True
+        return self.broken and self.in_flight == 0
+
+    def response_queued(self, nbytes: int) -> bool:
+        """Count a queued response; True when the shell should flush now (too much is queued)."""
+        self.queued_bytes += nbytes
+        if self.queued_bytes >= self.max_response_bytes:
+            self._stop = True
+            return True
+        return False
+
+    def flushed(self) -> None:
+        self.queued_bytes = 0
+        if self._stop:
+            self._update()
+
+    def writing_paused(self) -> None:
+        self.write_paused = True
+        self._stop = True
+
+    def writing_resumed(self) -> None:
+        self.write_paused = False
+        self._update()
+
+    def drain(self) -> None:
+        """Shutting down: serve nothing more that is read."""
+        self.draining = True
+        self._stop = True
+
+    # --- decisions ------------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        self._stop = (self.write_paused or self.draining or self.broken or self._held
+                      or self.queued_bytes >= self.max_response_bytes)
+
+    @property
+    def paused(self) -> bool:
+        """No more requests are to be served now (they stay buffered)."""
+        return self._stop
+
+    @property
+    def held_by_output(self) -> bool:
+        """Paused only because responses wait for a flush (``flushed`` lifts it)."""
+        return self._stop and not (self.write_paused or self.draining or self.broken or self._held)
+
+    @property
+    def reading(self) -> bool:
+        """Whether the transport should read: not while paused (what is read would pile up)."""
+        return not self._stop
+
+    @property
+    def close_now(self) -> bool:
+        """A broken connection has answered every request read before the bad frame."""
+        return self.broken and self.in_flight == 0
+
+
+class FrameBudget:
+    """What all connections together may hold in bytes read but not served (partial frames).
+
+    ``update(key, held)`` records one connection's holding (keys grow with
+    connection age: newer is larger) and returns the keys to close, newest
+    first, until the total is back within ``limit``; ``release(key)`` when a
+    connection is gone.
+    """
+
+    __slots__ = ("_held", "limit", "total")
+
+    def __init__(self, limit: int) -> None:
+        if limit <= 0:
+            raise ValueError(f"limit must be positive, not {limit}")
+        self.limit = limit
+        self.total = 0
+        self._held: dict[int, int] = {}
+
+    def update(self, key: int, held: int) -> list[int]:
+        if not held and key not in self._held:
+            return []
+        old = self._held.pop(key, 0)
+        if held:
+            self._held[key] = held
+        self.total += held - old
+        if self.total <= self.limit:
+            return []
+        victims: list[int] = []
+        over = self.total - self.limit
+        for k in sorted(self._held, reverse=True):
+            victims.append(k)
+            over -= self._held[k]
+            if over <= 0:
+                break
+        return victims
+
+    def release(self, key: int) -> None:
+        self.total -= self._held.pop(key, 0)
+
+
 # --- txn-id matching (client side) -------------------------------------------------------------
 
 T = TypeVar("T")
@@ -309,3 +574,62 @@ class PendingRequests(Generic[T]):
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self._pending))
+
+
+# --- client side: one ADD_ENTRY encoding framed for every bookie (the ledger client's section) ---
+
+_TXN_TAG = 0x08  # Request.txn_id is field 1, wire type 0 (varint)
+_HEAD_1 = struct.Struct(">IBB")  # length prefix, tag, a 1-byte varint
+_HEAD_2 = struct.Struct(">IBBB")
+_HEAD_3 = struct.Struct(">IBBBB")
+
+
+def add_request_body(ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, *,
+                     recovery: bool = False) -> bytes:
+    """An ADD_ENTRY ``Request`` serialized without a txn id: encoded once, framed per bookie (``add_frame_head``)."""
+    return Request(op=ADD_ENTRY, ledger_id=ledger_id, entry_id=entry_id, master_key=master_key, body=payload,
+                   recovery=recovery).SerializeToString()
+
+
+def add_frame_head(txn_id: int, body: bytes) -> bytes:
+    """The bytes that make ``body`` (from ``add_request_body``) a frame with ``txn_id`` (1 .. 2**64-1).
+
+    Send the head, then ``body`` itself (``writelines``: the body is shared by
+    every bookie, never copied). Protobuf parses concatenated messages as one,
+    so the txn id field is its own encoding: tag, then a base-128 varint.
+    """
+    size = len(body)
+    if txn_id < 0x80:
+        return _HEAD_1.pack(size + 2, _TXN_TAG, txn_id)
+    if txn_id < 0x4000:
+        return _HEAD_2.pack(size + 3, _TXN_TAG, (txn_id & 0x7F) | 0x80, txn_id >> 7)
+    if txn_id < 0x200000:
+        return _HEAD_3.pack(size + 4, _TXN_TAG, (txn_id & 0x7F) | 0x80, ((txn_id >> 7) & 0x7F) | 0x80,
+                            txn_id >> 14)
+    varint = bytearray((_TXN_TAG,))
+    while txn_id >= 0x80:
+        varint.append((txn_id & 0x7F) | 0x80)
+        txn_id >>= 7
+    varint.append(txn_id)
+    return LENGTH_PREFIX.pack(len(varint) + size) + varint
+
+
+class ClientTxns(PendingRequests[T]):
+    """``PendingRequests`` that also takes requests sent as pre-encoded frames (``add_frame_head``)."""
+
+    __slots__ = ()
+
+    def add_next(self, op: int, value: T) -> int:
+        """Take the next txn id for a request of ``op`` sent as a pre-encoded frame; return it."""
+        pending = self._pending
+        txn_id = self._next = (self._next + 1) & 0xFFFFFFFFFFFFFFFF or 1
+        while txn_id in pending:  # after 2**64 requests: skip ids still outstanding
+            txn_id = self.next_txn_id()
+        pending[txn_id] = (op, value)
+        return txn_id
+
+    def add_txn(self, txn_id: int, op: int, value: T) -> None:
+        """Remember ``value`` for a request known by its txn id and op; ``ProtocolError`` if outstanding."""
+        if txn_id in self._pending:
+            raise errors.ProtocolError(f"txn id {txn_id} is already outstanding")
+        self._pending[txn_id] = (op, value)

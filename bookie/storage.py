@@ -32,8 +32,11 @@ the next batch (filled meanwhile, or by those very callbacks when clients
 pipeline their adds) to the commit thread, so one batch's fsync overlaps the
 loop's work on the other. py-lmdb releases the GIL around every single put;
 to keep the puts from trading the GIL with a busy loop one at a time, the
-loop waits (GIL released) while the commit thread puts a batch it handed
-over, then runs on during the fsync.
+completion callbacks (when more than ``_SLICE`` are left) pause while the
+commit thread puts a batch handed over in their midst (the loop serves other events meanwhile, or sleeps in
+its selector with the GIL released) and resume when the thread reports the
+batch staged (``call_soon_threadsafe``), or after ``_STAGE_WAIT`` at the
+latest; they run on during the fsync. The loop never waits on a lock.
 
 Validation happens on the event loop against the in-memory ledger state,
 which already includes writes not yet committed: the first add to a ledger
@@ -49,6 +52,7 @@ Failures: validation errors are raised synchronously; a failed commit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -62,6 +66,7 @@ from typing import Any
 
 import lmdb
 
+from bookie.disk import describe_commit_error
 from bookie.errors import (
     BadRequestError,
     BKError,
@@ -72,19 +77,19 @@ from bookie.errors import (
     UnauthorizedError,
 )
 from bookie.proto.bookie_pb2 import LedgerIndexRecord
+from bookie.protocol import LAST_ENTRY
 
 log = logging.getLogger(__name__)
 
-LAST_ENTRY = -1
-"""``entry_id`` for ``read_entry``: the last entry stored for the ledger."""
 
 DEFAULT_MAP_SIZE = 64 * 1024**3
 _MAX_ID = (1 << 63) - 1
-_STAGE_WAIT = 0.25
-"""Longest the loop waits for the commit thread to put a batch it handed over (seconds).
+_STAGE_WAIT = 0.002
+"""Longest the completion callbacks of a batch pause while the commit thread puts the next (seconds).
 
-Only a scheduling aid: past it (the LMDB writer lock held by another process,
-a huge batch) the loop runs on and the puts finish concurrently."""
+Only a scheduling aid, and the loop never blocks on it: past it (the LMDB
+writer lock held by another process, a huge batch) the callbacks run on
+while the puts finish concurrently."""
 _SLICE = 32
 """Completion callbacks run between two checks for handing over the next batch."""
 
@@ -108,7 +113,8 @@ def entry_key(ledger_id: int, entry_id: int) -> bytes:
     return _ENTRY_KEY.pack(ledger_id, entry_id)
 
 
-def ledger_key(ledger_id: int) -> bytes:
+def ledger_prefix(ledger_id: int) -> bytes:
+    """The 8-byte LMDB key of a ledger's record, and the prefix of its entries' keys."""
     return ledger_id.to_bytes(8, "big")
 
 
@@ -142,11 +148,10 @@ class _Batch:
     add: the hot path allocates no object the cyclic GC has to track.
     ``waiters`` are the ``done`` callbacks, ``futures`` those of the
     coroutine API; both are completed in order, callbacks first.
-    ``staged`` is held until the commit thread has put the batch into its
-    transaction (see ``EntryStorage._start_commit``).
+    ``error`` is set once the commit failed (the waiters get it).
     """
 
-    __slots__ = ("deletes", "dirty", "futures", "keys", "records", "staged", "started", "values",
+    __slots__ = ("deletes", "dirty", "error", "futures", "keys", "nbytes", "records", "started", "values",
                  "waiters")
 
     def __init__(self) -> None:
@@ -157,8 +162,9 @@ class _Batch:
         self.dirty: set[int] = set()
         self.deletes: list[int] = []
         self.records: list[tuple[bytes, bytes]] = []
-        self.staged = threading.Lock()
+        self.error: BaseException | None = None
         self.started = time.perf_counter()
+        self.nbytes = 0
 
 
 def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
@@ -194,10 +200,14 @@ class EntryStorage:
         self._closing = False
         self._closed = False
         self._idle_waiters: list[asyncio.Future[None]] = []
+        self._completing: _Batch | None = None  # a committed batch whose callbacks are paused
+        self._resume_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self.on_commit: Callable[[int, float], None] | None = None
+        self.on_commit_error: Callable[[str, bool], None] | None = None
+        self.last_commit_bytes = 0
         self.commits = 0
         self.entries_committed = 0
 
@@ -207,7 +217,7 @@ class EntryStorage:
         state = self._state.get(ledger_id)
         if state is None:
             with self._env.begin(db=self._ledgers) as txn:
-                raw = txn.get(ledger_key(ledger_id))
+                raw = txn.get(ledger_prefix(ledger_id))
             if raw is None:
                 return None
             rec = LedgerIndexRecord.FromString(raw)
@@ -351,7 +361,7 @@ class EntryStorage:
         if not (cur.prev() if positioned else cur.last()):
             return None
         key = bytes(cur.key())
-        if key[:8] != ledger_key(ledger_id):
+        if key[:8] != ledger_prefix(ledger_id):
             return None
         return key, bytes(cur.value())
 
@@ -369,6 +379,12 @@ class EntryStorage:
             raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
         return state.lac
 
+    def map_usage(self) -> tuple[int, int]:
+        """``(used, size)`` bytes of the LMDB map: its high-water page mark, and how far it may grow."""
+        info = self._env.info()
+        psize = int(self._env.stat()["psize"])
+        return (int(info["last_pgno"]) + 1) * psize, int(info["map_size"])
+
     def entry_count(self) -> int:
         """Committed entries in the storage (all ledgers)."""
         with self._env.begin(db=self._entries) as txn:
@@ -385,19 +401,17 @@ class EntryStorage:
             loop.call_soon(self._start_commit)
         return batch
 
-    def _start_commit(self) -> None:
+    def _start_commit(self) -> bool:
         """Hand the open batch to the commit thread (on the loop; one commit in flight at most).
 
-        Waits, GIL released, until the commit thread has put the batch into
-        its transaction (at most ``_STAGE_WAIT``): py-lmdb releases and
-        retakes the GIL around every put, so puts racing a busy loop would
-        each wait for the interpreter's switch interval. The fsync that
-        follows runs while the loop goes on.
+        Returns whether a batch was handed over. The thread reports when it
+        has put the batch into its transaction (``_staged``); the loop does
+        not wait for it.
         """
         self._kicked = False
         batch = self._batch
         if batch is None or self._committing:
-            return
+            return False
         if self._thread is None:
             loop = self._loop = self._loop or asyncio.get_running_loop()
             thread = threading.Thread(target=self._commit_thread, args=(loop,),
@@ -405,26 +419,26 @@ class EntryStorage:
             thread.start()
             self._thread = thread
         state = self._state
-        batch.records = [(ledger_key(lid), ledger.record())
+        batch.records = [(ledger_prefix(lid), ledger.record())
                          for lid in batch.dirty if (ledger := state.get(lid)) is not None]
         self._batch = None
         self._committing = True
-        staged = batch.staged
-        staged.acquire()
         self._jobs.put(batch)
-        staged.acquire(timeout=_STAGE_WAIT)
+        return True
 
     def _commit_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         """The commit thread: write each batch handed over, then complete it on the loop."""
         jobs = self._jobs
         done = self._commit_done
+        staged = self._staged
         while True:
             batch = jobs.get()
             if batch is None:
                 return
             error: BaseException | None = None
             try:
-                self._write(batch)
+                self._write(batch, loop, staged)
+                batch.nbytes = sum(map(len, batch.values))
             except BaseException as exc:  # reported to every waiter of the batch
                 error = exc
             try:
@@ -433,7 +447,7 @@ class EntryStorage:
                 log.error("entry storage commit finished after its event loop closed")
                 return
 
-    def _write(self, batch: _Batch) -> None:
+    def _write(self, batch: _Batch, loop: asyncio.AbstractEventLoop, staged: Callable[[], None]) -> None:
         """On the commit thread: one transaction, committed with sync (the env has ``sync=True``)."""
         try:
             txn = self._env.begin(write=True)
@@ -443,10 +457,11 @@ class EntryStorage:
                 txn.abort()
                 raise
         finally:
-            batch.staged.release()  # the loop runs on; deletes may take long
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                loop.call_soon_threadsafe(staged)  # paused callbacks resume; deletes may take long
         try:
             for lid in batch.deletes:
-                prefix = ledger_key(lid)
+                prefix = ledger_prefix(lid)
                 cur = txn.cursor(db=self._entries)
                 if cur.set_range(prefix):
                     while cur.key()[:8] == prefix:
@@ -479,16 +494,25 @@ class EntryStorage:
 
     def _commit_done(self, batch: _Batch, cause: BaseException | None) -> None:
         """On the loop: the batch's transaction committed (``cause`` is None) or failed."""
+        if self._completing is not None:  # never happens (staged is reported first); keep order anyway
+            self._staged()
         self._committing = False
-        exc: BaseException | None = None
         n = len(batch.keys)
         if cause is not None:
-            log.error("entry storage commit of %d entries failed: %s", n, cause)
-            exc = BookieServerError(f"commit failed: {cause}")
+            reason, no_space = describe_commit_error(cause, self.path)
+            log.error("entry storage commit of %d entries failed: %s", n, reason)
+            exc = BookieServerError(f"commit failed: {reason}")
             exc.__cause__ = cause
+            batch.error = exc
+            if self.on_commit_error is not None:
+                try:
+                    self.on_commit_error(reason, no_space)
+                except Exception:
+                    log.exception("entry storage on_commit_error hook raised")
         else:
             self.commits += 1
             self.entries_committed += n
+            self.last_commit_bytes = batch.nbytes
             if self.on_commit is not None:
                 try:
                     self.on_commit(n, time.perf_counter() - batch.started)
@@ -496,11 +520,18 @@ class EntryStorage:
                     log.exception("entry storage on_commit hook raised")
         for lid in batch.deletes:
             self._state.pop(lid, None)
-        # The callbacks run in order, each dropped as soon as it has run: what it
-        # holds is freed at once, and a batch of dead closures does not pile up to
-        # trigger cyclic GC passes (they count allocations minus deallocations).
+        batch.waiters.reverse()  # popped from the end, in order
+        self._complete(batch)
+
+    def _complete(self, batch: _Batch) -> None:
+        """Run the batch's callbacks in order; pause when the next batch is handed over in their midst.
+
+        Each callback is dropped as soon as it has run: what it holds is freed at
+        once, and a batch of dead closures does not pile up to trigger cyclic GC
+        passes (they count allocations minus deallocations).
+        """
+        exc = batch.error
         waiters = batch.waiters
-        waiters.reverse()
         pop = waiters.pop
         left = len(waiters)
         seen = -1
@@ -509,11 +540,16 @@ class EntryStorage:
             # many adds as there are callbacks left to run, or once the callbacks
             # stop adding to it. Pipelining clients (whose callbacks add again) then
             # settle into two batches of about the same size, one committing while
-            # the loop runs the callbacks of the other.
+            # the loop runs the callbacks of the other. While the thread puts the
+            # batch, the callbacks pause (see the module docstring).
             if not self._committing and self._batch is not None:
                 size = len(self._batch.keys)
-                if size >= left or size == seen:
-                    self._start_commit()
+                if (size >= left or size == seen) and self._start_commit() and left > _SLICE:
+                    self._completing = batch  # pause only when many callbacks are left
+                    loop = self._loop
+                    assert loop is not None
+                    self._resume_timer = loop.call_later(_STAGE_WAIT, self._staged)
+                    return
                 seen = size
             run = min(left, _SLICE)
             left -= run
@@ -539,9 +575,18 @@ class EntryStorage:
                     if not w.done():
                         w.set_result(None)
 
+    def _staged(self) -> None:
+        """On the loop: the commit thread put the batch handed over (or ``_STAGE_WAIT`` passed)."""
+        if self._resume_timer is not None:
+            self._resume_timer.cancel()
+            self._resume_timer = None
+        batch, self._completing = self._completing, None
+        if batch is not None:
+            self._complete(batch)
+
     async def flush(self) -> None:
-        """Return once every write submitted so far is committed."""
-        while self._committing or self._batch is not None:
+        """Return once every write submitted so far is committed (and its callbacks ran)."""
+        while self._committing or self._batch is not None or self._completing is not None:
             idle = asyncio.get_running_loop().create_future()
             self._idle_waiters.append(idle)
             if not self._committing:

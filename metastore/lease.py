@@ -28,7 +28,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
 
 from metastore.api import (
     ALL_FIELDS,
@@ -48,6 +48,7 @@ from metastore.api import (
     check_key,
     check_value,
 )
+from metastore.conf import setting
 from metastore.errors import BadVersionError, IllegalOpError, KeyExistsError, MetastoreError, NoKeyError
 from metastore.proto.metastore_pb2 import LeaseRecord
 
@@ -57,6 +58,20 @@ LEASE_FIELD = "\x00lease"
 """Hidden field naming the owning session of an ephemeral key (reserved)."""
 SESSIONS_TABLE = "__sessions"
 DEFAULT_SESSION_TIMEOUT = 2.0
+
+
+@dataclass(frozen=True)
+class LeaseOptions:
+    """Options of the lease layer; a lease-backed backend's options dataclass extends it.
+
+    ``LeaseBackedMetaStore(options)`` takes them; parse them with
+    ``metastore.conf.store_options`` (``IllegalOpError`` naming a bad key).
+    """
+
+    watch_poll_interval: float = setting(0.05, "seconds between polls of a watched key (no native watches)",
+                                         min=0.001, max=60.0)
+    session_timeout: float = setting(DEFAULT_SESSION_TIMEOUT, "seconds a session's lease outlives its last "
+                                     "heartbeat, when session() is given no timeout", min=0.1)
 
 
 class LeaseRegistry:
@@ -317,11 +332,17 @@ class LeaseBackedMetaStore(MetaStore):
 
     native_watches = False
     watch_poll_interval = 0.05
+    """Used when no ``LeaseOptions`` are given (a subclass may set its own)."""
+    session_timeout = DEFAULT_SESSION_TIMEOUT
+    """Lease of ``session()`` without a timeout, when no ``LeaseOptions`` are given."""
     table_class: type[LeasedTable] = LeasedTable
     """Wrappers for plain and scannable tables; a backend may subclass them for fast paths."""
     scannable_table_class: type[LeasedScannableTable] = LeasedScannableTable
 
-    def __init__(self) -> None:
+    def __init__(self, options: LeaseOptions | None = None) -> None:
+        if options is not None:
+            self.watch_poll_interval = options.watch_poll_interval
+            self.session_timeout = options.session_timeout
         self._tables: dict[str, LeasedTable] = {}
         self._watches = None if self.native_watches else PollingWatches(self.watch_poll_interval)
         self._leases: LeaseRegistry | None = None
@@ -367,7 +388,7 @@ class LeaseBackedMetaStore(MetaStore):
         self._check_open()
         await self._lease_registry()
         raw = await self._open_raw_table(SESSIONS_TABLE, False)
-        sess = LeaseSession(self, raw, float(timeout or DEFAULT_SESSION_TIMEOUT))
+        sess = LeaseSession(self, raw, float(timeout or self.session_timeout))
         await sess.start()
         self._sessions_list.append(sess)
         return sess
@@ -382,12 +403,3 @@ class LeaseBackedMetaStore(MetaStore):
         for t in self._tables.values():
             await t.close()
         self._closed = True
-
-
-def conf_float(conf: dict[str, Any], key: str, default: float) -> float:
-    """Read a float option that may arrive as a string from a ``.conf`` file."""
-    raw = conf.get(key, default)
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        raise IllegalOpError(f"metastore option {key}={raw!r} is not a number") from None

@@ -12,6 +12,7 @@ Rack- and region-aware ensemble placement after BookKeeper's
 This package imports nothing else from Quire.
 """
 
+from placement.config import PLACEMENT_KEYS, PlacementConf
 from placement.dns import DNSToSwitchMapping, ScriptBasedMapping, StaticMapping
 from placement.errors import NotEnoughBookiesError, PlacementError
 from placement.factory import build_dns, build_policy
@@ -24,10 +25,12 @@ from placement.topology_aware import TopologyAwareEnsemblePlacementPolicy
 __all__ = [
     "DEFAULT_RACK",
     "DEFAULT_REGION",
+    "PLACEMENT_KEYS",
     "DNSToSwitchMapping",
     "EnsemblePlacementPolicy",
     "NetworkTopology",
     "NotEnoughBookiesError",
+    "PlacementConf",
     "PlacementError",
     "RackawareEnsemblePlacementPolicy",
     "RegionAwareEnsemblePlacementPolicy",

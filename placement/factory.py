@@ -2,23 +2,26 @@
 
 ::
 
-    policy = build_policy({"ensemble_placement_policy": "regionaware", "local_region": "region-a"})
+    policy = build_policy(PlacementConf(ensemble_placement_policy="regionaware", local_region="region-a"))
     policy = build_policy(conf, dns=StaticMapping(locations_from_registrations))
+    policy = build_policy({"ensemble_placement_policy": "regionaware"})   # a plain mapping works too
 
-Keys and defaults are listed in ``placement.config``.
+Keys and defaults are ``placement.config.PlacementConf``. A mapping may hold
+other keys (a whole client conf): they are ignored here, and handed on to a
+custom policy's or resolver's ``from_conf`` as they are.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from placement.config import (
-    DEFAULT_POLICY,
     DNS_RESOLVER_KEY,
     POLICY_KEY,
     SCRIPT_FILE_KEY,
-    get_str,
+    PlacementConf,
     import_object,
 )
 from placement.dns import DNSToSwitchMapping, ScriptBasedMapping, StaticMapping
@@ -52,7 +55,15 @@ def _policy_class(name: str) -> type[EnsemblePlacementPolicy]:
     return found
 
 
-def build_dns(conf: Mapping[str, str]) -> DNSToSwitchMapping:
+def _both(conf: PlacementConf | Mapping[str, Any] | None) -> tuple[PlacementConf, Mapping[str, Any]]:
+    """The parsed keys, and the mapping custom ``from_conf`` methods get (the caller's own if given)."""
+    if isinstance(conf, PlacementConf):
+        return conf, conf.as_mapping()
+    parsed = PlacementConf.from_mapping(conf)
+    return parsed, conf if conf is not None else {}
+
+
+def build_dns(conf: PlacementConf | Mapping[str, Any] | None = None) -> DNSToSwitchMapping:
     """The resolver the configuration asks for.
 
     ``dns_resolver_class`` wins (built with its ``from_conf(conf)``); else
@@ -61,14 +72,15 @@ def build_dns(conf: Mapping[str, str]) -> DNSToSwitchMapping:
     Raises ``ValueError`` for a class that cannot be imported or is not a
     ``DNSToSwitchMapping``, and for a script that is not an executable file.
     """
-    class_path = get_str(conf, DNS_RESOLVER_KEY)
-    if class_path is not None:
+    pconf, mapping = _both(conf)
+    class_path = pconf.dns_resolver_class
+    if class_path:
         found = import_object(class_path, DNS_RESOLVER_KEY)
         if not isinstance(found, type) or not issubclass(found, DNSToSwitchMapping):
             raise ValueError(f"{DNS_RESOLVER_KEY}={class_path!r} is not a DNSToSwitchMapping subclass")
-        return found.from_conf(conf)
-    script = get_str(conf, SCRIPT_FILE_KEY)
-    if script is not None:
+        return found.from_conf(mapping)
+    script = pconf.network_topology_script_file
+    if script:
         if not os.path.isfile(script):
             raise ValueError(f"{SCRIPT_FILE_KEY}={script!r} does not exist or is not a file")
         if not os.access(script, os.X_OK):
@@ -77,15 +89,16 @@ def build_dns(conf: Mapping[str, str]) -> DNSToSwitchMapping:
     return StaticMapping()
 
 
-def build_policy(conf: Mapping[str, str], dns: DNSToSwitchMapping | None = None) -> EnsemblePlacementPolicy:
-    """The placement policy the configuration asks for.
+def build_policy(conf: PlacementConf | Mapping[str, Any] | None = None,
+                 dns: DNSToSwitchMapping | None = None) -> EnsemblePlacementPolicy:
+    """The placement policy the configuration (a ``PlacementConf`` or a mapping) asks for.
 
     ``dns`` overrides the resolver the configuration would build. Raises
     ``ValueError`` with the offending key and value for an unknown policy
     name, a class path that cannot be imported or is not a policy, a bad
     resolver or script, a bad stabilize period or a bad ``local_region``.
     """
-    name = get_str(conf, POLICY_KEY) or DEFAULT_POLICY
-    cls = _policy_class(name)
-    resolver = dns if dns is not None else build_dns(conf)
-    return cls.from_conf(conf, resolver)
+    pconf, mapping = _both(conf)
+    cls = _policy_class(pconf.ensemble_placement_policy)
+    resolver = dns if dns is not None else build_dns(pconf if isinstance(conf, PlacementConf) else mapping)
+    return cls.from_conf(mapping, resolver)

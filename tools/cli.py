@@ -24,7 +24,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "zookeeper": ("tools.zookeeper:configure", "run a local ZooKeeper server from the system jars"),
     "bench": ("tools.bench:configure", "run a benchmark; prints JSON lines"),
     "bookie": ("tools.launch:configure_bookie", "run one bookie process"),
+    "hub": ("tools.launch:configure_hub", "run one hub process"),
     "standalone": ("tools.standalone:configure", "run the standalone cluster (lmdb metastore, bookies)"),
+    "scan": ("tools.scan.cli:configure", "Spark reports over the metastore tables (ledgers per bookie, backlog, ...)"),
+    "shell": ("tools.shell:configure", "ledger and bookie administration (listbookies, recover, ...)"),
+    "console": ("tools.console:configure", "the Hedwig console: publish, subscribe, inspect topics"),
 }
 
 

@@ -13,8 +13,18 @@
 a test double, as a separate process) — or a full metastore URI.
 ``conf_overrides`` are ``key=value`` strings added to every bookie's conf.
 A ``data_dir`` given by the caller is never deleted; without one a temporary
-directory is used and removed on exit. Hubs come with the hub issue: only
-``hubs=0`` is accepted for now.
+directory is used and removed on exit. ``hubs=N`` starts N hub processes
+after the bookies (``hub_addresses``, ``kill_hub``, ``restart_hub``);
+``conf_overrides`` keys of ``hub.conf.HubConf`` go to the hubs, the others
+to the bookies.
+
+``regions=["r1", "r2", ...]`` runs one independent cluster per region (its
+own metastore, bookies and hubs; the first region is this object, the others
+live under ``data_dir/region-NAME``), wired through each region's
+``hw_region_client.conf`` (``remote_hubs``; over TLS when ``conf_overrides``
+has ``ssl_enabled=true``) and the hubs' ``regions``:
+``hub_addresses_by_region``, ``region_clusters[name]`` (for ``kill_hub`` and
+friends in that region), ``stats_urls`` of every region.
 """
 
 from __future__ import annotations
@@ -32,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bookie.testing import READY_PREFIX, bookie_command, parse_ready_line, write_conf
+
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 60.0
@@ -47,6 +59,7 @@ class _Role:
     log_path: Path
     address: str = ""
     stats_url: str = ""
+    ssl_address: str = ""
     proc: asyncio.subprocess.Process | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -55,9 +68,19 @@ class _Role:
         return self.proc is not None and self.proc.returncode is None
 
 
+_BOOKIE_SHARED = frozenset({"zk_host", "zk_prefix", "metastore_uri", "stats_http_port"})
+
+
+def _hub_keys() -> frozenset[str]:
+    """Keys of the hub's conf: ``conf_overrides`` entries among them go to hubs, the rest to bookies."""
+    from hub.conf import HubConf
+    from metastore.conf import conf_keys
+
+    return frozenset(conf_keys(HubConf))
+
+
 def _write_conf(path: Path, values: Mapping[str, str]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    write_conf(path, values)
 
 
 class LocalCluster:
@@ -66,12 +89,14 @@ class LocalCluster:
     def __init__(self, bookies: int = 3, hubs: int = 0, metastore: str = "lmdb",
                  data_dir: str | os.PathLike[str] | None = None, region: str = "standalone",
                  conf_overrides: Mapping[str, str] | None = None, regions: list[str] | None = None) -> None:
-        if hubs:
-            raise NotImplementedError("hub processes are not built yet; use hubs=0")
+        if bookies < 0 or hubs < 0:
+            raise ValueError("bookies and hubs must be >= 0")
         if regions:
-            raise NotImplementedError("multi-region clusters come with the hub issue")
-        if bookies < 0:
-            raise ValueError("bookies must be >= 0")
+            if len(set(regions)) != len(regions) or not all(regions):
+                raise ValueError(f"regions must be distinct non-empty names, not {regions!r}")
+            if "://" in metastore:
+                raise ValueError("regions share nothing: give a metastore backend name, not one URI")
+            region = regions[0]
         self.region = region
         self.metastore = metastore
         self.conf_overrides = {k: str(v) for k, v in (conf_overrides or {}).items()}
@@ -85,9 +110,20 @@ class LocalCluster:
         ]
         for role in self._bookies:
             self._reuse_address(role)
+        self._hubs = [
+            _Role(f"hub-{i}", self.data_dir / f"hub-{i}" / "hw_server.conf", self.data_dir / f"hub-{i}" / "hub.log")
+            for i in range(hubs)
+        ]
+        for role in self._hubs:
+            self._reuse_hub_address(role)
         self._zk: Any = None
         self._emulator: asyncio.subprocess.Process | None = None
         self._started = False
+        # the other regions: independent clusters (own metastore, bookies, hubs) under our data dir
+        self.region_clusters: dict[str, LocalCluster] = {region: self}
+        for name in (regions or [])[1:]:
+            self.region_clusters[name] = LocalCluster(bookies, hubs, metastore, self.data_dir / f"region-{name}",
+                                                      region=name, conf_overrides=conf_overrides)
 
     # --- properties -----------------------------------------------------------------------------
     @property
@@ -96,15 +132,23 @@ class LocalCluster:
 
     @property
     def hub_addresses(self) -> list[str]:
-        return []
+        return [h.address for h in self._hubs]
+
+    @property
+    def hub_ssl_addresses(self) -> list[str]:
+        """``host:ssl_port`` per hub when ``ssl_enabled`` (empty strings otherwise)."""
+        return [h.ssl_address for h in self._hubs]
 
     @property
     def hub_addresses_by_region(self) -> dict[str, list[str]]:
-        return {self.region: []}
+        """Region name -> its hubs' addresses (this cluster's own region first)."""
+        return {name: c.hub_addresses for name, c in self.region_clusters.items()}
 
     @property
     def stats_urls(self) -> list[str]:
-        return [b.stats_url for b in self._bookies if b.stats_url]
+        """One ``http://127.0.0.1:PORT/metrics`` per hub and bookie process (hubs first)."""
+        own = [r.stats_url for r in [*self._hubs, *self._bookies] if r.stats_url]
+        return own + [u for c in self.region_clusters.values() if c is not self for u in c.stats_urls]
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def __aenter__(self) -> LocalCluster:
@@ -117,13 +161,49 @@ class LocalCluster:
     async def start(self) -> None:
         """Start the metastore (if it is ours) and every bookie; return once all are registered."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        others = [c for c in self.region_clusters.values() if c is not self]
         try:
-            self.metastore_uri = await self._start_metastore()
-            await asyncio.gather(*(self._start_bookie(b) for b in self._bookies))
+            if others:
+                self._wire_regions()
+            await asyncio.gather(self._start_own(), *(c.start() for c in others))
         except BaseException:
             await self.stop()
             raise
         self._started = True
+
+    async def _start_own(self) -> None:
+        self.metastore_uri = await self._start_metastore()
+        await asyncio.gather(*(self._start_bookie(b) for b in self._bookies))
+        await asyncio.gather(*(self._start_hub(h) for h in self._hubs))
+
+    def _wire_regions(self) -> None:
+        """Fix every region's hub ports, then give each hub ``regions`` and a ``hw_region_client.conf``."""
+        import socket
+
+        def free_port() -> int:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                return int(sock.getsockname()[1])
+
+        tls = self.conf_overrides.get("ssl_enabled", "false").lower() == "true"
+        for c in self.region_clusters.values():
+            for h in c._hubs:
+                if not h.address:
+                    h.address = f"127.0.0.1:{free_port()}"
+                if tls and not h.ssl_address:
+                    h.ssl_address = f"127.0.0.1:{free_port()}"
+        for name, c in self.region_clusters.items():
+            remote = {n: o for n, o in self.region_clusters.items() if n != name}
+            path = c.data_dir / "hw_region_client.conf"
+            # on one machine a region that does not answer within 5 s is down
+            values = {"server_ack_response_timeout": "5000", "ssl_enabled": "true" if tls else "false"}
+            # with TLS hubs are named host:port:sslport, and the region client uses the TLS port
+            values["remote_hubs"] = " ".join(
+                f"{n}={','.join(h.address + (':' + h.ssl_address.rsplit(':', 1)[1] if tls else '') for h in o._hubs)}"
+                for n, o in remote.items() if o._hubs)
+            _write_conf(path, values)
+            for h in c._hubs:
+                h.extra.update(regions=" ".join(remote), region_client_conf=str(path))
 
     async def _start_metastore(self) -> str:
         m = self.metastore
@@ -155,7 +235,7 @@ class LocalCluster:
         """Keep a bookie's port across runs on one data dir: ledger metadata names bookies by address."""
         if not role.conf_path.is_file():
             return
-        from bookie.conf import read_properties
+        from metastore.conf import read_properties
 
         props = read_properties(role.conf_path)
         port = props.get("bookie_port", "0")
@@ -174,7 +254,8 @@ class LocalCluster:
             # -1: the bookie picks a free port and names it in its ready line
             "stats_http_port": role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "-1",
         }
-        values.update(self.conf_overrides)
+        hub_keys = _hub_keys()
+        values.update({k: v for k, v in self.conf_overrides.items() if k not in hub_keys or k in _BOOKIE_SHARED})
         values.update(role.extra)
         for k in ("zk_host", "zk_prefix"):
             values.pop(k, None)
@@ -186,16 +267,12 @@ class LocalCluster:
         logf = open(role.log_path, "ab")
         try:
             role.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tools.cli", "bookie", "--conf", str(role.conf_path),
-                stdout=asyncio.subprocess.PIPE, stderr=logf, env=self._child_env())
+                *bookie_command(role.conf_path), stdout=asyncio.subprocess.PIPE, stderr=logf, env=self._child_env())
         finally:
             logf.close()
-        line = await self._ready_line(role, "bookie ready ")
-        parts = line.split()
-        role.address = parts[2]
-        for p in parts[3:]:
-            if p.startswith("stats="):
-                role.stats_url = p.removeprefix("stats=")
+        line = await self._ready_line(role, READY_PREFIX)
+        role.address, stats_url = parse_ready_line(line)
+        role.stats_url = stats_url or role.stats_url
         _write_conf(role.conf_path, self._bookie_conf(role))  # record the ports it got, for restarts
 
     @staticmethod
@@ -271,8 +348,15 @@ class LocalCluster:
             await proc.wait()
 
     async def supervise(self, stop: asyncio.Event, interval: float = 1.0) -> None:
-        """Restart any bookie that exits on its own until ``stop`` is set (``quire standalone``)."""
+        """Restart any bookie or hub that exits on its own until ``stop`` is set (``quire standalone``)."""
         while not stop.is_set():
+            for i, role in enumerate(self._hubs):
+                if role.proc is not None and role.proc.returncode is not None:
+                    log.warning("%s exited with %s; restarting it", role.name, role.proc.returncode)
+                    try:
+                        await self.restart_hub(i)
+                    except RuntimeError as exc:
+                        log.error("cannot restart %s: %s", role.name, exc)
             for i, role in enumerate(self._bookies):
                 if role.proc is not None and role.proc.returncode is not None:
                     log.warning("%s exited with %s; restarting it", role.name, role.proc.returncode)
@@ -285,8 +369,92 @@ class LocalCluster:
             except TimeoutError:
                 pass
 
+    # --- hubs -----------------------------------------------------------------------------------
+    @staticmethod
+    def _reuse_hub_address(role: _Role) -> None:
+        """Keep a hub's port across restarts (clients and owner records name hubs by address)."""
+        if not role.conf_path.is_file():
+            return
+        from metastore.conf import read_properties
+
+        props = read_properties(role.conf_path)
+        port = props.get("server_port", "0")
+        if port.isdigit() and int(port) > 0:
+            role.address = f"127.0.0.1:{port}"
+        stats = props.get("stats_http_port", "0")
+        if stats.isdigit() and int(stats) > 0:
+            role.stats_url = f"http://127.0.0.1:{stats}/metrics"
+        ssl_port = props.get("ssl_server_port", "0")
+        if props.get("ssl_enabled") == "true" and ssl_port.isdigit() and int(ssl_port) > 0:
+            role.ssl_address = f"127.0.0.1:{ssl_port}"
+
+    def _hub_conf(self, role: _Role) -> dict[str, str]:
+        hub_keys = _hub_keys()
+        values = {
+            "server_host": "127.0.0.1",
+            "server_port": role.address.rsplit(":", 1)[1] if role.address else "0",
+            "region": self.region,
+        }
+        values.update({k: v for k, v in self.conf_overrides.items() if k in hub_keys})
+        values.update(role.extra)
+        for k in ("zk_host", "zk_prefix", "stats_http_port"):
+            values.pop(k, None)
+        values["metastore_uri"] = self.metastore_uri
+        # -1: the hub picks a free port and names it in its ready line (kept for restarts)
+        values["stats_http_port"] = role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "-1"
+        if role.ssl_address:                   # the TLS port it got, kept across restarts
+            values["ssl_server_port"] = role.ssl_address.rsplit(":", 1)[1]
+        elif "ssl_server_port" not in values:  # several hubs on one machine: each picks a free port
+            values["ssl_server_port"] = "0"
+        return values
+
+    async def _start_hub(self, role: _Role) -> None:
+        _write_conf(role.conf_path, self._hub_conf(role))
+        logf = open(role.log_path, "ab")
+        try:
+            role.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tools.cli", "hub", "--conf", str(role.conf_path),
+                stdout=asyncio.subprocess.PIPE, stderr=logf, env=self._child_env())
+        finally:
+            logf.close()
+        line = await self._ready_line(role, "hub ready ")
+        parts = line.split()
+        role.address = parts[2]
+        for p in parts[3:]:
+            if p.startswith("stats="):
+                role.stats_url = p.removeprefix("stats=")
+            elif p.startswith("ssl="):
+                role.ssl_address = p.removeprefix("ssl=")
+        _write_conf(role.conf_path, self._hub_conf(role))  # record the port it got, for restarts
+
+    async def kill_hub(self, i: int) -> None:
+        """SIGKILL hub ``i``; returns once the process is dead."""
+        await self._kill(self._hubs[i], signal.SIGKILL)
+
+    async def stop_hub(self, i: int) -> None:
+        """SIGTERM hub ``i`` (clean shutdown: topics released); returns once it has exited."""
+        await self._kill(self._hubs[i], signal.SIGTERM)
+
+    async def restart_hub(self, i: int) -> None:
+        """Start hub ``i`` again on its address; returns once it serves and is registered."""
+        role = self._hubs[i]
+        if role.alive:
+            raise RuntimeError(f"{role.name} is still running")
+        await self._start_hub(role)
+
+    def set_hub_conf(self, i: int, **values: str) -> None:
+        """Extra ``key=value`` settings for hub ``i`` only, used from its next (re)start."""
+        self._hubs[i].extra.update({k: str(v) for k, v in values.items()})
+
+    def hub_pid(self, i: int) -> int | None:
+        proc = self._hubs[i].proc
+        return proc.pid if proc is not None and proc.returncode is None else None
+
     async def stop(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL after a bound); remove a temporary data dir."""
+        others = [c for c in getattr(self, "region_clusters", {}).values() if c is not self]
+        await asyncio.gather(*(c.stop() for c in others))
+        await asyncio.gather(*(self._kill(h, signal.SIGTERM) for h in getattr(self, "_hubs", [])))
         await asyncio.gather(*(self._kill(b, signal.SIGTERM) for b in self._bookies))
         if self._zk is not None:
             await asyncio.to_thread(self._zk.stop)

@@ -1,4 +1,4 @@
-"""Per-role launchers: ``quire bookie``.
+"""Per-role launchers: ``quire bookie`` and ``quire hub``.
 
     quire bookie --conf conf/bk_server.conf [--port 0] [--data DIR] [--metastore URI] [--set KEY=VALUE]
 
@@ -77,6 +77,81 @@ async def _serve_bookie(conf: BookieConf) -> int:
         return 1
     try:
         line = f"bookie ready {server.address}"
+        if server.stats_url:
+            line += f" stats={server.stats_url}"
+        print(line, flush=True)
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+# --- quire hub ----------------------------------------------------------------------------------
+
+def configure_hub(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """``quire hub --conf conf/hw_server.conf [--port 0] [--metastore URI] [--set KEY=VALUE]``.
+
+    Prints ``hub ready HOST:PORT`` once it serves and is registered; runs until
+    SIGTERM/SIGINT. A bad configuration exits 2 with one line on stderr; a
+    start failure exits 1.
+    """
+    parser.add_argument("--conf", metavar="FILE", help="hw_server.conf properties file (default: built-in defaults)")
+    parser.add_argument("--port", metavar="PORT", help="override server_port (0 picks a free port)")
+    parser.add_argument("--metastore", metavar="URI", help="override metastore_uri")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override any configuration key (repeatable)")
+    return run_hub_command
+
+
+def run_hub_command(args: argparse.Namespace) -> int:
+    from hub.conf import load_hub_conf
+    from metastore.conf import ConfError as MetaConfError
+
+    try:
+        overrides: dict[str, str] = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise MetaConfError(f"--set expects KEY=VALUE, not {item!r}")
+            overrides[key.strip()] = value.strip()
+        for key, value in (("server_port", args.port), ("metastore_uri", args.metastore)):
+            if value is not None:
+                overrides[key] = value
+        conf = load_hub_conf(args.conf, overrides)
+    except MetaConfError as exc:
+        print(f"quire hub: configuration error: {exc}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    return int(uvloop.run(_serve_hub(conf)))
+
+
+async def _serve_hub(conf: object) -> int:
+    from hub.errors import PubSubError
+    from hub.server import HubServer
+    from metastore.errors import MetastoreError
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    server = HubServer(conf)  # type: ignore[arg-type]
+    from metastore.conf import ConfError
+
+    try:
+        await server.start()
+    except ConfError as exc:      # e.g. the region client conf
+        print(f"quire hub: configuration error: {exc}", file=sys.stderr)
+        await server.stop()
+        return 2
+    except (OSError, BKError, MetastoreError, PubSubError) as exc:
+        print(f"quire hub: cannot start: {exc}", file=sys.stderr)
+        await server.stop()
+        return 1
+    try:
+        line = f"hub ready {server.address}"
+        if server.info.sslPort:
+            line += f" ssl={server.conf.server_host}:{server.info.sslPort}"
         if server.stats_url:
             line += f" stats={server.stats_url}"
         print(line, flush=True)

@@ -6,7 +6,9 @@ arguments win)::
 
     ms = await open_metastore("hbase://thrift-gw:9090/quire", timeout=2.0)
 
-Configuration (numbers may be strings, as read from a ``.conf`` file):
+Configuration (``HBaseOptions``; numbers may be strings, as read from a
+``.conf`` file; an unknown key or a bad value is an ``IllegalOpError`` naming
+it; every key with its default is in ``conf/metastore-hbase.conf``):
 
 * ``timeout`` — seconds (default 5): bound of connecting, of every Thrift
   call and of every metastore operation; ``ServiceDownError`` after it;
@@ -104,11 +106,11 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import happybase
@@ -135,6 +137,8 @@ from metastore.api import (
     check_version,
     in_range,
 )
+from metastore.cas import ANY_ATTEMPTS, cas_retry_sync
+from metastore.conf import require, setting, store_options
 from metastore.errors import (
     BadVersionError,
     IllegalOpError,
@@ -143,7 +147,7 @@ from metastore.errors import (
     NoKeyError,
     ServiceDownError,
 )
-from metastore.lease import LeaseBackedMetaStore, conf_float
+from metastore.lease import LeaseBackedMetaStore, LeaseOptions
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +161,6 @@ DEFAULT_TIMEOUT = 5.0
 DEFAULT_POOL_SIZE = 4
 DEFAULT_MAX_VALUE_SIZE = 10 * 1024 * 1024
 MAX_ROW_BYTES = 32767
-_ATTEMPTS = 1000
 _PREFIX_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]*")
 _NAME_SAFE = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
 
@@ -315,11 +318,8 @@ def _record(state: State, columns: dict[bytes, Any], wanted: frozenset[bytes] | 
     return Versioned(value, Version(state.version))
 
 
-class _Unknown:
-    """Marker: the current state cell must be read."""
-
-
-_UNKNOWN = _Unknown()
+class _LostRace(Exception):
+    """Another writer swapped the state cell between our read and our ``checkAndPut``."""
 
 
 @dataclass(frozen=True)
@@ -423,20 +423,22 @@ class HBaseTable(MetastoreScannableTable):
         return _record(state, got[0].columns, wanted)
 
     def _write_sync(self, client: Any, row: bytes, key: str, delta: Delta | None, version: Version) -> int:
-        """A put (``delta`` given) or a remove (``delta is None``); returns the new version."""
-        cur: bytes | _Unknown | None = _UNKNOWN
-        if version == Version.NEW and delta is not None:
-            cur = None  # optimistic: the row was never used
-        elif not version.is_sentinel and 0 <= version.value < 1 << 64:
-            cur = _VER.pack(version.value)  # optimistic: the version is current and applied
-        for _ in range(_ATTEMPTS):
-            if isinstance(cur, _Unknown):
-                cur = self._read_state(client, row)
+        """A put (``delta`` given) or a remove (``delta is None``); returns the new version.
+
+        One try reads the state cell, checks it and swaps it with ``checkAndPut``; a try that
+        loses the swap to another writer is retried (``metastore.cas``, jittered backoff) and
+        re-checks, so a lost race on a stale version still ends in ``BadVersionError`` and a
+        ``Version.ANY`` put wins eventually. Tries stop at ``timeout`` (``ServiceDownError``),
+        when the caller has stopped waiting anyway.
+        """
+        where = f"{self.name}/{key}"
+
+        def attempt(cur: bytes | None) -> int | None:
+            """The new version, or ``None`` when another writer changed the cell first."""
             state = State.decode(cur)
             if state.pending:
                 cur = self._settle(client, row, state)
-                continue
-            where = f"{self.name}/{key}"
+                state = State.decode(cur)
             if delta is not None and version == Version.NEW:
                 if state.live:
                     raise KeyExistsError(where)
@@ -449,14 +451,38 @@ class HBaseTable(MetastoreScannableTable):
             new_version = max(state.version + 1, _now_ms())
             cell = (_put_cell(new_version, delta) if delta is not None
                     else _VER.pack(new_version) + bytes([KIND_REMOVE]))
-            if client.checkAndPut(self.hbase_name, row, COL_STATE, cur,
-                                  Hbase_thrift.Mutation(column=COL_STATE, value=cell), {}):
-                committed = State.decode(cell)
-                if committed.pending:  # a failure from here on leaves it to the next writer
-                    self._settle(client, row, committed)
-                return new_version
-            cur = _UNKNOWN
-        raise ServiceDownError(f"{self.name}/{key}: gave up after {_ATTEMPTS} contended updates")
+            if not client.checkAndPut(self.hbase_name, row, COL_STATE, cur,
+                                      Hbase_thrift.Mutation(column=COL_STATE, value=cell), {}):
+                return None
+            committed = State.decode(cell)
+            if committed.pending:  # a failure from here on leaves it to the next writer
+                self._settle(client, row, committed)
+            return new_version
+
+        # Optimistic first try, no read: a create expects no row, a CAS its version applied.
+        if version == Version.NEW and delta is not None:
+            done = attempt(None)
+        elif not version.is_sentinel and 0 <= version.value < 1 << 64:
+            done = attempt(_VER.pack(version.value))
+        else:
+            done = None
+        if done is not None:
+            return done
+
+        deadline = time.monotonic() + self._store.timeout  # the caller stops waiting then
+
+        def step() -> int:
+            if time.monotonic() > deadline:
+                raise ServiceDownError(f"{where}: still contended after {self._store.timeout:g} s")
+            got = attempt(self._read_state(client, row))
+            if got is None:
+                raise _LostRace(where)
+            return got
+
+        try:
+            return cas_retry_sync(step, attempts=ANY_ATTEMPTS, retry_on=(_LostRace,))
+        except _LostRace:
+            raise ServiceDownError(f"{where}: gave up after {ANY_ATTEMPTS} contended updates") from None
 
     def _scan_sync(self, client: Any, scan: _Scan, resume: bytes | None, columns: list[bytes],
                    wanted: frozenset[bytes] | None, n: int
@@ -569,11 +595,21 @@ class HBaseTable(MetastoreScannableTable):
 # -- the store -----------------------------------------------------------------------------------
 
 
-def _conf_choice(conf: dict[str, Any], key: str, choices: Collection[str], default: str) -> str:
-    value = str(conf.get(key, default)).strip().lower()
-    if value not in choices:
-        raise IllegalOpError(f"metastore option {key}={value!r}: expected one of {sorted(choices)}")
-    return value
+@dataclass(frozen=True)
+class HBaseOptions(LeaseOptions):
+    """Options of ``hbase://`` stores (URI query string or ``open_metastore`` keyword arguments)."""
+
+    timeout: float = setting(DEFAULT_TIMEOUT, "seconds bounding connecting, every Thrift call and every operation")
+    pool_size: int = setting(DEFAULT_POOL_SIZE, "Thrift connections, and worker threads, per store")
+    max_value_size: int = setting(DEFAULT_MAX_VALUE_SIZE, "largest field value (and field name) in bytes "
+                                  "(HBase's hbase.client.keyvalue.maxsize)")
+    transport: str = setting("buffered", "Thrift transport of the gateway", choices=("buffered", "framed"))
+    protocol: str = setting("binary", "Thrift protocol of the gateway", choices=("binary", "compact"))
+
+    def __post_init__(self) -> None:
+        require(self.timeout > 0 and self.timeout != float("inf"), "timeout", self.timeout, "must be positive")
+        require(self.pool_size >= 1, "pool_size", self.pool_size, "must be positive")
+        require(self.max_value_size >= 1, "max_value_size", self.max_value_size, "must be positive")
 
 
 _TRANSPORT_ERRORS = (TTransportException, TProtocolException, OSError, EOFError)
@@ -654,25 +690,19 @@ class HBaseMetaStore(LeaseBackedMetaStore):
 
     name = "hbase"
     version = 1
-    KNOWN_CONF: ClassVar[frozenset[str]] = frozenset(
-        {"timeout", "pool_size", "max_value_size", "transport", "protocol", "watch_poll_interval"})
-
-    def __init__(self, uri: str, host: str, port: int, prefix: str, conf: dict[str, Any]) -> None:
-        self.watch_poll_interval = conf_float(conf, "watch_poll_interval", 0.05)
-        super().__init__()
+    def __init__(self, uri: str, host: str, port: int, prefix: str, options: HBaseOptions | None = None) -> None:
+        options = options or HBaseOptions()
+        super().__init__(options)
+        self.options = options
         self.uri = uri
         self.host = host
         self.port = port
         self.prefix = prefix
-        self.timeout = conf_float(conf, "timeout", DEFAULT_TIMEOUT)
-        self.max_value_size = int(conf_float(conf, "max_value_size", DEFAULT_MAX_VALUE_SIZE))
-        self.pool_size = int(conf_float(conf, "pool_size", DEFAULT_POOL_SIZE))
-        if self.timeout <= 0 or self.pool_size < 1 or self.max_value_size < 1:
-            raise IllegalOpError("hbase options timeout, pool_size and max_value_size must be positive")
+        self.timeout = options.timeout
+        self.max_value_size = options.max_value_size
+        self.pool_size = options.pool_size
         self._connections = ThreadConnections(
-            host, port, max(1, int(self.timeout * 1000)),
-            transport=_conf_choice(conf, "transport", ("buffered", "framed"), "buffered"),
-            protocol=_conf_choice(conf, "protocol", ("binary", "compact"), "binary"))
+            host, port, max(1, int(self.timeout * 1000)), transport=options.transport, protocol=options.protocol)
         self._executor = ThreadPoolExecutor(self.pool_size, thread_name_prefix="quire-hbase")
         self._known_tables: set[bytes] = set()
 
@@ -682,7 +712,8 @@ class HBaseMetaStore(LeaseBackedMetaStore):
     @classmethod
     async def open(cls, uri: str, **conf: Any) -> HBaseMetaStore:
         host, port, prefix, query = parse_uri(uri)
-        store = cls(uri, host, port, prefix, {**query, **conf})
+        store = cls(uri, host, port, prefix, store_options(HBaseOptions, query, conf,
+                                                          source="hbase metastore options"))
         try:  # one cheap call proves the gateway answers (a silent one times out here)
             await store.call(_list_tables, idempotent=True)
         except BaseException:

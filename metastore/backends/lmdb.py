@@ -25,18 +25,16 @@
   the stored bytes, so another process's write is always seen.
 * Sessions are leases and watches are polled (``metastore.lease``).
 
-Options (``open_metastore(uri, **conf)`` or the URI's query string such as
-``lmdb:///data/meta?map_size=1073741824``; strings accepted): ``map_size``
-(bytes, default 8 GiB, sparse), ``max_value_size`` (bytes per field value,
-default 16 MiB), ``max_tables`` (tables one process may open, default 128 — the
-store itself holds any number; LMDB sizes each transaction by this bound, so
-it is kept small), ``watch_poll_interval`` (seconds, default 0.05),
-``write_mode`` (``thread``, the default, or ``inline``: commit on the caller's
-thread, blocking its event loop for each synced commit and for any other
-process's writer. That saves the thread hand-off, roughly a quarter of a fast
-disk's commit time, and suits one-operation-at-a-time tools; servers keep
-``thread``, which never stalls the loop and groups concurrent writes). The first
-store a process opens on a directory fixes ``map_size`` and ``max_tables``.
+Options (``LmdbOptions``; ``open_metastore(uri, **options)`` or the URI's query
+string such as ``lmdb:///data/meta?map_size=1073741824``; strings accepted; an
+unknown key or a bad value is an ``IllegalOpError`` naming it; every key with
+its default is in ``conf/metastore-lmdb.conf``). ``write_mode=inline`` commits
+on the caller's thread, blocking its event loop for each synced commit and for
+any other process's writer: that saves the thread hand-off, roughly a quarter
+of a fast disk's commit time, and suits one-operation-at-a-time tools; servers
+keep ``thread``, which never stalls the loop and groups concurrent writes. The
+first store a process opens on a directory fixes ``map_size`` and
+``max_tables``.
 
 LMDB forbids opening one environment twice in a process, so environments are
 shared per directory by a process-wide, reference-counted registry — the one
@@ -53,8 +51,9 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import lmdb
 
@@ -76,6 +75,7 @@ from metastore.api import (
     check_value,
     check_version,
 )
+from metastore.conf import setting, store_options
 from metastore.errors import (
     BadVersionError,
     IllegalOpError,
@@ -84,7 +84,7 @@ from metastore.errors import (
     NoKeyError,
     ServiceDownError,
 )
-from metastore.lease import LEASE_FIELD, LeaseBackedMetaStore, LeasedScannableTable, LeasedTable, conf_float
+from metastore.lease import LEASE_FIELD, LeaseBackedMetaStore, LeasedScannableTable, LeasedTable, LeaseOptions
 from metastore.proto.metastore_pb2 import Record
 
 T = TypeVar("T")
@@ -99,6 +99,19 @@ DEFAULT_MAX_TABLES = 128
 CACHE_ENTRIES = 65536
 """Decoded records kept per table (records up to ``CACHE_RECORD_BYTES``)."""
 CACHE_RECORD_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class LmdbOptions(LeaseOptions):
+    """Options of ``lmdb://`` stores (URI query string or ``open_metastore`` keyword arguments)."""
+
+    map_size: int = setting(DEFAULT_MAP_SIZE, "bytes the store may grow to (sparse; fixed by the first opener)",
+                            min=1 << 16)
+    max_value_size: int = setting(DEFAULT_MAX_VALUE_SIZE, "largest field value in bytes", min=1)
+    max_tables: int = setting(DEFAULT_MAX_TABLES, "tables one process may have open (the store holds any number)",
+                              min=2, max=1 << 20)
+    write_mode: str = setting("thread", "thread: commit on a writer thread with group commit; "
+                              "inline: on the caller's thread (tools only)", choices=("thread", "inline"))
 
 
 class _SharedEnv:
@@ -289,11 +302,16 @@ _unpack_version = _VER.unpack_from
 
 
 def decode_record(raw: bytes, fields: Fields = ALL_FIELDS) -> Versioned:
+    """The record stored as ``raw`` (``fields``: only those), as a fresh ``Versioned``."""
     stored = _from_string(raw[8:]).fields
+    value = Value()
     if fields is ALL_FIELDS:
-        value = Value(stored.items())
+        for f in stored:  # filling an empty Value is the fastest copy out of a protobuf map
+            value[f] = stored[f]
     else:
-        value = Value({f: stored[f] for f in fields if f in stored})  # type: ignore[union-attr]
+        for f in fields:  # type: ignore[union-attr]
+            if f in stored:
+                value[f] = stored[f]
     return _versioned(Versioned, (value, Version(_unpack_version(raw)[0])))
 
 
@@ -311,6 +329,10 @@ class LmdbTable(MetastoreScannableTable):
     def _check_open(self) -> None:
         if self._closed or self._store.closed:
             raise IllegalOpError(f"table {self.name} is closed")
+
+    async def close(self) -> None:
+        self._closed = True
+        self._cache.clear()  # a closed table's decoded records are garbage
 
     def _key(self, key: str) -> bytes:
         raw = check_key(key).encode("utf-8", "surrogatepass")
@@ -417,46 +439,50 @@ class LmdbTable(MetastoreScannableTable):
 
     def _page(self, after: bytes | None, start: bytes, start_inclusive: bool, stop: bytes,
               stop_inclusive: bool, order: Order, fields: Fields, n: int) -> list[tuple[str, Versioned]]:
-        """Up to ``n`` entries after ``after`` (exclusive) or from ``start``, in ``order``."""
+        """Up to ``n`` entries after ``after`` (exclusive) or from ``start``, in ``order``.
+
+        One read transaction per page; records come from the cache when their bytes are
+        unchanged and are decoded otherwise (a scan does not fill the cache).
+        """
         self._check_open()
         out: list[tuple[str, Versioned]] = []
+        append = out.append
+        cache_get = self._cache.get
+        decode = decode_record
+        pos, incl = (after, False) if after is not None else (start, start_inclusive)
         with self._env.begin(db=self._db) as txn:
             cur = txn.cursor()
             if order is Order.ASC:
-                pos, incl = (after, False) if after is not None else (start, start_inclusive)
-                ok = cur.set_range(pos) if pos else cur.first()
-                if ok and pos and not incl and cur.key() == pos:
-                    ok = cur.next()
-                while ok and len(out) < n:
-                    k = cur.key()
-                    if stop and (k > stop or (k == stop and not stop_inclusive)):
-                        break
-                    out.append((k.decode("utf-8", "surrogatepass"), self._scanned(k, cur.value(), fields)))
-                    ok = cur.next()
+                if pos and not cur.set_range(pos):
+                    return out
+                items = cur.iternext()
+                if pos and not incl and cur.key() == pos:
+                    next(items, None)
             else:
-                pos, incl = (after, False) if after is not None else (start, start_inclusive)
                 if pos:
-                    ok = cur.set_range(pos)
-                    if not ok:
-                        ok = cur.last()
+                    if not cur.set_range(pos):
+                        if not cur.last():
+                            return out
                     elif cur.key() > pos or (cur.key() == pos and not incl):
-                        ok = cur.prev()
+                        if not cur.prev():
+                            return out
+                elif not cur.last():
+                    return out
+                items = cur.iterprev()
+            asc = order is Order.ASC
+            for k, raw in items:
+                if stop and (((k > stop) if asc else (k < stop)) or (k == stop and not stop_inclusive)):
+                    break
+                hit = cache_get(k)
+                if hit is not None and hit[0] == raw:
+                    got = hit[1]
+                    got = _versioned(Versioned, (got.value.project(fields), got.version))
                 else:
-                    ok = cur.last()
-                while ok and len(out) < n:
-                    k = cur.key()
-                    if stop and (k < stop or (k == stop and not stop_inclusive)):
-                        break
-                    out.append((k.decode("utf-8", "surrogatepass"), self._scanned(k, cur.value(), fields)))
-                    ok = cur.prev()
+                    got = decode(raw, fields)
+                append((k.decode("utf-8", "surrogatepass"), got))
+                if len(out) >= n:
+                    break
         return out
-
-    def _scanned(self, k: bytes, raw: bytes, fields: Fields) -> Versioned:
-        """A scanned record: from the cache when unchanged (a scan does not fill the cache)."""
-        got = self._cached(k, raw)
-        if got is None:
-            return decode_record(raw, fields)
-        return _versioned(Versioned, (got.value.project(fields), got.version))
 
     async def _cursor(self, start: str, start_inclusive: bool, stop: str, stop_inclusive: bool,
                       order: Order, fields: Fields) -> MetastoreCursor:
@@ -503,6 +529,10 @@ class _FastGet(LeasedTable):
                     return _versioned(Versioned, (value.project(check_fields(fields)), version))
         return await super().get(key, fields, watcher)
 
+    async def close(self) -> None:
+        await super().close()
+        await self.raw.close()  # each wrapper has a raw table of its own: give back its cache
+
 
 class _FastGetScannable(_FastGet, LeasedScannableTable):
     raw: LmdbTable
@@ -516,19 +546,16 @@ class LmdbMetaStore(LeaseBackedMetaStore):
     table_class = _FastGet
     scannable_table_class = _FastGetScannable
 
-    def __init__(self, path: str, conf: dict[str, Any]) -> None:
-        self.watch_poll_interval = conf_float(conf, "watch_poll_interval", 0.05)
-        super().__init__()
+    def __init__(self, path: str, options: LmdbOptions | None = None) -> None:
+        options = options or LmdbOptions()
+        super().__init__(options)
+        self.options = options
         self.path = path
-        self.max_value_size = int(conf_float(conf, "max_value_size", DEFAULT_MAX_VALUE_SIZE))
-        map_size = int(conf_float(conf, "map_size", DEFAULT_MAP_SIZE))
-        max_tables = int(conf_float(conf, "max_tables", DEFAULT_MAX_TABLES))
-        self.write_mode = str(conf.get("write_mode", "thread"))
-        if self.write_mode not in ("thread", "inline"):
-            raise IllegalOpError(f"metastore option write_mode={self.write_mode!r}: use 'thread' or 'inline'")
+        self.max_value_size = options.max_value_size
+        self.write_mode = options.write_mode
         try:
             os.makedirs(path, exist_ok=True)
-            self.shared = _acquire(path, map_size, max_tables)
+            self.shared = _acquire(path, options.map_size, options.max_tables)
         except (OSError, lmdb.Error) as exc:
             raise ServiceDownError(f"cannot open lmdb store at {path}: {exc}") from exc
         self._write_lock = asyncio.Lock()
@@ -541,9 +568,17 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         path = unquote(parts.netloc + parts.path)
         if not path:
             raise IllegalOpError(f"lmdb URI {uri!r} names no directory (use lmdb:///abs/path)")
-        options: dict[str, Any] = dict(parse_qsl(parts.query))
-        options.update(conf)  # keyword options win over the URI's query string
+        options = store_options(LmdbOptions, parts.query, conf, source="lmdb metastore options")
         return cls(os.path.abspath(path), options)
+
+    def commit_counts(self) -> tuple[int, int]:
+        """``(write transactions, writes they carried)`` of this directory's writer thread so far.
+
+        Shared by every store of this process on the directory; the ratio of
+        two differences is the mean group-commit size over that span.
+        """
+        writer = self.shared.writer
+        return writer.commits, writer.writes
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(txn, *args)`` in a write transaction on the writer thread; return once it is synced.

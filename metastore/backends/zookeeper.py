@@ -6,7 +6,9 @@ adds configuration, keyword arguments win)::
 
     ms = await open_metastore("zk://127.0.0.1:2181/quire", zk_timeout=2.0)
 
-Configuration (numbers may be strings, as read from a ``.conf`` file):
+Configuration (``ZooKeeperOptions``; numbers may be strings, as read from a
+``.conf`` file; an unknown key or a bad value is an ``IllegalOpError`` naming
+it; every key with its default is in ``conf/metastore-zookeeper.conf``):
 
 * ``zk_timeout`` — ZooKeeper session timeout in seconds (default 2.0; the
   server bounds it to ``[2, 20] * tickTime``);
@@ -37,7 +39,11 @@ the few milliseconds between that read and the guarded write would not be
 noticed (an ABA window; ZooKeeper's own version check has the same one).
 
 Puts merge fields, so every put except a create is a read-modify-write
-guarded by the znode version (``Version.ANY`` retries it on a lost race).
+guarded by the znode version. ``Version.ANY`` retries it on a lost race
+through ``metastore.cas`` (jittered backoff, ``cas.ANY_ATTEMPTS`` tries, all
+within ``operation_timeout``): an unconditional put must win eventually, so
+only the deadline, never a small count, makes it give up
+(``ServiceDownError``).
 
 Errors: ``NoNodeError`` -> ``NoKeyError``; ``NodeExistsError`` ->
 ``KeyExistsError``; ``BadVersionError`` -> ``BadVersionError``; connection
@@ -62,9 +68,11 @@ import asyncio
 import collections
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote
 
 from kazoo.client import KazooClient
@@ -107,6 +115,8 @@ from metastore.api import (
     check_version,
     in_range,
 )
+from metastore.cas import ANY_ATTEMPTS, cas_retry
+from metastore.conf import require, setting, store_options
 from metastore.errors import (
     BadVersionError,
     IllegalOpError,
@@ -132,7 +142,6 @@ _SAFE = ":@,+="  # besides ASCII letters, digits and "-_.~", which quote() never
 _VERSION_BITS = 32
 _VERSION_MASK = (1 << _VERSION_BITS) - 1
 _CURSOR_BATCH = 128
-_ANY_RETRIES = 1000
 
 
 # -- names and records ---------------------------------------------------------------------------
@@ -272,15 +281,26 @@ def _parse_prefix(path: str, uri: str) -> str:
     return "/" + path
 
 
-def _conf_float(conf: dict[str, Any], key: str, default: float) -> float:
-    raw = conf.get(key, default)
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        raise IllegalOpError(f"metastore option {key}={raw!r} is not a number") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise IllegalOpError(f"metastore option {key}={raw!r} must be a positive number")
-    return value
+def _positive(key: str, value: float) -> None:
+    require(value > 0 and math.isfinite(value), key, value, "must be a positive number")
+
+
+@dataclass(frozen=True)
+class ZooKeeperOptions:
+    """Options of ``zk://`` stores (URI query string or ``open_metastore`` keyword arguments)."""
+
+    zk_timeout: float = setting(DEFAULT_ZK_TIMEOUT, "ZooKeeper session timeout in seconds "
+                                "(the server bounds it to [2, 20] * tickTime)")
+    connect_timeout: float = setting(DEFAULT_CONNECT_TIMEOUT, "seconds to wait for the first connection")
+    operation_timeout: float = setting(DEFAULT_OPERATION_TIMEOUT, "bound in seconds of every operation, "
+                                       "reconnection included")
+    jute_maxbuffer: int = setting(DEFAULT_JUTE_MAXBUFFER, "the server's jute.maxbuffer: larger puts are "
+                                  "refused client-side", min=REQUEST_OVERHEAD + 1)
+
+    def __post_init__(self) -> None:
+        _positive("zk_timeout", self.zk_timeout)
+        _positive("connect_timeout", self.connect_timeout)
+        _positive("operation_timeout", self.operation_timeout)
 
 
 # -- errors and the kazoo -> asyncio bridge --------------------------------------------------------
@@ -594,23 +614,26 @@ class ZooKeeperTable(MetastoreTable):
             new_version = make_version(new_stat)
             self._remember(key, new_version, merged)
             return new_version
-        for _ in range(_ANY_RETRIES):
+
+        async def step() -> Version:
             current, stat = await self._read(key, deadline)
             if version != Version.ANY and not _stat_matches(stat, version):
                 raise BadVersionError(f"{what}: expected {version!r}, found {make_version(stat)!r}")
-            data = encode_record(current.merged(value))
+            merged = current.merged(value)
+            data = encode_record(merged)
             self._check_size(path, data, key)
-            try:
-                new_stat = await conn.call("set_async", path, data, version=stat.version, what=what,
-                                           deadline=deadline)
-            except BadVersionError:
-                if version != Version.ANY:
-                    raise
-                continue  # lost a race: read again and re-merge
+            new_stat = await conn.call("set_async", path, data, version=stat.version, what=what,
+                                       deadline=deadline)  # BadVersionError: lost a race
             new_version = make_version(new_stat)
-            self._remember(key, new_version, current.merged(value))
+            self._remember(key, new_version, merged)
             return new_version
-        raise ServiceDownError(f"{what}: gave up after {_ANY_RETRIES} contended updates")
+
+        if version != Version.ANY:
+            return await step()
+        try:  # read again and re-merge after a lost race
+            return await cas_retry(step, attempts=ANY_ATTEMPTS, retry_on=(BadVersionError,))
+        except BadVersionError:
+            raise ServiceDownError(f"{what}: gave up after {ANY_ATTEMPTS} contended updates") from None
 
     async def remove(self, key: str, version: Version) -> None:
         self._check_open()
@@ -810,6 +833,17 @@ class ZooKeeperSession(Session):
         self._store._sessions.discard(self)
 
 
+def _session_timeout(timeout: object) -> float:
+    """``session(timeout)`` as seconds; ``IllegalOpError`` unless a positive, finite number."""
+    try:
+        seconds = float(timeout)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (seconds > 0 and math.isfinite(seconds)):
+        raise IllegalOpError(f"session timeout must be a positive number of seconds, got {timeout!r}")
+    return seconds
+
+
 # -- the store --------------------------------------------------------------------------------------
 
 
@@ -818,8 +852,6 @@ class ZooKeeperMetaStore(MetaStore):
 
     name = "zookeeper"
     version = 1
-    KNOWN_CONF: ClassVar[frozenset[str]] = frozenset(
-        {"zk_timeout", "connect_timeout", "operation_timeout", "jute_maxbuffer"})
 
     def __init__(self, uri: str, hosts: str, prefix: str, conn: _Conn, *, zk_timeout: float,
                  connect_timeout: float, jute_maxbuffer: int) -> None:
@@ -840,15 +872,11 @@ class ZooKeeperMetaStore(MetaStore):
     @classmethod
     async def open(cls, uri: str, **conf: Any) -> ZooKeeperMetaStore:
         hosts, prefix, query = parse_uri(uri)
-        merged: dict[str, Any] = {**query, **conf}
-        zk_timeout = _conf_float(merged, "zk_timeout", DEFAULT_ZK_TIMEOUT)
-        connect_timeout = _conf_float(merged, "connect_timeout", DEFAULT_CONNECT_TIMEOUT)
-        operation_timeout = _conf_float(merged, "operation_timeout", DEFAULT_OPERATION_TIMEOUT)
-        jute = int(_conf_float(merged, "jute_maxbuffer", DEFAULT_JUTE_MAXBUFFER))
-        client = _new_client(hosts, zk_timeout)
-        await _start_client(client, hosts, connect_timeout)
-        store = cls(uri, hosts, prefix, _Conn(client, operation_timeout), zk_timeout=zk_timeout,
-                    connect_timeout=connect_timeout, jute_maxbuffer=jute)
+        opts = store_options(ZooKeeperOptions, query, conf, source="zookeeper metastore options")
+        client = _new_client(hosts, opts.zk_timeout)
+        await _start_client(client, hosts, opts.connect_timeout)
+        store = cls(uri, hosts, prefix, _Conn(client, opts.operation_timeout), zk_timeout=opts.zk_timeout,
+                    connect_timeout=opts.connect_timeout, jute_maxbuffer=opts.jute_maxbuffer)
         try:
             await store._conn.call("ensure_path_async", prefix, what=f"prefix {prefix}", retry=True)
         except BaseException:
@@ -885,7 +913,7 @@ class ZooKeeperMetaStore(MetaStore):
 
     async def session(self, timeout: float | None = None) -> Session:
         self._check_open()
-        seconds = self.zk_timeout if timeout is None else _conf_float({"timeout": timeout}, "timeout", 0)
+        seconds = self.zk_timeout if timeout is None else _session_timeout(timeout)
         client = _new_client(self.hosts, seconds)
         await _start_client(client, self.hosts, self.connect_timeout)
         sess = ZooKeeperSession(self, _Conn(client, self.operation_timeout), seconds)

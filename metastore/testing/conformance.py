@@ -462,21 +462,16 @@ _HOLDER = textwrap.dedent("""
 _INCREMENTER = textwrap.dedent("""
     import asyncio, sys
     from metastore import open_metastore, Value
-    from metastore.errors import BadVersionError
+    from metastore.cas import update_record
+    def bump(cur):
+        return Value({"n": str(int(cur.value["n"]) + 1).encode()})
     async def main():
         ms = await open_metastore(sys.argv[1])
         t = await ms.create_table(sys.argv[2])
         done = 0
         for _ in range(int(sys.argv[3])):
-            while True:
-                got = await t.get("counter")
-                n = int(got.value["n"])
-                try:
-                    await t.put("counter", Value({"n": str(n + 1).encode()}), got.version)
-                    done += 1
-                    break
-                except BadVersionError:
-                    continue
+            await update_record(t, "counter", bump, attempts=1000)  # every increment must land
+            done += 1
         await ms.close()
         print(done, flush=True)
     asyncio.run(main())

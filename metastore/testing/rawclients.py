@@ -116,6 +116,36 @@ class RawHappybase:
         self.conn.close()
 
 
+def lmdb_decoding_scan(path: str, table: str) -> int:
+    """Walk a Quire lmdb table with a raw LMDB cursor, decoding every record; returns the count.
+
+    The fair peer of a Quire cursor scan: one read transaction, and for each
+    record the same work a caller needs to use it (the ``str`` key, the
+    8-byte big-endian version, the protobuf ``Record`` as a ``dict``), with
+    none of Quire's layers. The store must not be open in this process
+    (LMDB forbids opening one environment twice).
+    """
+    import struct
+
+    import lmdb
+
+    from metastore.proto.metastore_pb2 import Record
+
+    version = struct.Struct(">Q").unpack_from
+    parse = Record.FromString
+    env = lmdb.open(path, max_dbs=2, subdir=True, readonly=True, lock=True)
+    try:
+        db = env.open_db(("t:" + table).encode(), create=False)
+        n = 0
+        with env.begin(db=db) as txn:
+            for k, raw in txn.cursor():
+                _entry = (k.decode("utf-8", "surrogatepass"), version(raw)[0], dict(parse(raw[8:]).fields))
+                n += 1
+        return n
+    finally:
+        env.close()
+
+
 def raw_client_for(uri: str) -> RawClient:
     """The raw client for the backend named by ``uri`` (its own namespace beside the store's)."""
     parts = urlsplit(uri)

@@ -18,7 +18,7 @@ import pytest
 from bookie import protocol as proto
 from bookie.digest import encode_entry, master_key
 from bookie.storage import EntryStorage
-from tools.bench.bookie import BookieProcess, RawBookieClient
+from bookie.testing import BookieProcess, RawBookieClient
 
 KEY = master_key(b"password")
 StartBookie = Callable[..., BookieProcess]

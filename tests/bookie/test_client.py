@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from bookie.client import BookKeeper
 from bookie.errors import (
     DigestMismatchError,
+    EntryTooLargeError,
     LedgerClosedError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -113,6 +116,35 @@ async def test_ensemble_change_when_a_bookie_dies(tmp_path: Path) -> None:
         assert data == [b"before-%d" % i for i in range(50)] + [b"after-%d" % i for i in range(50)]
 
 
+async def test_a_silent_bookie_times_out_and_is_replaced(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path, bookies=4) as (cluster, bk):
+        fast = await BookKeeper.connect(cluster.metastore_uri, conf={**FAST_CLIENT, "add_entry_timeout": "1"})
+        try:
+            lh = await fast.create_ledger(3, 2, 2)
+            assert await lh.add_entries([b"a-%d" % i for i in range(20)]) == list(range(20))
+            victim = lh.metadata.current_ensemble[0]
+            pid = cluster.bookie_pid(cluster.bookie_addresses.index(victim))
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)  # connected but silent: only the add timeout can notice
+            try:
+                loop = asyncio.get_running_loop()
+                t0 = loop.time()
+                ids = await asyncio.wait_for(lh.add_entries([b"b-%d" % i for i in range(20)]), 30)
+                waited = loop.time() - t0
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert ids == list(range(20, 40))
+            assert waited >= 0.9  # one add_entry_timeout, then the ensemble change
+            assert len(lh.metadata.ensembles) == 2 and victim not in lh.metadata.current_ensemble
+            assert fast.failure_history[victim] >= 1
+            await lh.close()
+            rh = await bk.open_ledger(lh.ledger_id)
+            assert [e.data async for e in rh.read(0, 39)] == [b"a-%d" % i for i in range(20)] + [
+                b"b-%d" % i for i in range(20)]
+        finally:
+            await fast.close()
+
+
 async def test_add_fails_only_when_no_replacement_exists(tmp_path: Path) -> None:
     async with cluster_and_client(tmp_path, bookies=3) as (cluster, bk):
         lh = await bk.create_ledger(3, 2, 2)
@@ -122,6 +154,28 @@ async def test_add_fails_only_when_no_replacement_exists(tmp_path: Path) -> None
             await lh.add_entries([b"x"] * 5)
         with pytest.raises(NotEnoughBookiesError):
             await lh.add_entry(b"y")
+
+
+async def test_oversized_add_is_refused_up_front_and_the_handle_stays_usable(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path) as (_, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        other = await bk.create_ledger(3, 2, 2)  # same bookies, same connections
+        limit = bk.conf.max_entry_size
+        assert await lh.add_entry(b"before") == 0
+        with pytest.raises(EntryTooLargeError, match=f"6291456 bytes .* exceeds max_entry_size {limit}"):
+            await lh.add_entry(b"x" * (6 * 1024 * 1024))
+        with pytest.raises(EntryTooLargeError):  # a batch is checked before anything is sent
+            await lh.add_entries([b"fits", b"x" * (limit + 1)])
+        assert await lh.add_entry(b"after") == 1
+        assert await other.add_entry(b"other") == 0
+        largest = bytes(range(256)) * (limit // 256) + b"z" * (limit % 256)
+        assert await lh.add_entry(largest) == 2  # the limit itself fits a bookie's frame
+        assert len(lh.metadata.ensembles) == 1 and len(other.metadata.ensembles) == 1
+        await lh.close()
+        await other.close()
+        assert lh.metadata.last_entry_id == 2 and lh.metadata.length == 6 + 5 + limit
+        rh = await bk.open_ledger(lh.ledger_id)
+        assert [e.data async for e in rh.read(0, 2)] == [b"before", b"after", largest]
 
 
 async def test_corrupt_replica_falls_back_and_all_corrupt_fails(tmp_path: Path) -> None:

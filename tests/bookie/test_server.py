@@ -19,10 +19,10 @@ from bookie.digest import decode_entry, encode_entry, master_key
 from bookie.errors import BookieUnavailableError, ConfError, DigestMismatchError
 from bookie.registration import BOOKIES_TABLE, READ_ONLY, WRITABLE, decode_registration, list_bookies
 from bookie.storage import corrupt_stored_entry
+from bookie.testing import BookieProcess, RawBookieClient
 from metastore import Value, Version, open_metastore
 from metastore.errors import NoKeyError
 from tests.bookie.conftest import KEY, StartBookie, add_req
-from tools.bench.bookie import BookieProcess, RawBookieClient
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -407,3 +407,31 @@ def test_unreachable_metastore_exits_with_the_reason(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "cannot connect to ZooKeeper at 127.0.0.1:1" in proc.stderr.strip().splitlines()[-1]
     assert "bookie ready" not in proc.stdout
+
+
+# --- start-up failures: one line, the reason ------------------------------------------------------
+
+
+def test_unreachable_zookeeper_is_one_line(tmp_path: Path) -> None:
+    conf = tmp_path / "bk.conf"
+    conf.write_text(f"bookie_port=0\nledger_directories={tmp_path / 'data'}\n"
+                    "metastore_uri=zk://127.0.0.1:1/quire?connect_timeout=1.5\n")
+    res = run_cli("--conf", str(conf))
+    assert res.returncode == 1
+    assert res.stdout == ""
+    assert res.stderr.strip().splitlines() == [
+        "quire bookie: cannot start: cannot connect to ZooKeeper at 127.0.0.1:1 within 1.5 s"], res.stderr
+
+
+def test_port_in_use_is_one_line_without_a_stopped_message(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = run_cli("--port", str(port), "--data", str(tmp_path / "d"), "--metastore", f"lmdb://{tmp_path}/meta")
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("quire bookie: cannot start:"), res.stderr
+    assert "address already in use" in lines[0] and "stopped" not in res.stderr

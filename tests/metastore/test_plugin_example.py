@@ -29,3 +29,18 @@ def test_kit_cli_reports_failures_with_nonzero_exit(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert "create_and_get  FAILED" in proc.stdout
     assert "unknown metastore scheme 'nosuch'" in proc.stdout
+
+
+async def test_example_plugin_refuses_an_unknown_option_naming_it(tmp_path: Path) -> None:
+    import pytest
+
+    from metastore import open_metastore
+    from metastore.errors import IllegalOpError
+
+    with pytest.raises(IllegalOpError, match="sqlite metastore options: unknown key 'busy_timout'"):
+        await open_metastore(f"sqlite://{tmp_path}/meta.db?busy_timout=3")
+    ms = await open_metastore(f"sqlite://{tmp_path}/meta.db", busy_timeout="2.5")
+    try:
+        assert ms.options.busy_timeout == 2.5  # type: ignore[attr-defined]
+    finally:
+        await ms.close()

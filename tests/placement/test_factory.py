@@ -188,3 +188,78 @@ def test_default_from_conf_builds_and_initializes() -> None:
     policy = NoArgPolicy.from_conf({"k": "v"})
     assert isinstance(policy, NoArgPolicy)
     assert seen == [{"k": "v"}]
+
+
+# -- PlacementConf ------------------------------------------------------------------------------
+
+
+def test_placement_conf_defaults_and_build_policy() -> None:
+    from placement import PlacementConf
+
+    conf = PlacementConf()
+    assert (conf.ensemble_placement_policy, conf.network_topology_stabilize_period_seconds) == ("rackaware", 0.0)
+    assert conf.as_mapping() == {"ensemble_placement_policy": "rackaware",
+                                 "network_topology_stabilize_period_seconds": "0.0"}
+    assert type(build_policy(conf)) is RackawareEnsemblePlacementPolicy
+    region = build_policy(PlacementConf(ensemble_placement_policy="regionaware", local_region="/region-a/",
+                                        network_topology_stabilize_period_seconds=5))
+    assert isinstance(region, RegionAwareEnsemblePlacementPolicy)
+    assert (region.local_region, region.stabilize_seconds) == ("region-a", 5.0)
+
+
+def test_placement_conf_from_a_client_mapping_ignores_other_keys() -> None:
+    from placement import PlacementConf
+
+    conf = PlacementConf.from_mapping({"ensemble_placement_policy": "regionaware", "local_region": "r1",
+                                       "network_topology_stabilize_period_seconds": "2.5", "add_timeout": "3"})
+    assert conf == PlacementConf(ensemble_placement_policy="regionaware", local_region="r1",
+                                 network_topology_stabilize_period_seconds=2.5)
+    assert PlacementConf.from_mapping(None) == PlacementConf()
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    ({"network_topology_stabilize_period_seconds": -1}, "network_topology_stabilize_period_seconds"),
+    ({"network_topology_stabilize_period_seconds": "soon"}, "network_topology_stabilize_period_seconds"),
+    ({"network_topology_stabilize_period_seconds": True}, "network_topology_stabilize_period_seconds"),
+    ({"local_region": "a/b"}, "local_region"),
+    ({"dns_resolver_class": 3}, "dns_resolver_class"),
+])
+def test_placement_conf_bad_value_names_the_key(kwargs: dict[str, object], key: str) -> None:
+    from placement import PlacementConf
+
+    with pytest.raises(ValueError, match=key) as info:
+        PlacementConf(**kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+
+
+def test_placement_conf_parses_through_the_one_configuration_layer(tmp_path: Path) -> None:
+    from metastore.conf import ConfError, check_conf_file, load_conf, parse_conf, render_conf
+    from placement import PlacementConf
+
+    path = tmp_path / "placement.conf"
+    path.write_text(render_conf(PlacementConf))
+    assert check_conf_file(PlacementConf, path) == []
+    assert load_conf(PlacementConf, path) == PlacementConf()
+    conf = parse_conf(PlacementConf, {"ensemble_placement_policy": "regionaware",
+                                      "network_topology_stabilize_period_seconds": "3"})
+    assert conf.network_topology_stabilize_period_seconds == 3.0
+    with pytest.raises(ConfError, match="unknown key 'ensemble_policy'"):
+        parse_conf(PlacementConf, {"ensemble_policy": "x"})
+    with pytest.raises(ConfError, match="bad value for network_topology_stabilize_period_seconds"):
+        parse_conf(PlacementConf, {"network_topology_stabilize_period_seconds": "-2"})
+
+
+def test_custom_resolver_gets_the_conf_keys_from_a_placement_conf() -> None:
+    from placement import PlacementConf
+
+    policy = build_policy(PlacementConf(dns_resolver_class=f"{HERE}.EverythingInRackX"))
+    assert isinstance(policy.dns, EverythingInRackX) and policy.dns.rack == "/x/x"
+
+
+def test_placement_keys_are_the_fields_of_placement_conf() -> None:
+    import dataclasses
+
+    from placement import PLACEMENT_KEYS, PlacementConf
+
+    assert {f.name for f in dataclasses.fields(PlacementConf)} == PLACEMENT_KEYS
+    assert "local_region" in PLACEMENT_KEYS and len(PLACEMENT_KEYS) == 5

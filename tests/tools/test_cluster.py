@@ -55,15 +55,15 @@ async def test_bookies_register_and_survive_kill_restart(tmp_path: Path) -> None
         await bk.close()
 
 
-async def test_owned_temp_dir_is_removed_and_hubs_are_refused(tmp_path: Path) -> None:
+async def test_owned_temp_dir_is_removed_and_bad_counts_are_refused(tmp_path: Path) -> None:
     cluster = LocalCluster(bookies=1)
     await cluster.start()
     owned = cluster.data_dir
     assert owned.is_dir()
     await cluster.stop()
     assert not owned.exists()
-    with pytest.raises(NotImplementedError):
-        LocalCluster(bookies=1, hubs=1)
+    with pytest.raises(ValueError):
+        LocalCluster(bookies=1, hubs=-1)
 
 
 async def test_bad_bookie_conf_fails_start_with_the_reason(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import importlib
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 BENCHMARKS = {
@@ -23,6 +23,10 @@ BENCHMARKS = {
     "storage": "bookie entry-storage group-commit write path against raw batched LMDB puts",
     "bookie": "one bookie process, one pipelined client, durable adds",
     "ledger": "E3 W2 A2 over three bookie processes",
+    "publish": "durable publishes through one hub (E1W1A1, E3W2A2) against Redis Streams and NATS JetStream",
+    "fanout": "1/10/100 subscribers on one topic against Redis consumer groups",
+    "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
+    "scan": "Spark scan of 1M ledger rows (quire-metastore DataSource) against the one-process cursor scan",
 }
 
 
@@ -79,7 +83,3 @@ def timed(fn: Callable[[], Any], count: int) -> tuple[float, list[float]]:
         fn()
         lat.append(time.perf_counter() - s)
     return time.perf_counter() - t0, lat
-
-
-def results(items: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list(items)

@@ -16,7 +16,8 @@ metastore, connects one raw-protocol client (``RawBookieClient``, an
 Payloads are encoded (``encode_entry``, crc32c) before the clock starts, so
 the figures are the bookie's, not the client's encoder's.
 
-``RawBookieClient`` and ``BookieProcess`` are also used by the bookie tests.
+``RawBookieClient`` and ``BookieProcess`` live in ``bookie.testing`` (the
+bookie tests use them too).
 """
 
 from __future__ import annotations
@@ -24,200 +25,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import selectors
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from bookie import protocol as proto
 from bookie.digest import encode_entry, master_key
-from bookie.errors import BookieUnavailableError, ProtocolError
+from bookie.testing import BookieProcess, Callback, RawBookieClient
 from tools.bench import percentiles, rate
 
-Callback = Callable[[Any], None]
-"""Receives the ``Response``, or a ``BKError`` when the connection is lost."""
-
-
-class RawBookieClient(asyncio.Protocol):
-    """A minimal pipelined bookie connection speaking ``bookie.protocol`` directly.
-
-    ``submit(request, callback)`` sends without waiting (writes are batched
-    per loop turn); ``await call(request)`` waits for the response.
-    Responses that match no request (txn id 0: the bookie could not decode a
-    frame) go to the ``orphans`` queue. ``closed`` resolves when the
-    connection is lost; outstanding callbacks then get ``BookieUnavailableError``.
-    """
-
-    def __init__(self, max_frame_size: int = proto.DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._decoder = proto.FrameDecoder(max_frame_size)
-        self.pending: proto.PendingRequests[Callback] = proto.PendingRequests()
-        self._out: list[bytes] = []
-        self._flush_scheduled = False
-        self.transport: asyncio.Transport | None = None
-        self.orphans: asyncio.Queue[proto.Response] = asyncio.Queue()
-        self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @classmethod
-    async def connect(cls, address: str, timeout: float = 10.0) -> RawBookieClient:
-        host, _, port = address.rpartition(":")
-        loop = asyncio.get_running_loop()
-        _, client = await asyncio.wait_for(loop.create_connection(cls, host, int(port)), timeout)
-        return client
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
-        err = BookieUnavailableError(f"connection lost: {exc or 'closed by the bookie'}")
-        for cb in self.pending.drain():
-            cb(err)
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            frames = self._decoder.feed(data)
-        except ProtocolError:
-            if self.transport is not None:
-                self.transport.close()
-            return
-        for frame in frames:
-            resp = proto.parse_response(frame)
-            try:
-                cb = self.pending.complete(resp)
-            except ProtocolError:
-                self.orphans.put_nowait(resp)
-                continue
-            cb(resp)
-        self.flush()
-
-    def submit(self, request: proto.Request, callback: Callback) -> None:
-        """Send ``request`` (a txn id is assigned when it has none)."""
-        if self.transport is None:
-            callback(BookieUnavailableError("not connected"))
-            return
-        if not request.txn_id:
-            request.txn_id = self.pending.next_txn_id()
-        self.pending.add(request, callback)
-        self.send_raw(proto.encode_frame(request))
-
-    def send_raw(self, data: bytes) -> None:
-        """Queue raw bytes (tests send malformed frames with it)."""
-        self._out.append(data)
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def flush(self) -> None:
-        self._flush_scheduled = False
-        if self._out and self.transport is not None:
-            self.transport.writelines(self._out)
-        self._out.clear()
-
-    async def call(self, request: proto.Request, timeout: float = 10.0) -> proto.Response:
-        """Send and wait; raises ``BookieUnavailableError`` if the connection is lost."""
-        fut: asyncio.Future[proto.Response] = asyncio.get_running_loop().create_future()
-
-        def done(result: Any) -> None:
-            if fut.done():
-                return
-            if isinstance(result, BaseException):
-                fut.set_exception(result)
-            else:
-                fut.set_result(result)
-
-        self.submit(request, done)
-        return await asyncio.wait_for(fut, timeout)
-
-    async def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
-        await asyncio.wait_for(asyncio.shield(self.closed), 10.0)
-
-
-class BookieProcess:
-    """A ``python -m tools.cli bookie`` OS process; ``start`` returns once it printed its ready line."""
-
-    def __init__(self, conf_path: Path, log_path: Path, extra_args: Sequence[str] = ()) -> None:
-        self.conf_path = conf_path
-        self.log_path = log_path
-        self.extra_args = list(extra_args)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.address = ""
-        self.ready_line = ""
-
-    @classmethod
-    def write_conf(cls, path: Path, settings: dict[str, Any]) -> Path:
-        path.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-        return path
-
-    def start(self, timeout: float = 30.0) -> BookieProcess:
-        """Start and wait for ``bookie ready``; ``RuntimeError`` (with the log tail) on failure."""
-        cmd = [sys.executable, "-m", "tools.cli", "bookie", "--conf", str(self.conf_path), *self.extra_args]
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
-        log.close()
-        assert self.proc.stdout is not None
-        line = _readline(self.proc, timeout)
-        if not line.startswith("bookie ready "):
-            self.kill()
-            raise RuntimeError(f"bookie did not start ({line!r}); log tail:\n{self.log_tail()}")
-        self.ready_line = line
-        self.address = line.split()[2]
-        return self
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def terminate(self, timeout: float = 20.0) -> int:
-        """SIGTERM and wait; returns the exit status."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
-
-    def kill(self) -> None:
-        """SIGKILL and reap."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_tail(self, n: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
-
-
-def _readline(proc: subprocess.Popen[bytes], timeout: float) -> str:
-    """One stdout line of ``proc`` within ``timeout`` (``""`` on exit or timeout)."""
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    buf = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while b"\n" not in buf:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sel.select(left):
-                break
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-    return buf.decode(errors="replace").strip()
-
+__all__ = ["BookieProcess", "RawBookieClient", "add_arguments", "run"]
 
 # --- the benchmark ---------------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ It is the worked example of the README section "Writing a metastore plugin":
 
 1. subclass ``metastore.lease.LeaseBackedMetaStore`` (sessions, sweeping and
    polled watches come for free) and implement ``open`` and
-   ``_open_raw_table``;
+   ``_open_raw_table``; declare the options as a frozen dataclass
+   (``SqliteOptions``) and read them with ``metastore.conf.store_options``,
+   so an unknown option or a bad value is a one-line ``IllegalOpError``;
 2. implement a raw ``MetastoreScannableTable`` (get/put/remove/cursors) with
    the contract's errors;
 3. register the scheme under the ``quire.metastore`` entry-point group;
@@ -20,6 +22,7 @@ import asyncio
 import os
 import sqlite3
 import threading
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -41,8 +44,9 @@ from metastore.api import (
     check_value,
     check_version,
 )
+from metastore.conf import setting, store_options
 from metastore.errors import BadVersionError, IllegalOpError, KeyExistsError, NoKeyError, ServiceDownError
-from metastore.lease import LeaseBackedMetaStore
+from metastore.lease import LeaseBackedMetaStore, LeaseOptions
 from metastore.proto.metastore_pb2 import Record
 
 SCHEMA = """
@@ -156,12 +160,20 @@ class SqliteTable(MetastoreScannableTable):
         return await self._cursor(first_key, first_inclusive, last_key, last_inclusive, order, fields)
 
 
+@dataclass(frozen=True)
+class SqliteOptions(LeaseOptions):
+    """``sqlite:///path?busy_timeout=30`` (or ``open_metastore(uri, busy_timeout=30)``)."""
+
+    busy_timeout: float = setting(30.0, "seconds a write waits for another process's lock", min=0.0)
+
+
 class SqliteMetaStore(LeaseBackedMetaStore):
     name = "sqlite"
     version = 1
 
-    def __init__(self, path: str) -> None:
-        super().__init__()
+    def __init__(self, path: str, options: SqliteOptions | None = None) -> None:
+        self.options = options or SqliteOptions()
+        super().__init__(self.options)
         self.path = path
         self._local = threading.local()
 
@@ -170,7 +182,7 @@ class SqliteMetaStore(LeaseBackedMetaStore):
         parts = urlsplit(uri)
         if parts.scheme != "sqlite" or not parts.path:
             raise IllegalOpError(f"expected sqlite:///path/to/file.db, got {uri!r}")
-        store = cls(parts.path)
+        store = cls(parts.path, store_options(SqliteOptions, parts.query, conf, source="sqlite metastore options"))
         try:
             os.makedirs(os.path.dirname(parts.path) or ".", exist_ok=True)
             await store.run(lambda c: c.executescript(SCHEMA), write=False)
@@ -181,7 +193,7 @@ class SqliteMetaStore(LeaseBackedMetaStore):
     def _conn(self) -> sqlite3.Connection:
         conn = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            conn = sqlite3.connect(self.path, timeout=self.options.busy_timeout, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             self._local.conn = conn

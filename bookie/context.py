@@ -1,0 +1,34 @@
+"""What the parts of one ledger client share: metadata manager, placement, watcher, conf, connections.
+
+    ctx = ClientContext(ledgers, policy, watcher, conf, pool, failures)
+    writer = LedgerWriter(ctx, ledger_id, metadata, version, password)
+    reader = LedgerReader(ctx, ledger_id, password, lambda: writer.metadata)
+
+``BookKeeper`` builds one per client; writers, readers and recovery take it
+instead of the client itself, so none of them imports ``bookie.client``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bookie.client_conf import ClientConf
+from bookie.connection import BookieConnectionPool
+from bookie.failures import FailureHistory
+from bookie.metadata import LedgerMetadataManager
+from bookie.watcher import BookieWatcher
+from placement import EnsemblePlacementPolicy
+
+__all__ = ["ClientContext"]
+
+
+@dataclass(frozen=True)
+class ClientContext:
+    """See the module docstring."""
+
+    ledgers: LedgerMetadataManager
+    policy: EnsemblePlacementPolicy
+    watcher: BookieWatcher
+    conf: ClientConf
+    pool: BookieConnectionPool
+    failures: FailureHistory

@@ -1,0 +1,152 @@
+"""``LedgerHandle``: one ledger as the application sees it, a writer's or a reader's.
+
+    lh = await bk.create_ledger(3, 2, 2)          # a writer's handle
+    eid = await lh.add_entry(b"payload")
+    ids = await lh.add_entries([b"a", b"b"])
+    lh.async_add_entry(b"c", callback)            # callback(entry_id, error), no future (BookKeeper's asyncAddEntry)
+    async for e in lh.read(0, lh.last_add_confirmed): e.entry_id, e.data
+    await lh.close()
+
+The handle joins a ``LedgerWriter`` (``bookie.writer``: adds, ensemble
+change, close) and a ``LedgerReader`` (``bookie.reader``: replica reads,
+LAC reads) over the same metadata. A reader's handle (``open_ledger*``) has
+no writer: adds raise ``LedgerClosedError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from bookie.context import ClientContext
+from bookie.errors import BKError, LedgerClosedError, NoSuchEntryError
+from bookie.metadata import LedgerMetadata
+from bookie.reader import LedgerEntry, LedgerReader
+from bookie.writer import AddCallback, LedgerWriter
+from metastore import Version
+
+__all__ = ["LedgerEntry", "LedgerHandle"]
+
+
+class LedgerHandle:
+    """See the module docstring. Made by ``BookKeeper``; ``writable`` handles own a writer."""
+
+    def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
+                 password: bytes, *, writable: bool,
+                 on_close: Callable[[LedgerHandle], None] | None = None) -> None:
+        self.ledger_id = ledger_id
+        self._metadata = metadata
+        self._version = version
+        self._on_close = on_close
+        self._lac = -1
+        self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password) if writable else None
+        self._reader = LedgerReader(ctx, ledger_id, password, lambda: self.metadata)
+
+    # --- state ------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """Ensembles, quorum sizes, state, last entry id and length, as last read or written."""
+        return self._writer.metadata if self._writer is not None else self._metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The highest entry id below which every entry is acknowledged (-1: none)."""
+        return self._writer.last_add_confirmed if self._writer is not None else self._lac
+
+    @last_add_confirmed.setter
+    def last_add_confirmed(self, value: int) -> None:
+        if self._writer is not None:
+            raise AttributeError("a writer's last_add_confirmed follows its acknowledgements")
+        self._lac = value
+
+    @property
+    def length(self) -> int:
+        """Bytes of data added (a writer's) or as recorded in the metadata (a reader's)."""
+        return self._writer.length if self._writer is not None else self.metadata.length
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.is_closed
+
+    def __repr__(self) -> str:
+        return f"<LedgerHandle {self.ledger_id} {self.metadata.state.value} lac={self.last_add_confirmed}>"
+
+    def _require_writer(self) -> LedgerWriter:
+        if self._writer is None:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed for adds")
+        return self._writer
+
+    # --- writing ----------------------------------------------------------------------------------
+    async def add_entry(self, data: bytes) -> int:
+        """Append ``data``; returns its entry id once ``ack_quorum`` bookies made it durable.
+
+        ``EntryTooLargeError`` (over ``max_entry_size``; the handle stays
+        usable), ``LedgerClosedError``, ``LedgerFencedError``,
+        ``NotEnoughBookiesError``, ``UnauthorizedError``.
+        """
+        return await self._require_writer().add(bytes(data))
+
+    async def add_entries(self, items: Sequence[bytes]) -> list[int]:
+        """Append many entries, pipelined; returns their ids (in order). Errors as ``add_entry``."""
+        writer = self._require_writer()
+        first = writer.next_entry_id
+        last = await writer.add_many([bytes(d) for d in items])
+        return list(range(first, last + 1)) if items else []
+
+    def async_add_entry(self, data: bytes, callback: AddCallback) -> int:
+        """Start an add without waiting; ``callback(entry_id, error)`` runs when it completes or fails.
+
+        Returns the entry id. Raises at once as ``add_entry`` does when the
+        add cannot start.
+        """
+        return self._require_writer().submit(bytes(data), callback)
+
+    async def close(self) -> None:
+        """Wait for pending adds, then mark the ledger CLOSED (last entry, length) in the metadata.
+
+        A reader's handle just closes. ``LedgerFencedError`` when the ledger
+        was recovered under this writer with a different end.
+        """
+        try:
+            if self._writer is not None:
+                await self._writer.close()
+        finally:
+            if self._on_close is not None and (self._writer is None or self.metadata.is_closed):
+                self._on_close(self)
+
+    def fail(self, exc: BKError) -> None:
+        """Fail pending adds with ``exc`` (the client is closing)."""
+        if self._writer is not None:
+            self._writer.fail_all(exc)
+
+    # --- reading ----------------------------------------------------------------------------------
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the last ensemble's bookies for their LAC; update and return ``last_add_confirmed``."""
+        md = self.metadata
+        if md.is_closed:
+            if self._writer is None:
+                self._lac = md.last_entry_id
+            return md.last_entry_id
+        lac = await self._reader.read_lac()
+        if self._writer is None:
+            self._lac = max(self._lac, lac)
+        return self.last_add_confirmed
+
+    async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Yield entries ``first..last`` in order (reads pipelined, each from the best replica).
+
+        ``NoSuchEntryError`` when the range goes past the last confirmed entry.
+        """
+        limit = self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
+        if first < 0 or last < first or last > limit:
+            raise NoSuchEntryError(f"ledger {self.ledger_id}: cannot read {first}..{last} (last readable is {limit})")
+        async for entry in self._reader.read_range(first, last):
+            yield entry
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        """Read one entry from its write set, speculatively asking the next replica after a delay."""
+        return await self._reader.read_entry(entry_id)
+
+    async def read_payload(self, entry_id: int) -> bytes:
+        """The verified payload of ``entry_id`` (raises the most telling error if no replica has it)."""
+        return await self._reader.read_payload(entry_id)
+

@@ -1,0 +1,211 @@
+"""Replica reads of one ledger: speculative reads, fencing reads, LAC reads.
+
+    reader = LedgerReader(ctx, ledger_id, password, lambda: handle.metadata)
+    entry = await reader.read_entry(7)                 # LedgerEntry(entry_id, data, ...)
+    async for e in reader.read_range(0, 99): ...       # pipelined, ``read_window`` at a time
+    payload = await reader.read_from(addr, 7)          # one replica, digest verified
+    lac = await reader.read_lac()                      # highest LAC the last ensemble knows of
+    lac = await reader.fence(master_key)               # fencing read of every bookie of the last ensemble
+
+An entry is asked of its write set in the placement policy's read order
+(``reorder_read_sequence``, informed by the client's fading failure
+history); after ``speculative_read_timeout_ms`` without an answer the next
+replica is asked too, and the first verified payload wins. Every payload is
+checked against its digest; a bad one counts as a failure of that bookie.
+
+Failure: when no replica serves the entry the most telling error is raised:
+``UnauthorizedError``, then ``DigestMismatchError`` (every replica bad),
+then ``NoSuchEntryError`` (every replica said so), then any other
+``BKError`` (``bookie.errors.TimeoutError``, ``BookieUnavailableError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import NamedTuple
+
+from bookie import digest as digests
+from bookie import errors, protocol
+from bookie.context import ClientContext
+from bookie.errors import (
+    BKError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from bookie.metadata import LedgerMetadata
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LedgerEntry", "LedgerReader", "best_error"]
+
+
+class LedgerEntry(NamedTuple):
+    """One entry read back: ``entry_id``, ``data`` and ``length`` (bytes of data)."""
+
+    ledger_id: int
+    entry_id: int
+    data: bytes
+    ledger_length: int
+    """The ledger's length in bytes up to and including this entry."""
+
+    @property
+    def length(self) -> int:
+        return len(self.data)
+
+
+class LedgerReader:
+    """See the module docstring; ``metadata_of()`` gives the ledger's current metadata."""
+
+    def __init__(self, ctx: ClientContext, ledger_id: int, password: bytes,
+                 metadata_of: Callable[[], LedgerMetadata]) -> None:
+        self._ctx = ctx
+        self.ledger_id = ledger_id
+        self._password = bytes(password)
+        self._metadata_of = metadata_of
+        self._digest = digests.digest_type_of(metadata_of().digest)
+
+    def decode(self, payload: bytes, entry_id: int | None = None) -> digests.Entry:
+        """Verify and split a payload of this ledger (``DigestMismatchError``)."""
+        return digests.decode_entry(payload, self._digest, self._password, ledger_id=self.ledger_id,
+                                    entry_id=entry_id)
+
+    async def read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+        """Yield entries ``first..last`` in order, ``read_window`` reads in flight."""
+        window = max(1, self._ctx.conf.read_window)
+        loop = asyncio.get_running_loop()
+        inflight: collections.deque[asyncio.Task[LedgerEntry]] = collections.deque()
+        nxt = first
+        try:
+            while nxt <= last or inflight:
+                while nxt <= last and len(inflight) < window:
+                    inflight.append(loop.create_task(self.read_entry(nxt)))
+                    nxt += 1
+                yield await inflight.popleft()
+        finally:
+            for t in inflight:
+                t.cancel()
+
+    async def read_entry(self, entry_id: int) -> LedgerEntry:
+        """Read one entry from its write set, speculatively asking the next replica after a delay."""
+        entry = self.decode(await self.read_payload(entry_id), entry_id)
+        return LedgerEntry(self.ledger_id, entry_id, entry.body, entry.length)
+
+    async def read_payload(self, entry_id: int) -> bytes:
+        """The verified payload of ``entry_id`` (raises the most telling error if no replica has it)."""
+        md = self._metadata_of()
+        ensemble = md.ensemble_for(entry_id)
+        order = self._ctx.policy.reorder_read_sequence(ensemble, md.write_set(entry_id), self._ctx.failures)
+        candidates = [ensemble[i] for i in order]
+        errs: list[BaseException] = []
+        running: set[asyncio.Task[bytes]] = set()
+        delay = self._ctx.conf.speculative_read_timeout_ms / 1000.0
+        loop = asyncio.get_running_loop()
+        try:
+            while candidates or running:
+                if candidates and (not running or delay > 0):
+                    running.add(loop.create_task(self.read_from(candidates.pop(0), entry_id)))
+                timeout = delay if (candidates and delay > 0) else None
+                done, _ = await asyncio.wait(running, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                for t in done:
+                    running.discard(t)
+                    exc = t.exception()
+                    if exc is None:
+                        return t.result()
+                    errs.append(exc)
+        finally:
+            for t in running:
+                t.cancel()
+        raise best_error(errs, self.ledger_id, entry_id)
+
+    async def read_from(self, addr: str, entry_id: int) -> bytes:
+        """The payload of ``entry_id`` from the bookie at ``addr``, digest verified.
+
+        Raises that bookie's error (``NoSuchEntryError``...), ``DigestMismatchError``,
+        ``bookie.errors.TimeoutError`` or ``BookieUnavailableError``; the last three
+        count as failures of the bookie.
+        """
+        try:
+            conn = await self._ctx.pool.get(addr)
+            resp = await conn.request(protocol.read_request(conn.next_txn_id(), self.ledger_id, entry_id),
+                                      self._ctx.conf.read_entry_timeout)
+        except TimeoutError:
+            self._ctx.failures.note(addr)
+            raise errors.TimeoutError(f"read {self.ledger_id}:{entry_id} from {addr} timed out") from None
+        except BKError:
+            self._ctx.failures.note(addr)
+            raise
+        protocol.raise_for_status(resp)
+        try:
+            self.decode(resp.body, entry_id)
+        except DigestMismatchError as exc:
+            log.warning("ledger %d entry %d from %s: %s", self.ledger_id, entry_id, addr, exc)
+            self._ctx.failures.note(addr)
+            raise
+        return bytes(resp.body)
+
+    async def read_lac(self) -> int:
+        """The highest LAC the bookies of the last ensemble know of (-1 for none).
+
+        ``BookieUnavailableError`` when none of them answers.
+        """
+        md = self._metadata_of()
+        results = await asyncio.gather(*(self._read_lac(a) for a in md.current_ensemble), return_exceptions=True)
+        lacs = [r for r in results if isinstance(r, int)]
+        if not lacs:
+            raise BookieUnavailableError(f"no bookie answered READ_LAC for ledger {self.ledger_id}")
+        return max(lacs)
+
+    async def _read_lac(self, addr: str) -> int:
+        conn = await self._ctx.pool.get(addr)
+        resp = await conn.request(protocol.read_lac_request(conn.next_txn_id(), self.ledger_id),
+                                  self._ctx.conf.read_entry_timeout)
+        if resp.status in (protocol.NO_LEDGER, protocol.NO_ENTRY):
+            return -1
+        protocol.raise_for_status(resp)
+        return int(resp.lac)
+
+    async def fence(self, master_key: bytes) -> list[int | BaseException]:
+        """Fence the ledger on every bookie of the last ensemble, by a fencing read of its last entry.
+
+        Returns, per ensemble index, the LAC piggybacked on that bookie's last
+        entry (-1 when it has none or a bad one) or the error it gave.
+        """
+        ensemble = self._metadata_of().current_ensemble
+        return list(await asyncio.gather(*(self._fence_one(a, master_key) for a in ensemble),
+                                         return_exceptions=True))
+
+    async def _fence_one(self, addr: str, master_key: bytes) -> int:
+        conn = await self._ctx.pool.get(addr)
+        req = protocol.read_request(conn.next_txn_id(), self.ledger_id, protocol.LAST_ENTRY, fence=True,
+                                    master_key=master_key)
+        resp = await conn.request(req, self._ctx.conf.read_entry_timeout)
+        if resp.status in (protocol.NO_ENTRY, protocol.NO_LEDGER):
+            return -1
+        protocol.raise_for_status(resp)
+        try:
+            entry = self.decode(resp.body)
+        except DigestMismatchError as exc:
+            log.warning("fencing ledger %d: bad last entry on %s: %s", self.ledger_id, addr, exc)
+            return -1
+        return max(entry.lac, -1)
+
+
+def best_error(errs: list[BaseException], ledger_id: int, entry_id: int) -> BKError:
+    """The error that says most about why no replica served an entry."""
+    for kind in (UnauthorizedError, DigestMismatchError, NoSuchEntryError, NoSuchLedgerError):
+        for e in errs:
+            if isinstance(e, kind):
+                if kind in (NoSuchEntryError, NoSuchLedgerError) and not all(
+                        isinstance(x, NoSuchEntryError | NoSuchLedgerError) for x in errs):
+                    continue
+                return NoSuchEntryError(str(e)) if kind is NoSuchLedgerError else e
+    for e in errs:
+        if isinstance(e, BKError):
+            return e
+    return BookieUnavailableError(f"no replica of {ledger_id}:{entry_id} answered")

@@ -1,0 +1,69 @@
+"""Prometheus metrics of one bookie, in a registry of its own.
+
+    stats = BookieStats(read_only=lambda: server.read_only, connections=lambda: len(server.connections),
+                        disk_usage=lambda: server.last_disk_usage)
+    stats.count(op, status)              # per response, a plain integer on the hot path
+    stats.on_commit(entries, seconds)    # per group commit (the storage's ``on_commit`` hook)
+    start_http_server(port, registry=stats.registry)
+
+Request counts are exported at scrape time as ``bookie_requests_total{op,status}``;
+commit sizes and latencies are histograms; read-only state, connections and
+disk usage are gauges read from the callables given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bookie import protocol as proto
+from bookie.disk import DiskUsage
+
+__all__ = ["BookieStats"]
+
+
+class BookieStats(Collector):
+    """See the module docstring."""
+
+    def __init__(self, *, read_only: Callable[[], bool], connections: Callable[[], int],
+                 disk_usage: Callable[[], DiskUsage | None]) -> None:
+        self._read_only = read_only
+        self._connections = connections
+        self._disk_usage = disk_usage
+        self.requests: dict[tuple[int, int], int] = {}
+        self.registry = CollectorRegistry()
+        self.commit_entries = Histogram(
+            "bookie_group_commit_entries", "entries written per group commit", registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
+        self.commit_seconds = Histogram(
+            "bookie_group_commit_seconds", "time from a group's first write to its durable commit",
+            registry=self.registry,
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0))
+        self.registry.register(self)
+
+    def count(self, op: int, status: int) -> None:
+        key = (op, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def on_commit(self, entries: int, seconds: float) -> None:
+        self.commit_entries.observe(entries)
+        self.commit_seconds.observe(seconds)
+
+    def collect(self) -> Iterable[Metric]:
+        c = CounterMetricFamily("bookie_requests", "requests served, by op and status",
+                                labels=["op", "status"])
+        for (op, status), n in sorted(self.requests.items()):
+            c.add_metric([proto.op_name(op), proto.status_name(status)], n)
+        yield c
+        yield GaugeMetricFamily("bookie_read_only", "1 when the bookie refuses adds",
+                                value=1.0 if self._read_only() else 0.0)
+        yield GaugeMetricFamily("bookie_connections", "open client connections", value=self._connections())
+        usage = self._disk_usage()
+        if usage is not None:
+            yield GaugeMetricFamily("bookie_disk_free_bytes", "free bytes on the ledger directory",
+                                    value=usage.free)
+            yield GaugeMetricFamily("bookie_disk_used_fraction", "used fraction of the ledger directory",
+                                    value=usage.used_fraction)

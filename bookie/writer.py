@@ -1,0 +1,459 @@
+"""The add pipeline of one ledger: quorum tracking, in-order completion, ensemble change, close.
+
+    writer = LedgerWriter(ctx, ledger_id, metadata, version, password)
+    entry_id = await writer.add(b"payload")                  # a future per add
+    last_id = await writer.add_many([b"a", b"b"])            # one future for the batch
+    writer.submit(b"payload", callback)                      # callback(entry_id, error): no future at all
+    metadata, version = await writer.close()                 # drain, then close by CAS
+
+Entry ``e`` goes to the ``write_quorum`` bookies ``e, e+1, ... mod E`` of
+the current ensemble and completes once ``quorum`` of them acknowledged it
+(``ack_quorum``; ``write_quorum`` for a recovery writer), in entry-id order:
+``last_add_confirmed`` is the highest entry below which everything is
+acknowledged. Sends to one bookie in one loop turn leave in one
+``writelines`` (``BookieConnection.submit``).
+
+Cost per add: the entry (payload and one small record with bit masks for
+the bookies it was sent to and acknowledged by), one request per bookie,
+and the caller's future if it asked for one. There is no timer per add: one
+timer per ledger watches the oldest pending add; when it is older than
+``add_entry_timeout`` the bookies that have not answered it count as failed.
+
+A failed bookie (error status, lost connection, timeout) is replaced: the
+placement policy picks a replacement, the new segment starting after
+``last_add_confirmed`` is recorded in the ledger metadata by
+compare-and-set (``LedgerMetadataManager.update``), and what is pending is
+re-sent. Adds fail only when no replacement exists
+(``NotEnoughBookiesError``), when the ledger was fenced
+(``LedgerFencedError``) or the password is wrong (``UnauthorizedError``);
+every pending and later add then fails with that error. An entry larger
+than ``max_entry_size`` is refused up front (``EntryTooLargeError``) and
+the writer stays usable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from collections.abc import Callable, Sequence
+
+from bookie import digest as digests
+from bookie import errors, protocol
+from bookie.connection import BookieConnection
+from bookie.context import ClientContext
+from bookie.errors import (
+    BKError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerFencedError,
+    NotEnoughBookiesError,
+)
+from bookie.metadata import LedgerMetadata, LedgerState, close_ledger
+from metastore import Version
+from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["AddCallback", "LedgerWriter"]
+
+AddCallback = Callable[[int, BKError | None], None]
+"""``callback(entry_id, error)``: ``error`` is ``None`` once the entry is acknowledged."""
+
+_OK = protocol.OK
+add_request_body = protocol.add_request_body
+_FATAL = frozenset({protocol.FENCED, protocol.UNAUTHORIZED})
+
+
+class _PendingAdd:
+    """One add in flight: masks are over indexes of the current ensemble."""
+
+    __slots__ = ("acked", "callback", "data_length", "deadline", "done", "entry_id", "future", "ledger_length",
+                 "payload", "request", "sent")
+
+    def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, deadline: float,
+                 future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
+        self.entry_id = entry_id
+        self.payload = payload
+        self.ledger_length = ledger_length
+        self.data_length = data_length
+        self.deadline = deadline
+        self.future = future
+        self.callback = callback
+        self.request = b""  # the ADD_ENTRY encoded once, without txn id (``protocol.add_request_body``)
+        self.acked = 0
+        self.sent = 0
+        self.done = False
+
+
+class LedgerWriter:
+    """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence)."""
+
+    def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
+                 password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
+        self._ctx = ctx
+        self.ledger_id = ledger_id
+        self.metadata = metadata
+        self.version = version
+        self._password = bytes(password)
+        self._master_key = digests.master_key(self._password)
+        self._digest = digests.digest_type_of(metadata.digest)
+        self._recovery = recovery
+        self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
+        self._timeout = ctx.conf.add_entry_timeout
+        self._max_entry = ctx.conf.max_entry_size
+        self.last_add_confirmed = last_add_confirmed
+        self.length = length
+        self.next_entry_id = last_add_confirmed + 1
+        self._pending: collections.deque[_PendingAdd] = collections.deque()
+        self._to_replace: set[str] = set()
+        self._replacing: set[str] = set()
+        self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
+        self._change_task: asyncio.Task[None] | None = None
+        self._connecting: dict[str, asyncio.Task[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._error: BKError | None = None
+        self._closing = False
+        self._loop = asyncio.get_running_loop()
+        self._use_ensemble()
+
+    # --- state ------------------------------------------------------------------------------------
+    @property
+    def error(self) -> BKError | None:
+        """The error that ended this writer, if one did."""
+        return self._error
+
+    @property
+    def pending(self) -> int:
+        """Adds submitted and not yet completed."""
+        return len(self._pending)
+
+    def acked_length(self) -> int:
+        """The ledger length up to ``last_add_confirmed``."""
+        return self.length - sum(p.data_length for p in self._pending)
+
+    def _use_ensemble(self) -> None:
+        ensemble = self.metadata.current_ensemble
+        size = self.metadata.ensemble_size
+        self._ensemble = list(ensemble)
+        self._index_of = {addr: i for i, addr in enumerate(ensemble)}
+        self._write_sets = [tuple(self.metadata.write_set(e)) for e in range(size)]
+        self._conns: list[BookieConnection | None] = [None] * size
+        self._callbacks = [functools.partial(self._on_response, addr) for addr in ensemble]
+        self._blocked = 0
+        for addr in self._replacing | self._to_replace:
+            idx = self._index_of.get(addr)
+            if idx is not None:
+                self._blocked |= 1 << idx
+
+    def _check_writable(self) -> None:
+        if self._error is not None:
+            raise self._error
+        if self.metadata.is_closed or self._closing:
+            raise LedgerClosedError(f"ledger {self.ledger_id} is closed for adds")
+
+    def _check_size(self, data: bytes) -> None:
+        if len(data) > self._max_entry:
+            raise EntryTooLargeError(f"entry of {len(data)} bytes for ledger {self.ledger_id} exceeds "
+                                     f"max_entry_size {self._max_entry}")
+
+    # --- adding -----------------------------------------------------------------------------------
+    def submit(self, data: bytes, callback: AddCallback | None = None,
+               future: asyncio.Future[int] | None = None) -> int:
+        """Start adding ``data``; return its entry id. ``callback``/``future`` learn the outcome.
+
+        Raises at once (nothing sent): ``EntryTooLargeError`` over
+        ``max_entry_size``, ``LedgerClosedError`` when closed or closing,
+        the writer's error once it failed.
+        """
+        if self._error is not None or self._closing or self.metadata.is_closed:
+            self._check_writable()
+        size = len(data)
+        if size > self._max_entry:
+            self._check_size(data)
+        entry_id = self.next_entry_id
+        self.next_entry_id = entry_id + 1
+        length = self.length = self.length + size
+        payload = digests.encode_entry(self.ledger_id, entry_id, self.last_add_confirmed, length, data,
+                                       self._digest, self._password)
+        self._enqueue(_PendingAdd(entry_id, payload, length, size, self._loop.time() + self._timeout,
+                                  future, callback))
+        return entry_id
+
+    def add(self, data: bytes) -> asyncio.Future[int]:
+        """``submit`` with a future for the entry id (raises as ``submit`` does)."""
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self.submit(data, future=fut)
+        return fut
+
+    def add_many(self, items: Sequence[bytes]) -> asyncio.Future[int]:
+        """Submit every item, pipelined; one future for the id of the last (-1 for none).
+
+        Sizes are checked first: an oversized item refuses the whole batch.
+        """
+        self._check_writable()
+        for data in items:
+            self._check_size(data)
+        fut: asyncio.Future[int] = self._loop.create_future()
+        if not items:
+            fut.set_result(self.last_add_confirmed)
+            return fut
+        for data in items[:-1]:
+            self.submit(data)
+        self.submit(items[-1], future=fut)
+        return fut
+
+    def resend(self, entry_id: int, payload: bytes, ledger_length: int) -> asyncio.Future[int]:
+        """Re-write an already encoded entry (recovery): it must be the next entry id."""
+        self._check_writable()
+        if entry_id != self.next_entry_id:
+            raise ValueError(f"ledger {self.ledger_id}: resend of {entry_id}, expected {self.next_entry_id}")
+        self.next_entry_id = entry_id + 1
+        self.length = ledger_length
+        fut: asyncio.Future[int] = self._loop.create_future()
+        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), self._loop.time() + self._timeout,
+                                  fut, None))
+        return fut
+
+    def _enqueue(self, p: _PendingAdd) -> None:
+        self._pending.append(p)
+        if self._timer is None:
+            self._timer = self._loop.call_at(p.deadline, self._on_timer)
+        self._send(p)
+
+    def _send(self, p: _PendingAdd) -> None:
+        skip = p.acked | p.sent | self._blocked
+        request = p.request
+        conns = self._conns
+        for idx in self._write_sets[p.entry_id % len(conns)]:
+            bit = 1 << idx
+            if skip & bit:
+                continue
+            conn = conns[idx]
+            if conn is None or conn.is_closed:
+                conn = conns[idx] = self._ctx.pool.connected(self._ensemble[idx])
+                if conn is None:
+                    self._connect(idx)
+                    continue
+            p.sent |= bit
+            if not request:
+                request = p.request = add_request_body(self.ledger_id, p.entry_id, self._master_key, p.payload,
+                                                       recovery=self._recovery)
+            conn.submit_add(request, self._callbacks[idx])
+
+    def _connect(self, idx: int) -> None:
+        addr = self._ensemble[idx]
+        if addr in self._connecting:
+            return
+        task = self._loop.create_task(self._connect_and_resend(addr))
+        self._connecting[addr] = task
+        task.add_done_callback(lambda _: self._connecting.pop(addr, None))
+
+    async def _connect_and_resend(self, addr: str) -> None:
+        try:
+            await self._ctx.pool.get(addr)
+        except BKError as exc:
+            self._bookie_failed(addr, exc)
+            return
+        for p in list(self._pending):
+            if not p.done:
+                self._send(p)
+
+    def _on_response(self, addr: str, result: protocol.Response | BKError) -> None:
+        idx = self._index_of.get(addr)
+        if idx is None:
+            return  # a reply from a bookie replaced since
+        if isinstance(result, BKError):
+            self._bookie_failed(addr, result)
+            return
+        if result.status == _OK:
+            bit = 1 << idx
+            if self._blocked & bit:
+                return
+            pending = self._pending
+            if not pending:
+                return
+            head = pending[0]
+            i = result.entry_id - head.entry_id
+            if i < 0 or i >= len(pending):
+                return
+            p = pending[i] if i else head
+            if not p.sent & bit:
+                return
+            p.acked |= bit
+            if not p.done and p.acked.bit_count() >= self._quorum:
+                p.done = True
+                if p is head:
+                    self._complete_in_order()
+            return
+        err = protocol.error_for(result)
+        assert err is not None
+        if result.status in _FATAL:
+            self.fail_all(err)
+        else:
+            self._bookie_failed(addr, err)
+
+    def _complete_in_order(self) -> None:
+        pending = self._pending
+        while pending and pending[0].done:
+            p = pending.popleft()
+            self.last_add_confirmed = p.entry_id
+            fut = p.future
+            if fut is not None and not fut.done():
+                fut.set_result(p.entry_id)
+            if p.callback is not None:
+                p.callback(p.entry_id, None)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._error is not None or not self._pending:
+            return
+        now = self._loop.time()
+        renewed = now + self._timeout
+        slow: set[str] = set()
+        following = renewed
+        for p in self._pending:
+            if p.deadline > now:
+                following = p.deadline
+                break
+            p.deadline = renewed
+            late = 0 if p.done else p.sent & ~p.acked
+            if late:
+                slow.update(addr for i, addr in enumerate(self._ensemble) if late >> i & 1)
+        self._timer = self._loop.call_at(following, self._on_timer)
+        for addr in slow:
+            self._bookie_failed(addr, errors.TimeoutError(f"add to ledger {self.ledger_id} timed out on {addr}"))
+
+    # --- ensemble change --------------------------------------------------------------------------
+    def _bookie_failed(self, addr: str, exc: BaseException | None) -> None:
+        if self._error is not None or addr in self._replacing or addr in self._to_replace:
+            return
+        idx = self._index_of.get(addr)
+        if idx is None:
+            return
+        log.warning("ledger %d: bookie %s failed (%s); changing ensemble", self.ledger_id, addr, exc)
+        self._ctx.failures.note(addr)
+        self._to_replace.add(addr)
+        self._blocked |= 1 << idx
+        if self._change_task is None or self._change_task.done():
+            self._change_task = self._loop.create_task(self._change_ensemble())
+
+    async def _change_ensemble(self) -> None:
+        while self._to_replace and self._error is None:
+            failed = set(self._to_replace)
+            self._replacing |= failed
+            self._to_replace -= failed
+            old = self._ensemble
+            try:
+                await self._write_new_segment(failed)
+            except BKError as exc:
+                self.fail_all(exc)
+                return
+            finally:
+                self._replacing -= failed
+            new = self.metadata.current_ensemble
+            changed = 0
+            for i, addr in enumerate(old):
+                if addr in failed or i >= len(new) or new[i] != addr:
+                    changed |= 1 << i
+            self._use_ensemble()
+            keep = ~changed
+            for p in list(self._pending):
+                p.acked &= keep
+                p.sent &= keep
+                if not p.done:
+                    self._send(p)
+
+    async def _write_new_segment(self, failed: set[str]) -> None:
+        policy = self._ctx.policy
+
+        def replace(md: LedgerMetadata) -> LedgerMetadata:
+            if md.state is not LedgerState.OPEN and not self._recovery:
+                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
+            if md.is_closed:
+                raise LedgerClosedError(f"ledger {self.ledger_id} was closed")
+            ensemble = list(md.current_ensemble)
+            exclude = set(ensemble) | failed | self._to_replace
+            for addr in failed:
+                if addr not in ensemble:
+                    continue
+                replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                                                    addr, exclude)
+                ensemble[ensemble.index(addr)] = replacement
+                exclude.add(replacement)
+            first = self.last_add_confirmed + 1
+            if md.ensembles[-1][0] >= first:
+                md.ensembles[-1] = (md.ensembles[-1][0], ensemble)
+            else:
+                md.ensembles.append((first, ensemble))
+            return md
+
+        ledgers = self._ctx.ledgers
+        try:
+            md, version = await ledgers.update(self.ledger_id, replace, current=(self.metadata, self.version))
+        except PlacementNotEnoughBookiesError:
+            await self._ctx.watcher.refresh()
+            try:
+                md, version = await ledgers.update(self.ledger_id, replace)
+            except PlacementNotEnoughBookiesError as exc:
+                raise NotEnoughBookiesError(str(exc)) from None
+        log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, md.ensembles[-1][0],
+                 md.current_ensemble)
+        self.metadata, self.version = md, version
+
+    # --- ending -----------------------------------------------------------------------------------
+    def fail_all(self, exc: BKError) -> None:
+        """Fail every pending add with ``exc``; later adds raise it."""
+        if self._error is None:
+            self._error = exc
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for task in list(self._connecting.values()):
+            task.cancel()
+        pending = self._pending
+        while pending:
+            p = pending.popleft()
+            fut = p.future
+            if fut is not None and not fut.done():
+                fut.set_exception(exc)
+            if p.callback is not None:
+                p.callback(p.entry_id, exc)
+
+    async def drain(self) -> None:
+        """Wait until no add is pending (each completed or failed) and no ensemble change runs."""
+        if self._pending:
+            last = self._pending[-1]
+            if last.future is None:
+                last.future = self._loop.create_future()
+            await asyncio.gather(last.future, return_exceptions=True)
+        if self._change_task is not None:
+            await asyncio.gather(self._change_task, return_exceptions=True)
+
+    async def close(self) -> tuple[LedgerMetadata, Version]:
+        """Refuse new adds, wait for pending ones, close the ledger by CAS; return its metadata.
+
+        ``LedgerFencedError`` when the ledger was recovered under this writer
+        with a different end (or is being recovered).
+        """
+        if self.metadata.is_closed:
+            return self.metadata, self.version
+        self._closing = True
+        await self.drain()
+        for task in list(self._connecting.values()):
+            task.cancel()
+        await asyncio.gather(*self._connecting.values(), return_exceptions=True)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        md, version = await close_ledger(self._ctx.ledgers, self.ledger_id, self.last_add_confirmed,
+                                         self.acked_length(), current=(self.metadata, self.version),
+                                         recovering=self._recovery)
+        self.metadata, self.version = md, version
+        if md.last_entry_id != self.last_add_confirmed:
+            raise LedgerFencedError(f"ledger {self.ledger_id} was recovered with last entry {md.last_entry_id}, "
+                                    f"writer had {self.last_add_confirmed}")
+        if self._error is not None and not isinstance(self._error, LedgerClosedError):
+            log.info("ledger %d closed after error %s", self.ledger_id, self._error)
+        return md, version

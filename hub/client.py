@@ -1,0 +1,556 @@
+"""The hub client library: ``HedwigClient`` (DESIGN.md section 6).
+
+    c = await HedwigClient.connect("localhost:4080", conf={"max_server_redirects": 3})
+    seq = await c.publish(b"topic", b"body", properties={"type": b"History"})
+    await c.subscribe(b"topic", b"sub1", create_or_attach="CREATE_OR_ATTACH")
+    await c.start_delivery(b"topic", b"sub1", handler)
+    ...
+    await c.close_subscription(b"topic", b"sub1"); await c.close()
+
+Handler contract: ``await handler(topic, subscriber_id, message)`` is called
+for one message at a time per subscription, in seq-id order. When it
+returns, the message counts as consumed: with
+``auto_send_consume_message_enabled`` (default) the client sends a consume
+for every ``consumed_messages_buffer_size`` handled messages (and flushes the
+rest on ``close_subscription`` and ``close``). With it off, nothing is
+consumed until the application calls ``consume``. If the handler raises, the
+error is logged, the message is not consumed and delivery of that
+subscription stops. A client-side filter passed to ``start_delivery``
+(``set_subscription_preferences`` then ``test_message``) drops messages
+before the handler; dropped messages count as consumed.
+
+At most ``max_outstanding_messages`` delivered messages wait for handlers
+per subscription before the client stops reading from that hub.
+
+Many publishes may be in flight on one connection (pipelining). Requests
+follow NOT_RESPONSIBLE_FOR_TOPIC redirects up to ``max_server_redirects``
+(then ``TooManyRedirectsError``), retry unreachable hubs until
+``server_ack_response_timeout`` (then ``ResponseTimeoutError`` or
+``CouldNotConnectError``) and retry SERVICE_DOWN answers for up to 5 s
+(a dead owner's lease running out; then ``ServiceDownError``).
+``connect`` accepts several comma-separated hubs; the next is tried when one
+is unreachable. A request in flight when its connection drops fails with
+``UncertainStateError`` (a publish may or may not have been persisted). With
+``enable_resubscribe`` the client re-attaches its subscriptions after a hub
+failure or a topic move and resumes delivery, skipping messages it already
+handled.
+
+Errors are ``hub.errors.PubSubError`` subclasses carrying the status name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from hub import errors
+from hub.conf import ClientConf, client_conf
+from hub.message import Message, MessageId, SubscriptionPreferences
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import (
+    ClientConnection,
+    ConnectionBroken,
+    DeliveryReceived,
+    ResponseReceived,
+    SubscriptionEventReceived,
+    status_name,
+)
+
+log = logging.getLogger(__name__)
+
+__all__ = ["HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
+
+Handler = Callable[[bytes, bytes, Message], Awaitable[Any]]
+_MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.ATTACH,
+          "CREATE_OR_ATTACH": pb.SubscribeRequest.CREATE_OR_ATTACH}
+_RETRY_WAIT = 0.05
+_SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
+
+
+class _Conn(asyncio.Protocol):
+    """One connection to one hub."""
+
+    def __init__(self, client: HedwigClient, address: str) -> None:
+        self.client = client
+        self.address = address
+        self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
+            max(client.conf.max_message_size * 2 + 65536, 8 << 20))
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+        self.paused_by: set[tuple[bytes, bytes]] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.machine.receive_data(data):
+            if isinstance(ev, ResponseReceived):
+                if not ev.value.done():
+                    ev.value.set_result(ev.response)
+            elif isinstance(ev, DeliveryReceived):
+                self.client._delivered(self, ev.topic, ev.subscriber, ev.message)
+            elif isinstance(ev, SubscriptionEventReceived):
+                self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
+            elif isinstance(ev, ConnectionBroken):
+                log.warning("connection to %s broken: %s", self.address, ev.reason)
+                if self.transport is not None:
+                    self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for fut in self.machine.drain():
+            if not fut.done():
+                fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.client._conn_lost(self)
+
+    def _write_now(self, data: bytes) -> None:
+        # written at once: a publisher's stream reaches the hub continuously, so its entries
+        # overlap (coalescing per loop turn made publishes move in lock-step batches)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    @property
+    def alive(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def request(self, req: pb.PubSubRequest) -> asyncio.Future[pb.PubSubResponse]:
+        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+            return fut
+        assert self.transport is not None
+        self._write_now(self.machine.send_request(req, fut))
+        return fut
+
+    def one_way(self, req: pb.PubSubRequest) -> None:
+        if self.alive:
+            assert self.transport is not None
+            self._write_now(self.machine.send_request(req, None))
+
+
+class _Sub:
+    def __init__(self, topic: bytes, sub: bytes, req: pb.SubscribeRequest) -> None:
+        self.topic = topic
+        self.sub = sub
+        self.req = req
+        self.conn: _Conn | None = None
+        self.prefs = SubscriptionPreferences()
+        self.handler: Handler | None = None
+        self.filter: Any = None
+        self.queue: collections.deque[Message] = collections.deque()
+        self.wake = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.last_handled = 0
+        self.last_queued = 0
+        self.unsent_consumes = 0
+        self.closed = False
+        self.resubscribing = False
+
+
+class HedwigClient:
+    """See the module docstring."""
+
+    def __init__(self, addresses: list[str], conf: ClientConf) -> None:
+        self.conf = conf
+        self.addresses = addresses
+        self._default = 0
+        self.conns: dict[str, _Conn] = {}
+        self._connecting: dict[str, asyncio.Task[_Conn]] = {}
+        self.owner: dict[bytes, str] = {}
+        self.subs: dict[tuple[bytes, bytes], _Sub] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.closed = False
+
+    @classmethod
+    async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | ClientConf | None = None
+                      ) -> HedwigClient:
+        """A client whose default hub is ``address`` ("host:port", or several comma separated).
+
+        Raises ``CouldNotConnectError`` when no hub answers, ``ConfError`` for a bad conf.
+        """
+        cconf = client_conf(conf)
+        addrs = [a.strip() for a in (address or cconf.default_server_host).split(",") if a.strip()]
+        self = cls(addrs, cconf)
+        last: Exception | None = None
+        for i in range(len(addrs)):
+            try:
+                await self._conn(addrs[i])
+                self._default = i
+                return self
+            except errors.CouldNotConnectError as exc:
+                last = exc
+        raise last or errors.CouldNotConnectError("no hub address given")
+
+    # --- connections ------------------------------------------------------------------------------
+    def _host_port(self, address: str) -> tuple[str, int]:
+        """``host:port``, or a hub's ``host:port:sslport``: with ``ssl_enabled`` the TLS port."""
+        parts = address.split(":")
+        try:
+            if self.conf.ssl_enabled and len(parts) >= 3:
+                if parts[2] in ("", "0"):
+                    raise errors.CouldNotConnectError(f"hub {address} serves no TLS (ssl_enabled is set)")
+                return parts[0], int(parts[2])
+            return parts[0], int(parts[1])
+        except (ValueError, IndexError):
+            raise errors.CouldNotConnectError(f"bad hub address {address!r} (expected host:port)") from None
+
+    async def _conn(self, address: str) -> _Conn:
+        """The one connection to ``address`` (concurrent callers share one attempt)."""
+        conn = self.conns.get(address)
+        if conn is not None and conn.alive:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is None:
+            pending = asyncio.get_running_loop().create_task(self._open(address))
+            self._connecting[address] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(address, None))
+        return await asyncio.shield(pending)
+
+    async def _open(self, address: str) -> _Conn:
+        host, port = self._host_port(address)
+        loop = asyncio.get_running_loop()
+        tls = None
+        if self.conf.ssl_enabled:
+            from hub.tls import client_context
+
+            tls = client_context()
+        try:
+            _, proto = await asyncio.wait_for(
+                loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls), 5.0)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
+        self.conns[address] = proto
+        return proto
+
+    def _conn_lost(self, conn: _Conn) -> None:
+        if self.conns.get(conn.address) is conn:
+            del self.conns[conn.address]
+        for topic in [t for t, a in self.owner.items() if a == conn.address]:
+            del self.owner[topic]
+        for s in list(self.subs.values()):
+            if s.conn is conn:
+                s.conn = None
+                self._maybe_resubscribe(s)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # --- requests ---------------------------------------------------------------------------------
+    async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]:
+        """Send ``req`` to the topic's owner, following redirects and retrying transient failures."""
+        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
+        redirects = 0
+        down_since: float | None = None
+        last: errors.PubSubError | None = None
+        address = self.owner.get(topic) or self.addresses[self._default]
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise last or errors.ResponseTimeoutError(f"no answer for {topic!r} within "
+                                                          f"{self.conf.server_ack_response_timeout} ms")
+            try:
+                conn = await self._conn(address)
+            except errors.CouldNotConnectError as exc:
+                last = exc
+                redirects = 0          # the owner we were sent to is gone: start over at a live hub
+                self.owner.pop(topic, None)
+                if len(self.addresses) > 1:
+                    self._default = (self._default + 1) % len(self.addresses)
+                address = self.addresses[self._default]
+                req.shouldClaim = False
+                await asyncio.sleep(min(_RETRY_WAIT, max(0.0, remaining)))
+                continue
+            fut = conn.request(req)
+            try:
+                async with asyncio.timeout(remaining):
+                    resp = await fut
+            except TimeoutError:
+                conn.machine.forget(req.txnId)
+                raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
+            status = resp.statusCode
+            if status == pb.SUCCESS:
+                self.owner[topic] = address
+                return conn, resp
+            if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
+                redirects += 1
+                if redirects > self.conf.max_server_redirects:
+                    raise errors.TooManyRedirectsError(f"{topic!r}: more than {self.conf.max_server_redirects} "
+                                                       f"redirects (last to {resp.redirect_to or '?'})")
+                target = resp.redirect_to or resp.statusMsg
+                if target:   # "host:port:sslport": over TLS the client stays on TLS
+                    parts = target.split(":")
+                    address = ":".join(parts[:3] if self.conf.ssl_enabled else parts[:2])
+                    req.shouldClaim = True
+                continue
+            if status == pb.SERVICE_DOWN:
+                now = time.monotonic()
+                down_since = now if down_since is None else down_since
+                if now - down_since < _SERVICE_DOWN_RETRY and now + _RETRY_WAIT < deadline:
+                    last = errors.ServiceDownError(resp.statusMsg)
+                    await asyncio.sleep(_RETRY_WAIT)
+                    continue
+            err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
+            if isinstance(err, errors.NotResponsibleForTopicError):
+                err.owner = resp.redirect_to
+            raise err
+
+    # --- publish ----------------------------------------------------------------------------------
+    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
+        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``."""
+        self._check_open()
+        if len(body) > self.conf.max_message_size:
+            raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
+                                              f"{self.conf.max_message_size}")
+        req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
+        req.publishRequest.topic = topic
+        req.publishRequest.msg.body = body
+        for k, v in (properties or {}).items():
+            req.publishRequest.msg.header.properties.entries.add(key=k, value=v)
+        _, resp = await self._call(topic, req)
+        return int(resp.publishResponse.publishedMsgId.localComponent)
+
+    # --- subscriptions ----------------------------------------------------------------------------
+    async def subscribe(self, topic: bytes, subscriber_id: bytes, create_or_attach: str = "CREATE_OR_ATTACH",
+                        message_bound: int = 0, message_window_size: int = 0,
+                        options: Mapping[str, bytes] | None = None, message_filter: str | None = None,
+                        *, force_attach: bool = False, synchronous: bool = False,
+                        hub_subscriber: bool = False) -> SubscriptionPreferences:
+        """Subscribe; returns the stored preferences (those given replace them).
+
+        ``synchronous``: the hub answers only once its remote-region subscriptions are made (or
+        fails with their error); ``hub_subscriber`` marks a hub subscribing for its region."""
+        self._check_open()
+        if create_or_attach not in _MODES:
+            raise ValueError(f"create_or_attach must be one of {sorted(_MODES)}")
+        sreq = pb.SubscribeRequest(topic=topic, subscriberId=subscriber_id, createOrAttach=_MODES[create_or_attach],
+                                   forceAttach=force_attach, synchronous=synchronous,
+                                   hubSubscriber=hub_subscriber)
+        sreq.preferences.CopyFrom(SubscriptionPreferences(
+            options=dict(options or {}), message_bound=message_bound, message_filter=message_filter or "",
+            message_window_size=message_window_size).to_proto())
+        s = _Sub(topic, subscriber_id, sreq)
+        old = self.subs.get((topic, subscriber_id))
+        if old is not None:
+            s.last_handled = old.last_handled
+            await self._stop_task(old)
+        conn, resp = await self._call(topic, self._sub_request(sreq))
+        s.conn = conn
+        s.prefs = SubscriptionPreferences.from_proto(resp.subscribeResponse.preferences)
+        s.req.createOrAttach = pb.SubscribeRequest.ATTACH
+        s.req.forceAttach = True    # re-attaching after a failure takes over a stale attachment
+        self.subs[(topic, subscriber_id)] = s
+        return s.prefs
+
+    @staticmethod
+    def _sub_request(sreq: pb.SubscribeRequest) -> pb.PubSubRequest:
+        req = pb.PubSubRequest(type=pb.SUBSCRIBE, topic=sreq.topic)
+        req.subscribeRequest.CopyFrom(sreq)
+        return req
+
+    def _get(self, topic: bytes, sub: bytes) -> _Sub:
+        s = self.subs.get((topic, sub))
+        if s is None:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {topic!r} on this client")
+        return s
+
+    async def _sub_call(self, s: _Sub, op: int, field: str) -> None:
+        req = pb.PubSubRequest(topic=s.topic)
+        req.type = op  # type: ignore[assignment]
+        body = getattr(req, field)
+        body.topic = s.topic
+        body.subscriberId = s.sub
+        await self._call(s.topic, req)
+
+    async def start_delivery(self, topic: bytes, subscriber_id: bytes, handler: Handler,
+                             message_filter: Any = None) -> None:
+        """Deliver to ``handler`` (see the handler contract); ``PubSubError`` ALREADY_DELIVERING if started."""
+        s = self._get(topic, subscriber_id)
+        if s.handler is not None:
+            raise errors.PubSubError(f"{subscriber_id!r} on {topic!r} is already delivering",
+                                     status="ALREADY_DELIVERING")
+        if message_filter is not None:
+            message_filter.set_subscription_preferences(topic, subscriber_id, s.prefs)
+        s.handler, s.filter = handler, message_filter
+        s.task = asyncio.get_running_loop().create_task(self._run_handler(s))
+        try:
+            await self._sub_call(s, pb.START_DELIVERY, "startDeliveryRequest")
+        except BaseException:
+            await self._stop_task(s)
+            raise
+
+    async def _run_handler(self, s: _Sub) -> None:
+        while True:
+            while not s.queue:
+                s.wake.clear()
+                await s.wake.wait()
+            msg = s.queue[0]
+            if msg.seq_id > s.last_handled:
+                ok = True
+                if s.filter is not None:
+                    try:
+                        ok = bool(s.filter.test_message(msg))
+                    except Exception:
+                        log.exception("client filter of %r/%r raised", s.topic, s.sub)
+                        ok = False
+                if ok and s.handler is not None:
+                    try:
+                        await s.handler(s.topic, s.sub, msg)
+                    except Exception:
+                        log.exception("handler of %r/%r raised on seq %d; delivery stops", s.topic, s.sub,
+                                      msg.seq_id)
+                        s.handler = None
+                        return
+                s.last_handled = msg.seq_id
+                if self.conf.auto_send_consume_message_enabled:
+                    s.unsent_consumes += 1
+                    if s.unsent_consumes >= self.conf.consumed_messages_buffer_size:
+                        self._send_consume(s, s.last_handled)
+            s.queue.popleft()
+            if s.conn is not None and s.conn.paused_by and len(s.queue) < self.conf.max_outstanding_messages:
+                s.conn.paused_by.discard((s.topic, s.sub))
+                if not s.conn.paused_by and s.conn.transport is not None:
+                    s.conn.transport.resume_reading()
+
+    def _send_consume(self, s: _Sub, seq: int) -> None:
+        s.unsent_consumes = 0
+        if s.conn is None:
+            return
+        req = pb.PubSubRequest(type=pb.CONSUME, topic=s.topic)
+        req.consumeRequest.topic = s.topic
+        req.consumeRequest.subscriberId = s.sub
+        req.consumeRequest.msgId.localComponent = seq
+        s.conn.one_way(req)
+
+    def _delivered(self, conn: _Conn, topic: bytes, sub: bytes, proto: pb.Message) -> None:
+        s = self.subs.get((topic, sub))
+        if s is None or s.handler is None:
+            return
+        msg = Message.from_proto(proto)
+        if msg.seq_id <= s.last_queued:
+            return                     # redelivered after a resubscribe: already queued or handled
+        s.last_queued = msg.seq_id
+        s.queue.append(msg)
+        s.wake.set()
+        if len(s.queue) >= self.conf.max_outstanding_messages and conn.transport is not None:
+            conn.paused_by.add((topic, sub))
+            conn.transport.pause_reading()
+
+    def _sub_event(self, conn: _Conn, topic: bytes, sub: bytes, event: int) -> None:
+        s = self.subs.get((topic, sub))
+        if s is None or s.conn is not conn:
+            return
+        s.conn = None
+        if event == pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED:
+            log.warning("subscription %r/%r was closed by the hub (another attach or a bad filter)", topic, sub)
+            s.closed = True
+            s.handler = None
+            return
+        self.owner.pop(topic, None)
+        self._maybe_resubscribe(s)
+
+    def _maybe_resubscribe(self, s: _Sub) -> None:
+        if self.closed or s.closed or not self.conf.enable_resubscribe or s.resubscribing:
+            return
+        s.resubscribing = True
+        self._spawn(self._resubscribe(s))
+
+    async def _resubscribe(self, s: _Sub) -> None:
+        wait = self.conf.subscribe_reconnect_retry_wait_time / 1000.0
+        try:
+            while not self.closed and not s.closed and self.subs.get((s.topic, s.sub)) is s:
+                try:
+                    conn, resp = await self._call(s.topic, self._sub_request(s.req))
+                    s.conn = conn
+                    s.prefs = SubscriptionPreferences.from_proto(resp.subscribeResponse.preferences)
+                    if s.handler is not None:
+                        await self._sub_call(s, pb.START_DELIVERY, "startDeliveryRequest")
+                    log.info("resubscribed %r/%r at %s", s.topic, s.sub, conn.address)
+                    return
+                except errors.PubSubError as exc:
+                    log.info("resubscribe %r/%r failed: %s", s.topic, s.sub, exc)
+                    await asyncio.sleep(wait)
+        finally:
+            s.resubscribing = False
+
+    async def consume(self, topic: bytes, subscriber_id: bytes, seq_id: int) -> None:
+        """Consume up to ``seq_id`` (one-way; the hub applies requests of a connection in order)."""
+        s = self._get(topic, subscriber_id)
+        if s.conn is None:
+            raise errors.ServiceDownError(f"{subscriber_id!r} on {topic!r} is reconnecting")
+        self._send_consume(s, seq_id)
+
+    async def _stop_task(self, s: _Sub) -> None:
+        s.handler = None
+        task, s.task = s.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        s.queue.clear()
+
+    async def stop_delivery(self, topic: bytes, subscriber_id: bytes) -> None:
+        s = self._get(topic, subscriber_id)
+        await self._stop_task(s)
+        if s.conn is not None:
+            await self._sub_call(s, pb.STOP_DELIVERY, "stopDeliveryRequest")
+
+    def _flush(self, s: _Sub) -> None:
+        if s.unsent_consumes and s.last_handled:
+            self._send_consume(s, s.last_handled)
+
+    async def close_subscription(self, topic: bytes, subscriber_id: bytes) -> None:
+        """Flush buffered consumes, stop delivery, detach (the subscription stays stored)."""
+        s = self._get(topic, subscriber_id)
+        s.closed = True
+        await self._stop_task(s)
+        self._flush(s)
+        self.subs.pop((topic, subscriber_id), None)
+        if s.conn is not None:
+            await self._sub_call(s, pb.CLOSESUBSCRIPTION, "closeSubscriptionRequest")
+
+    async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None:
+        """Remove the subscription; ``ClientNotSubscribedError`` when it does not exist."""
+        s = self.subs.pop((topic, subscriber_id), None)
+        if s is not None:
+            s.closed = True
+            await self._stop_task(s)
+        req = pb.PubSubRequest(type=pb.UNSUBSCRIBE, topic=topic)
+        req.unsubscribeRequest.topic = topic
+        req.unsubscribeRequest.subscriberId = subscriber_id
+        await self._call(topic, req)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise errors.PubSubError("client is closed", status="CLIENT_CLOSED")
+
+    async def close(self) -> None:
+        """Flush buffered consumes, close every subscription and connection."""
+        if self.closed:
+            return
+        for (topic, sub), s in list(self.subs.items()):
+            with contextlib.suppress(errors.PubSubError):
+                await asyncio.wait_for(self.close_subscription(topic, sub), 5.0)
+            s.closed = True
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for conn in list(self.conns.values()):
+            if conn.transport is not None:
+                conn.transport.close()
+        for conn in list(self.conns.values()):
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(conn.lost, 2.0)
+        self.conns.clear()
+
+    async def __aenter__(self) -> HedwigClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,143 @@
+"""Hub and hub-client configuration: every key of the seed's tables, with its default.
+
+    from hub.conf import HubConf, ClientConf, load_hub_conf, client_conf
+    conf = load_hub_conf("conf/hw_server.conf", overrides={"server_port": "0"})
+    conf.server_port, conf.metastore, conf.max_message_size
+    cconf = client_conf({"max_server_redirects": "3", "enable_resubscribe": "false"})
+
+Built on ``metastore.conf`` (the one configuration layer): values may be
+strings (``.conf`` files) or typed. An unknown key or a bad value raises
+``metastore.conf.ConfError`` with one line naming the key; ``quire hub``
+prints it and exits with status 2.
+
+Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
+except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
+``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
+``filter_class_path``, ``server_host``, ``max_outbound_buffer``,
+``max_outstanding_adds``.
+``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
+half the heap" has no Python equivalent).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from metastore.conf import ConfError, load_conf, parse_conf, require, setting
+
+__all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class HubConf:
+    """Every hub setting (seed "Hedwig server configuration parameters" plus Quire's own)."""
+
+    # --- regions ---
+    region: str = setting("standalone", "region identifier of this hub's cluster")
+    regions: tuple[str, ...] = setting((), "other regions, space separated NAME or NAME=HOST:PORT[,HOST:PORT] "
+                                       "(empty: none)")
+    inter_region_ssl_enabled: bool = setting(False, "deprecated: use ssl_enabled in hw_region_client.conf")
+    region_client_conf: str = setting("", "path of hw_region_client.conf: client keys and hubs of the other "
+                                      "regions (empty: defaults)")
+    retry_remote_subscribe_thread_run_interval: int = setting(
+        120000, "ms between retries of failed asynchronous remote subscriptions", min=1)
+    # --- hub server ---
+    standalone: bool = setting(False, "run in standalone mode (no regions)")
+    server_host: str = setting("127.0.0.1", "address to listen on and to advertise to clients and other hubs")
+    server_port: int = setting(4080, "port for client connections (0 picks a free port)", min=0, max=65535)
+    ssl_enabled: bool = setting(False, "also serve TLS on ssl_server_port")
+    ssl_server_port: int = setting(9876, "port for TLS client connections", min=0, max=65535)
+    password: str = setting("", "password of the pkcs12 certificate")
+    cert_name: str = setting("", "name of the SSL certificate as a resource (empty: none)")
+    cert_path: str = setting("", "path of the SSL certificate file (empty: none)")
+    ssl_handshake_timeout: int = setting(10000, "ms a TLS handshake may take before the connection is dropped",
+                                         min=1)
+    # --- read-ahead cache ---
+    readahead_enabled: bool = setting(True, "read messages ahead of the subscribers")
+    readahead_count: int = setting(10, "number of messages to read ahead", min=1)
+    readahead_size: int = setting(4 * MIB, "byte hint at which a read-ahead scan stops", min=1)
+    cache_size: int = setting(256 * MIB, "bytes the read-ahead cache may hold (Quire default: 256 MiB)", min=0)
+    cache_entry_ttl: int = setting(0, "ms a cache entry lives; <= 0 keeps it until pruned")
+    scan_backoff_ms: int = setting(1000, "ms to wait before retrying a failed scan", min=0)
+    num_readahead_cache_threads: int = setting(0, "accepted for compatibility; the asyncio hub uses none", min=0)
+    # --- publish and subscription ---
+    max_message_size: int = setting(1258291, "largest message body in bytes (1.2 MB)", min=1)
+    default_message_window_size: int = setting(0, "delivered-but-unconsumed messages per subscriber (0: unlimited)",
+                                               min=0)
+    consume_interval: int = setting(50, "consumes between persisted consume pointers", min=1)
+    retention_secs: int = setting(0, "release a topic idle this long (0: never)", min=0)
+    messages_consumed_thread_run_interval: int = setting(
+        60000, "ms between runs of the consumed-ledger deletion task", min=1)
+    max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)
+    max_batch_messages: int = setting(1000, "messages one ledger entry may batch", min=1)
+    max_outstanding_adds: int = setting(2, "ledger entries in flight per topic; later publishes batch", min=1)
+    max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
+                                       min=1024)
+    filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")
+    # --- ZooKeeper ---
+    zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is empty)")
+    zk_timeout: int = setting(2000, "ms of the metastore session (ownership and liveness leases)", min=100)
+    # --- BookKeeper ---
+    bk_ensemble_size: int = setting(3, "bookies per topic ledger", min=1)
+    bk_write_quorum_size: int = setting(2, "copies of each entry", min=1)
+    bk_ack_quorum_size: int = setting(2, "acknowledgements before a publish succeeds", min=1)
+    max_entries_per_ledger: int = setting(0, "entries before a topic rolls to a new ledger (0: unlimited)", min=0)
+    # --- metadata ---
+    zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
+    metadata_manager_based_topic_manager_enabled: bool = setting(
+        False, "claim topics by CAS + hub lease instead of ephemeral keys")
+    metadata_manager_factory_class: str = setting("", "accepted for compatibility; Quire uses the MetaStore")
+    metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...)")
+    stats_http_port: int = setting(0, "Prometheus stats port (0: off, -1: pick a free port)", min=-1, max=65535)
+
+    def __post_init__(self) -> None:
+        require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
+                self.bk_write_quorum_size, "must be <= bk_ensemble_size")
+        require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",
+                self.bk_ack_quorum_size, "must be <= bk_write_quorum_size")
+
+    @property
+    def metastore(self) -> str:
+        """The metastore URI: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>``."""
+        if self.metastore_uri:
+            return self.metastore_uri
+        return f"zk://{self.zk_host}{self.zk_prefix}"
+
+    @property
+    def max_frame_size(self) -> int:
+        """Largest request frame accepted: room for a message over the limit to get MESSAGE_TOO_LARGE."""
+        return 2 * self.max_message_size + 64 * 1024
+
+
+@dataclass(frozen=True)
+class ClientConf:
+    """The client keys of the seed's region-client table, plus ``enable_resubscribe``."""
+
+    default_server_host: str = setting("localhost:4080", "hub(s) to try first, host:port, comma separated")
+    ssl_enabled: bool = setting(False, "talk to hubs over TLS")
+    max_message_size: int = setting(2097152, "largest message body the client sends (2 MB)", min=1)
+    max_server_redirects: int = setting(2, "redirects permitted for one request", min=0)
+    auto_send_consume_message_enabled: bool = setting(True, "send consumes for handled messages by itself")
+    consumed_messages_buffer_size: int = setting(5, "handled messages per consume sent", min=1)
+    max_outstanding_messages: int = setting(10, "delivered messages queued for handlers before reading pauses",
+                                            min=1)
+    server_ack_response_timeout: int = setting(30000, "ms before a request without a response fails", min=1)
+    enable_resubscribe: bool = setting(True, "subscribe again by itself after a hub failure")
+    subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
+
+
+def load_hub_conf(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> HubConf:
+    """Read ``path`` (None: defaults) and apply ``overrides``; ``ConfError`` (one line) when invalid."""
+    return load_conf(HubConf, path, overrides)
+
+
+def client_conf(values: Mapping[str, Any] | ClientConf | None = None) -> ClientConf:
+    """A ``ClientConf`` from a dict of client keys (strings or typed); ``ConfError`` when invalid."""
+    if isinstance(values, ClientConf):
+        return values
+    return parse_conf(ClientConf, values or {}, source="client conf")

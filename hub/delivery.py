@@ -1,0 +1,108 @@
+"""Delivery of one subscription's messages over its connection, through the read-ahead cache.
+
+    d = Delivery(sub, cache, last_seq=lambda: log.last_seq, send=conn.send_delivery,
+                 writable=conn.writable_event, window=conf.default_message_window_size)
+    d.start()        # a task: delivers next..last_seq, pausing at the window and while the client is slow
+    d.wake()         # new messages persisted, a consume arrived, or the connection drained
+    await d.stop()
+
+Delivery starts after the subscription's consume pointer, or, with a
+``messageBound`` N, at the newest N messages. At most ``window`` messages
+(``messageWindowSize``, else ``default_message_window_size``; 0 unlimited)
+are delivered and unconsumed at once. A server-side filter that rejects a
+message skips it; one that raises ends the delivery with
+``InvalidMessageFilterError`` reported through ``on_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from hub import errors
+from hub.filters import safe_test
+from hub.message import Message
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Delivery"]
+
+
+class Delivery:
+    """See the module docstring."""
+
+    def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: Any,
+                 last_seq: Callable[[], int], send: Callable[[bytes, bytes, Message], None],
+                 writable: asyncio.Event, window: int, message_bound: int = 0, server_filter: Any = None,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
+        self.topic = topic
+        self.subscriber = subscriber
+        self.cache = cache
+        self.last_seq = last_seq
+        self.send = send
+        self.writable = writable
+        self.window = window
+        self.filter = server_filter
+        self.on_error = on_error
+        nxt = start_after + 1
+        if message_bound:
+            nxt = max(nxt, last_seq() - message_bound + 1)
+        self.next_seq = nxt
+        self.consumed = start_after
+        self.outstanding: collections.deque[int] = collections.deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def consumed_up_to(self, seq: int) -> None:
+        if seq > self.consumed:
+            self.consumed = seq
+        while self.outstanding and self.outstanding[0] <= self.consumed:
+            self.outstanding.popleft()
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _ready(self) -> bool:
+        if self.next_seq > self.last_seq():
+            return False
+        return not (self.window and len(self.outstanding) >= self.window)
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                while not self._ready():
+                    self._wake.clear()
+                    await self._wake.wait()
+                if not self.writable.is_set():
+                    await self.writable.wait()
+                seq = self.next_seq
+                msg = await self.cache.scan_single(self.topic, seq)
+                self.next_seq = seq + 1
+                if self.filter is not None and not safe_test(self.filter, msg):
+                    continue
+                self.outstanding.append(seq)
+                self.send(self.topic, self.subscriber, msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not isinstance(exc, errors.PubSubError):
+                log.exception("delivery of %r/%r failed", self.topic, self.subscriber)
+            if self.on_error is not None:
+                self.on_error(exc)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

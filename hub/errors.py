@@ -1,0 +1,194 @@
+"""Errors of the hub package: one ``PubSubError`` per status code of the wire protocol.
+
+Every error carries ``.status``, the ``StatusCode`` name from
+``hub/proto/pubsub.proto`` (``"CLIENT_NOT_SUBSCRIBED"``, ...), so callers and the
+console can report it without ``isinstance`` chains::
+
+    try:
+        await client.subscribe(b"topic", b"sub", create_or_attach="CREATE")
+    except ClientAlreadySubscribedError as err:
+        print(err.status)             # CLIENT_ALREADY_SUBSCRIBED
+
+``error_for_status(name, message)`` builds the right subclass for a status
+received on the wire; unknown names give a plain ``PubSubError``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BadVersionError",
+    "CertificateError",
+    "ClientAlreadySubscribedError",
+    "ClientNotSubscribedError",
+    "CouldNotConnectError",
+    "InvalidMessageFilterError",
+    "MalformedRequestError",
+    "MessageTooLargeError",
+    "NoSubscriptionStateError",
+    "NoTopicOwnerInfoError",
+    "NoTopicPersistenceInfoError",
+    "NotResponsibleForTopicError",
+    "PubSubError",
+    "ResponseTimeoutError",
+    "ServiceDownError",
+    "SubscriptionForcedClosedError",
+    "SubscriptionStateExistsError",
+    "TooManyRedirectsError",
+    "TopicOwnerInfoExistsError",
+    "TopicPersistenceInfoExistsError",
+    "UncertainStateError",
+    "UnknownOperationError",
+    "error_for_status",
+]
+
+
+class PubSubError(Exception):
+    """Base of every hub and hub-client error; ``status`` is the StatusCode name."""
+
+    status = "UNEXPECTED_CONDITION"
+
+    def __init__(self, message: str = "", *, status: str | None = None) -> None:
+        if status is not None:
+            self.status = status
+        super().__init__(message or self.status)
+
+
+# --- client-side statuses (4xx in Hedwig) ---------------------------------------------------------
+
+class MalformedRequestError(PubSubError):
+    """The request could not be parsed or misses a required field."""
+
+    status = "MALFORMED_REQUEST"
+
+
+class ClientAlreadySubscribedError(PubSubError):
+    """CREATE on a subscription that exists."""
+
+    status = "CLIENT_ALREADY_SUBSCRIBED"
+
+
+class ClientNotSubscribedError(PubSubError):
+    """ATTACH, start_delivery, consume or unsubscribe on a subscription that does not exist."""
+
+    status = "CLIENT_NOT_SUBSCRIBED"
+
+
+class CouldNotConnectError(PubSubError):
+    """No connection to the hub could be made."""
+
+    status = "COULD_NOT_CONNECT"
+
+
+class NotResponsibleForTopicError(PubSubError):
+    """This hub does not own the topic; ``owner`` names the hub that does (``""`` if unknown)."""
+
+    status = "NOT_RESPONSIBLE_FOR_TOPIC"
+
+    def __init__(self, message: str = "", *, owner: str = "", status: str | None = None) -> None:
+        super().__init__(message, status=status)
+        self.owner = owner
+
+
+class ServiceDownError(PubSubError):
+    """The hub cannot serve the request now (no durable storage, metastore down, shutting down)."""
+
+    status = "SERVICE_DOWN"
+
+
+class UncertainStateError(PubSubError):
+    """The outcome is unknown (the connection dropped with the request in flight)."""
+
+    status = "UNCERTAIN_STATE"
+
+
+class InvalidMessageFilterError(PubSubError):
+    """A server-side message filter could not be loaded, or raised."""
+
+    status = "INVALID_MESSAGE_FILTER"
+
+
+class MessageTooLargeError(PubSubError):
+    """A message over ``max_message_size``."""
+
+    status = "MESSAGE_TOO_LARGE"
+
+
+class UnknownOperationError(PubSubError):
+    """An operation this hub does not serve."""
+
+    status = "UNKNOWN_OPERATION"
+
+
+# --- metadata statuses (5xx in Hedwig): raised by hub.metadata ---------------------------------
+
+class BadVersionError(PubSubError):
+    """A metadata write or delete named a version that is not the current one."""
+
+    status = "BAD_VERSION"
+
+
+class NoTopicPersistenceInfoError(PubSubError):
+    status = "NO_TOPIC_PERSISTENCE_INFO"
+
+
+class TopicPersistenceInfoExistsError(PubSubError):
+    status = "TOPIC_PERSISTENCE_INFO_EXISTS"
+
+
+class NoSubscriptionStateError(PubSubError):
+    status = "NO_SUBSCRIPTION_STATE"
+
+
+class SubscriptionStateExistsError(PubSubError):
+    status = "SUBSCRIPTION_STATE_EXISTS"
+
+
+class NoTopicOwnerInfoError(PubSubError):
+    status = "NO_TOPIC_OWNER_INFO"
+
+
+class TopicOwnerInfoExistsError(PubSubError):
+    status = "TOPIC_OWNER_INFO_EXISTS"
+
+
+class SubscriptionForcedClosedError(PubSubError):
+    """Another attach of the same subscriber took the subscription over."""
+
+    status = "SUBSCRIPTION_FORCED_CLOSED"
+
+
+# --- client library only --------------------------------------------------------------------------
+
+class TooManyRedirectsError(PubSubError):
+    """More than ``max_server_redirects`` redirects for one request."""
+
+    status = "TOO_MANY_REDIRECTS"
+
+
+class ResponseTimeoutError(PubSubError):
+    """No response within ``server_ack_response_timeout``."""
+
+    status = "RESPONSE_TIMEOUT"
+
+
+_BY_STATUS: dict[str, type[PubSubError]] = {
+    cls.status: cls
+    for cls in (MalformedRequestError, ClientAlreadySubscribedError, ClientNotSubscribedError,
+                CouldNotConnectError, NotResponsibleForTopicError, ServiceDownError, UncertainStateError,
+                InvalidMessageFilterError, MessageTooLargeError, UnknownOperationError, BadVersionError,
+                NoTopicPersistenceInfoError, TopicPersistenceInfoExistsError, NoSubscriptionStateError,
+                SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
+                SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError)
+}
+
+
+def error_for_status(status: str, message: str = "") -> PubSubError:
+    """The ``PubSubError`` subclass for a StatusCode name (a plain ``PubSubError`` if unknown)."""
+    cls = _BY_STATUS.get(status)
+    if cls is None:
+        return PubSubError(message, status=status)
+    return cls(message)
+
+
+class CertificateError(OSError):
+    """The hub's TLS certificate (``cert_path``/``password``) is missing or unusable; one line says why."""

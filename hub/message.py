@@ -1,0 +1,96 @@
+"""A published message as applications, handlers and filters see it.
+
+    msg = Message(body=b"hello", properties={"type": b"History"})
+    msg.seq_id          # the local component of its seq id (1, 2, 3, ... per topic); 0 before publish
+    msg.msg_id          # MessageId(local, {region: seq}) with the per-region components
+    msg.src_region      # the region that first persisted it ("standalone" by default)
+
+``Message.from_proto`` / ``to_proto`` convert to and from the wire's
+``pubsub_pb2.Message``. ``hub.client.Message`` is this class.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hub.proto import pubsub_pb2 as pb
+
+__all__ = ["Message", "MessageId", "SubscriptionPreferences"]
+
+
+@dataclass(frozen=True)
+class MessageId:
+    """A seq id: the local component plus one component per remote region (a version vector)."""
+
+    local: int = 0
+    remote: Mapping[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_proto(cls, seq: pb.MessageSeqId) -> MessageId:
+        return cls(seq.localComponent,
+                   {r.region.decode("utf-8", "replace"): r.seqId for r in seq.remoteComponents})
+
+    def to_proto(self) -> pb.MessageSeqId:
+        out = pb.MessageSeqId(localComponent=self.local)
+        for region, seq in sorted(self.remote.items()):
+            out.remoteComponents.add(region=region.encode(), seqId=seq)
+        return out
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message: ``body`` (bytes), ``properties`` (str -> bytes), and once published its ids."""
+
+    body: bytes
+    properties: Mapping[str, bytes] = field(default_factory=dict)
+    msg_id: MessageId = field(default_factory=MessageId)
+    src_region: str = ""
+
+    @property
+    def seq_id(self) -> int:
+        """The local component of the seq id (0 for a message not yet published)."""
+        return self.msg_id.local
+
+    @classmethod
+    def from_proto(cls, msg: pb.Message) -> Message:
+        props = {e.key: e.value for e in msg.header.properties.entries}
+        return cls(body=msg.body, properties=props, msg_id=MessageId.from_proto(msg.msgId),
+                   src_region=msg.srcRegion.decode("utf-8", "replace"))
+
+    def to_proto(self) -> pb.Message:
+        out = pb.Message(body=self.body, srcRegion=self.src_region.encode())
+        if self.msg_id.local or self.msg_id.remote:
+            out.msgId.CopyFrom(self.msg_id.to_proto())
+        for key, value in self.properties.items():
+            out.header.properties.entries.add(key=key, value=value)
+        return out
+
+
+@dataclass(frozen=True)
+class SubscriptionPreferences:
+    """A subscription's preferences, as stored with it and handed to message filters.
+
+    ``options`` are the application's own (str -> bytes); ``message_bound`` 0
+    means unbounded; ``message_filter`` is the dotted path of a server-side
+    filter class (``""`` for none); ``message_window_size`` 0 means the hub's
+    ``default_message_window_size``.
+    """
+
+    options: Mapping[str, bytes] = field(default_factory=dict)
+    message_bound: int = 0
+    message_filter: str = ""
+    message_window_size: int = 0
+
+    @classmethod
+    def from_proto(cls, prefs: pb.SubscriptionPreferences) -> SubscriptionPreferences:
+        return cls(options={e.key: e.value for e in prefs.options.entries},
+                   message_bound=prefs.messageBound, message_filter=prefs.messageFilter,
+                   message_window_size=prefs.messageWindowSize)
+
+    def to_proto(self) -> pb.SubscriptionPreferences:
+        out = pb.SubscriptionPreferences(messageBound=self.message_bound, messageFilter=self.message_filter,
+                                         messageWindowSize=self.message_window_size)
+        for key, value in sorted(self.options.items()):
+            out.options.entries.add(key=key, value=value)
+        return out

@@ -1,0 +1,124 @@
+"""Topic ownership: lazy claims in ``topic_owners``, redirects, hub liveness and load.
+
+    owners = Ownership(conf, me, TopicOwnershipManager(store), HubRegistry(store), session)
+    verdict = await owners.claim(topic, should_claim=False)
+    if verdict is None: ...            # this hub owns the topic now
+    else: redirect_to = verdict        # "host:port:sslport" of the owner (or of the hub that should claim)
+
+A topic is claimed on its first publish or subscribe. With
+``metadata_manager_based_topic_manager_enabled`` off (the default) the
+owner record is an ephemeral key of this hub's metastore session (it
+vanishes ``zk_timeout`` after the hub dies); with it on, the record is
+persistent and written by compare-and-set, and an owner whose registration
+in ``hubs`` is gone (or is an older incarnation, by ``czxid``) is replaced
+by CAS. An unowned topic goes to the least-loaded live hub: another hub
+answers with a redirect there, and the client's retry carries
+``shouldClaim`` so that hub claims it.
+
+Failure: metastore errors propagate (the server answers SERVICE_DOWN).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from hub import errors
+from hub.conf import HubConf
+from hub.metadata import hub_address
+from hub.proto import pubsub_pb2 as pb
+from metastore import Version
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Ownership", "same_hub"]
+
+_LIVE_CACHE_SECONDS = 0.5
+
+
+def same_hub(a: pb.HubInfo, b: pb.HubInfo) -> bool:
+    return (a.hostname, a.port, a.sslPort, a.czxid) == (b.hostname, b.port, b.sslPort, b.czxid)
+
+
+class Ownership:
+    """See the module docstring."""
+
+    def __init__(self, conf: HubConf, me: pb.HubInfo, owners: Any, registry: Any, session: Any) -> None:
+        self.conf = conf
+        self.me = me
+        self.owners = owners
+        self.registry = registry
+        self.session = session
+        self.cas_mode = conf.metadata_manager_based_topic_manager_enabled
+        self.versions: dict[bytes, Version] = {}
+        self._live: list[tuple[pb.HubInfo, pb.HubLoad]] = []
+        self._live_at = 0.0
+        self.num_topics = 0
+
+    async def live_hubs(self) -> list[tuple[pb.HubInfo, pb.HubLoad]]:
+        now = time.monotonic()
+        if now - self._live_at > _LIVE_CACHE_SECONDS:
+            self._live = await self.registry.live_hubs()
+            self._live_at = now
+        return self._live
+
+    async def _alive(self, info: pb.HubInfo) -> bool:
+        if any(same_hub(info, h) for h, _ in await self.live_hubs()):
+            return True
+        self._live_at = 0.0      # not in the cached list: look again before calling it dead
+        return any(same_hub(info, h) for h, _ in await self.live_hubs())
+
+    async def _least_loaded(self) -> pb.HubInfo:
+        best = self.me
+        best_load = self.num_topics
+        for info, load in await self.live_hubs():
+            if same_hub(info, self.me):
+                continue
+            if load.numTopics < best_load:
+                best, best_load = info, load.numTopics
+        return best
+
+    async def claim(self, topic: bytes, should_claim: bool) -> str | None:
+        """``None`` once this hub owns ``topic``; else the address to redirect to."""
+        for _ in range(5):
+            got = await self.owners.read_owner_info(topic)
+            if got is not None:
+                info, version = got
+                if same_hub(info, self.me):
+                    self.versions[topic] = version
+                    return None
+                alive = await self._alive(info)
+                if not alive and not self.cas_mode:
+                    # its ephemeral record outlives it until the lease runs out: not worth a redirect
+                    raise errors.ServiceDownError(f"owner {hub_address(info)} of {topic!r} is gone; "
+                                                  f"retry after zk_timeout")
+                if not alive:
+                    try:
+                        self.versions[topic] = await self.owners.write_owner_info(topic, self.me, version)
+                    except (errors.BadVersionError, errors.NoTopicOwnerInfoError):
+                        continue
+                    log.info("claimed %r from dead owner %s", topic, hub_address(info))
+                    return None
+                return str(hub_address(info))
+            if not should_claim:
+                target = await self._least_loaded()
+                if not same_hub(target, self.me):
+                    return str(hub_address(target))
+            try:
+                self.versions[topic] = await self.owners.write_owner_info(
+                    topic, self.me, Version.NEW, session=None if self.cas_mode else self.session)
+            except errors.TopicOwnerInfoExistsError:
+                continue
+            return None
+        raise errors.ServiceDownError(f"could not settle the owner of {topic!r}")
+
+    async def release(self, topic: bytes) -> None:
+        """Give ``topic`` up (delete the owner record if it is still ours)."""
+        version = self.versions.pop(topic, None)
+        if version is None:
+            return
+        try:
+            await self.owners.delete_owner_info(topic, version)
+        except errors.PubSubError as exc:
+            log.info("release of %r: %s", topic, exc)

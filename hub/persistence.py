@@ -1,0 +1,444 @@
+"""A topic's messages on ledgers: batched entries, dense seq ids, ledger ranges, the read path.
+
+    log = await TopicLog.acquire(topic, bk, persistence_mgr, conf)   # after the ownership claim
+    seq = await log.publish(message_proto)      # returns once the ledger add holding it is acknowledged
+    msgs = await log.scan(start_seq, max_messages, max_bytes)         # the read-ahead cache's Scanner
+    deleted = await log.delete_consumed(min_consumed_seq)            # consumed-ledger deletion
+    await log.release()                          # close the current ledger
+
+Acquisition reads the topic's ``LedgerRanges``; a last range left open by a
+previous owner is recovery-opened (``bk.open_ledger`` fences and closes it)
+and its end seq id read from its last entry; then a new ledger is created
+and appended as the open range (CAS on ``topic_persistence``, so two hubs
+never both write a topic).
+
+Up to ``max_outstanding_adds`` entries are in flight per topic; publishes
+that arrive while that many are in flight wait and go into the next entry
+together, one ``pubsub_pb2.MessageBatch`` per entry, bounded by
+``max_batch_messages`` and ``max_batch_bytes``; a lone publish is sent at
+once. Seq ids are dense per message: the first message of a topic is 1.
+The ledger rolls after ``max_entries_per_ledger`` entries.
+
+Failure: a failed add fails its batch and every publish queued behind it
+with ``ServiceDownError``; the ledger is closed at its last acknowledged
+entry (so the failed batch never surfaces) and the next publish starts a
+new ledger. Metadata conflicts raise ``hub.errors.BadVersionError`` (someone
+else owns the topic).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from bookie.errors import BKError
+from hub import errors
+from hub.conf import HubConf
+from hub.message import Message
+from hub.proto import pubsub_pb2 as pb
+from metastore import Version
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TopicLog", "decode_batch"]
+
+Batch = list[tuple[pb.Message, "asyncio.Future[int]"]]
+
+
+async def _one(batch: list[pb.Message]) -> AsyncIterator[list[pb.Message]]:
+    yield batch
+
+
+def decode_batch(data: bytes) -> list[pb.Message]:
+    """The messages of one ledger entry, each with its local seq id set."""
+    batch = pb.MessageBatch.FromString(data)
+    first = batch.first_local_seq_id
+    for i, m in enumerate(batch.messages):
+        m.msgId.localComponent = first + i
+    return list(batch.messages)
+
+
+class TopicLog:
+    """One owned topic's ledgers (see the module docstring)."""
+
+    def __init__(self, topic: bytes, bk: Any, pm: Any, conf: HubConf,
+                 on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None) -> None:
+        self.topic = topic
+        self.bk = bk
+        self.pm = pm
+        self.conf = conf
+        self.on_persisted = on_persisted
+        self.ranges = pb.LedgerRanges()
+        self.version: Version = Version.NEW
+        self.last_seq = 0                 # last acknowledged seq id
+        self.lh: Any = None               # current ledger (writer handle)
+        self.entries_in_ledger = 0
+        self._index: dict[int, list[int]] = {}      # ledgers we wrote: first seq id of every entry
+        self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
+        self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
+        self._readers: dict[int, Any] = {}
+        self._queue: collections.deque[tuple[pb.Message, asyncio.Future[int]]] = collections.deque()
+        self._queued_bytes = 0
+        self._writer: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
+        self.closed = False
+
+    # --- acquisition ----------------------------------------------------------------------------
+    @classmethod
+    async def acquire(cls, topic: bytes, bk: Any, pm: Any, conf: HubConf,
+                      on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None) -> TopicLog:
+        """Recover the previous owner's last ledger, start a new one; ``BadVersionError`` if raced."""
+        self = cls(topic, bk, pm, conf, on_persisted)
+        got = await pm.read_topic_persistence_info(topic)
+        if got is not None:
+            self.ranges, self.version = got
+        rs = self.ranges.ranges
+        if rs and not rs[-1].HasField("endSeqIdIncluded"):
+            last = rs[-1]
+            rh = await bk.open_ledger(last.ledgerId)
+            end = last.startSeqIdIncluded - 1
+            if rh.last_add_confirmed >= 0:
+                async for e in rh.read(rh.last_add_confirmed, rh.last_add_confirmed):
+                    batch = pb.MessageBatch.FromString(e.data)
+                    end = batch.first_local_seq_id + len(batch.messages) - 1
+            await rh.close()
+            if end < last.startSeqIdIncluded:
+                del rs[-1]        # an empty ledger: forget it
+                await self._delete_ledger_quietly(last.ledgerId)
+            else:
+                last.endSeqIdIncluded.localComponent = end
+        if rs:
+            self.last_seq = rs[-1].endSeqIdIncluded.localComponent
+        if got is not None:   # record the recovered end (and fence a racing owner) before anyone reads
+            self.version = await pm.write_topic_persistence_info(topic, self.ranges, self.version)
+        return self   # the first publish creates the new ledger
+
+    async def _delete_ledger_quietly(self, ledger_id: int) -> None:
+        try:
+            await self.bk.delete_ledger(ledger_id)
+        except BKError as exc:
+            log.info("topic %r: could not delete ledger %d: %s", self.topic, ledger_id, exc)
+
+    async def _new_ledger(self) -> None:
+        c = self.conf
+        lh = await self.bk.create_ledger(ensemble=c.bk_ensemble_size, write_quorum=c.bk_write_quorum_size,
+                                         ack_quorum=c.bk_ack_quorum_size,
+                                         properties={"topic": self.topic})
+        ranges = pb.LedgerRanges()
+        ranges.CopyFrom(self.ranges)
+        ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=self.last_seq + 1)
+        try:
+            self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+        except BaseException:
+            await self._close_quietly(lh)
+            await self._delete_ledger_quietly(lh.ledger_id)
+            raise
+        self.ranges = ranges
+        self.lh = lh
+        self.entries_in_ledger = 0
+        self._index[lh.ledger_id] = []
+
+    @staticmethod
+    async def _close_quietly(lh: Any) -> None:
+        try:
+            await lh.close()
+        except BKError as exc:
+            log.info("ledger %d: close failed: %s", lh.ledger_id, exc)
+
+    async def _close_current(self) -> None:
+        """Close the current ledger at its last acknowledged entry and record its end seq id."""
+        lh, self.lh = self.lh, None
+        if lh is None:
+            return
+        await lh.close()
+        rs = self.ranges.ranges
+        ranges = pb.LedgerRanges()
+        ranges.CopyFrom(self.ranges)
+        cur = ranges.ranges[-1]
+        if self.last_seq < cur.startSeqIdIncluded:
+            del ranges.ranges[-1]
+            self._index.pop(lh.ledger_id, None)
+            drop = True
+        else:
+            cur.endSeqIdIncluded.localComponent = self.last_seq
+            drop = False
+        self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+        self.ranges = ranges
+        del rs
+        if drop:
+            await self._delete_ledger_quietly(lh.ledger_id)
+
+    # --- publishing -----------------------------------------------------------------------------
+    async def publish(self, message: pb.Message) -> int:
+        """Persist ``message``; its seq id once acknowledged. ``ServiceDownError`` when not durable."""
+        return await self.enqueue(message)
+
+    def enqueue(self, message: pb.Message) -> asyncio.Future[int]:
+        """Queue ``message`` now (publish order is call order); the future gets its seq id."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+        if self.closed:
+            fut.set_exception(errors.ServiceDownError(f"topic {self.topic!r} is being released"))
+            return fut
+        self._queue.append((message, fut))
+        self._queued_bytes += len(message.body)
+        if self._writer is None:
+            self._writer = loop.create_task(self._write_loop())
+        return fut
+
+    def _take_batch(self) -> Batch:
+        batch: list[tuple[pb.Message, asyncio.Future[int]]] = []
+        size = 0
+        while self._queue and len(batch) < self.conf.max_batch_messages:
+            m = self._queue[0][0]
+            if batch and size + len(m.body) > self.conf.max_batch_bytes:
+                break
+            batch.append(self._queue.popleft())
+            size += len(m.body)
+            self._queued_bytes -= len(m.body)
+        return batch
+
+    async def _write_loop(self) -> None:
+        """Send batches, up to ``max_outstanding_adds`` entries in flight; complete them in order."""
+        inflight: collections.deque[tuple[asyncio.Task[int], Any, int, Batch]] = collections.deque()
+        try:
+            while self._queue or inflight:
+                while self._queue and len(inflight) < self.conf.max_outstanding_adds:
+                    maxe = self.conf.max_entries_per_ledger
+                    if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
+                        if inflight:
+                            break              # roll once the entries in flight are settled
+                        try:
+                            async with self._lock:
+                                if self.lh is not None:
+                                    await self._close_current()
+                                await self._new_ledger()
+                        except Exception as exc:
+                            self._fail_queue(self._error(exc))
+                            break
+                    batch = self._take_batch()
+                    first = self.last_seq + 1 + sum(len(b) for _, _, _, b in inflight)
+                    entry = pb.MessageBatch(first_local_seq_id=first)
+                    entry.messages.extend(m for m, _ in batch)
+                    lh = self.lh
+                    add = asyncio.get_running_loop().create_task(lh.add_entry(entry.SerializeToString()))
+                    self.entries_in_ledger += 1
+                    inflight.append((add, lh, first, batch))
+                if not inflight:
+                    continue
+                add, lh, first, batch = inflight[0]
+                try:
+                    await asyncio.shield(add)
+                except Exception as exc:
+                    await self._add_failed(lh, exc, inflight)
+                    continue
+                inflight.popleft()
+                self._acked(lh, first, batch)
+        finally:
+            self._writer = None
+
+    def _error(self, exc: BaseException) -> errors.PubSubError:
+        if isinstance(exc, errors.PubSubError):
+            return exc
+        return errors.ServiceDownError(f"publish to {self.topic!r} not durable: {exc}")
+
+    def _fail_queue(self, err: errors.PubSubError, batches: Any = ()) -> None:
+        for batch in batches:
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(err)
+        while self._queue:
+            _, fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_exception(err)
+        self._queued_bytes = 0
+
+    async def _add_failed(self, lh: Any, exc: BaseException,
+                          inflight: collections.deque[tuple[asyncio.Task[int], Any, int, Batch]]) -> None:
+        """An add failed: the entries after it fail too; close the ledger at its last acknowledged entry."""
+        log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
+        await asyncio.gather(*(t for t, _, _, _ in inflight), return_exceptions=True)
+        failed = [b for _, _, _, b in inflight]
+        inflight.clear()
+        err = self._error(exc)
+        self._fail_queue(err, failed)
+        try:
+            async with self._lock:
+                await self._close_current()
+        except Exception as exc2:
+            log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
+            self.lh = None
+            self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
+
+    def _acked(self, lh: Any, first: int, batch: Batch) -> None:
+        self._index[lh.ledger_id].append(first)
+        self.last_seq = first + len(batch) - 1
+        msgs = []
+        for i, (m, fut) in enumerate(batch):
+            m.msgId.localComponent = first + i
+            msgs.append(m)
+            if not fut.done():
+                fut.set_result(first + i)
+        if self.on_persisted is not None:
+            self.on_persisted(self.topic, msgs)
+
+    # --- reading --------------------------------------------------------------------------------
+    def _range_for(self, seq: int) -> pb.LedgerRange | None:
+        for r in self.ranges.ranges:
+            end = r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded") else self.last_seq
+            if r.startSeqIdIncluded <= seq <= end:
+                return r
+        return None
+
+    async def _reader(self, ledger_id: int) -> Any:
+        if self.lh is not None and self.lh.ledger_id == ledger_id:
+            return self.lh
+        rh = self._readers.get(ledger_id)
+        if rh is None:
+            rh = await self.bk.open_ledger_no_recovery(ledger_id)
+            self._readers[ledger_id] = rh
+        return rh
+
+    def _learn(self, ledger_id: int, entry_id: int, first_seq: int) -> None:
+        """Remember where an entry of a ledger we did not write starts (narrows later searches)."""
+        if ledger_id in self._index:
+            return
+        known = self._known.setdefault(ledger_id, [])
+        i = bisect.bisect_left(known, (first_seq, entry_id))
+        if i == len(known) or known[i] != (first_seq, entry_id):
+            known.insert(i, (first_seq, entry_id))
+
+    async def _entry_of(self, rh: Any, seq: int) -> int:
+        """The entry id of ``rh`` holding ``seq``: our own index, else a binary search by reads.
+
+        Ledgers this owner wrote have a complete in-memory index; for a
+        previous owner's ledgers, every entry read so far bounds the search,
+        so a sequential reader costs about one extra read per scan.
+        """
+        idx = self._index.get(rh.ledger_id)
+        if idx is not None:
+            return bisect.bisect_right(idx, seq) - 1
+        lo, hi = 0, rh.last_add_confirmed
+        known = self._known.get(rh.ledger_id, [])
+        i = bisect.bisect_right(known, (seq, 1 << 62))      # first entry known to start after seq
+        if i > 0:
+            lo = known[i - 1][1]
+        if i < len(known):
+            hi = min(hi, known[i][1] - 1)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            first = -1
+            async for e in rh.read(mid, mid):
+                first = pb.MessageBatch.FromString(e.data).first_local_seq_id
+                self._learn(rh.ledger_id, mid, first)
+            if first <= seq:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    async def _read_decoded(self, rh: Any, first: int, last: int) -> AsyncIterator[list[pb.Message]]:
+        async for e in rh.read(first, last):
+            batch = decode_batch(e.data)
+            if batch:
+                self._learn(rh.ledger_id, e.entry_id, batch[0].msgId.localComponent)
+            self._decoded = ((rh.ledger_id, e.entry_id), batch)
+            yield batch
+
+    def _last_entry_for(self, ledger_id: int, entry: int, last_seq: int) -> int:
+        """The last entry to read so that ``entry..`` covers ``last_seq`` without reading past it.
+
+        Exact for ledgers we wrote; for others, bounded by what earlier reads
+        taught us, else one entry (the scan loop reads on from where it stops).
+        """
+        idx = self._index.get(ledger_id)
+        if idx is not None:
+            return max(entry, bisect.bisect_right(idx, last_seq) - 1)
+        known = self._known.get(ledger_id, [])
+        i = bisect.bisect_right(known, (last_seq, 1 << 62))
+        if i < len(known) and known[i][1] > entry:
+            return known[i][1] - 1
+        return entry
+
+    async def scan(self, start: int, max_messages: int, max_bytes: int) -> list[Message]:
+        """Consecutive messages from ``start`` (fewer or none past the end); stops at either hint."""
+        out: list[Message] = []
+        size = 0
+        seq = start
+        while seq <= self.last_seq and len(out) < max_messages and (not out or size < max_bytes):
+            r = self._range_for(seq)
+            if r is None:
+                if out:
+                    break
+                raise errors.NoTopicPersistenceInfoError(f"seq id {seq} of {self.topic!r} was deleted")
+            rh = await self._reader(r.ledgerId)
+            entry = await self._entry_of(rh, seq)
+            last_entry = rh.last_add_confirmed
+            if entry > last_entry:
+                break
+            progressed = False
+            end_entry = min(last_entry, self._last_entry_for(rh.ledger_id, entry, seq + max_messages - len(out) - 1))
+            if self._decoded[0] == (rh.ledger_id, entry):     # a sequential reader: the entry it just read
+                entries: Any = _one(self._decoded[1])
+            else:
+                entries = self._read_decoded(rh, entry, end_entry)
+            async for batch in entries:
+                for m in batch:
+                    s = m.msgId.localComponent
+                    if s < seq:
+                        continue
+                    if s != seq or len(out) >= max_messages or (out and size >= max_bytes):
+                        break
+                    m.srcRegion = m.srcRegion or self.conf.region.encode()
+                    out.append(Message.from_proto(m))
+                    size += len(m.body)
+                    seq += 1
+                    progressed = True
+                if len(out) >= max_messages or (out and size >= max_bytes):
+                    break
+            if not progressed:
+                break
+        return out
+
+    # --- consumed ledgers and release -----------------------------------------------------------
+    async def delete_consumed(self, consumed: int) -> list[int]:
+        """Delete closed ledgers whose every message is at or below ``consumed``; their ids."""
+        async with self._lock:
+            gone = [r for r in self.ranges.ranges[:-1]   # the last range keeps the topic's last seq id
+                    if r.HasField("endSeqIdIncluded") and r.endSeqIdIncluded.localComponent <= consumed
+                    and (self.lh is None or r.ledgerId != self.lh.ledger_id)]
+            if not gone:
+                return []
+            ranges = pb.LedgerRanges()
+            ids = {r.ledgerId for r in gone}
+            for r in self.ranges.ranges:
+                if r.ledgerId not in ids:
+                    ranges.ranges.append(r)
+            self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+            self.ranges = ranges
+            for lid in ids:
+                self._index.pop(lid, None)
+                self._known.pop(lid, None)
+                rh = self._readers.pop(lid, None)
+                if rh is not None:
+                    await self._close_quietly(rh)
+                await self._delete_ledger_quietly(lid)
+            return sorted(ids)
+
+    async def release(self) -> None:
+        """Stop publishing, close the current ledger (recording its end), drop readers."""
+        self.closed = True
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        async with self._lock:
+            try:
+                await self._close_current()
+            except Exception as exc:
+                log.info("topic %r: release left ledger open: %s", self.topic, exc)
+        for rh in self._readers.values():
+            await self._close_quietly(rh)
+        self._readers.clear()

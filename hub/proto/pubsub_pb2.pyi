@@ -1,0 +1,368 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ProtocolVersion(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    VERSION_UNSPECIFIED: _ClassVar[ProtocolVersion]
+    VERSION_ONE: _ClassVar[ProtocolVersion]
+
+class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_UNSPECIFIED: _ClassVar[OperationType]
+    PUBLISH: _ClassVar[OperationType]
+    SUBSCRIBE: _ClassVar[OperationType]
+    CONSUME: _ClassVar[OperationType]
+    UNSUBSCRIBE: _ClassVar[OperationType]
+    START_DELIVERY: _ClassVar[OperationType]
+    STOP_DELIVERY: _ClassVar[OperationType]
+    CLOSESUBSCRIPTION: _ClassVar[OperationType]
+
+class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SUCCESS: _ClassVar[StatusCode]
+    MALFORMED_REQUEST: _ClassVar[StatusCode]
+    NO_SUCH_TOPIC: _ClassVar[StatusCode]
+    CLIENT_ALREADY_SUBSCRIBED: _ClassVar[StatusCode]
+    CLIENT_NOT_SUBSCRIBED: _ClassVar[StatusCode]
+    COULD_NOT_CONNECT: _ClassVar[StatusCode]
+    TOPIC_BUSY: _ClassVar[StatusCode]
+    NOT_RESPONSIBLE_FOR_TOPIC: _ClassVar[StatusCode]
+    SERVICE_DOWN: _ClassVar[StatusCode]
+    UNCERTAIN_STATE: _ClassVar[StatusCode]
+    INVALID_MESSAGE_FILTER: _ClassVar[StatusCode]
+    MESSAGE_TOO_LARGE: _ClassVar[StatusCode]
+    UNKNOWN_OPERATION: _ClassVar[StatusCode]
+    BAD_VERSION: _ClassVar[StatusCode]
+    NO_TOPIC_PERSISTENCE_INFO: _ClassVar[StatusCode]
+    TOPIC_PERSISTENCE_INFO_EXISTS: _ClassVar[StatusCode]
+    NO_SUBSCRIPTION_STATE: _ClassVar[StatusCode]
+    SUBSCRIPTION_STATE_EXISTS: _ClassVar[StatusCode]
+    NO_TOPIC_OWNER_INFO: _ClassVar[StatusCode]
+    TOPIC_OWNER_INFO_EXISTS: _ClassVar[StatusCode]
+    SUBSCRIPTION_FORCED_CLOSED: _ClassVar[StatusCode]
+    UNEXPECTED_CONDITION: _ClassVar[StatusCode]
+    COMPOSITE: _ClassVar[StatusCode]
+VERSION_UNSPECIFIED: ProtocolVersion
+VERSION_ONE: ProtocolVersion
+OP_UNSPECIFIED: OperationType
+PUBLISH: OperationType
+SUBSCRIBE: OperationType
+CONSUME: OperationType
+UNSUBSCRIBE: OperationType
+START_DELIVERY: OperationType
+STOP_DELIVERY: OperationType
+CLOSESUBSCRIPTION: OperationType
+SUCCESS: StatusCode
+MALFORMED_REQUEST: StatusCode
+NO_SUCH_TOPIC: StatusCode
+CLIENT_ALREADY_SUBSCRIBED: StatusCode
+CLIENT_NOT_SUBSCRIBED: StatusCode
+COULD_NOT_CONNECT: StatusCode
+TOPIC_BUSY: StatusCode
+NOT_RESPONSIBLE_FOR_TOPIC: StatusCode
+SERVICE_DOWN: StatusCode
+UNCERTAIN_STATE: StatusCode
+INVALID_MESSAGE_FILTER: StatusCode
+MESSAGE_TOO_LARGE: StatusCode
+UNKNOWN_OPERATION: StatusCode
+BAD_VERSION: StatusCode
+NO_TOPIC_PERSISTENCE_INFO: StatusCode
+TOPIC_PERSISTENCE_INFO_EXISTS: StatusCode
+NO_SUBSCRIPTION_STATE: StatusCode
+SUBSCRIPTION_STATE_EXISTS: StatusCode
+NO_TOPIC_OWNER_INFO: StatusCode
+TOPIC_OWNER_INFO_EXISTS: StatusCode
+SUBSCRIPTION_FORCED_CLOSED: StatusCode
+UNEXPECTED_CONDITION: StatusCode
+COMPOSITE: StatusCode
+
+class RegionSpecificSeqId(_message.Message):
+    __slots__ = ("region", "seqId")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    SEQID_FIELD_NUMBER: _ClassVar[int]
+    region: bytes
+    seqId: int
+    def __init__(self, region: _Optional[bytes] = ..., seqId: _Optional[int] = ...) -> None: ...
+
+class MessageSeqId(_message.Message):
+    __slots__ = ("localComponent", "remoteComponents")
+    LOCALCOMPONENT_FIELD_NUMBER: _ClassVar[int]
+    REMOTECOMPONENTS_FIELD_NUMBER: _ClassVar[int]
+    localComponent: int
+    remoteComponents: _containers.RepeatedCompositeFieldContainer[RegionSpecificSeqId]
+    def __init__(self, localComponent: _Optional[int] = ..., remoteComponents: _Optional[_Iterable[_Union[RegionSpecificSeqId, _Mapping]]] = ...) -> None: ...
+
+class Map(_message.Message):
+    __slots__ = ("entries",)
+    class Entry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: bytes
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[bytes] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Map.Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Map.Entry, _Mapping]]] = ...) -> None: ...
+
+class MessageHeader(_message.Message):
+    __slots__ = ("properties",)
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    properties: Map
+    def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ...) -> None: ...
+
+class Message(_message.Message):
+    __slots__ = ("body", "srcRegion", "msgId", "header")
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    SRCREGION_FIELD_NUMBER: _ClassVar[int]
+    MSGID_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    body: bytes
+    srcRegion: bytes
+    msgId: MessageSeqId
+    header: MessageHeader
+    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ...) -> None: ...
+
+class MessageBatch(_message.Message):
+    __slots__ = ("first_local_seq_id", "messages")
+    FIRST_LOCAL_SEQ_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    first_local_seq_id: int
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, first_local_seq_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+
+class SubscriptionPreferences(_message.Message):
+    __slots__ = ("options", "messageBound", "messageFilter", "messageWindowSize")
+    OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGEBOUND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGEFILTER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGEWINDOWSIZE_FIELD_NUMBER: _ClassVar[int]
+    options: Map
+    messageBound: int
+    messageFilter: str
+    messageWindowSize: int
+    def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ...) -> None: ...
+
+class PublishRequest(_message.Message):
+    __slots__ = ("topic", "msg")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MSG_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    msg: Message
+    def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+
+class SubscribeRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber")
+    class CreateOrAttach(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CREATE: _ClassVar[SubscribeRequest.CreateOrAttach]
+        ATTACH: _ClassVar[SubscribeRequest.CreateOrAttach]
+        CREATE_OR_ATTACH: _ClassVar[SubscribeRequest.CreateOrAttach]
+    CREATE: SubscribeRequest.CreateOrAttach
+    ATTACH: SubscribeRequest.CreateOrAttach
+    CREATE_OR_ATTACH: SubscribeRequest.CreateOrAttach
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    CREATEORATTACH_FIELD_NUMBER: _ClassVar[int]
+    SYNCHRONOUS_FIELD_NUMBER: _ClassVar[int]
+    FORCEATTACH_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCES_FIELD_NUMBER: _ClassVar[int]
+    HUBSUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    createOrAttach: SubscribeRequest.CreateOrAttach
+    synchronous: bool
+    forceAttach: bool
+    preferences: SubscriptionPreferences
+    hubSubscriber: bool
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., createOrAttach: _Optional[_Union[SubscribeRequest.CreateOrAttach, str]] = ..., synchronous: _Optional[bool] = ..., forceAttach: _Optional[bool] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ..., hubSubscriber: _Optional[bool] = ...) -> None: ...
+
+class ConsumeRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId", "msgId")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    MSGID_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    msgId: MessageSeqId
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ...) -> None: ...
+
+class UnsubscribeRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+
+class StartDeliveryRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+
+class StopDeliveryRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+
+class CloseSubscriptionRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+
+class PubSubRequest(_message.Message):
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest")
+    PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    TXNID_FIELD_NUMBER: _ClassVar[int]
+    SHOULDCLAIM_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHREQUEST_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBEREQUEST_FIELD_NUMBER: _ClassVar[int]
+    CONSUMEREQUEST_FIELD_NUMBER: _ClassVar[int]
+    UNSUBSCRIBEREQUEST_FIELD_NUMBER: _ClassVar[int]
+    STARTDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
+    STOPDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
+    CLOSESUBSCRIPTIONREQUEST_FIELD_NUMBER: _ClassVar[int]
+    protocolVersion: ProtocolVersion
+    type: OperationType
+    txnId: int
+    shouldClaim: bool
+    topic: bytes
+    publishRequest: PublishRequest
+    subscribeRequest: SubscribeRequest
+    consumeRequest: ConsumeRequest
+    unsubscribeRequest: UnsubscribeRequest
+    startDeliveryRequest: StartDeliveryRequest
+    stopDeliveryRequest: StopDeliveryRequest
+    closeSubscriptionRequest: CloseSubscriptionRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ...) -> None: ...
+
+class PublishResponse(_message.Message):
+    __slots__ = ("publishedMsgId",)
+    PUBLISHEDMSGID_FIELD_NUMBER: _ClassVar[int]
+    publishedMsgId: MessageSeqId
+    def __init__(self, publishedMsgId: _Optional[_Union[MessageSeqId, _Mapping]] = ...) -> None: ...
+
+class SubscribeResponse(_message.Message):
+    __slots__ = ("preferences",)
+    PREFERENCES_FIELD_NUMBER: _ClassVar[int]
+    preferences: SubscriptionPreferences
+    def __init__(self, preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ...) -> None: ...
+
+class Delivery(_message.Message):
+    __slots__ = ("topic", "subscriberId", "message")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    message: Message
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+
+class SubscriptionEvent(_message.Message):
+    __slots__ = ("topic", "subscriberId", "event")
+    class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        EVENT_UNSPECIFIED: _ClassVar[SubscriptionEvent.Event]
+        TOPIC_MOVED: _ClassVar[SubscriptionEvent.Event]
+        SUBSCRIPTION_FORCED_CLOSED: _ClassVar[SubscriptionEvent.Event]
+    EVENT_UNSPECIFIED: SubscriptionEvent.Event
+    TOPIC_MOVED: SubscriptionEvent.Event
+    SUBSCRIPTION_FORCED_CLOSED: SubscriptionEvent.Event
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    event: SubscriptionEvent.Event
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., event: _Optional[_Union[SubscriptionEvent.Event, str]] = ...) -> None: ...
+
+class PubSubResponse(_message.Message):
+    __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent")
+    PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUSCODE_FIELD_NUMBER: _ClassVar[int]
+    TXNID_FIELD_NUMBER: _ClassVar[int]
+    STATUSMSG_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    REDIRECT_TO_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERESPONSE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONEVENT_FIELD_NUMBER: _ClassVar[int]
+    protocolVersion: ProtocolVersion
+    statusCode: StatusCode
+    txnId: int
+    statusMsg: str
+    topic: bytes
+    redirect_to: str
+    publishResponse: PublishResponse
+    subscribeResponse: SubscribeResponse
+    delivery: Delivery
+    subscriptionEvent: SubscriptionEvent
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ...) -> None: ...
+
+class HubInfo(_message.Message):
+    __slots__ = ("hostname", "port", "sslPort", "czxid")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SSLPORT_FIELD_NUMBER: _ClassVar[int]
+    CZXID_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    port: int
+    sslPort: int
+    czxid: int
+    def __init__(self, hostname: _Optional[str] = ..., port: _Optional[int] = ..., sslPort: _Optional[int] = ..., czxid: _Optional[int] = ...) -> None: ...
+
+class HubLoad(_message.Message):
+    __slots__ = ("numTopics",)
+    NUMTOPICS_FIELD_NUMBER: _ClassVar[int]
+    numTopics: int
+    def __init__(self, numTopics: _Optional[int] = ...) -> None: ...
+
+class LedgerRange(_message.Message):
+    __slots__ = ("ledgerId", "endSeqIdIncluded", "startSeqIdIncluded")
+    LEDGERID_FIELD_NUMBER: _ClassVar[int]
+    ENDSEQIDINCLUDED_FIELD_NUMBER: _ClassVar[int]
+    STARTSEQIDINCLUDED_FIELD_NUMBER: _ClassVar[int]
+    ledgerId: int
+    endSeqIdIncluded: MessageSeqId
+    startSeqIdIncluded: int
+    def __init__(self, ledgerId: _Optional[int] = ..., endSeqIdIncluded: _Optional[_Union[MessageSeqId, _Mapping]] = ..., startSeqIdIncluded: _Optional[int] = ...) -> None: ...
+
+class LedgerRanges(_message.Message):
+    __slots__ = ("ranges",)
+    RANGES_FIELD_NUMBER: _ClassVar[int]
+    ranges: _containers.RepeatedCompositeFieldContainer[LedgerRange]
+    def __init__(self, ranges: _Optional[_Iterable[_Union[LedgerRange, _Mapping]]] = ...) -> None: ...
+
+class SubscriptionState(_message.Message):
+    __slots__ = ("msgId", "messageBound")
+    MSGID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGEBOUND_FIELD_NUMBER: _ClassVar[int]
+    msgId: MessageSeqId
+    messageBound: int
+    def __init__(self, msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., messageBound: _Optional[int] = ...) -> None: ...
+
+class SubscriptionData(_message.Message):
+    __slots__ = ("state", "preferences")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PREFERENCES_FIELD_NUMBER: _ClassVar[int]
+    state: SubscriptionState
+    preferences: SubscriptionPreferences
+    def __init__(self, state: _Optional[_Union[SubscriptionState, _Mapping]] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,356 @@
+"""The hub wire protocol without I/O: bytes in, events out (in the h11 sense).
+
+Framing is the bookie's (``bookie.protocol.FrameDecoder``: a 4-byte
+big-endian length, then one protobuf message of ``hub/proto/pubsub.proto``).
+Every decision about frame limits, unknown operations and request validity
+lives here, so the hub server and the client are thin asyncio shells::
+
+    conn = ServerConnection(max_frame_size=conf.max_frame_size, max_message_size=conf.max_message_size)
+    for event in conn.receive_data(data):
+        if isinstance(event, RequestReceived):   # a valid request: dispatch event.request
+            ...
+        elif isinstance(event, Reject):          # answer it (event.response), keep serving
+            transport.write(encode(event.response))
+        elif isinstance(event, ConnectionBroken):# close the connection (event.reason)
+            transport.close()
+
+    client = ClientConnection(max_frame_size=...)
+    data = client.send_request(request, value)   # assigns the txn id; value comes back with the response
+    for event in client.receive_data(data):      # ResponseReceived(response, value) | DeliveryReceived |
+        ...                                      # SubscriptionEventReceived | ConnectionBroken
+
+Failure: nothing here raises on bad input; bad bytes become ``Reject``
+(answer and continue) or ``ConnectionBroken`` (close) events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from google.protobuf.message import DecodeError
+
+from bookie.errors import FrameTooLargeError
+from bookie.protocol import FrameDecoder, encode_frame
+from hub.proto import pubsub_pb2 as pb
+
+__all__ = [
+    "OPS",
+    "ClientConnection",
+    "ConnectionBroken",
+    "DeliveryReceived",
+    "OutBuffer",
+    "Reject",
+    "RequestReceived",
+    "ResponseReceived",
+    "ServerConnection",
+    "SubscriptionEventReceived",
+    "encode",
+    "request_topic",
+    "response",
+    "status_name",
+    "subscriber_of",
+]
+
+OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
+                 pb.CLOSESUBSCRIPTION})
+_BODY_FOR_OP = {
+    pb.PUBLISH: "publishRequest",
+    pb.SUBSCRIBE: "subscribeRequest",
+    pb.CONSUME: "consumeRequest",
+    pb.UNSUBSCRIBE: "unsubscribeRequest",
+    pb.START_DELIVERY: "startDeliveryRequest",
+    pb.STOP_DELIVERY: "stopDeliveryRequest",
+    pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
+}
+
+
+def encode(message: pb.PubSubRequest | pb.PubSubResponse) -> bytes:
+    """The length-prefixed frame of ``message``."""
+    return encode_frame(message)
+
+
+def status_name(status: int) -> str:
+    try:
+        return pb.StatusCode.Name(status)
+    except ValueError:
+        return f"STATUS_{status}"
+
+
+def response(txn_id: int, status: int = pb.SUCCESS, message: str = "", *, topic: bytes = b"",
+             redirect_to: str = "") -> pb.PubSubResponse:
+    """A response with the protocol version set."""
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, txnId=txn_id, statusMsg=message, topic=topic,
+                             redirect_to=redirect_to)
+    resp.statusCode = status  # type: ignore[assignment]
+    return resp
+
+
+def request_topic(request: pb.PubSubRequest) -> bytes:
+    """The request's topic: the top-level field, else the one inside its body."""
+    if request.topic:
+        return request.topic
+    which = request.WhichOneof("body")
+    return getattr(request, which).topic if which else b""
+
+
+def subscriber_of(request: pb.PubSubRequest) -> bytes:
+    """The subscriber id of a subscription request (``b""`` for a publish)."""
+    which = request.WhichOneof("body")
+    if which is None or which == "publishRequest":
+        return b""
+    return bytes(getattr(request, which).subscriberId)
+
+
+def _valid_name(name: bytes) -> bool:
+    if not name:
+        return False
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+# --- server side ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RequestReceived:
+    """A well-formed request; ``topic`` and ``subscriber`` are filled in from wherever they were sent."""
+
+    request: pb.PubSubRequest
+    topic: bytes
+    subscriber: bytes
+
+
+@dataclass(frozen=True)
+class Reject:
+    """A request the hub answers with an error status without dispatching it."""
+
+    response: pb.PubSubResponse
+
+
+@dataclass(frozen=True)
+class ConnectionBroken:
+    """The byte stream cannot be parsed any further: close the connection."""
+
+    reason: str
+
+
+ServerEvent = RequestReceived | Reject | ConnectionBroken
+
+
+class ServerConnection:
+    """The hub's view of one client connection's incoming bytes.
+
+    Decisions: a frame over ``max_frame_size`` breaks the connection (its body
+    is never buffered); a frame that is not a PubSubRequest is answered
+    MALFORMED_REQUEST (txn 0); an operation this hub does not serve,
+    UNKNOWN_OPERATION; a missing body, an empty or non-UTF-8 topic or
+    subscriber id, MALFORMED_REQUEST; a message body over
+    ``max_message_size``, MESSAGE_TOO_LARGE. CONSUME is one-way: it gets a
+    response only when rejected.
+    """
+
+    def __init__(self, max_frame_size: int, max_message_size: int) -> None:
+        self._decoder = FrameDecoder(max_frame_size)
+        self.max_message_size = max_message_size
+        self.broken = False
+
+    def receive_data(self, data: bytes) -> list[ServerEvent]:
+        if self.broken:
+            return []
+        try:
+            frames = self._decoder.feed(data)
+        except FrameTooLargeError as exc:
+            self.broken = True
+            out: list[ServerEvent] = [self._check(f) for f in exc.frames]
+            out.append(ConnectionBroken(str(exc)))
+            return out
+        return [self._check(f) for f in frames]
+
+    def _check(self, frame: bytes) -> ServerEvent:
+        req = pb.PubSubRequest()
+        try:
+            req.ParseFromString(frame)
+        except (DecodeError, ValueError, RuntimeError) as exc:
+            return Reject(response(0, pb.MALFORMED_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}"))
+        txn = req.txnId
+        if req.type not in OPS:
+            return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {req.type}"))
+        body = _BODY_FOR_OP[req.type]
+        if req.WhichOneof("body") != body:
+            return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(req.type)} "
+                                                              f"needs a {body}"))
+        topic = request_topic(req)
+        if not _valid_name(topic):
+            return Reject(response(txn, pb.MALFORMED_REQUEST, "topic must be non-empty UTF-8", topic=topic))
+        sub = subscriber_of(req)
+        if req.type != pb.PUBLISH and not _valid_name(sub):
+            return Reject(response(txn, pb.MALFORMED_REQUEST, "subscriber id must be non-empty UTF-8", topic=topic))
+        if req.type == pb.PUBLISH:
+            size = len(req.publishRequest.msg.body)
+            if size > self.max_message_size:
+                return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
+                                                                  f"max_message_size {self.max_message_size}",
+                                       topic=topic))
+        if req.type == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
+            return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
+        return RequestReceived(req, topic, sub)
+
+
+# --- client side ----------------------------------------------------------------------------------
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ResponseReceived(Generic[T]):
+    response: pb.PubSubResponse
+    value: T
+
+
+@dataclass(frozen=True)
+class DeliveryReceived:
+    topic: bytes
+    subscriber: bytes
+    message: pb.Message
+
+
+@dataclass(frozen=True)
+class SubscriptionEventReceived:
+    topic: bytes
+    subscriber: bytes
+    event: int          # pb.SubscriptionEvent.Event
+
+
+class ClientConnection(Generic[T]):
+    """The client's view of one hub connection: txn ids out, responses matched back in.
+
+    ``send_request`` assigns the next txn id (1, 2, ...) and remembers
+    ``value`` until the response arrives (CONSUME is one-way and remembered
+    only if ``value`` is not None). Responses to txn ids not outstanding,
+    and undecodable frames, break the connection.
+    """
+
+    def __init__(self, max_frame_size: int) -> None:
+        self._decoder = FrameDecoder(max_frame_size)
+        self._pending: dict[int, T] = {}
+        self._next = 0
+        self.broken = False
+
+    def send_request(self, request: pb.PubSubRequest, value: T | None) -> bytes:
+        self._next += 1
+        request.txnId = self._next
+        request.protocolVersion = pb.VERSION_ONE
+        if value is not None:
+            self._pending[self._next] = value
+        return encode(request)
+
+    def forget(self, txn_id: int) -> T | None:
+        """Drop an outstanding request (timed out)."""
+        return self._pending.pop(txn_id, None)
+
+    def drain(self) -> list[T]:
+        """Every outstanding request's value (the connection is gone)."""
+        values = list(self._pending.values())
+        self._pending.clear()
+        return values
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._pending))
+
+    def receive_data(self, data: bytes) -> list[ResponseReceived[T] | DeliveryReceived | SubscriptionEventReceived
+                                                | ConnectionBroken]:
+        if self.broken:
+            return []
+        out: list[ResponseReceived[T] | DeliveryReceived | SubscriptionEventReceived | ConnectionBroken] = []
+        try:
+            frames = self._decoder.feed(data)
+            tail: ConnectionBroken | None = None
+        except FrameTooLargeError as exc:
+            frames, tail = exc.frames, ConnectionBroken(str(exc))
+        for frame in frames:
+            resp = pb.PubSubResponse()
+            try:
+                resp.ParseFromString(frame)
+            except (DecodeError, ValueError, RuntimeError) as exc:
+                tail = ConnectionBroken(f"malformed response frame: {exc}")
+                break
+            which = resp.WhichOneof("body")
+            if resp.txnId == 0 and which == "delivery":
+                d = resp.delivery
+                out.append(DeliveryReceived(d.topic, d.subscriberId, d.message))
+            elif resp.txnId == 0 and which == "subscriptionEvent":
+                e = resp.subscriptionEvent
+                out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))
+            else:
+                value = self._pending.pop(resp.txnId, None)
+                if value is None:
+                    if resp.txnId == 0:
+                        tail = ConnectionBroken(f"hub rejected a frame: {status_name(resp.statusCode)} "
+                                                f"{resp.statusMsg}")
+                        break
+                    continue  # a response to a request we gave up on (timed out)
+                out.append(ResponseReceived(resp, value))
+        if tail is not None:
+            self.broken = True
+            out.append(tail)
+        return out
+
+
+# --- output coalescing ----------------------------------------------------------------------------
+
+class OutBuffer:
+    """Frames queued during one event-loop turn, handed to ``write`` together (one syscall, not one each).
+
+    ``schedule(callback)`` arranges a call at the end of the turn (``loop.call_soon``);
+    past ``flush_bytes`` queued bytes the buffer is written at once, so a
+    transport's ``pause_writing`` is seen promptly. No I/O happens here.
+    """
+
+    __slots__ = ("_frames", "_size", "flush_bytes", "schedule", "write")
+
+    def __init__(self, write: Callable[[bytes], None], schedule: Callable[[Callable[[], None]], object],
+                 flush_bytes: int = 64 * 1024) -> None:
+        self.write = write
+        self.schedule = schedule
+        self.flush_bytes = flush_bytes
+        self._frames: list[bytes] = []
+        self._size = 0
+
+    def add(self, frame: bytes) -> None:
+        self._frames.append(frame)
+        self._size += len(frame)
+        if self._size >= self.flush_bytes:
+            self.flush()
+        elif len(self._frames) == 1:
+            self.schedule(self.flush)
+
+    def flush(self) -> None:
+        frames, self._frames, self._size = self._frames, [], 0
+        if frames:
+            self.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+
+# --- server-side builders -------------------------------------------------------------------------
+
+def delivery(topic: bytes, subscriber: bytes, message: pb.Message) -> bytes:
+    """The encoded delivery frame of one message to one subscription."""
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=topic)
+    resp.delivery.topic = topic
+    resp.delivery.subscriberId = subscriber
+    resp.delivery.message.CopyFrom(message)
+    return encode(resp)
+
+
+def subscription_event(topic: bytes, subscriber: bytes, event: int) -> bytes:
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=topic)
+    resp.subscriptionEvent.topic = topic
+    resp.subscriptionEvent.subscriberId = subscriber
+    resp.subscriptionEvent.event = event  # type: ignore[assignment]
+    return encode(resp)

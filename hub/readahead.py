@@ -1,0 +1,373 @@
+"""The read-ahead cache between delivery and the ledgers (hedwig-developers-guide.txt).
+
+Delivery asks the cache for one message at a time; the cache answers from
+memory, or puts *stubs* for the next ``readahead_count`` messages and issues
+one range scan to the ledgers through the injected ``scanner``::
+
+    async def scanner(topic: bytes, start: int, max_messages: int, max_bytes: int) -> list[Message]:
+        ...   # consecutive messages from ``start`` (fewer if the topic ends or max_bytes is passed)
+
+    cache = ReadAheadCache(conf, scanner)            # conf: readahead_enabled, readahead_count,
+                                                     # readahead_size, cache_size, cache_entry_ttl,
+                                                     # scan_backoff_ms (HubConf has them)
+    msg = await cache.scan_single(b"topic", 42)      # hit, or wait on the stub filled by a scan
+    cache.on_published(b"topic", msg)                # a new message: fills a stub, may be cached
+    cache.consumed_up_to(b"topic", 40)               # every subscriber consumed 40: prune <= 40
+    cache.release_topic(b"topic")                    # the hub gave the topic up
+    cache.stats()    # {"size_bytes": .., "entries": .., "hits": .., "misses": .., "stubs": .., ...}
+    await cache.close()
+
+The rules, as the developers' guide states them:
+
+* A miss puts stubs for ``seq .. seq + n - 1`` (``n`` = ``readahead_count``,
+  1 when ``readahead_enabled`` is false; stopping at the first message
+  already cached or stubbed) and issues ONE scan for them with the
+  ``readahead_size`` byte hint. Readers of a stubbed seq wait on the stub.
+* On a read (hit, or served by a stub) of ``seq`` the cache looks ``n // 2``
+  ahead; when that message is neither cached nor stubbed it stubs and scans
+  the missing messages up to ``seq + n``, so the next ``n`` are always on
+  their way. It does not read past the last message it knows of when the
+  last scan ended short (the topic's end).
+* ``on_published`` fills a stub at once and caches the message when a
+  reader of the topic is within ``n`` of it.
+* Pruning: ``consumed_up_to`` drops every message up to that seq id; when
+  the messages' sizes (body plus property keys and values) pass
+  ``cache_size`` bytes the oldest entries go first (FIFO); with
+  ``cache_entry_ttl`` > 0 (milliseconds) each addition first drops the
+  entries older than that. Stubs take no space and are never evicted.
+
+Failure: a scanner that raises is retried after ``scan_backoff_ms`` for as
+long as a reader waits on one of its stubs (stubs nobody waits on are then
+dropped). A scan that comes back short while a reader waits on a later
+stub is continued from where it stopped (at once if it made progress, else
+after the backoff, or sooner when ``on_published`` brings the message).
+``scan_single`` raises ``ServiceDownError`` only once the cache is closed
+(also for readers waiting at ``close``) or the topic is released under a
+waiting reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+from hub.errors import ServiceDownError
+from hub.message import Message
+
+__all__ = ["ReadAheadCache", "ReadAheadConf", "Scanner", "message_size"]
+
+log = logging.getLogger(__name__)
+
+Scanner = Callable[[bytes, int, int, int], Awaitable[list[Message]]]
+"""``scanner(topic, start_seq_id, max_messages, max_bytes)`` -> consecutive messages from start."""
+
+
+class ReadAheadConf(Protocol):
+    """The configuration keys the cache reads (hub-core's ``HubConf`` has them all)."""
+
+    @property
+    def readahead_enabled(self) -> bool: ...
+    @property
+    def readahead_count(self) -> int: ...
+    @property
+    def readahead_size(self) -> int: ...
+    @property
+    def cache_size(self) -> int: ...
+    @property
+    def cache_entry_ttl(self) -> int: ...
+    @property
+    def scan_backoff_ms(self) -> int: ...
+
+
+def message_size(message: Message) -> int:
+    """The bytes a message counts for in the cache: its body plus property keys and values."""
+    return len(message.body) + sum(len(k) + len(v) for k, v in message.properties.items())
+
+
+class _Stub:
+    """A message on its way: readers wait on ``future``; ``waiters`` counts them."""
+
+    __slots__ = ("future", "waiters")
+
+    def __init__(self, future: asyncio.Future[Message]) -> None:
+        self.future = future
+        self.waiters = 0
+
+
+class _Topic:
+    """Everything the cache holds for one topic."""
+
+    __slots__ = ("consumed", "known_last", "max_read", "maybe_more", "messages", "name", "stubs",
+                 "tasks")
+
+    def __init__(self, name: bytes) -> None:
+        self.name = name
+        self.messages: dict[int, Message] = {}
+        self.stubs: dict[int, _Stub] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.known_last = 0      # the highest seq id known to exist
+        self.maybe_more = True   # False after a scan that ended short (the topic's end, probably)
+        self.max_read = 0        # the highest seq id a reader asked for
+        self.consumed = 0        # everyone consumed up to here: never cache at or below it
+
+    def present(self, seq: int) -> bool:
+        return seq in self.messages or seq in self.stubs
+
+
+class ReadAheadCache:
+    """Messages of the owned topics, read ahead of the subscribers (see the module docstring)."""
+
+    def __init__(self, conf: ReadAheadConf, scanner: Scanner, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._scanner = scanner
+        self._clock = clock
+        self._n = max(1, int(conf.readahead_count)) if conf.readahead_enabled else 1
+        self._readahead_size = max(1, int(conf.readahead_size))
+        self._cache_size = int(conf.cache_size)
+        self._ttl = float(conf.cache_entry_ttl) / 1000.0
+        self._backoff = max(0.0, float(conf.scan_backoff_ms) / 1000.0)
+        self._topics: dict[bytes, _Topic] = {}
+        self._fifo: OrderedDict[tuple[bytes, int], tuple[int, float]] = OrderedDict()
+        self._size = 0
+        self._closed = False
+        self._counters = {"hits": 0, "misses": 0, "stub_waits": 0, "scans": 0, "scan_failures": 0,
+                          "evicted": 0, "pruned": 0}
+
+    # -- reading -------------------------------------------------------------------------------
+
+    async def scan_single(self, topic: bytes, seq_id: int) -> Message:
+        """The message ``seq_id`` of ``topic``: from the cache or through a stub and a range scan.
+
+        The caller guarantees ``seq_id`` was published. Raises ``ServiceDownError``
+        when the cache is (or gets) closed or the topic is released meanwhile.
+        """
+        if self._closed:
+            raise ServiceDownError("read-ahead cache is closed")
+        if seq_id < 1:
+            raise ValueError(f"seq ids start at 1, not {seq_id}")
+        t = self._topics.get(topic)
+        if t is None:
+            t = self._topics[topic] = _Topic(topic)
+        t.max_read = max(t.max_read, seq_id)
+        t.known_last = max(t.known_last, seq_id)
+        if seq_id <= t.consumed:
+            t.consumed = seq_id - 1   # a reader is back here (a late attach): cache from here again
+        msg = t.messages.get(seq_id)
+        if msg is not None:
+            self._counters["hits"] += 1
+            self._refill(t, seq_id)
+            return msg
+        self._counters["misses"] += 1
+        stub = t.stubs.get(seq_id)
+        if stub is None:
+            self._start_scan(t, seq_id, self._n)
+            stub = t.stubs[seq_id]
+        else:
+            self._counters["stub_waits"] += 1
+        stub.waiters += 1
+        try:
+            msg = await asyncio.shield(stub.future)
+        finally:
+            stub.waiters -= 1
+        self._refill(t, seq_id)
+        return msg
+
+    def on_published(self, topic: bytes, message: Message) -> None:
+        """A message was persisted: fill its stub, and cache it if a reader is within reach."""
+        t = self._topics.get(topic)
+        seq = message.seq_id
+        if t is None or self._closed or seq < 1:
+            return
+        t.known_last = max(t.known_last, seq)
+        stub = t.stubs.pop(seq, None)
+        if stub is not None:
+            self._fulfil(stub, message)
+        elif seq > t.max_read + self._n:
+            return
+        self._cache(t, [(seq, message)])
+
+    def consumed_up_to(self, topic: bytes, seq_id: int) -> None:
+        """Every subscriber consumed ``topic`` up to ``seq_id``: prune those messages."""
+        t = self._topics.get(topic)
+        if t is None or seq_id <= t.consumed:
+            return
+        previous, t.consumed = t.consumed, seq_id
+        if seq_id - previous <= len(t.messages):
+            gone: Iterable[int] = range(previous + 1, seq_id + 1)
+        else:
+            gone = [s for s in t.messages if s <= seq_id]
+        for s in gone:
+            if self._remove(t, s):
+                self._counters["pruned"] += 1
+        for s in [s for s, stub in t.stubs.items() if s <= seq_id and not stub.waiters]:
+            self._drop_stub(t, s)
+
+    def release_topic(self, topic: bytes) -> None:
+        """Forget ``topic``: its messages, stubs and scans (waiting readers get ``ServiceDownError``)."""
+        t = self._topics.pop(topic, None)
+        if t is not None:
+            self._forget(t, "topic released")
+
+    def stats(self) -> dict[str, int]:
+        """Counters and gauges: size_bytes, entries, hits, misses, stubs, stub_waits, scans, ..."""
+        return {"size_bytes": self._size, "entries": len(self._fifo),
+                "stubs": sum(len(t.stubs) for t in self._topics.values()),
+                "topics": len(self._topics), **self._counters}
+
+    async def close(self) -> None:
+        """Stop every scan; readers still waiting get ``ServiceDownError``. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = [task for t in self._topics.values() for task in t.tasks]
+        for t in self._topics.values():
+            self._forget(t, "read-ahead cache is closed")
+        self._topics.clear()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- scans ---------------------------------------------------------------------------------
+
+    def _refill(self, t: _Topic, seq: int) -> None:
+        """Keep the next ``n`` messages after ``seq`` on their way (look ``n // 2`` ahead)."""
+        if self._n < 2 or self._closed or self._topics.get(t.name) is not t:
+            return
+        probe = seq + self._n // 2
+        if t.present(probe) or (probe > t.known_last and not t.maybe_more):
+            return
+        start = seq + 1
+        while t.present(start):
+            start += 1
+        end = seq + self._n if t.maybe_more else min(seq + self._n, t.known_last)
+        if start <= end:
+            self._start_scan(t, start, end - start + 1)
+
+    def _start_scan(self, t: _Topic, start: int, count: int) -> None:
+        """Stub ``start ..`` (up to ``count``, stopping at a present one) and scan them in a task."""
+        loop = asyncio.get_running_loop()
+        n = 0
+        while n < count and not t.present(start + n):
+            t.stubs[start + n] = _Stub(loop.create_future())
+            n += 1
+        if n:
+            task = loop.create_task(self._scan(t, start, n), name=f"readahead {t.name!r}@{start}")
+            t.tasks.add(task)
+            task.add_done_callback(t.tasks.discard)
+
+    def _live(self, t: _Topic) -> bool:
+        return not self._closed and self._topics.get(t.name) is t
+
+    def _pending(self, t: _Topic, start: int, count: int) -> tuple[int, int]:
+        """The sub-range of ``[start, start+count)`` from its first seq still stubbed."""
+        for s in range(start, start + count):
+            if s in t.stubs:
+                return s, start + count - s
+        return start, 0
+
+    def _waited(self, t: _Topic, start: int, count: int) -> bool:
+        return any((stub := t.stubs.get(s)) is not None and stub.waiters for s in range(start, start + count))
+
+    async def _scan(self, t: _Topic, start: int, count: int) -> None:
+        while count > 0 and self._live(t):
+            self._counters["scans"] += 1
+            try:
+                got = await self._scanner(t.name, start, count, self._readahead_size)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._counters["scan_failures"] += 1
+                if not self._live(t):
+                    return
+                if not self._waited(t, start, count):
+                    log.info("read-ahead of %r from %d failed (%s); nobody waits, dropped", t.name, start, exc)
+                    for s in range(start, start + count):
+                        self._drop_stub(t, s)
+                    return
+                log.warning("scan of %r from %d failed (%s); retrying in %d ms", t.name, start, exc,
+                            self._backoff * 1000)
+                await asyncio.sleep(self._backoff)
+                start, count = self._pending(t, start, count)
+                continue
+            if not self._live(t):
+                return
+            got = got[:count]
+            self._cache(t, [(start + i, m) for i, m in enumerate(got)], from_scan=True)
+            t.maybe_more = len(got) == count or sum(map(message_size, got)) >= self._readahead_size
+            start, count = start + len(got), count - len(got)
+            if count and not self._waited(t, start, count):
+                for s in range(start, start + count):
+                    self._drop_stub(t, s)
+                return
+            if count and not got:
+                # a reader waits for a message this scan did not see yet: look again after the
+                # backoff (on_published may fill the stub first)
+                await asyncio.sleep(self._backoff)
+                start, count = self._pending(t, start, count)
+
+    # -- entries -------------------------------------------------------------------------------
+
+    def _fulfil(self, stub: _Stub, message: Message) -> None:
+        if not stub.future.done():
+            stub.future.set_result(message)
+
+    def _drop_stub(self, t: _Topic, seq: int) -> None:
+        stub = t.stubs.pop(seq, None)
+        if stub is not None and not stub.future.done():
+            stub.future.cancel()
+
+    def _cache(self, t: _Topic, entries: list[tuple[int, Message]], *, from_scan: bool = False) -> None:
+        """Fill stubs and add entries (dropping expired ones first, then FIFO past ``cache_size``)."""
+        now = self._clock()
+        if self._ttl > 0:
+            self._evict_expired(now)
+        for seq, msg in entries:
+            if from_scan:
+                stub = t.stubs.pop(seq, None)
+                if stub is not None:
+                    self._fulfil(stub, msg)
+            t.known_last = max(t.known_last, seq)
+            if seq <= t.consumed or seq in t.messages:
+                continue
+            size = message_size(msg)
+            t.messages[seq] = msg
+            self._fifo[(t.name, seq)] = (size, now)
+            self._size += size
+        while self._size > self._cache_size and self._fifo:
+            self._evict_oldest()
+
+    def _evict_expired(self, now: float) -> None:
+        while self._fifo:
+            _, added = next(iter(self._fifo.values()))
+            if now - added < self._ttl:
+                return
+            self._evict_oldest()
+
+    def _evict_oldest(self) -> None:
+        name, seq = next(iter(self._fifo))
+        self._remove(self._topics[name], seq)   # every FIFO entry belongs to a known topic
+        self._counters["evicted"] += 1
+
+    def _remove(self, t: _Topic, seq: int) -> bool:
+        if t.messages.pop(seq, None) is None:
+            return False
+        size, _ = self._fifo.pop((t.name, seq))
+        self._size -= size
+        return True
+
+    def _forget(self, t: _Topic, why: str) -> None:
+        for task in list(t.tasks):
+            task.cancel()
+        for seq in list(t.messages):
+            self._remove(t, seq)
+        for stub in t.stubs.values():
+            if stub.future.done():
+                continue
+            if stub.waiters:
+                stub.future.set_exception(ServiceDownError(why))
+            else:
+                stub.future.cancel()
+        t.stubs.clear()

@@ -1,0 +1,131 @@
+"""Prometheus metrics of one hub: the seed's JMX beans, served on ``stats_http_port``.
+
+    metrics = HubMetrics(server)              # reads server.stats, topics, connections, cache
+    url, stop = metrics.serve("127.0.0.1", 0)  # http://127.0.0.1:PORT/metrics
+    server.stats.observe("publish", 0.002)    # latency, through hub.server.HubStats
+
+What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
+
+* PubSubServer: ``hub_packets_received_total``, ``hub_packets_sent_total``,
+  ``hub_packets_redirected_total``, ``hub_requests_total{op}`` and the
+  histogram ``hub_request_seconds{op}`` for publish, subscribe,
+  unsubscribe and consume;
+* NettyHandlers: ``hub_subscription_channels`` (attached subscriptions),
+  ``hub_connections``;
+* ReadAheadCache: ``hub_readahead_cache_bytes``, ``..._entries``,
+  ``..._stubs``, ``hub_readahead_cache_hits_total``, ``..._misses_total``;
+* and ``hub_messages_delivered_total``, ``hub_topics_owned``,
+  ``hub_backlog_messages`` (published but not yet consumed, summed over
+  subscriptions), ``hub_remote_subscriptions`` (held in other regions),
+  ``hub_events_total{event}`` for every other counter (e.g.
+  ``remote_messages_persisted``).
+
+Counters are plain integers on the hot path (``HubStats.incr``), exported at
+scrape time; only latencies go to a ``Histogram``. A scrape never fails
+because of one broken source: a gauge that cannot be read is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bookie.metrics import metric_name, serve_metrics
+
+__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics"]
+
+log = logging.getLogger(__name__)
+
+OPS = ("publish", "subscribe", "unsubscribe", "consume")
+# HubStats counter -> (metric subject, help)
+_PACKETS = {
+    "packets_received": ("packets_received", "requests received (PubSubServer)"),
+    "packets_sent": ("packets_sent", "responses sent (PubSubServer)"),
+    "redirects": ("packets_redirected", "requests redirected to the owner hub (PubSubServer)"),
+    "messages_delivered": ("messages_delivered", "messages delivered to subscribers"),
+}
+_OP_COUNTERS = {"publishes": "publish", "subscribes": "subscribe", "unsubscribes": "unsubscribe",
+                "consumes": "consume"}
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _name(subject: str) -> str:
+    return metric_name("hub", subject)
+
+
+class HubMetrics(Collector):
+    """See the module docstring. ``server`` is a ``hub.server.HubServer`` (duck-typed)."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.registry = CollectorRegistry()
+        self.latency = Histogram(_name("request_seconds"), "request latency by operation (PubSubServer)",
+                                 ["op"], registry=self.registry, buckets=LATENCY_BUCKETS)
+        for op in OPS:
+            self.latency.labels(op)     # every op present from the first scrape
+        self.registry.register(self)
+
+    def observe(self, op: str, seconds: float) -> None:
+        self.latency.labels(op).observe(seconds)
+
+    def serve(self, host: str, port: int) -> tuple[str, Callable[[], None]]:
+        """Start the endpoint; the URL and a stop function. ``OSError`` when the port is taken."""
+        return serve_metrics(self.registry, host, port)
+
+    def collect(self) -> Iterable[Metric]:
+        counters = dict(self.server.stats.counters)
+        for key, (subject, doc) in _PACKETS.items():
+            yield CounterMetricFamily(_name(subject), doc, value=counters.get(key, 0))
+        reqs = CounterMetricFamily(_name("requests"), "requests handled, by operation (PubSubServer)",
+                                   labels=["op"])
+        for key, op in _OP_COUNTERS.items():
+            reqs.add_metric([op], counters.get(key, 0))
+        yield reqs
+        other = CounterMetricFamily(_name("events"), "other hub events, by name", labels=["event"])
+        for key in sorted(counters):
+            if key not in _PACKETS and key not in _OP_COUNTERS:
+                other.add_metric([key], counters[key])
+        yield other
+        yield from self._gauges()
+
+    def _gauges(self) -> Iterable[Metric]:
+        server = self.server
+        gauges: list[tuple[str, str, Callable[[], float]]] = [
+            ("connections", "open client connections (NettyHandlers)", lambda: len(server.connections)),
+            ("subscription_channels", "attached subscriptions (NettyHandlers)",
+             lambda: sum(len(c.subs) for c in list(server.connections))),
+            ("topics_owned", "topics this hub owns", lambda: len(server.topics)),
+            ("backlog_messages", "published messages not yet consumed, summed over subscriptions",
+             self._backlog),
+            ("remote_subscriptions", "subscriptions this hub holds in other regions (RegionManager)",
+             lambda: server.regions.remote_subscriptions() if server.regions is not None else 0),
+        ]
+        for subject, doc, read in gauges:
+            try:
+                yield GaugeMetricFamily(_name(subject), doc, value=read())
+            except Exception as exc:   # a scrape racing a shutdown: skip that gauge
+                log.debug("gauge %s unreadable: %s", subject, exc)
+        cache = server.cache
+        stats = cache.stats() if cache is not None else {}
+        yield GaugeMetricFamily(_name("readahead_cache_bytes"), "bytes in the read-ahead cache",
+                                value=stats.get("size_bytes", 0))
+        yield GaugeMetricFamily(_name("readahead_cache_entries"), "messages in the read-ahead cache",
+                                value=stats.get("entries", 0))
+        yield GaugeMetricFamily(_name("readahead_cache_stubs"), "read-ahead stubs waiting for a scan",
+                                value=stats.get("stubs", 0))
+        yield CounterMetricFamily(_name("readahead_cache_hits"), "read-ahead cache hits",
+                                  value=stats.get("hits", 0))
+        yield CounterMetricFamily(_name("readahead_cache_misses"), "read-ahead cache misses",
+                                  value=stats.get("misses", 0))
+
+    def _backlog(self) -> int:
+        total = 0
+        for t in list(self.server.topics.values()):
+            last = int(t.log.last_seq)
+            total += sum(max(0, last - s.consumed) for s in list(t.subs.subs.values()))
+        return total

@@ -1,0 +1,261 @@
+"""Subscriptions of one owned topic: create/attach, preferences, consume pointers, attachments.
+
+    subs = TopicSubscriptions(topic, SubscriptionDataManager(store), conf, last_seq=lambda: log.last_seq)
+    await subs.load()                                   # every stored subscription of the topic
+    prefs = await subs.subscribe(conn, sub_id, request) # CREATE / ATTACH / CREATE_OR_ATTACH
+    subs.start_delivery(conn, sub_id, cache); subs.consume(conn, sub_id, seq)
+    await subs.close(conn, sub_id); await subs.unsubscribe(conn, sub_id); await subs.detach_all(conn)
+
+Pinned semantics (DESIGN.md section 6): CREATE on an existing subscription
+raises ``ClientAlreadySubscribedError``; ATTACH, start delivery, consume or
+unsubscribe on a missing one, ``ClientNotSubscribedError``. The preferences
+given at subscribe replace the stored ones and come back in the response. A
+new subscription starts after the topic's last message. A second attach of a
+subscriber attached elsewhere closes the first (it gets a
+SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
+refused with ``TOPIC_BUSY``. Consume pointers are persisted every
+``consume_interval`` consumes and whenever a subscription is closed,
+unsubscribed or its connection drops.
+
+Failure: metastore errors propagate as ``hub.errors`` classes; a bad
+server filter raises ``InvalidMessageFilterError`` and nothing is stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from hub import errors
+from hub.conf import HubConf
+from hub.delivery import Delivery
+from hub.filters import load_server_filter, safe_uninitialize
+from hub.message import Message, SubscriptionPreferences
+from hub.proto import pubsub_pb2 as pb
+from metastore import Version
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Attachment", "SubState", "TopicSubscriptions"]
+
+
+class Attachment(Protocol):
+    """What a subscription needs of the connection it is attached to."""
+
+    writable: asyncio.Event
+
+    def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None: ...
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
+
+    def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None: ...
+
+
+class SubState:
+    """One stored subscription and, when attached, its connection and delivery."""
+
+    def __init__(self, subscriber: bytes, data: pb.SubscriptionData, version: Version) -> None:
+        self.subscriber = subscriber
+        self.prefs = data.preferences
+        self.version = version
+        self.consumed = data.state.msgId.localComponent
+        self.persisted = self.consumed
+        self.consumes_since_persist = 0
+        self.conn: Attachment | None = None
+        self.delivery: Delivery | None = None
+        self.filter: Any = None
+
+
+class TopicSubscriptions:
+    """See the module docstring."""
+
+    def __init__(self, topic: bytes, manager: Any, conf: HubConf, last_seq: Any,
+                 on_consumed: Any = None) -> None:
+        self.topic = topic
+        self.mgr = manager
+        self.conf = conf
+        self.last_seq = last_seq
+        self.on_consumed = on_consumed
+        self.subs: dict[bytes, SubState] = {}
+
+    async def load(self) -> None:
+        for sub, (data, version) in (await self.mgr.read_subscriptions(self.topic)).items():
+            self.subs[sub] = SubState(sub, data, version)
+
+    def min_consumed(self) -> int:
+        """Every subscriber has consumed up to this seq id (the last seq id when there are none)."""
+        if not self.subs:
+            return int(self.last_seq())
+        return min(s.consumed for s in self.subs.values())
+
+    @property
+    def attached_count(self) -> int:
+        return sum(1 for s in self.subs.values() if s.conn is not None)
+
+    def _load_filter(self, sub: bytes, prefs: pb.SubscriptionPreferences) -> Any:
+        if not prefs.messageFilter:
+            return None
+        p = SubscriptionPreferences.from_proto(prefs)
+        return load_server_filter(prefs.messageFilter, {}, self.topic, sub, p,
+                                  filter_class_path=self.conf.filter_class_path)
+
+    async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
+        mode = req.createOrAttach
+        state = self.subs.get(sub)
+        if state is not None and mode == pb.SubscribeRequest.CREATE:
+            raise errors.ClientAlreadySubscribedError(f"{sub!r} already subscribed to {self.topic!r}")
+        if state is None and mode == pb.SubscribeRequest.ATTACH:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        if state is not None and state.conn is not None and state.conn is not conn:
+            if not req.forceAttach:
+                raise errors.PubSubError(f"{sub!r} is attached on another connection", status="TOPIC_BUSY")
+            old = state.conn
+            await self._detach(state)
+            old.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+        flt = self._load_filter(sub, req.preferences)   # InvalidMessageFilterError before anything is stored
+        if state is None:
+            data = pb.SubscriptionData()
+            data.state.msgId.localComponent = int(self.last_seq())
+            data.preferences.CopyFrom(req.preferences)
+            version = await self.mgr.create_subscription_data(self.topic, sub, data)
+            state = SubState(sub, data, version)
+            self.subs[sub] = state
+        else:
+            if state.delivery is not None:
+                await state.delivery.stop()
+                state.delivery = None
+            data = pb.SubscriptionData()
+            data.preferences.CopyFrom(req.preferences)
+            state.version = await self._write(state, data)
+            state.prefs = req.preferences
+        if state.filter is not None and state.filter is not flt:
+            safe_uninitialize(state.filter)
+        state.filter = flt
+        state.conn = conn
+        conn.attached(self.topic, sub, state)
+        return state.prefs
+
+    async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
+        try:
+            version: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data,
+                                                                        state.version)
+            return version
+        except errors.BadVersionError:
+            got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
+            if got is None:
+                raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
+            version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, got[1])
+            return version
+
+    def attached(self, conn: Attachment, sub: bytes) -> SubState:
+        state = self.subs.get(sub)
+        if state is None or state.conn is not conn:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r} on this connection")
+        return state
+
+    def start_delivery(self, conn: Attachment, sub: bytes, cache: Any) -> None:
+        state = self.attached(conn, sub)
+        if state.delivery is not None and state.delivery.running:
+            return
+        window = state.prefs.messageWindowSize or self.conf.default_message_window_size
+
+        def failed(exc: Exception) -> None:
+            if isinstance(exc, errors.InvalidMessageFilterError) and state.conn is conn:
+                conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+
+        state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
+                                  send=conn.send_delivery, writable=conn.writable, window=window,
+                                  message_bound=state.prefs.messageBound, server_filter=state.filter,
+                                  on_error=failed)
+        state.delivery.start()
+
+    async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:
+        state = self.attached(conn, sub)
+        if state.delivery is not None:
+            await state.delivery.stop()
+            state.delivery = None
+
+    def consume(self, conn: Attachment, sub: bytes, seq: int) -> bool:
+        """Move the pointer (synchronously, so later requests see it); True when it should be persisted."""
+        state = self.subs.get(sub)
+        if state is None:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        seq = min(seq, int(self.last_seq()))
+        if seq <= state.consumed:
+            return False
+        state.consumed = seq
+        state.consumes_since_persist += 1
+        if state.delivery is not None:
+            state.delivery.consumed_up_to(seq)
+        if self.on_consumed is not None:
+            self.on_consumed(self.topic)
+        return state.consumes_since_persist >= self.conf.consume_interval
+
+    async def persist(self, sub: bytes) -> None:
+        state = self.subs.get(sub)
+        if state is None or state.consumed <= state.persisted:
+            return
+        data = pb.SubscriptionData()
+        data.state.msgId.localComponent = state.consumed
+        target = state.consumed
+        state.consumes_since_persist = 0
+        state.version = await self._write(state, data)
+        state.persisted = max(state.persisted, target)
+
+    async def _detach(self, state: SubState) -> None:
+        if state.delivery is not None:
+            await state.delivery.stop()
+            state.delivery = None
+        conn, state.conn = state.conn, None
+        if conn is not None:
+            conn.attached(self.topic, state.subscriber, None)
+        try:
+            await self.persist(state.subscriber)
+        except errors.PubSubError as exc:
+            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
+
+    async def close(self, conn: Attachment, sub: bytes) -> None:
+        state = self.attached(conn, sub)
+        await self._detach(state)
+
+    async def detach(self, sub: bytes) -> None:
+        """Detach ``sub`` wherever it is attached (its connection dropped)."""
+        state = self.subs.get(sub)
+        if state is not None:
+            await self._detach(state)
+
+    async def unsubscribe(self, conn: Attachment, sub: bytes) -> None:
+        state = self.subs.get(sub)
+        if state is None:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        if state.delivery is not None:
+            await state.delivery.stop()
+            state.delivery = None
+        if state.conn is not None:
+            state.conn.attached(self.topic, sub, None)
+            state.conn = None
+        await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)
+        self.subs.pop(sub, None)
+        if state.filter is not None:
+            safe_uninitialize(state.filter)
+
+    def delivering(self) -> bool:
+        """Whether any subscription of the topic is delivering now."""
+        return any(s.delivery is not None for s in self.subs.values())
+
+    def wake_all(self) -> None:
+        for s in self.subs.values():
+            if s.delivery is not None:
+                s.delivery.wake()
+
+    async def release(self) -> None:
+        """The topic is moving: detach everyone (TOPIC_MOVED) and persist every pointer."""
+        for state in list(self.subs.values()):
+            conn = state.conn
+            await self._detach(state)
+            if conn is not None:
+                conn.send_event(self.topic, state.subscriber, pb.SubscriptionEvent.TOPIC_MOVED)
+            if state.filter is not None:
+                safe_uninitialize(state.filter)
+

@@ -1,0 +1,148 @@
+"""The ledger client's parts on their own: conf, failure history, add framing, metadata CAS."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bookie import protocol
+from bookie.client_conf import PLACEMENT_KEYS, ClientConf, load_client_conf, render_client_conf
+from bookie.errors import ConfError, LedgerFencedError, NoSuchLedgerError
+from bookie.failures import FailureHistory
+from bookie.metadata import LedgerMetadata, LedgerMetadataManager, LedgerState, MetadataVersionError, close_ledger
+from metastore import open_metastore
+from metastore.conf import check_conf_file
+from placement import PlacementConf
+
+SHIPPED = Path(__file__).resolve().parents[2] / "conf" / "bk_client.conf"
+
+
+def test_shipped_client_conf_is_the_rendered_one() -> None:
+    assert SHIPPED.read_text() == render_client_conf()
+    client_keys = set(ClientConf.__dataclass_fields__)
+    problems = [p for p in check_conf_file(ClientConf, SHIPPED)
+                if not any(f": {key} is not a key of" in p for key in PLACEMENT_KEYS)]
+    problems += [p for p in check_conf_file(PlacementConf, SHIPPED)
+                 if not any(f": {key} is not a key of" in p for key in client_keys)]
+    assert problems == []
+    assert ClientConf.from_mapping(load_client_conf(SHIPPED)) == ClientConf()
+
+
+def test_client_conf_errors_are_one_line_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfError, match=r"^client conf: bad value for read_window: '0' \(expected >= 1\)$"):
+        ClientConf.from_mapping({"read_window": "0"})
+    with pytest.raises(ConfError, match="unknown key 'add_timeout'"):
+        ClientConf.from_mapping({"add_timeout": "1"})
+    bad = tmp_path / "bk_client.conf"
+    bad.write_text("max_entry_size=big\n")
+    with pytest.raises(ConfError, match=r"bk_client.conf: bad value for max_entry_size") as info:
+        load_client_conf(bad)
+    assert "\n" not in str(info.value)
+    conf = ClientConf.from_mapping({"add_entry_timeout": 2, "ensemble_placement_policy": "regionaware"})
+    assert conf.add_entry_timeout == 2.0
+    with pytest.raises(ConfError, match="network_topology_stabilize_period_seconds"):
+        ClientConf.from_mapping({"network_topology_stabilize_period_seconds": "soon"})
+    with pytest.raises(ConfError, match="local_region"):
+        ClientConf.from_mapping({"local_region": "/a/b"})
+
+
+def test_failure_history_halves_every_half_life() -> None:
+    now = [100.0]
+    history = FailureHistory(half_life=10.0, clock=lambda: now[0])
+    for _ in range(8):
+        history.note("a:1")
+    history.note("b:1")
+    assert history["a:1"] == 8 and history["b:1"] == 1 and history["c:1"] == 0
+    now[0] += 10.0
+    assert history["a:1"] == 4 and "b:1" not in history
+    now[0] += 25.0
+    assert history["a:1"] == 1 and len(history) == 1
+    now[0] += 10.0
+    assert dict(history) == {}
+    with pytest.raises(ValueError):
+        FailureHistory(half_life=0)
+
+
+@given(txn_id=st.integers(1, 2**64 - 1), ledger_id=st.integers(0, 2**63 - 1), entry_id=st.integers(-1, 2**63 - 1),
+       payload=st.binary(max_size=300), recovery=st.booleans())
+def test_add_frame_is_the_add_request_frame(txn_id: int, ledger_id: int, entry_id: int, payload: bytes,
+                                            recovery: bool) -> None:
+    body = protocol.add_request_body(ledger_id, entry_id, b"k" * 20, payload, recovery=recovery)
+    frame = protocol.add_frame_head(txn_id, body) + body
+    expected = protocol.add_request(txn_id, ledger_id, entry_id, b"k" * 20, payload, recovery=recovery)
+    decoder = protocol.FrameDecoder()
+    [got] = decoder.feed(frame)
+    assert protocol.parse_request(got) == expected
+
+
+@pytest.mark.parametrize("txn_id", [1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 2**35, 2**64 - 1])
+def test_add_frame_txn_id_varint_lengths(txn_id: int) -> None:
+    body = protocol.add_request_body(3, 4, b"k" * 20, b"p")
+    frame = protocol.add_frame_head(txn_id, body) + body
+    [got] = protocol.FrameDecoder().feed(frame)
+    assert protocol.parse_request(got).txn_id == txn_id
+
+
+def test_client_txns_match_pre_encoded_adds() -> None:
+    txns: protocol.ClientTxns[str] = protocol.ClientTxns()
+    t = txns.next_txn_id()
+    txns.add_txn(t, protocol.ADD_ENTRY, "cb")
+    with pytest.raises(protocol.errors.ProtocolError):
+        txns.add_txn(t, protocol.ADD_ENTRY, "again")
+    resp = protocol.Response(txn_id=t, op=protocol.ADD_ENTRY, status=protocol.OK)
+    assert txns.complete(resp) == "cb" and len(txns) == 0
+
+
+def _md() -> LedgerMetadata:
+    return LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2, ensembles=[(0, ["a:1", "b:1", "c:1"])])
+
+
+async def test_metadata_cas_update_close_and_ids(tmp_path: Path) -> None:
+    store = await open_metastore(f"lmdb://{tmp_path / 'meta'}")
+    try:
+        mgr = await LedgerMetadataManager.open(store)
+        ids = await asyncio.gather(*(mgr.new_ledger_id() for _ in range(20)))
+        assert sorted(ids) == list(range(1, 21))
+        version = await mgr.create(5, _md())
+        await mgr.create(7, _md())
+        assert await mgr.ledger_ids() == {5, 7}
+
+        # a stale version is retried from a fresh read: both concurrent changes land
+        def bump(key: str) -> Callable[[LedgerMetadata], LedgerMetadata]:
+            def change(md: LedgerMetadata) -> LedgerMetadata:
+                md.properties[key] = b"1"
+                return md
+            return change
+
+        await asyncio.gather(*(mgr.update(5, bump(f"k{i}"), current=(_md(), version)) for i in range(5)))
+        md, _ = await mgr.read(5)
+        assert set(md.properties) == {f"k{i}" for i in range(5)}
+
+        closed, _ = await close_ledger(mgr, 5, 41, 4200)
+        assert closed.state is LedgerState.CLOSED and (closed.last_entry_id, closed.length) == (41, 4200)
+        again, _ = await close_ledger(mgr, 5, 40, 4000, recovering=True)  # already closed: left alone
+        assert again.last_entry_id == 41
+
+        def recover(md: LedgerMetadata) -> LedgerMetadata:
+            md.state = LedgerState.IN_RECOVERY
+            return md
+
+        await mgr.update(7, recover)
+        with pytest.raises(LedgerFencedError):
+            await close_ledger(mgr, 7, 3, 30)
+        assert (await close_ledger(mgr, 7, 3, 30, recovering=True))[0].is_closed
+        with pytest.raises(NoSuchLedgerError):
+            await close_ledger(mgr, 99, 0, 0)
+
+        def always_conflict(md: LedgerMetadata) -> LedgerMetadata:
+            raise MetadataVersionError("lost the race")
+
+        with pytest.raises(MetadataVersionError):
+            await mgr.update(7, always_conflict)
+    finally:
+        await store.close()

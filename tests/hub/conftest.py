@@ -1,0 +1,21 @@
+"""A shared LocalCluster (3 bookie and 2 hub processes) for the hub tests of one module."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest_asyncio
+
+from tools.cluster import LocalCluster
+
+HUB_CONF = {"bk_ensemble_size": "2", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2", "zk_timeout": "1000",
+            "max_entries_per_ledger": "4", "consume_interval": "2", "session_timeout": "1000",
+            "cache_size": "1048576"}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: object) -> AsyncIterator[LocalCluster]:
+    root: Path = tmp_path_factory.mktemp("hubcluster")  # type: ignore[attr-defined]
+    async with LocalCluster(bookies=3, hubs=2, data_dir=root, conf_overrides=HUB_CONF) as c:
+        yield c

@@ -1,0 +1,185 @@
+"""Consumed-ledger deletion, retention release and re-acquisition (real processes)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from bookie.client import BookKeeper
+from bookie.errors import BKError
+from hub.client import HedwigClient, Message
+from hub.proto import pubsub_pb2 as pb
+from metastore import open_metastore
+from metastore.errors import NoKeyError
+from tools.cluster import LocalCluster
+
+from .conftest import HUB_CONF
+
+
+async def eventually(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
+    """Poll another process's effect in the metastore (there is no event to await across processes)."""
+    for _ in range(int(timeout / 0.1)):
+        if await pred():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+@pytest.mark.slow
+async def test_consumed_ledgers_deleted_idle_topic_released_then_reacquired(tmp_path: Path) -> None:
+    conf = dict(HUB_CONF, max_entries_per_ledger="2", messages_consumed_thread_run_interval="300",
+                retention_secs="1")
+    async with LocalCluster(bookies=3, hubs=1, data_dir=tmp_path, conf_overrides=conf) as cluster:
+        ms = await open_metastore(cluster.metastore_uri)
+        bk = await BookKeeper.connect(ms)
+        try:
+            persistence = await ms.create_table("topic_persistence")
+            owners = await ms.create_table("topic_owners")
+            topic = b"lifecycle"
+            async with await HedwigClient.connect(cluster.hub_addresses[0],
+                                                  conf={"consumed_messages_buffer_size": "1"}) as c:
+                await c.subscribe(topic, b"s")
+                got: list[int] = []
+                done = asyncio.Event()
+
+                async def handler(t: bytes, s: bytes, m: Message) -> None:
+                    got.append(m.seq_id)
+                    if m.seq_id == 10:
+                        done.set()
+
+                await c.start_delivery(topic, b"s", handler)
+                for i in range(10):
+                    await c.publish(topic, b"%d" % i)      # one entry each: 5 ledgers of 2 entries
+                await asyncio.wait_for(done.wait(), 20)
+                first = pb.LedgerRanges.FromString((await persistence.get("lifecycle")).value["data"] or b"")
+                old_ids = [r.ledgerId for r in first.ranges[:-1]]
+                assert len(first.ranges) >= 4
+                await c.close_subscription(topic, b"s")
+
+            async def trimmed() -> bool:
+                ranges = pb.LedgerRanges.FromString((await persistence.get("lifecycle")).value["data"] or b"")
+                return len(ranges.ranges) == 1
+
+            await eventually(trimmed)
+            for lid in old_ids:
+                with pytest.raises(BKError):
+                    await bk.open_ledger_no_recovery(lid)
+
+            async def released() -> bool:
+                try:
+                    await owners.get("lifecycle")
+                except NoKeyError:
+                    return True
+                return False
+
+            await eventually(released)
+            async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+                assert await c.publish(topic, b"again") == 11     # dense across release and re-acquisition
+        finally:
+            await bk.close()
+            await ms.close()
+
+
+@pytest.mark.slow
+async def test_clean_owner_stop_hands_the_topic_over_and_subscribers_follow(tmp_path: Path) -> None:
+    async with LocalCluster(bookies=3, hubs=2, data_dir=tmp_path, conf_overrides=HUB_CONF) as cluster:
+        addrs = ",".join(cluster.hub_addresses)
+        topic = b"handover"
+        async with await HedwigClient.connect(addrs) as pub, await HedwigClient.connect(addrs) as sub:
+            await sub.subscribe(topic, b"s")
+            await sub.subscribe(topic, b"late")            # reads everything after the handover
+            await sub.close_subscription(topic, b"late")
+            got: list[int] = []
+            cond = asyncio.Condition()
+
+            async def handler(t: bytes, s: bytes, m: Message) -> None:
+                async with cond:
+                    got.append(m.seq_id)
+                    cond.notify_all()
+
+            await sub.start_delivery(topic, b"s", handler)
+            assert [await pub.publish(topic, b"%d" % i) for i in range(5)] == [1, 2, 3, 4, 5]
+            owner = cluster.hub_addresses.index(pub.owner[topic])
+            await cluster.stop_hub(owner)                   # SIGTERM: the topic is released at once
+            assert [await pub.publish(topic, b"%d" % i) for i in range(5, 8)] == [6, 7, 8]
+            assert pub.owner[topic] == cluster.hub_addresses[1 - owner]
+            async with asyncio.timeout(20), cond:
+                await cond.wait_for(lambda: len(got) >= 8)
+            assert got == list(range(1, 9))
+            await sub.subscribe(topic, b"late", create_or_attach="ATTACH")
+            late: list[bytes] = []
+            done = asyncio.Event()
+
+            async def late_handler(t: bytes, s: bytes, m: Message) -> None:
+                late.append(m.body)
+                if len(late) == 8:
+                    done.set()
+
+            await sub.start_delivery(topic, b"late", late_handler)   # the old owner's ledgers, read back
+            await asyncio.wait_for(done.wait(), 20)
+            assert late == [b"%d" % i for i in range(8)]
+            await cluster.restart_hub(owner)
+            assert cluster.hub_pid(owner) is not None
+        async with await HedwigClient.connect(cluster.hub_addresses[owner]) as c:
+            assert await c.publish(topic, b"via the restarted hub") == 9
+
+
+@pytest.mark.slow
+@pytest.mark.zookeeper
+async def test_hubs_on_zookeeper_ephemeral_ownership(tmp_path: Path) -> None:
+    async with LocalCluster(bookies=3, hubs=2, metastore="zookeeper", data_dir=tmp_path,
+                            conf_overrides=HUB_CONF) as cluster:
+        addrs = ",".join(cluster.hub_addresses)
+        async with await HedwigClient.connect(addrs) as c:
+            assert [await c.publish(b"zk-topic", b"%d" % i) for i in range(3)] == [1, 2, 3]
+            owner = cluster.hub_addresses.index(c.owner[b"zk-topic"])
+            await cluster.kill_hub(owner)          # its ZooKeeper session expires; the other hub claims
+            assert await c.publish(b"zk-topic", b"after") == 4
+
+
+@pytest.mark.slow
+async def test_quire_standalone_serves_pub_sub(tmp_path: Path) -> None:
+    import signal
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.cli", "standalone", "--bookies", "3", "--hub-port", "0",
+        "--data", str(tmp_path / "sa"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(60):
+            while not lines or not lines[-1].startswith("standalone ready"):
+                raw = await proc.stdout.readline()
+                assert raw, f"standalone exited early: {lines}"
+                lines.append(raw.decode().strip())
+        (hub_line,) = [x for x in lines if x.startswith("hub ")]
+        async with await HedwigClient.connect(hub_line.split()[1]) as c:
+            await c.subscribe(b"greetings", b"me")
+            got: list[Message] = []
+            done = asyncio.Event()
+
+            async def handler(topic: bytes, sub: bytes, m: Message) -> None:
+                got.append(m)
+                done.set()
+
+            await c.start_delivery(b"greetings", b"me", handler)
+            assert await c.publish(b"greetings", b"hello, quire") == 1
+            await asyncio.wait_for(done.wait(), 20)
+            assert (got[0].seq_id, got[0].body, got[0].src_region) == (1, b"hello, quire", "standalone")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.wait(), 60)
+    assert code == 0
+
+
+@pytest.mark.slow
+async def test_hubs_on_the_hbase_metastore(tmp_path: Path) -> None:
+    async with LocalCluster(bookies=3, hubs=1, metastore="hbase", data_dir=tmp_path,
+                            conf_overrides=HUB_CONF) as cluster:
+        async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+            await c.subscribe(b"hb", b"s")
+            assert [await c.publish(b"hb", b"%d" % i) for i in range(3)] == [1, 2, 3]

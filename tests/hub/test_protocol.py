@@ -1,0 +1,119 @@
+"""hub.protocol: the sans-IO state machine on bytes (limits, unknown ops, statuses, txn matching)."""
+
+from __future__ import annotations
+
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import (
+    ClientConnection,
+    ConnectionBroken,
+    DeliveryReceived,
+    Reject,
+    RequestReceived,
+    ResponseReceived,
+    ServerConnection,
+    delivery,
+    encode,
+    response,
+)
+
+
+def server() -> ServerConnection:
+    return ServerConnection(max_frame_size=4096, max_message_size=100)
+
+
+def publish(topic: bytes = b"t", body: bytes = b"x", txn: int = 1) -> pb.PubSubRequest:
+    req = pb.PubSubRequest(type=pb.PUBLISH, txnId=txn, topic=topic)
+    req.publishRequest.topic = topic
+    req.publishRequest.msg.body = body
+    return req
+
+
+def test_valid_publish_split_across_feeds() -> None:
+    data = encode(publish(txn=7)) + encode(publish(b"u", txn=8))
+    conn = server()
+    events = [e for i in range(len(data)) for e in conn.receive_data(data[i:i + 1])]
+    assert [type(e) for e in events] == [RequestReceived, RequestReceived]
+    assert [e.topic for e in events if isinstance(e, RequestReceived)] == [b"t", b"u"]
+
+
+def status_of(req: pb.PubSubRequest) -> int:
+    (event,) = server().receive_data(encode(req))
+    assert isinstance(event, Reject)
+    assert event.response.txnId == req.txnId
+    return event.response.statusCode
+
+
+def test_statuses() -> None:
+    assert status_of(publish(topic=b"")) == pb.MALFORMED_REQUEST
+    assert status_of(publish(topic=b"\xff\xfe")) == pb.MALFORMED_REQUEST
+    assert status_of(publish(body=b"y" * 101)) == pb.MESSAGE_TOO_LARGE
+    unknown = pb.PubSubRequest(txnId=3, topic=b"t")
+    unknown.type = 99  # type: ignore[assignment]
+    assert status_of(unknown) == pb.UNKNOWN_OPERATION
+    assert status_of(pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=4, topic=b"t")) == pb.MALFORMED_REQUEST
+    sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=5, topic=b"t")
+    sub.subscribeRequest.topic = b"t"
+    assert status_of(sub) == pb.MALFORMED_REQUEST  # no subscriber id
+
+
+def test_garbage_frame_is_answered_and_the_stream_continues() -> None:
+    conn = server()
+    events = conn.receive_data(struct.pack(">I", 3) + b"\xff\xff\xff" + encode(publish(txn=2)))
+    assert isinstance(events[0], Reject) and events[0].response.statusCode == pb.MALFORMED_REQUEST
+    assert isinstance(events[1], RequestReceived)
+
+
+def test_oversized_frame_breaks_the_connection_after_earlier_frames() -> None:
+    conn = server()
+    events = conn.receive_data(encode(publish()) + struct.pack(">I", 1 << 30))
+    assert isinstance(events[0], RequestReceived) and isinstance(events[-1], ConnectionBroken)
+    assert conn.receive_data(encode(publish())) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=600), st.integers(min_value=1, max_value=50))
+def test_fuzzed_bytes_never_raise(data: bytes, chunk: int) -> None:
+    conn = server()
+    for i in range(0, len(data), chunk):
+        for event in conn.receive_data(data[i:i + chunk]):
+            assert isinstance(event, RequestReceived | Reject | ConnectionBroken)
+            if isinstance(event, Reject):
+                assert event.response.statusCode != pb.SUCCESS
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=30), min_size=1, max_size=20), st.integers(1, 40))
+def test_fuzzed_valid_publishes_all_arrive(topics: list[bytes], chunk: int) -> None:
+    reqs = [publish(topic=t.hex().encode(), txn=i + 1) for i, t in enumerate(topics)]
+    data = b"".join(encode(r) for r in reqs)
+    conn = server()
+    got = [e for i in range(0, len(data), chunk) for e in conn.receive_data(data[i:i + chunk])]
+    assert [e.request.txnId for e in got if isinstance(e, RequestReceived)] == [r.txnId for r in reqs]
+
+
+def test_client_matches_txns_and_splits_deliveries() -> None:
+    client: ClientConnection[str] = ClientConnection(max_frame_size=4096)
+    client.send_request(publish(), "first")
+    client.send_request(publish(), "second")
+    msg = pb.Message(body=b"hi")
+    data = encode(response(2)) + delivery(b"t", b"s", msg) + encode(response(1))
+    events = client.receive_data(data)
+    assert [e.value for e in events if isinstance(e, ResponseReceived)] == ["second", "first"]
+    assert [e.message.body for e in events if isinstance(e, DeliveryReceived)] == [b"hi"]
+    assert len(client) == 0
+    events = client.receive_data(encode(response(0, pb.MALFORMED_REQUEST, "bad")))
+    assert isinstance(events[-1], ConnectionBroken)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=400))
+def test_client_fuzzed_bytes_never_raise(data: bytes) -> None:
+    client: ClientConnection[int] = ClientConnection(max_frame_size=1024)
+    client.send_request(publish(), 1)
+    for event in client.receive_data(data):
+        assert event is not None

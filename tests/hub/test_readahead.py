@@ -1,0 +1,430 @@
+"""White-box tests of hub.readahead.ReadAheadCache, one per rule of the developers' guide."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hub.errors import ServiceDownError
+from hub.message import Message, MessageId
+from hub.readahead import ReadAheadCache, message_size
+
+TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Conf:
+    readahead_enabled: bool = True
+    readahead_count: int = 10
+    readahead_size: int = 4 * 1024 * 1024
+    cache_size: int = 1 << 30
+    cache_entry_ttl: int = 0
+    scan_backoff_ms: int = 10_000   # tests that need a retry set it small
+
+
+def msg(seq: int, size: int = 100) -> Message:
+    return Message(body=bytes([seq % 256]) * size, msg_id=MessageId(seq))
+
+
+class FakeLedgers:
+    """A scanner over in-memory topics; records its calls; optionally gated or failing."""
+
+    def __init__(self, topics: dict[bytes, int], size: int = 100) -> None:
+        self.topics = {t: [msg(s, size) for s in range(1, n + 1)] for t, n in topics.items()}
+        self.calls: list[tuple[bytes, int, int, int]] = []
+        self.call_times: list[float] = []
+        self.gate: asyncio.Event | None = None
+        self.failures = 0
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, topic: bytes, start: int, max_messages: int, max_bytes: int) -> list[Message]:
+        async with self._changed:
+            self.calls.append((topic, start, max_messages, max_bytes))
+            self.call_times.append(asyncio.get_running_loop().time())
+            self._changed.notify_all()
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.failures:
+            self.failures -= 1
+            raise OSError("bookies unreachable")
+        out: list[Message] = []
+        total = 0
+        for m in self.topics[topic][start - 1:start - 1 + max_messages]:
+            out.append(m)
+            total += message_size(m)
+            if total >= max_bytes:
+                break
+        return out
+
+    async def wait_calls(self, n: int) -> None:
+        async def until() -> None:
+            async with self._changed:
+                await self._changed.wait_for(lambda: len(self.calls) >= n)
+        await asyncio.wait_for(until(), TIMEOUT)
+
+
+async def read(cache: ReadAheadCache, topic: bytes, seq: int) -> Message:
+    return await asyncio.wait_for(cache.scan_single(topic, seq), TIMEOUT)
+
+
+async def settle(cache: ReadAheadCache) -> None:
+    """Wait until no scan task is running (white box: the cache's own task sets)."""
+    tasks = [task for t in cache._topics.values() for task in t.tasks]
+    if tasks:
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), TIMEOUT)
+
+
+async def test_miss_stubs_readahead_count_and_issues_one_scan() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    ledgers.gate = asyncio.Event()
+    cache = ReadAheadCache(Conf(readahead_size=5000), ledgers)
+    reader = asyncio.create_task(cache.scan_single(b"t", 1))
+    await ledgers.wait_calls(1)
+    assert ledgers.calls == [(b"t", 1, 10, 5000)]
+    assert cache.stats()["stubs"] == 10 and cache.stats()["entries"] == 0
+    ledgers.gate.set()
+    assert (await asyncio.wait_for(reader, TIMEOUT)).seq_id == 1
+    st = cache.stats()
+    assert (st["stubs"], st["entries"], st["size_bytes"], st["misses"], st["hits"]) == (0, 10, 1000, 1, 0)
+    assert len(ledgers.calls) == 1
+    await cache.close()
+
+
+async def test_second_reader_waits_on_the_stub_without_a_second_scan() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    ledgers.gate = asyncio.Event()
+    cache = ReadAheadCache(Conf(), ledgers)
+    first = asyncio.create_task(cache.scan_single(b"t", 1))
+    await ledgers.wait_calls(1)
+    second = asyncio.create_task(cache.scan_single(b"t", 4))
+    again = asyncio.create_task(cache.scan_single(b"t", 1))
+    await asyncio.sleep(0)
+    assert not second.done() and cache.stats()["stub_waits"] == 2
+    ledgers.gate.set()
+    got = await asyncio.wait_for(asyncio.gather(first, second, again), TIMEOUT)
+    assert [m.seq_id for m in got] == [1, 4, 1]
+    assert len(ledgers.calls) == 1
+    await cache.close()
+
+
+async def test_refill_when_a_read_passes_half_the_window() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    cache = ReadAheadCache(Conf(readahead_count=10), ledgers)
+    assert (await read(cache, b"t", 1)).seq_id == 1
+    for seq in range(2, 6):                      # up to n/2 ahead is still stubbed or cached
+        assert (await read(cache, b"t", seq)).seq_id == seq
+    assert len(ledgers.calls) == 1
+    await read(cache, b"t", 6)                   # 6 + 5 = 11 is missing: refill 11..16
+    await ledgers.wait_calls(2)
+    assert ledgers.calls[1][:3] == (b"t", 11, 6)
+    await settle(cache)
+    for seq in range(7, 60):
+        assert (await read(cache, b"t", seq)).seq_id == seq
+        await settle(cache)
+    st = cache.stats()
+    assert st["misses"] == 1 and st["hits"] == 58
+    starts = [c[1] for c in ledgers.calls]
+    assert starts == sorted(starts) and starts[:3] == [1, 11, 17]
+    scanned = [s for _, start, n, _ in ledgers.calls for s in range(start, start + n)]
+    assert len(scanned) == len(set(scanned))     # nothing is scanned twice
+    await cache.close()
+
+
+async def test_no_refill_past_the_end_of_the_topic() -> None:
+    ledgers = FakeLedgers({b"t": 4})
+    cache = ReadAheadCache(Conf(readahead_count=10), ledgers)
+    for seq in range(1, 5):
+        await read(cache, b"t", seq)
+    await settle(cache)
+    assert len(ledgers.calls) == 1 and cache.stats()["stubs"] == 0
+    await cache.close()
+
+
+async def test_readahead_size_stops_a_scan_early_and_a_waiter_is_still_served() -> None:
+    ledgers = FakeLedgers({b"t": 100}, size=100)
+    cache = ReadAheadCache(Conf(readahead_size=250), ledgers)
+    assert (await read(cache, b"t", 1)).seq_id == 1
+    await settle(cache)
+    st = cache.stats()
+    # each scan stops once 250 bytes are passed (3 messages of 100); stubs past it are dropped and
+    # the read of 1 refills from 4 (6 = 1 + n/2 was missing): two scans, six entries, no stubs
+    assert ledgers.calls == [(b"t", 1, 10, 250), (b"t", 4, 8, 250)]
+    assert (st["entries"], st["stubs"]) == (6, 0)
+    assert set(cache._topics[b"t"].messages) == set(range(1, 7))
+    # a reader waiting on a stub behind the byte limit is served by continuing the scan at
+    # once (the backoff is 10 s: the timeout proves it is not waited for)
+    ledgers.gate = asyncio.Event()
+    first = asyncio.create_task(cache.scan_single(b"t", 30))     # stubs 30..39, one scan
+    await ledgers.wait_calls(3)
+    behind = asyncio.create_task(cache.scan_single(b"t", 35))    # waits on a stub past 250 bytes
+    await asyncio.sleep(0)
+    ledgers.gate.set()
+    assert (await asyncio.wait_for(first, 2.0)).seq_id == 30
+    assert (await asyncio.wait_for(behind, 2.0)).seq_id == 35
+    assert ledgers.calls[2:4] == [(b"t", 30, 10, 250), (b"t", 33, 7, 250)]
+    assert cache.stats()["scan_failures"] == 0
+    await cache.close()
+
+
+async def test_consumed_up_to_prunes() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    cache = ReadAheadCache(Conf(), ledgers)
+    await read(cache, b"t", 1)
+    assert cache.stats()["entries"] == 10
+    cache.consumed_up_to(b"t", 4)
+    st = cache.stats()
+    assert (st["entries"], st["size_bytes"], st["pruned"]) == (6, 600, 4)
+    assert (await read(cache, b"t", 5)).seq_id == 5 and cache.stats()["hits"] == 1
+    cache.on_published(b"t", msg(3))                  # at or below consumed: never cached again
+    assert cache.stats()["entries"] == 6
+    cache.consumed_up_to(b"t", 1_000_000)             # a far jump prunes everything
+    assert cache.stats()["entries"] == 0 and cache.stats()["size_bytes"] == 0
+    await cache.close()
+
+
+async def test_a_reader_behind_the_consumed_point_is_cached_again() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    cache = ReadAheadCache(Conf(), ledgers)
+    cache.on_published(b"t", msg(1))                  # topic unknown to the cache yet: ignored
+    await read(cache, b"t", 50)
+    cache.consumed_up_to(b"t", 60)
+    assert cache.stats()["entries"] == 0
+    for seq in range(20, 26):                         # a subscriber attached late, at 20
+        assert (await read(cache, b"t", seq)).seq_id == seq
+    assert cache.stats()["misses"] == 2               # 50, then 20; 21..25 from the read-ahead
+    await cache.close()
+
+
+async def test_fifo_eviction_by_cache_size() -> None:
+    ledgers = FakeLedgers({b"a": 100, b"b": 100}, size=100)
+    cache = ReadAheadCache(Conf(cache_size=1000), ledgers)
+    assert (await read(cache, b"a", 1)).seq_id == 1
+    assert cache.stats()["entries"] == 10
+    assert (await read(cache, b"b", 1)).seq_id == 1  # 2000 bytes > 1000: topic a's (older) go
+    st = cache.stats()
+    assert (st["entries"], st["size_bytes"], st["evicted"]) == (10, 1000, 10)
+    assert set(cache._topics[b"b"].messages) == set(range(1, 11))
+    assert not cache._topics[b"a"].messages
+    # a message larger than the cache still reaches its waiting reader
+    small = ReadAheadCache(Conf(cache_size=50, readahead_count=3), FakeLedgers({b"t": 5}, size=100))
+    assert (await read(small, b"t", 2)).seq_id == 2
+    assert small.stats()["entries"] == 0 and small.stats()["size_bytes"] == 0
+    await cache.close()
+    await small.close()
+
+
+async def test_cache_entry_ttl_evicts_expired_entries_on_add() -> None:
+    now = [100.0]
+    ledgers = FakeLedgers({b"a": 100, b"b": 100})
+    cache = ReadAheadCache(Conf(cache_entry_ttl=1000), ledgers, clock=lambda: now[0])
+    await read(cache, b"a", 1)
+    now[0] += 0.5
+    await read(cache, b"b", 1)                       # a's are 0.5 s old: kept
+    assert cache.stats()["entries"] == 20
+    now[0] += 0.6
+    await read(cache, b"b", 20)                      # adding: a's (1.1 s) expire, b's first 10 (0.6 s) stay
+    await settle(cache)
+    assert not cache._topics[b"a"].messages
+    assert cache.stats()["entries"] == len(cache._topics[b"b"].messages) > 10
+    assert cache.stats()["evicted"] == 10
+    await cache.close()
+
+
+async def test_ttl_zero_keeps_entries() -> None:
+    now = [0.0]
+    cache = ReadAheadCache(Conf(cache_entry_ttl=0), FakeLedgers({b"a": 100, b"b": 100}), clock=lambda: now[0])
+    await read(cache, b"a", 1)
+    now[0] += 1e6
+    await read(cache, b"b", 1)
+    assert cache.stats()["entries"] == 20
+    await cache.close()
+
+
+async def test_readahead_disabled_reads_one_message_per_scan() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    cache = ReadAheadCache(Conf(readahead_enabled=False), ledgers)
+    for seq in range(1, 6):
+        assert (await read(cache, b"t", seq)).seq_id == seq
+    await settle(cache)
+    assert [c[1:3] for c in ledgers.calls] == [(s, 1) for s in range(1, 6)]
+    assert cache.stats()["misses"] == 5
+    await cache.close()
+
+
+async def test_scanner_failure_is_retried_after_the_backoff() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    ledgers.failures = 2
+    cache = ReadAheadCache(Conf(scan_backoff_ms=50), ledgers)
+    assert (await read(cache, b"t", 3)).seq_id == 3
+    assert len(ledgers.calls) == 3 and cache.stats()["scan_failures"] == 2
+    gaps = [b - a for a, b in zip(ledgers.call_times, ledgers.call_times[1:], strict=False)]
+    assert all(gap >= 0.045 for gap in gaps)
+    await cache.close()
+
+
+async def test_failed_readahead_nobody_waits_for_is_dropped() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    cache = ReadAheadCache(Conf(scan_backoff_ms=10_000), ledgers)
+    await read(cache, b"t", 1)
+    ledgers.failures = 1
+    await read(cache, b"t", 6)                       # the refill scan fails: nobody waits on it
+    await settle(cache)
+    st = cache.stats()
+    assert (st["scan_failures"], st["stubs"], len(ledgers.calls)) == (1, 0, 2)
+    assert (await read(cache, b"t", 11)).seq_id == 11   # a later read scans again
+    await cache.close()
+
+
+async def test_on_published_fills_a_stub_and_caches_near_the_tail() -> None:
+    ledgers = FakeLedgers({b"t": 5})
+    cache = ReadAheadCache(Conf(readahead_count=4), ledgers)
+    for seq in range(1, 6):
+        await read(cache, b"t", seq)
+    await settle(cache)
+    cache.on_published(b"t", msg(6))                 # a reader is at 5: cached
+    cache.on_published(b"t", msg(60))                # far ahead of every reader: not cached
+    cache.on_published(b"other", msg(1))             # a topic nobody reads: ignored
+    assert 6 in cache._topics[b"t"].messages and 60 not in cache._topics[b"t"].messages
+    assert b"other" not in cache._topics
+    hits = cache.stats()["hits"]
+    assert (await read(cache, b"t", 6)).seq_id == 6
+    assert cache.stats()["hits"] == hits + 1         # served from what on_published cached
+    # a reader whose scan raced the publish is served by on_published, not after the 10 s backoff
+    waiter = asyncio.create_task(cache.scan_single(b"t", 61))
+    await ledgers.wait_calls(len(ledgers.calls) + 1)
+    await asyncio.sleep(0)
+    cache.on_published(b"t", msg(61))
+    assert (await asyncio.wait_for(waiter, 2.0)).seq_id == 61
+    await cache.close()
+
+
+async def test_stats_counts() -> None:
+    ledgers = FakeLedgers({b"t": 100}, size=10)
+    cache = ReadAheadCache(Conf(readahead_count=4), ledgers)
+    assert cache.stats() == {"size_bytes": 0, "entries": 0, "stubs": 0, "topics": 0, "hits": 0,
+                             "misses": 0, "stub_waits": 0, "scans": 0, "scan_failures": 0,
+                             "evicted": 0, "pruned": 0}
+    await read(cache, b"t", 1)
+    await read(cache, b"t", 2)
+    await read(cache, b"t", 2)
+    await settle(cache)
+    st = cache.stats()
+    assert (st["hits"], st["misses"], st["topics"]) == (2, 1, 1)
+    assert st["entries"] == len(cache._topics[b"t"].messages) and st["size_bytes"] == 10 * st["entries"]
+    await cache.close()
+
+
+async def test_release_topic_drops_everything_of_that_topic() -> None:
+    ledgers = FakeLedgers({b"a": 100, b"b": 100}, size=10)
+    cache = ReadAheadCache(Conf(), ledgers)
+    await read(cache, b"a", 1)
+    await read(cache, b"b", 1)
+    ledgers.gate = asyncio.Event()
+    waiter = asyncio.create_task(cache.scan_single(b"a", 50))
+    await ledgers.wait_calls(3)
+    cache.release_topic(b"a")
+    with pytest.raises(ServiceDownError):
+        await asyncio.wait_for(waiter, TIMEOUT)
+    st = cache.stats()
+    assert (st["entries"], st["size_bytes"], st["stubs"], st["topics"]) == (10, 100, 0, 1)
+    ledgers.gate.set()
+    assert (await read(cache, b"a", 1)).seq_id == 1   # usable again: a fresh scan
+    cache.release_topic(b"never-read")                # unknown topic: nothing happens
+    await cache.close()
+
+
+async def test_close_fails_waiting_readers() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    ledgers.gate = asyncio.Event()
+    cache = ReadAheadCache(Conf(), ledgers)
+    waiters = [asyncio.create_task(cache.scan_single(b"t", s)) for s in (1, 2)]
+    await ledgers.wait_calls(1)
+    await asyncio.wait_for(cache.close(), TIMEOUT)
+    for w in waiters:
+        with pytest.raises(ServiceDownError):
+            await asyncio.wait_for(w, TIMEOUT)
+    with pytest.raises(ServiceDownError):
+        await cache.scan_single(b"t", 1)
+    assert cache.stats()["entries"] == 0
+    await cache.close()                              # idempotent
+
+
+async def test_cancelled_reader_leaves_the_stub_for_others() -> None:
+    ledgers = FakeLedgers({b"t": 100})
+    ledgers.gate = asyncio.Event()
+    cache = ReadAheadCache(Conf(), ledgers)
+    quitter = asyncio.create_task(cache.scan_single(b"t", 1))
+    stayer = asyncio.create_task(cache.scan_single(b"t", 1))
+    await ledgers.wait_calls(1)
+    quitter.cancel()
+    ledgers.gate.set()
+    assert (await asyncio.wait_for(stayer, TIMEOUT)).seq_id == 1
+    assert quitter.cancelled()
+    await cache.close()
+
+
+# -- property: any interleaving of reads, publishes, consumes, releases and scan failures ---------
+
+OPS = st.one_of(
+    st.tuples(st.just("read"), st.lists(st.integers(1, 60), min_size=1, max_size=4)),
+    st.tuples(st.just("publish"), st.integers(1, 60)),
+    st.tuples(st.just("consume"), st.integers(0, 60)),
+    st.tuples(st.just("fail"), st.integers(1, 3)),
+    st.tuples(st.just("release"), st.just(0)),
+)
+
+
+def _check_invariants(cache: ReadAheadCache) -> None:
+    cached = [(t, s, m) for t in cache._topics.values() for s, m in t.messages.items()]
+    stats = cache.stats()
+    assert stats["entries"] == len(cached) == len(cache._fifo)
+    assert stats["size_bytes"] == sum(message_size(m) for _, _, m in cached) <= PROP_CONF.cache_size
+    for t, s, m in cached:
+        assert m.seq_id == s and s > t.consumed
+
+
+@dataclass(frozen=True)
+class _PropConf(Conf):
+    readahead_count: int = 6
+    readahead_size: int = 700
+    cache_size: int = 2000
+    scan_backoff_ms: int = 1
+
+
+PROP_CONF = _PropConf()
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(OPS, max_size=25), sizes=st.lists(st.integers(1, 300), min_size=60, max_size=60))
+def test_any_interleaving_serves_the_right_messages(ops: list[tuple[str, object]], sizes: list[int]) -> None:
+    async def scenario() -> None:
+        ledgers = FakeLedgers({b"t": 0})
+        ledgers.topics[b"t"] = [msg(s, sizes[s - 1]) for s in range(1, 61)]
+        cache = ReadAheadCache(PROP_CONF, ledgers)
+        for op, arg in ops:
+            if op == "read":
+                assert isinstance(arg, list)
+                got = await asyncio.wait_for(asyncio.gather(*(cache.scan_single(b"t", s) for s in arg)), TIMEOUT)
+                assert [m.seq_id for m in got] == arg
+                assert all(m == ledgers.topics[b"t"][m.seq_id - 1] for m in got)
+            elif op == "publish":
+                assert isinstance(arg, int)
+                cache.on_published(b"t", ledgers.topics[b"t"][arg - 1])
+            elif op == "consume":
+                assert isinstance(arg, int)
+                cache.consumed_up_to(b"t", arg)
+            elif op == "fail":
+                assert isinstance(arg, int)
+                ledgers.failures = arg
+            else:
+                cache.release_topic(b"t")
+            _check_invariants(cache)
+        await settle(cache)
+        _check_invariants(cache)
+        await cache.close()
+
+    asyncio.run(scenario())

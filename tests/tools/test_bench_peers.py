@@ -1,0 +1,169 @@
+"""The benchmark peers (tools.bench.peers) as real processes, and the publish bench's JSON lines."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tools.bench.peers import NatsPeer, PeerNotInstalled, PeerStartError, RedisPeer
+from tools.bench.publish import Runner, closed_loop, ratio_lines, redis_publishers
+
+needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
+                                 reason="redis-server is not installed (make bench-deps installs it)")
+needs_nats = pytest.mark.skipif(shutil.which("nats-server") is None,
+                                reason="nats-server is not installed (not in this Debian archive?)")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+@needs_redis
+def test_redis_peer_acks_xadd_after_fsync_and_stops(tmp_path: Path) -> None:
+    aioredis = pytest.importorskip("redis.asyncio", reason="redis-py missing: make bench-deps")
+
+    async def round_trip(url: str) -> tuple[dict[str, str], bytes, list[tuple[bytes, dict[bytes, bytes]]]]:
+        r = aioredis.from_url(url)
+        try:
+            entry_id = await r.xadd("s", {"b": b"hello"})
+            conf = {**await r.config_get("appendfsync"), **await r.config_get("appendonly"),
+                    **await r.config_get("save"), **await r.config_get("bind")}
+            return conf, entry_id, await r.xrange("s")
+        finally:
+            await r.aclose()
+
+    peer = RedisPeer(tmp_path).start()
+    pid = peer.pid
+    assert pid is not None
+    try:
+        conf, entry_id, entries = asyncio.run(asyncio.wait_for(round_trip(peer.url), 30))
+    finally:
+        peer.stop()
+    assert conf == {"appendfsync": "always", "appendonly": "yes", "save": "", "bind": "127.0.0.1"}
+    assert entries == [(entry_id, {b"b": b"hello"})]
+    assert any(p.name.startswith("appendonly") for p in (tmp_path / "redis").rglob("*"))  # the AOF is on disk
+    assert peer.pid is None and _gone(pid)
+    peer.stop()  # twice is harmless
+
+
+@needs_redis
+def test_pipelined_xadds_all_land_in_their_streams(tmp_path: Path) -> None:
+    aioredis = pytest.importorskip("redis.asyncio", reason="redis-py missing: make bench-deps")
+
+    async def load(url: str) -> tuple[int, int, list[int]]:
+        async with redis_publishers(url, 2, b"x" * 100, "t") as submits:
+            out = await closed_loop(submits, 300, 16)
+        r = aioredis.from_url(url)
+        try:
+            lengths = [await r.xlen(f"bench-t-{i}") for i in range(2)]
+        finally:
+            await r.aclose()
+        return len(out.latencies), out.errors, lengths
+
+    with RedisPeer(tmp_path) as peer, Runner() as loop:
+        done, errors, lengths = loop.run(asyncio.wait_for(load(peer.url), 60))
+    assert (done, errors) == (600, 0)
+    assert lengths == [301, 301]  # one warm-up XADD each, then 300 pipelined
+
+
+@needs_nats
+def test_nats_peer_serves_jetstream_on_file_storage(tmp_path: Path) -> None:
+    nats = pytest.importorskip("nats", reason="nats-py missing: make bench-deps")
+
+    async def publish(url: str) -> tuple[int, str]:
+        nc = await nats.connect(url)
+        try:
+            js = nc.jetstream()
+            await js.add_stream(name="T", subjects=["t.>"], storage="file")
+            ack = await js.publish("t.1", b"hello")
+            info = await js.stream_info("T")
+            return ack.seq, str(info.config.storage)
+        finally:
+            await nc.close()
+
+    with NatsPeer(tmp_path) as peer:
+        pid = peer.pid
+        seq, storage = asyncio.run(asyncio.wait_for(publish(peer.url), 30))
+    assert seq == 1 and "file" in storage
+    assert any((tmp_path / "nats" / "store").rglob("*.blk"))  # the message went to the file store
+    assert pid is not None and _gone(pid)
+    if peer.version.startswith("2.9."):
+        assert "does not fsync per message" in peer.durability
+
+
+def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
+    class Missing(RedisPeer):
+        binary = "quire-no-such-server"
+
+    with pytest.raises(PeerNotInstalled, match="quire-no-such-server is not installed"):
+        Missing(tmp_path).start()
+
+
+@needs_redis
+def test_server_that_exits_at_start_is_reported_with_its_log(tmp_path: Path) -> None:
+    class Misconfigured(RedisPeer):
+        def _args(self, exe: str) -> list[str]:
+            return [*super()._args(exe), "--appendfsync", "sometimes"]
+
+    with pytest.raises(PeerStartError, match="exited with status") as err:
+        Misconfigured(tmp_path).start()
+    assert "appendfsync" in str(err.value)  # the log tail names the bad option
+
+
+def test_ratio_lines_divide_quire_by_each_peer() -> None:
+    lines = [
+        {"system": "quire", "case": "quire E3W2A2", "mode": "throughput", "size": 100, "ops_per_sec": 300.0},
+        {"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "ops_per_sec": 200.0},
+        {"system": "redis", "case": "redis", "mode": "throughput", "size": 1024, "ops_per_sec": 100.0},
+        {"system": "redis", "case": "redis", "mode": "fixed_rate", "size": 100, "ops_per_sec": 5.0},
+    ]
+    (ratio,) = ratio_lines("publish", lines, ("size",))
+    assert ratio["ratio"] == 1.5 and ratio["vs"] == "redis" and ratio["size"] == 100 and ratio["meets_target"]
+    # a second round: each side counts with its best one, and a run with errors never counts
+    lines += [{"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "ops_per_sec": 400.0},
+              {"system": "quire", "case": "quire E3W2A2", "mode": "throughput", "size": 100, "ops_per_sec": 9e9,
+               "errors": 3}]
+    (ratio,) = ratio_lines("publish", lines, ("size",))
+    assert ratio["ratio"] == 0.75 and not ratio["meets_target"]
+
+
+def _hub_built() -> bool:
+    try:
+        from hub.client import HedwigClient  # noqa: F401
+        from tools.cluster import LocalCluster
+    except ImportError:
+        return False
+    try:
+        LocalCluster(bookies=0, hubs=1)
+    except NotImplementedError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _hub_built(), reason="the hub (hub.client, LocalCluster(hubs=N)) is not on this branch yet")
+def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "publish", "--count", "200", "--quire-only", "--size", "100",
+         "--rate", "200", "--rate-seconds", "0.5", "--data", str(tmp_path)],
+        capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    throughput = [x for x in lines if x["mode"] == "throughput"]
+    assert [x["config"] for x in throughput] == ["E1W1A1", "E3W2A2"]
+    for x in lines:
+        assert {"bench", "case", "system", "size", "count", "ops_per_sec", "p50_ms", "p99_ms", "p999_ms",
+                "errors"} <= set(x)
+        assert x["bench"] == "publish" and x["system"] == "quire" and x["errors"] == 0 and x["ops_per_sec"] > 0
+    assert sum(x["count"] for x in throughput) == 400
+    assert [x["mode"] for x in lines].count("fixed_rate") == 1

@@ -1,0 +1,183 @@
+"""``quire console`` against a real LocalCluster (bookie and hub processes): -c, stdin and a real pty."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tools.cluster import LocalCluster
+
+CONF = {"bk_ensemble_size": "2", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2",
+        "consume_interval": "1", "max_entries_per_ledger": "3"}
+TIMEOUT = 90
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(bookies=2, hubs=1, data_dir=tmp_path_factory.mktemp("console"),
+                            conf_overrides=CONF) as c:
+        yield c
+
+
+def _console_args(cluster: LocalCluster) -> list[str]:
+    return [sys.executable, "-m", "tools.cli", "console", "--server", cluster.hub_addresses[0],
+            "--metastore", cluster.metastore_uri]
+
+
+async def _run(cluster: LocalCluster, *commands: str, stdin: str | None = None,
+               extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    args = [*_console_args(cluster), *extra]
+    for c in commands:
+        args += ["-c", c]
+    return await asyncio.to_thread(subprocess.run, args, input=stdin or "", capture_output=True, text=True,
+                                   timeout=TIMEOUT)
+
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+async def test_publish_describe_readtopic(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "sub ctopic csub 0", "closesub ctopic csub",
+                     *(f"pub ctopic hello {i}" for i in range(1, 6)), "describe topic ctopic",
+                     "readtopic ctopic", "show topics", "show hubs")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert out.count("Finished ") == 11
+    assert "===== Topic Information : ctopic =====" in out
+    hub = cluster.hub_addresses[0]
+    assert re.search(rf"Owner : {re.escape(hub)}:\d+", out)
+    # five messages, three entries per ledger (one message per entry when published one at a time)
+    assert re.search(r"Ledger \d+ \[ 1 ~ 3 \]", out), out
+    assert "Subscriber csub : consumeSeqId: local:0" in out
+    # readtopic shows a ledger up to its last-add-confirmed: message 5, the newest entry of the open ledger,
+    # is not confirmed until the next add
+    assert "MSGID=LOCAL(5)" not in out
+    for i in range(1, 5):
+        assert f"---------- MSGID=LOCAL({i}) ----------\nMsgId:     LOCAL({i})\nSrcRegion: standalone\n" \
+               f"Message:\n\nhello {i}\n" in out
+    assert "Topic List:\n[" in out and "ctopic" in out.split("Topic List:")[1]
+    assert re.search(rf"Available Hub Servers:\n\s+{re.escape(hub)}:\d+ :\s+\d+", out)
+
+
+async def test_consume_moves_the_pointer_and_readtopic_starts_after_it(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "sub ptopic psub", "closesub ptopic psub",
+                     *(f"pub ptopic m{i}" for i in range(1, 6)),
+                     "consume ptopic psub 2", "describe topic ptopic", "readtopic ptopic",
+                     "consumeto ptopic psub 3", "describe topic ptopic")
+    assert res.returncode == 0, res.stdout + res.stderr
+    first, second = res.stdout.split("Consumed up to LOCAL(3).")
+    assert "Subscriber psub : consumeSeqId: local:2" in first
+    read = first.split(">>>>> Ledger", 1)[1]
+    assert "MSGID=LOCAL(1)" not in read and "MSGID=LOCAL(2)" not in read
+    assert "MSGID=LOCAL(3)" in read and "MSGID=LOCAL(4)" in read
+    assert "Subscriber psub : consumeSeqId: local:3" in second
+
+
+async def test_pubsub_and_sub_prints_deliveries(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "pubsub stopic tsub- 20 availability check", "sub dtopic dsub",
+                     "pub dtopic delivered body", "set")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Starting PUBSUB test ..." in res.stdout
+    assert re.search(r"Received message : availability check-\d+", res.stdout)
+    assert re.search(r"PUBSUB SUCCESS\. TIME: \d+ MS", res.stdout)
+    assert "timeout = 10.0" in res.stdout
+
+
+async def test_failures_exit_non_zero_and_the_console_goes_on(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "bogus", "sub", "sub t s 7", "unsub never-topic nobody", "pub ok-topic still works",
+                     "describe topic ok-topic")
+    assert res.returncode == 1
+    out = res.stdout
+    assert "Unknown command: bogus" in out
+    assert "usage: sub {topic} {subscriber} [mode]" in out
+    assert "mode must be 0 (CREATE), 1 (ATTACH) or 2 (CREATE_OR_ATTACH)" in out
+    assert "CLIENT_NOT_SUBSCRIBED" in out
+    assert re.search(r"Ledger \d+ \[ 1 ~", out), "the publish after the failures went through"
+    assert out.count("Finished ") == 5  # an unknown command prints no timing line
+
+
+async def test_commands_from_stdin_help_history_redo(cluster: LocalCluster) -> None:
+    res = await _run(cluster, stdin="help\nhelp pub\npub htopic one\nredo 2\npub htopic two\nhistory\nquit\n"
+                                                "pub never run\n")
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    assert "Available commands:\n        pub\n        sub\n" in out
+    assert "pub: Publish a message to a topic in Hedwig\nusage: pub {topic} {message}" in out
+    assert "3 - pub htopic one" in out  # redo 2 ran "pub htopic one" again and recorded it
+    res = await _run(cluster, "readtopic htopic 1")
+    assert res.stdout.count("Message:\n\none\n") == 2
+
+
+async def test_bad_arguments_give_one_line(cluster: LocalCluster, tmp_path: Path) -> None:
+    bad = tmp_path / "hw_server.conf"
+    bad.write_text("no_such_key=1\n")
+    res = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "tools.cli", "console", "--conf", str(bad),
+                                                   "-c", "show hubs"], capture_output=True, text=True,
+                                  timeout=TIMEOUT)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == ["quire console: hw_server.conf: unknown key 'no_such_key'"]
+    res = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "tools.cli", "console", "--server",
+                                                   "127.0.0.1:1", "-c", "pub t x"], capture_output=True,
+                                  text=True, timeout=TIMEOUT)
+    assert res.returncode == 1
+    assert "cannot connect to hub server 127.0.0.1:1" in res.stdout
+
+
+async def test_interactive_session_in_a_pty(cluster: LocalCluster, tmp_path: Path) -> None:
+    """A real terminal: the prompt, line editing (a backspace), history, and quit."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the console on the pty
+        os.environ["HOME"] = str(tmp_path)
+        os.execv(sys.executable, _console_args(cluster))
+    try:
+        seen = await asyncio.to_thread(_read_until, fd, "[hedwig: (standalone) 0] ")
+        assert "Welcome to Hedwig!" in seen
+        os.write(fd, b"pub itopic typoo\x7f\r")  # the backspace erases the second 'o'
+        seen = await asyncio.to_thread(_read_until, fd, "[hedwig: (standalone) 1] ")
+        assert "Finished " in seen
+        os.write(fd, b"pub itopic second\r")
+        seen = await asyncio.to_thread(_read_until, fd, "[hedwig: (standalone) 2] ")
+        os.write(fd, b"readtopic itopic 1\r")
+        seen = await asyncio.to_thread(_read_until, fd, "[hedwig: (standalone) 3] ")
+        assert "Message:\r\n\r\ntypo\r\n" in seen
+        os.write(fd, b"quit\r")
+        _, status = await asyncio.to_thread(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert (tmp_path / ".quire_console_history").read_text().count("itopic") == 3
+    finally:
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+def _read_until(fd: int, marker: str, timeout: float = TIMEOUT) -> str:
+    deadline = time.monotonic() + timeout
+    buf = ""
+    while marker not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {marker!r} within {timeout} s; got {buf!r}")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            buf += chunk.decode(errors="replace")
+    return buf

@@ -1,0 +1,469 @@
+"""``quire bench publish``: durable publishes through one hub, against Redis Streams and NATS JetStream.
+
+Quire runs as ``LocalCluster(bookies=3, hubs=1)``, once with E1 W1 A1 and
+once with E3 W2 A2 (the hub's ``bk_*`` conf keys). Each of ``--publishers``
+publishers has its own connection and topic and keeps ``--window`` publishes
+in flight (a sliding window: a new publish starts as soon as one is
+acknowledged). Every message size runs ``--count`` publishes in all, then a
+fixed-rate run (``--rate`` msg/s for ``--rate-seconds``; latency counted from
+each message's scheduled send time, so a stall is not hidden) on E3 W2 A2.
+
+In the same invocation the harness starts the peers itself
+(``tools.bench.peers``), with their data on the same disk as the bookies,
+and gives them the same load, sizes, publishers and window, each right after
+Quire's E3 W2 A2 case of the same size (so all see the same background load
+of a shared machine; ``--rounds`` repeats the set):
+
+* Redis Streams: ``redis-server`` with ``appendfsync always`` (XADD answered
+  after fsync); one connection and one stream per publisher, XADDs pipelined
+  on the connection (replies read in order by one reader task).
+* NATS JetStream: ``nats-server -js``, one file-storage stream, one connection
+  and subject per publisher, ``js.publish``. Its line states that the server
+  does not fsync per message.
+
+Ratio lines (``"case": "ratio"``) divide Quire's throughput by each peer's
+for each configuration and size (each side's best round). Every line carries
+``server_cpu_s`` (the hub and bookie processes, or the peer server) and
+``client_cpu_s`` (this process), since all of them share the machine's cores. A peer that is not installed gives one
+``"skipped"`` line naming the reason; ``--quire-only`` runs Quire alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import functools
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tools.bench import percentiles, rate
+from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer
+
+# One publish of the prepared body: returns an awaitable acknowledgement.
+Submit = Callable[[], Awaitable[Any]]
+CONFIGS = ((1, 1, 1), (3, 2, 2))
+PEERS = ("redis", "nats")
+TARGET_RATIO = 1.0
+TARGET_P99_MS = 10.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--count", type=int, default=50_000, help="publishes per case, over all publishers")
+    parser.add_argument("--size", type=int, action="append", default=None,
+                        help="message size in bytes (repeatable; default 100 and 1024)")
+    parser.add_argument("--publishers", type=int, default=4, help="publishers, one connection each")
+    parser.add_argument("--window", type=int, default=256, help="publishes in flight per publisher")
+    parser.add_argument("--rate", type=int, default=5000, help="fixed-rate run in msg/s (0: skip it)")
+    parser.add_argument("--rate-seconds", type=float, default=5.0, help="length of the fixed-rate run")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the throughput cases; ratios use each side's best round")
+    parser.add_argument("--peers", default=",".join(PEERS), help="peers to compare against (comma-separated)")
+    parser.add_argument("--quire-only", action="store_true", help="run Quire alone, no peers")
+    parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
+
+
+@contextlib.contextmanager
+def bench_data_dir(args: argparse.Namespace, prefix: str) -> Iterator[str]:
+    """``--data`` (kept) or a new directory under ./data/bench, removed afterwards.
+
+    The bookies and the peers keep their data there, on the same disk.
+    """
+    if args.data:
+        os.makedirs(args.data, exist_ok=True)
+        yield str(args.data)
+        return
+    os.makedirs("data/bench", exist_ok=True)
+    path = tempfile.mkdtemp(prefix=prefix, dir=os.path.abspath("data/bench"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def chosen_peers(args: argparse.Namespace) -> list[str]:
+    """The peers to run: none with ``--quire-only``; an unknown name is an ``argparse`` error."""
+    if args.quire_only:
+        return []
+    names = [p.strip() for p in args.peers.split(",") if p.strip()]
+    unknown = sorted(set(names) - set(PEERS))
+    if unknown:
+        raise SystemExit(f"quire bench: unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    return names
+
+
+def client_conf(window: int) -> dict[str, str]:
+    """Hedwig client conf for a pipelined bench client: allow ``window`` messages outstanding."""
+    return {"max_outstanding_messages": str(max(window, 10))}
+
+
+def quire_cluster(data_dir: str, e: int, w: int, a: int, **overrides: str) -> Any:
+    """``LocalCluster(bookies=3, hubs=1)`` whose hub writes ledgers with E/W/A."""
+    from tools.cluster import LocalCluster
+
+    conf = {"bk_ensemble_size": str(e), "bk_write_quorum_size": str(w), "bk_ack_quorum_size": str(a), **overrides}
+    return LocalCluster(bookies=3, hubs=1, data_dir=os.path.join(data_dir, f"quire-E{e}W{w}A{a}"),
+                        conf_overrides=conf)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``); ``OSError`` if it is gone."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def quire_pids(cluster: Any) -> list[int]:
+    """The hub and bookie processes of a LocalCluster (the server side of a Quire run)."""
+    pids = [cluster.hub_pid(i) for i in range(len(cluster.hub_addresses))]
+    pids += [cluster.bookie_pid(i) for i in range(len(cluster.bookie_addresses))]
+    return [p for p in pids if p is not None]
+
+
+T = TypeVar("T")
+
+
+def with_cpu(pids: list[int], loop: asyncio.Runner, coro: Coroutine[Any, Any, T]) -> tuple[T, dict[str, float]]:
+    """Run ``coro`` on ``loop``; also return the CPU seconds the server ``pids`` and this client process spent."""
+    server0, client0 = sum(map(cpu_seconds, pids)), time.process_time()
+    value = loop.run(coro)
+    server = sum(map(cpu_seconds, pids)) - server0
+    return value, {"server_cpu_s": round(server, 2), "client_cpu_s": round(time.process_time() - client0, 2)}
+
+
+# -- load drivers -------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    """What one run measured: wall time, per-message latencies, failures."""
+
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    first_error: str = ""
+
+    def record(self, start: float, fut: asyncio.Future[Any]) -> None:
+        self.latencies.append(time.perf_counter() - start)
+        exc = fut.exception()
+        if exc is not None:
+            self.errors += 1
+            self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
+
+
+class Window:
+    """At most ``size`` submissions in flight; each completion is recorded in ``out`` with its start time."""
+
+    def __init__(self, size: int, out: Outcome) -> None:
+        self._sem = asyncio.Semaphore(size)
+        self._pending: set[asyncio.Future[Any]] = set()
+        self._out = out
+
+    async def submit(self, submit: Submit, start: float | None = None) -> None:
+        """Wait for a free slot, then start ``submit()``; latency counts from ``start`` (default: now)."""
+        await self._sem.acquire()
+        fut = asyncio.ensure_future(submit())
+        self._pending.add(fut)
+        fut.add_done_callback(functools.partial(self._done, time.perf_counter() if start is None else start))
+
+    def _done(self, start: float, fut: asyncio.Future[Any]) -> None:
+        self._out.record(start, fut)
+        self._pending.discard(fut)
+        self._sem.release()
+
+    async def drain(self) -> None:
+        if self._pending:
+            await asyncio.wait(self._pending)
+
+
+async def closed_loop(submits: list[Submit], per_publisher: int, window: int) -> Outcome:
+    """Each publisher keeps ``window`` publishes in flight until it has made ``per_publisher``."""
+    out = Outcome()
+
+    async def publisher(submit: Submit) -> None:
+        w = Window(window, out)
+        for _ in range(per_publisher):
+            await w.submit(submit)
+        await w.drain()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(publisher(s) for s in submits))
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+async def fixed_rate(submits: list[Submit], total_rate: float, seconds: float, window: int) -> Outcome:
+    """Publish at ``total_rate`` msg/s split over the publishers; latency from each scheduled time.
+
+    A publisher whose window is full waits, and the wait counts in the
+    latency of the messages behind it (no coordinated omission).
+    """
+    out = Outcome()
+    interval = len(submits) / total_rate
+    per_publisher = max(1, int(total_rate * seconds / len(submits)))
+
+    async def publisher(i: int, submit: Submit, t0: float) -> None:
+        w = Window(window, out)
+        first = t0 + i * interval / len(submits)  # spread the publishers over one interval
+        for k in range(per_publisher):
+            scheduled = first + k * interval
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await w.submit(submit, scheduled)
+        await w.drain()
+
+    t0 = time.perf_counter() + 0.01
+    await asyncio.gather(*(publisher(i, s, t0) for i, s in enumerate(submits)))
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# -- the systems under load ---------------------------------------------------------------------
+
+
+class RedisPipe:
+    """XADDs pipelined on one redis.asyncio connection: writes in order, one task reads replies in order."""
+
+    def __init__(self, url: str, key: str) -> None:
+        import redis.asyncio as aioredis
+        from redis.asyncio.connection import parse_url
+
+        self._conn = aioredis.Connection(**parse_url(url))
+        self.key = key
+        self._pending: collections.deque[asyncio.Future[Any]] = collections.deque()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def open(self) -> RedisPipe:
+        await self._conn.connect()  # type: ignore[no-untyped-call]
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                reply = await self._conn.read_response(disconnect_on_error=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the connection failed: fail everything in flight
+                import redis.exceptions
+
+                if isinstance(exc, redis.exceptions.ResponseError) and self._pending:
+                    self._pending.popleft().set_exception(exc)
+                    continue
+                while self._pending:
+                    self._pending.popleft().set_exception(exc)
+                return
+            if self._pending:
+                self._pending.popleft().set_result(reply)
+
+    async def xadd(self, body: bytes) -> Any:
+        fut = asyncio.get_running_loop().create_future()
+        self._pending.append(fut)  # before the write: replies come back in write order
+        await self._conn.send_packed_command(self._conn.pack_command("XADD", self.key, "*", "b", body),
+                                             check_health=False)
+        return await fut
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self._conn.disconnect()
+
+
+@contextlib.asynccontextmanager
+async def quire_publishers(addresses: list[str], n: int, body: bytes, window: int,
+                           run_id: str) -> AsyncIterator[list[Submit]]:
+    """``n`` HedwigClient connections, each publishing to its own topic (ownership claimed first)."""
+    from hub.client import HedwigClient
+
+    clients = [await HedwigClient.connect(addresses[i % len(addresses)], conf=client_conf(window)) for i in range(n)]
+    try:
+        submits: list[Submit] = []
+        for i, c in enumerate(clients):
+            topic = f"bench-{run_id}-{i}".encode()
+            await c.publish(topic, body)  # claims the topic and opens its ledger outside the timing
+            submits.append(functools.partial(c.publish, topic, body))
+        yield submits
+    finally:
+        for c in clients:
+            await c.close()
+
+
+@contextlib.asynccontextmanager
+async def redis_publishers(url: str, n: int, body: bytes, run_id: str) -> AsyncIterator[list[Submit]]:
+    pipes = [await RedisPipe(url, f"bench-{run_id}-{i}").open() for i in range(n)]
+    try:
+        for p in pipes:
+            await p.xadd(body)
+        yield [functools.partial(p.xadd, body) for p in pipes]
+    finally:
+        for p in pipes:
+            await p.close()
+
+
+@contextlib.asynccontextmanager
+async def nats_publishers(url: str, n: int, body: bytes, run_id: str) -> AsyncIterator[list[Submit]]:
+    import nats
+
+    conns = [await nats.connect(url) for _ in range(n)]
+    stream = f"BENCH_{run_id}"
+    try:
+        jss = [c.jetstream() for c in conns]
+        await jss[0].add_stream(name=stream, subjects=[f"bench.{run_id}.>"], storage="file")
+        submits: list[Submit] = []
+        for i, js in enumerate(jss):
+            await js.publish(f"bench.{run_id}.{i}", body)
+            submits.append(functools.partial(js.publish, f"bench.{run_id}.{i}", body))
+        yield submits
+        await jss[0].delete_stream(stream)
+    finally:
+        for c in conns:
+            await c.close()
+
+
+# -- results ------------------------------------------------------------------------------------
+
+
+def result(system: str, case: str, size: int, args: argparse.Namespace, out: Outcome,
+           mode: str, **extra: Any) -> dict[str, Any]:
+    count = len(out.latencies)
+    line: dict[str, Any] = {
+        "bench": "publish", "case": case, "system": system, "mode": mode, "size": size,
+        "publishers": args.publishers, "window": args.window, "count": count,
+        "seconds": round(out.seconds, 3), "ops_per_sec": rate(count, out.seconds),
+        "mb_per_sec": round(count * size / out.seconds / 1e6, 2) if out.seconds else 0.0,
+        **percentiles(out.latencies), "errors": out.errors,
+    }
+    if out.first_error:
+        line["first_error"] = out.first_error
+    line.update(extra)
+    if count and "server_cpu_s" in line:
+        line["server_cpu_us_per_msg"] = round(line["server_cpu_s"] * 1e6 / count, 1)
+    return line
+
+
+def ratio_lines(bench: str, lines: list[dict[str, Any]], key: tuple[str, ...],
+                target: float = TARGET_RATIO) -> Iterator[dict[str, Any]]:
+    """Quire's ``ops_per_sec`` over each peer's, per matching ``key`` fields and per Quire configuration.
+
+    With several rounds each side counts with its best round (the one least
+    disturbed by whatever else the machine was doing).
+    """
+    best: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for x in lines:
+        if x.get("ops_per_sec") and x.get("mode") == "throughput" and not x.get("errors"):
+            k = (x["system"], x["case"], *(x.get(f) for f in key))
+            if k not in best or x["ops_per_sec"] > best[k]["ops_per_sec"]:
+                best[k] = x
+    quire = [x for x in best.values() if x["system"] == "quire"]
+    peers = [x for x in best.values() if x["system"] != "quire"]
+    for q in quire:
+        for p in peers:
+            if all(q.get(k) == p.get(k) for k in key):
+                r = round(q["ops_per_sec"] / p["ops_per_sec"], 3)
+                yield {"bench": bench, "case": "ratio", "quire": q["case"], "vs": p["system"],
+                       **{k: q.get(k) for k in key}, "ratio": r, "target": target, "meets_target": r >= target}
+
+
+# -- the invocation -----------------------------------------------------------------------------
+
+
+class Runner:
+    """One uvloop event loop for the whole invocation, so results print as they are measured."""
+
+    def __init__(self) -> None:
+        try:
+            import uvloop
+
+            self._runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+        except ImportError:  # pragma: no cover - uvloop is a dependency
+            self._runner = asyncio.Runner()
+
+    def __enter__(self) -> asyncio.Runner:
+        return self._runner.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._runner.close()
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    sizes = args.size or [100, 1024]
+    per_publisher = max(1, args.count // args.publishers)
+    lines: list[dict[str, Any]] = []
+    peers: list[RedisPeer | NatsPeer] = []
+    with bench_data_dir(args, "publish-") as data_dir, Runner() as loop, contextlib.ExitStack() as stack:
+        for name in chosen_peers(args):
+            peer = (RedisPeer if name == "redis" else NatsPeer)(data_dir)
+            try:
+                stack.enter_context(peer)
+            except PeerNotInstalled as exc:
+                yield {"bench": "publish", "case": name, "system": name, "skipped": str(exc)}
+                continue
+            peers.append(peer)
+        for e, w, a in CONFIGS:
+            config = f"E{e}W{w}A{a}"
+            last = (e, w, a) == CONFIGS[-1]
+            cluster = quire_cluster(data_dir, e, w, a)
+            loop.run(cluster.start())
+            try:
+                # Interleaved, so that Quire and the peers see the same background load of a shared machine.
+                for _ in range(args.rounds):
+                    for size in sizes:
+                        body = os.urandom(size)
+                        out, cpu = with_cpu(quire_pids(cluster), loop,
+                                            _measure("quire", cluster, args, body, per_publisher))
+                        lines.append(result("quire", f"quire {config}", size, args, out, "throughput",
+                                            config=config, **cpu))
+                        yield lines[-1]
+                        for peer in peers if last else []:
+                            out, cpu = with_cpu([peer.pid or 0], loop,
+                                                _measure(peer.name, peer.url, args, body, per_publisher))
+                            lines.append(result(peer.name, peer.name, size, args, out, "throughput",
+                                                version=peer.version, durability=peer.durability, **cpu))
+                            yield lines[-1]
+                if last and args.rate > 0:
+                    body = os.urandom(sizes[0])
+                    out, cpu = with_cpu(quire_pids(cluster), loop, _measure("quire", cluster, args, body, None))
+                    yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config, **cpu)
+                    for peer in peers:
+                        out, cpu = with_cpu([peer.pid or 0], loop, _measure(peer.name, peer.url, args, body, None))
+                        yield _rate_line(peer.name, peer.name, sizes[0], args, out, version=peer.version,
+                                         durability=peer.durability, **cpu)
+            finally:
+                loop.run(cluster.stop())
+    yield from ratio_lines("publish", lines, ("size",))
+
+
+def _rate_line(system: str, case: str, size: int, args: argparse.Namespace, out: Outcome,
+               **extra: Any) -> dict[str, Any]:
+    line = result(system, case, size, args, out, "fixed_rate", target_rate=args.rate, **extra)
+    line["target_p99_ms"] = TARGET_P99_MS
+    line["meets_target"] = out.errors == 0 and line["p99_ms"] <= TARGET_P99_MS
+    return line
+
+
+def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes) -> Any:
+    run_id = uuid.uuid4().hex[:8]
+    if system == "quire":
+        return quire_publishers(where.hub_addresses, args.publishers, body, args.window, run_id)
+    if system == "redis":
+        return redis_publishers(where, args.publishers, body, run_id)
+    return nats_publishers(where, args.publishers, body, run_id)
+
+
+async def _measure(system: str, where: Any, args: argparse.Namespace, body: bytes,
+                   per_publisher: int | None) -> Outcome:
+    """A closed-loop run of ``per_publisher`` publishes each, or (``None``) the fixed-rate run."""
+    async with _publishers(system, where, args, body) as submits:
+        if per_publisher is None:
+            return await fixed_rate(submits, args.rate, args.rate_seconds, args.window)
+        return await closed_loop(submits, per_publisher, args.window)

@@ -1,0 +1,655 @@
+"""``quire console``: the Hedwig console of the seed, against a Quire hub and its metastore.
+
+    quire console --server 127.0.0.1:4080 --metastore lmdb:///path/to/meta
+    [hedwig: (standalone) 0] pub mytopic hello
+    Finished 0.0042 s.
+    [hedwig: (standalone) 1] describe topic mytopic
+
+    quire console -c "pub t hello" -c "show topics"        # non-interactive; exits 1 if a command failed
+    echo "show hubs" | quire console --conf conf/hw_server.conf
+
+Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
+rmsub, consume, consumeto, pubsub, show hubs|topics, describe topic,
+readtopic, set, history, redo, help, quit, exit. After every command the
+console prints ``Finished N s.``. Interactive and admin commands talk to the
+hub through ``hub.client.HedwigClient``; ``show``, ``describe`` and
+``readtopic`` read the metastore (and the topic's ledgers) directly, so what
+they show of subscriptions may lag behind the hub, which persists consume
+pointers lazily (every ``consume_interval`` consumes). ``readtopic`` shows
+each ledger up to its last-add-confirmed, as BookKeeper readers do: the
+newest entry of a topic's open ledger shows once the next add confirms it
+(or the ledger is closed).
+
+Where to connect: ``--server HOST:PORT`` (default: the hub conf's
+``server_port`` on 127.0.0.1, else 127.0.0.1:4080) and ``--metastore URI``
+(default: the hub conf's ``metastore_uri``). ``--conf FILE`` names a hub
+server conf (``hw_server.conf``), ``--client-conf FILE`` a client conf
+(``hw_client.conf``); the environment variables ``HEDWIG_CONSOLE_SERVER_CONF``
+and ``HEDWIG_CONSOLE_CLIENT_CONF`` stand in for those two options, as in
+Hedwig.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shlex
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+Handler = Callable[[argparse.Namespace], int]
+
+EXAMPLE = """example:
+  quire console --server 127.0.0.1:4080 --metastore lmdb://$PWD/data/meta
+  quire console -c "pub mytopic hello" -c "describe topic mytopic"
+"""
+
+
+class CommandError(Exception):
+    """A command failed; the message is printed and the console goes on (exit status 1 at the end)."""
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    summary: str
+    usage: str
+    args_help: str = ""
+
+
+COMMANDS: dict[str, Command] = {c.name: c for c in [
+    Command("pub", "Publish a message to a topic in Hedwig", "pub {topic} {message}",
+            "  {topic}   : topic name.\n              any printable string without spaces.\n"
+            "  {message} : message body.\n              remaining arguments are used as message body to publish."),
+    Command("sub", "Subscribe a topic and print the messages it receives", "sub {topic} {subscriber} [mode]",
+            "  {topic}      : topic name.\n  {subscriber} : subscriber id.\n"
+            "  [mode]       : 0 = CREATE, 1 = ATTACH, 2 = CREATE_OR_ATTACH (default)."),
+    Command("closesub", "Close the subscription of a subscriber to a topic", "closesub {topic} {subscriber}"),
+    Command("unsub", "Unsubscribe a topic for a subscriber", "unsub {topic} {subscriber}"),
+    Command("rmsub", "Remove subscriptions for topics",
+            "rmsub {topic_prefix} {start_topic} {end_topic} {subscriber_prefix} {start_sub} {end_sub}",
+            "  unsubscribes {subscriber_prefix}{j} from {topic_prefix}{i} for every i in\n"
+            "  [start_topic, end_topic] and j in [start_sub, end_sub]."),
+    Command("consume", "Move the consume pointer of a subscription forward by N messages",
+            "consume {topic} {subscriber} {num_messages_to_consume}"),
+    Command("consumeto", "Move the consume pointer of a subscription to a message id",
+            "consumeto {topic} {subscriber} {message_id}"),
+    Command("pubsub", "Check that a published message reaches a fresh subscriber",
+            "pubsub {topic} {subscriber} {timeout_secs} {message}",
+            "  subscribes {subscriber}-{timestamp} to {topic}, publishes {message}-{timestamp}\n"
+            "  and waits up to {timeout_secs} seconds for it to arrive."),
+    Command("show", "List the live hubs (with their number of topics) or all topics", "show hubs | show topics"),
+    Command("describe", "Show a topic's owner, ledger ranges and subscriptions (from the metastore)",
+            "describe topic {topic}"),
+    Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
+            "readtopic {topic} [start_msg_id]"),
+    Command("set", "Show or set a console setting", "set [{name} {value}]",
+            "  timeout          : seconds to wait for a hub operation (default 10).\n"
+            "  print_messages   : print messages received by sub (default true)."),
+    Command("history", "List the last commands", "history"),
+    Command("redo", "Run a command of the history again", "redo {cmdno} | redo !"),
+    Command("help", "List the commands, or show one command's usage", "help [command]"),
+    Command("quit", "Quit the console", "quit"),
+    Command("exit", "Exit the console", "exit"),
+]}
+
+
+def format_msg_id(local: int, remote: dict[str, int] | None = None) -> str:
+    """``LOCAL(3)``, with ``;REMOTE(region=seq)`` parts for the other regions' components."""
+    text = f"LOCAL({local})"
+    for region, seq in sorted((remote or {}).items()):
+        text += f";REMOTE({region}={seq})"
+    return text
+
+
+def format_message(message: Any) -> str:
+    """The seed's MSGID block for one ``hub.message.Message``."""
+    msg_id = format_msg_id(message.msg_id.local, dict(message.msg_id.remote))
+    body = message.body.decode("utf-8", "replace")
+    return (f"---------- MSGID={msg_id} ----------\nMsgId:     {msg_id}\n"
+            f"SrcRegion: {message.src_region}\nMessage:\n\n{body}\n")
+
+
+@dataclass
+class ConsoleSettings:
+    timeout: float = 10.0
+    print_messages: bool = True
+
+
+@dataclass
+class HedwigConsole:
+    """One console session: the command table, the history and the connections (opened lazily)."""
+
+    server: str
+    metastore_uri: str | None
+    region: str = "standalone"
+    client_conf: dict[str, str] = field(default_factory=dict)
+    out: TextIO = sys.stdout
+    settings: ConsoleSettings = field(default_factory=ConsoleSettings)
+    history: list[str] = field(default_factory=list)
+    failed: bool = False
+    _client: Any = None
+    _store: Any = None
+    _bk: Any = None
+    _subscribed: set[tuple[bytes, bytes]] = field(default_factory=set)
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def say(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    @property
+    def prompt(self) -> str:
+        return f"[hedwig: ({self.region}) {len(self.history)}] "
+
+    async def client(self) -> Any:
+        if self._client is None:
+            from hub.client import HedwigClient
+            from hub.errors import PubSubError
+            try:
+                self._client = await asyncio.wait_for(
+                    HedwigClient.connect(self.server, conf=self.client_conf or None), self.settings.timeout)
+            except (OSError, TimeoutError, PubSubError) as exc:
+                raise CommandError(f"cannot connect to hub server {self.server}: {exc or 'timed out'}") from None
+        return self._client
+
+    async def store(self) -> Any:
+        if self._store is None:
+            if not self.metastore_uri:
+                raise CommandError("no metastore: pass --metastore URI or --conf FILE with metastore_uri")
+            from metastore import open_metastore
+            from metastore.errors import MetastoreError
+            try:
+                self._store = await open_metastore(self.metastore_uri)
+            except MetastoreError as exc:
+                raise CommandError(f"cannot open metastore {self.metastore_uri}: {exc}") from None
+        return self._store
+
+    async def bookkeeper(self) -> Any:
+        if self._bk is None:
+            from bookie.client import BookKeeper
+            await self.store()
+            self._bk = await BookKeeper.connect(await self.store())
+        return self._bk
+
+    async def close(self) -> None:
+        for closer in (self._client, self._bk, self._store):
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(closer.close(), self.settings.timeout)
+        self._client = self._bk = self._store = None
+
+    async def _op(self, awaitable: Awaitable[Any]) -> Any:
+        from hub.errors import PubSubError
+        try:
+            return await asyncio.wait_for(awaitable, self.settings.timeout)
+        except TimeoutError:
+            raise CommandError(f"timed out after {self.settings.timeout} s") from None
+        except PubSubError as exc:
+            raise CommandError(f"{exc.status}: {exc}") from None
+
+    # ---- running commands ----------------------------------------------------------------------
+
+    async def run_line(self, line: str) -> bool:
+        """Run one command line; False when the console should stop (quit/exit)."""
+        line = line.strip()
+        if not line:
+            return True
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            self.say(f"cannot parse the command: {exc}")
+            self.failed = True
+            return True
+        name = words[0]
+        if name == "redo":
+            line, words = self._redo(words)
+            if not words:
+                return True
+            name = words[0]
+        self.history.append(line)
+        if name in ("quit", "exit"):
+            return False
+        if name not in COMMANDS:
+            self.say(f"Unknown command: {name}")
+            self.say("Type 'help' to list the available commands.")
+            self.failed = True
+            return True
+        started = time.perf_counter()
+        try:
+            await getattr(self, f"cmd_{name}")(words[1:])
+        except CommandError as exc:
+            self.say(str(exc))
+            self.failed = True
+        except UsageError:
+            cmd = COMMANDS[name]
+            self.say(f"usage: {cmd.usage}")
+            self.failed = True
+        self.say(f"Finished {time.perf_counter() - started:.4f} s.")
+        return True
+
+    def _redo(self, words: list[str]) -> tuple[str, list[str]]:
+        if len(words) != 2:
+            self.say("usage: redo {cmdno} | redo !")
+            self.failed = True
+            return "", []
+        try:
+            index = len(self.history) - 1 if words[1] == "!" else int(words[1])
+            line = self.history[index]
+            if index < 0:
+                raise IndexError
+        except (ValueError, IndexError):
+            self.say(f"no command number {words[1]} in the history")
+            self.failed = True
+            return "", []
+        return line, shlex.split(line)
+
+    # ---- utility commands ----------------------------------------------------------------------
+
+    async def cmd_help(self, args: list[str]) -> None:
+        if args:
+            cmd = COMMANDS.get(args[0])
+            if cmd is None:
+                raise CommandError(f"Unknown command: {args[0]}")
+            self.say(f"{cmd.name}: {cmd.summary}")
+            self.say(f"usage: {cmd.usage}")
+            if cmd.args_help:
+                self.say()
+                self.say(cmd.args_help)
+            self.say()
+            return
+        self.say("HedwigConsole [options] [command] [args]")
+        self.say()
+        self.say("Available commands:")
+        for name in COMMANDS:
+            self.say(f"        {name}")
+        self.say()
+
+    async def cmd_history(self, args: list[str]) -> None:
+        first = max(0, len(self.history) - 11)
+        for i in range(first, len(self.history)):
+            self.say(f"{i} - {self.history[i]}")
+
+    async def cmd_set(self, args: list[str]) -> None:
+        if not args:
+            self.say(f"timeout = {self.settings.timeout}")
+            self.say(f"print_messages = {str(self.settings.print_messages).lower()}")
+            return
+        if len(args) != 2:
+            raise UsageError
+        name, value = args
+        if name == "timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise CommandError(f"timeout must be a number of seconds, not {value!r}") from None
+            if not seconds > 0:
+                raise CommandError("timeout must be > 0")
+            self.settings.timeout = seconds
+        elif name == "print_messages":
+            if value.lower() not in ("true", "false"):
+                raise CommandError("print_messages must be true or false")
+            self.settings.print_messages = value.lower() == "true"
+        else:
+            raise CommandError(f"unknown setting {name!r} (timeout, print_messages)")
+
+    # ---- interactive commands ------------------------------------------------------------------
+
+    async def cmd_pub(self, args: list[str]) -> None:
+        if len(args) < 2:
+            raise UsageError
+        client = await self.client()
+        await self._op(client.publish(args[0].encode(), " ".join(args[1:]).encode()))
+
+    async def cmd_sub(self, args: list[str]) -> None:
+        if len(args) not in (2, 3):
+            raise UsageError
+        modes = {"0": "CREATE", "1": "ATTACH", "2": "CREATE_OR_ATTACH"}
+        mode = modes.get(args[2], args[2].upper()) if len(args) == 3 else "CREATE_OR_ATTACH"
+        if mode not in modes.values():
+            raise CommandError(f"mode must be 0 (CREATE), 1 (ATTACH) or 2 (CREATE_OR_ATTACH), not {args[2]!r}")
+        topic, sub = args[0].encode(), args[1].encode()
+        client = await self.client()
+        await self._op(client.subscribe(topic, sub, create_or_attach=mode))
+        self._subscribed.add((topic, sub))
+
+        async def show(t: bytes, s: bytes, message: Any) -> None:
+            if self.settings.print_messages:
+                self.say(f"Received message from topic {t.decode(errors='replace')} "
+                         f"for subscriber {s.decode(errors='replace')}:")
+                self.say(format_message(message))
+
+        await self._op(client.start_delivery(topic, sub, show))
+
+    async def _closesub(self, topic: bytes, sub: bytes) -> None:
+        client = await self.client()
+        await self._op(client.close_subscription(topic, sub))
+        self._subscribed.discard((topic, sub))
+
+    async def cmd_closesub(self, args: list[str]) -> None:
+        if len(args) != 2:
+            raise UsageError
+        await self._closesub(args[0].encode(), args[1].encode())
+
+    async def cmd_unsub(self, args: list[str]) -> None:
+        if len(args) != 2:
+            raise UsageError
+        topic, sub = args[0].encode(), args[1].encode()
+        client = await self.client()
+        await self._op(client.unsubscribe(topic, sub))
+        self._subscribed.discard((topic, sub))
+
+    async def cmd_rmsub(self, args: list[str]) -> None:
+        if len(args) != 6:
+            raise UsageError
+        try:
+            t0, t1, s0, s1 = int(args[1]), int(args[2]), int(args[4]), int(args[5])
+        except ValueError:
+            raise CommandError("start and end numbers must be integers") from None
+        from hub.errors import ClientNotSubscribedError
+        client = await self.client()
+        removed = 0
+        for i in range(t0, t1 + 1):
+            for j in range(s0, s1 + 1):
+                topic, sub = f"{args[0]}{i}".encode(), f"{args[3]}{j}".encode()
+                try:
+                    await asyncio.wait_for(client.unsubscribe(topic, sub), self.settings.timeout)
+                    removed += 1
+                except ClientNotSubscribedError:
+                    continue
+        self.say(f"Removed {removed} subscriptions.")
+
+    async def _consumed_seq_id(self, topic: bytes, sub: bytes) -> int:
+        from hub.metadata import SubscriptionDataManager
+        mgr = SubscriptionDataManager(await self.store())
+        await mgr.start()
+        found = await mgr.read_subscription_data(topic, sub)
+        if found is None:
+            raise CommandError(f"CLIENT_NOT_SUBSCRIBED: {sub.decode(errors='replace')} has no subscription "
+                               f"to {topic.decode(errors='replace')}")
+        return int(found[0].state.msgId.localComponent)
+
+    async def _consume_to(self, topic: bytes, sub: bytes, seq_id: int) -> None:
+        client = await self.client()
+        attached_here = (topic, sub) in self._subscribed
+        if not attached_here:
+            await self._op(client.subscribe(topic, sub, create_or_attach="ATTACH"))
+        try:
+            await self._op(client.consume(topic, sub, seq_id))
+        finally:
+            if not attached_here:  # closing flushes the consume and persists the pointer
+                await self._op(client.close_subscription(topic, sub))
+
+    async def cmd_consume(self, args: list[str]) -> None:
+        if len(args) != 3:
+            raise UsageError
+        try:
+            count = int(args[2])
+        except ValueError:
+            raise CommandError(f"num_messages_to_consume must be an integer, not {args[2]!r}") from None
+        topic, sub = args[0].encode(), args[1].encode()
+        target = await self._consumed_seq_id(topic, sub) + count
+        await self._consume_to(topic, sub, target)
+        self.say(f"Consumed up to {format_msg_id(target)}.")
+
+    async def cmd_consumeto(self, args: list[str]) -> None:
+        if len(args) != 3:
+            raise UsageError
+        try:
+            target = int(args[2])
+        except ValueError:
+            raise CommandError(f"message_id must be an integer (the local seq id), not {args[2]!r}") from None
+        await self._consume_to(args[0].encode(), args[1].encode(), target)
+        self.say(f"Consumed up to {format_msg_id(target)}.")
+
+    async def cmd_pubsub(self, args: list[str]) -> None:
+        if len(args) < 4:
+            raise UsageError
+        try:
+            timeout = float(args[2])
+        except ValueError:
+            raise CommandError(f"timeout_secs must be a number, not {args[2]!r}") from None
+        stamp = int(time.time() * 1000)
+        topic, sub = args[0].encode(), f"{args[1]}-{stamp}".encode()
+        body = f"{' '.join(args[3:])}-{stamp}".encode()
+        client = await self.client()
+        self.say("Starting PUBSUB test ...")
+        started = time.perf_counter()
+        received = asyncio.get_running_loop().create_future()
+
+        async def handler(t: bytes, s: bytes, message: Any) -> None:
+            if message.body == body and not received.done():
+                received.set_result(message)
+
+        self.say(f"Sub topic {args[0]}, subscriber id {sub.decode()}")
+        await self._op(client.subscribe(topic, sub, create_or_attach="CREATE_OR_ATTACH"))
+        try:
+            await self._op(client.start_delivery(topic, sub, handler))
+            self.say(f"Pub topic {args[0]} : {body.decode()}")
+            await self._op(client.publish(topic, body))
+            try:
+                message = await asyncio.wait_for(received, timeout)
+            except TimeoutError:
+                raise CommandError(f"PUBSUB FAILED: no message within {timeout} s") from None
+            self.say(f"Received message : {message.body.decode(errors='replace')}")
+            self.say(f"PUBSUB SUCCESS. TIME: {int((time.perf_counter() - started) * 1000)} MS")
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.unsubscribe(topic, sub), self.settings.timeout)
+
+    # ---- admin commands (read the metastore) ---------------------------------------------------
+
+    async def cmd_show(self, args: list[str]) -> None:
+        if args == ["hubs"]:
+            from hub.metadata import HubRegistry, hub_address
+            registry = HubRegistry(await self.store())
+            await registry.start()
+            self.say("Available Hub Servers:")
+            for info, load in sorted(await registry.live_hubs(), key=lambda h: hub_address(h[0])):
+                self.say(f"        {hub_address(info)} :       {load.numTopics}")
+        elif args == ["topics"]:
+            self.say("Topic List:")
+            self.say("[" + ", ".join(await self._topics()) + "]")
+        else:
+            raise UsageError
+
+    async def _topics(self) -> list[str]:
+        store = await self.store()
+        names: set[str] = set()
+        for table_name in ("topic_persistence", "topic_owners"):
+            table = await store.create_table(table_name)
+            cursor = await table.open_cursor(fields=set())
+            try:
+                while cursor.has_more():
+                    names.update(key for key, _ in await cursor.read_entries(1000))
+            finally:
+                await cursor.close()
+        return sorted(names)
+
+    async def cmd_describe(self, args: list[str]) -> None:
+        if len(args) != 2 or args[0] != "topic":
+            raise UsageError
+        from hub.metadata import (
+            SubscriptionDataManager,
+            TopicOwnershipManager,
+            TopicPersistenceManager,
+            hub_address,
+        )
+        store = await self.store()
+        topic = args[1].encode()
+        owners, persistence, subs = (TopicOwnershipManager(store), TopicPersistenceManager(store),
+                                     SubscriptionDataManager(store))
+        for mgr in (owners, persistence, subs):
+            await mgr.start()
+        self.say(f"===== Topic Information : {args[1]} =====")
+        self.say()
+        owner = await owners.read_owner_info(topic)
+        self.say(f"Owner : {hub_address(owner[0]) if owner else 'NULL'}")
+        self.say()
+        self.say(">>> Persistence Info <<<")
+        ranges = await persistence.read_topic_persistence_info(topic)
+        for r in (ranges[0].ranges if ranges else []):
+            self.say(f"Ledger {r.ledgerId} [ {_range_text(r)} ]")
+        self.say()
+        self.say(">>> Subscription Info <<<")
+        for sub_id, (data, _) in sorted((await subs.read_subscriptions(topic)).items()):
+            remote = {c.region.decode(errors="replace"): c.seqId for c in data.state.msgId.remoteComponents}
+            seq = f"local:{data.state.msgId.localComponent}" + "".join(f", {k}:{v}" for k, v in sorted(remote.items()))
+            self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}")
+        self.say()
+
+    async def cmd_readtopic(self, args: list[str]) -> None:
+        if len(args) not in (1, 2):
+            raise UsageError
+        from hub.metadata import SubscriptionDataManager, TopicPersistenceManager
+        topic = args[0].encode()
+        store = await self.store()
+        persistence, subs = TopicPersistenceManager(store), SubscriptionDataManager(store)
+        await persistence.start()
+        await subs.start()
+        if len(args) == 2:
+            try:
+                start = int(args[1])
+            except ValueError:
+                raise CommandError(f"start_msg_id must be an integer, not {args[1]!r}") from None
+        else:
+            consumed = [d.state.msgId.localComponent for d, _ in (await subs.read_subscriptions(topic)).values()]
+            start = (min(consumed) if consumed else 0) + 1
+        found = await persistence.read_topic_persistence_info(topic)
+        if found is None or not found[0].ranges:
+            raise CommandError(f"topic {args[0]} has no persistence info")
+        bk = await self.bookkeeper()
+        for r in found[0].ranges:
+            if r.HasField("endSeqIdIncluded") and r.endSeqIdIncluded.localComponent < start:
+                continue
+            self.say()
+            self.say(f">>>>> Ledger {r.ledgerId} [ {_range_text(r)}] <<<<<")
+            self.say()
+            for message in await read_ledger_messages(bk, r.ledgerId):
+                if message.seq_id >= start:
+                    self.say(format_message(message))
+
+
+async def read_ledger_messages(bk: Any, ledger_id: int) -> list[Any]:
+    """Every message of one topic ledger (each entry is a batch), without fencing or recovering it."""
+    from hub.message import Message
+    from hub.persistence import decode_batch
+    lh = await bk.open_ledger_no_recovery(ledger_id)
+    try:
+        out: list[Any] = []
+        if lh.last_add_confirmed >= 0:
+            async for entry in lh.read(0, lh.last_add_confirmed):
+                out.extend(Message.from_proto(m) for m in decode_batch(entry.data))
+        return out
+    finally:
+        await lh.close()
+
+
+class UsageError(Exception):
+    """Wrong arguments for a command: the console prints its usage."""
+
+
+def _range_text(r: Any) -> str:
+    end = r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded") else None
+    first = r.startSeqIdIncluded or 1
+    return f"{first} ~ {end if end is not None else ''}".rstrip()
+
+
+# ---- the command line ------------------------------------------------------------------------------
+
+
+def configure(parser: argparse.ArgumentParser) -> Handler:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLE
+    parser.add_argument("--server", metavar="HOST:PORT", help="hub server to connect to (default 127.0.0.1:4080)")
+    parser.add_argument("--metastore", metavar="URI", help="metastore URI for show/describe/readtopic")
+    parser.add_argument("--conf", metavar="FILE", help="hub server conf (hw_server.conf); "
+                        "default $HEDWIG_CONSOLE_SERVER_CONF")
+    parser.add_argument("--client-conf", metavar="FILE", help="client conf (hw_client.conf); "
+                        "default $HEDWIG_CONSOLE_CLIENT_CONF")
+    parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
+                        help="run this command and exit (repeatable)")
+    return run_console
+
+
+def console_from_args(args: argparse.Namespace) -> HedwigConsole:
+    """The console ``quire console`` runs; ``ConfError`` for a bad conf file."""
+    from metastore.conf import read_properties
+    server_conf_path = args.conf or os.environ.get("HEDWIG_CONSOLE_SERVER_CONF")
+    client_conf_path = args.client_conf or os.environ.get("HEDWIG_CONSOLE_CLIENT_CONF")
+    server_conf = read_properties(server_conf_path) if server_conf_path else {}
+    client_conf = read_properties(client_conf_path) if client_conf_path else {}
+    if server_conf_path:
+        from hub.conf import HubConf
+        from metastore.conf import parse_conf
+        parse_conf(HubConf, server_conf, source=os.path.basename(server_conf_path))  # one-line error if bad
+    server = args.server or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
+    metastore_uri = args.metastore or server_conf.get("metastore_uri") or None
+    if metastore_uri is None and server_conf.get("zk_host"):
+        metastore_uri = f"zk://{server_conf['zk_host']}{server_conf.get('zk_prefix', '/hedwig')}"
+    return HedwigConsole(server=server, metastore_uri=metastore_uri,
+                         region=server_conf.get("region", "standalone"), client_conf=client_conf)
+
+
+async def _interactive(console: HedwigConsole) -> None:
+    with contextlib.suppress(ImportError):
+        import readline  # line editing and history for input()
+
+        history_file = os.path.expanduser("~/.quire_console_history")
+        with contextlib.suppress(OSError):
+            readline.read_history_file(history_file)
+    console.say(f"Connecting to default hub server {console.server}")
+    console.say("Welcome to Hedwig!")
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            try:
+                line = await loop.run_in_executor(None, input, console.prompt)
+            except EOFError:
+                console.say()
+                break
+            if not await console.run_line(line):
+                break
+    finally:
+        with contextlib.suppress(Exception):
+            import readline
+
+            readline.write_history_file(os.path.expanduser("~/.quire_console_history"))
+
+
+async def _main(console: HedwigConsole, commands: Sequence[str], interactive: bool) -> int:
+    try:
+        if commands:
+            for line in commands:
+                if not await console.run_line(line):
+                    break
+        elif interactive:
+            await _interactive(console)
+        else:
+            for line in sys.stdin:
+                if not await console.run_line(line):
+                    break
+    finally:
+        await console.close()
+    return 1 if console.failed else 0
+
+
+def run_console(args: argparse.Namespace) -> int:
+    from metastore.conf import ConfError
+    try:
+        console = console_from_args(args)
+    except ConfError as exc:
+        print(f"quire console: {exc}", file=sys.stderr)
+        return 2
+    import logging
+
+    import uvloop
+
+    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":  # the console prints; libraries stay quiet
+        logging.getLogger().setLevel(logging.WARNING)
+    return uvloop.run(_main(console, args.commands, sys.stdin.isatty()))

@@ -1,0 +1,176 @@
+"""``quire scan REPORT``: run a Spark report over the metastore, print it, optionally write it.
+
+    quire scan ledgers-per-bookie --metastore lmdb:///var/lib/quire/meta
+    quire scan orphan-ledgers --metastore zk://127.0.0.1:2181/quire --min-age 2h \\
+        --master spark://127.0.0.1:7077 --out orphans.parquet
+
+The metastore is checked from this process before Spark starts; a bad
+argument, a missing lmdb store or an unreachable metastore prints one line
+(``quire scan: error: ...``) and exits 1 (argparse errors exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from metastore import sync
+from metastore.conf import ConfError, read_properties
+from metastore.errors import MetastoreError
+from tools.scan.errors import ScanError
+from tools.scan.reports import REPORTS
+
+OUT_FORMATS = (".csv", ".parquet")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+_ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
+
+EXAMPLE = """example:
+  quire scan {name} --metastore lmdb:///var/lib/quire/meta
+  quire scan {name} --metastore zk://127.0.0.1:2181/quire --master spark://127.0.0.1:7077 --out {out}
+"""
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90``, ``90s``, ``15m``, ``2h`` or ``7d``; ``argparse.ArgumentTypeError`` otherwise."""
+    m = _DURATION.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"bad duration {text!r}: use a number with s, m, h or d (e.g. 2h)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EXAMPLE.format(name="ledgers-per-bookie", out="per-bookie.parquet")
+    sub = parser.add_subparsers(dest="report", metavar="REPORT", required=True)
+    for name, (_, help_text) in REPORTS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           epilog=EXAMPLE.format(name=name, out=f"{name}.csv"),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        where = p.add_mutually_exclusive_group(required=True)
+        where.add_argument("--metastore", metavar="URI",
+                           help="metastore URI (lmdb:///path, zk://host:port/prefix, ...)")
+        where.add_argument("--conf", metavar="FILE", help="a .conf file with metastore_uri (or zk_host + zk_prefix)")
+        p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
+        p.add_argument("--out", metavar="PATH", help="also write the result to PATH.csv or PATH.parquet")
+        p.add_argument("--partitions", type=_positive, help="key ranges per scanned table (default 2 x CPUs)")
+        p.add_argument("--limit", type=_positive, default=100, help="rows to print (default 100)")
+        if name == "orphan-ledgers":
+            p.add_argument("--min-age", type=parse_duration, default=3600.0, metavar="DURATION",
+                           help="only ledgers created at least this long ago (default 1h; e.g. 0, 90s, 2h, 7d)")
+    return run
+
+
+def metastore_uri(args: argparse.Namespace) -> str:
+    """The URI from ``--metastore`` or from ``--conf`` (``ConfError`` when the file names none)."""
+    if args.metastore:
+        return str(args.metastore)
+    props = read_properties(args.conf)
+    if props.get("metastore_uri"):
+        return props["metastore_uri"]
+    if props.get("zk_host"):
+        return f"zk://{props['zk_host']}{props.get('zk_prefix', '/quire')}"
+    raise ConfError(f"{args.conf}: no metastore configured: set metastore_uri (or zk_host)")
+
+
+def check_metastore(uri: str) -> None:
+    """Open and close ``uri`` from this process; raises ``ScanError`` with the reason."""
+    from tools.scan.datasource import check_visible
+
+    check_visible(uri, "this")
+    try:
+        sync.open_metastore(uri).close()
+    except MetastoreError as exc:
+        raise ScanError(f"cannot open metastore {uri}: {exc}") from None
+
+
+def one_line(exc: BaseException) -> str:
+    """The most specific ``SomeError: reason`` line of an exception (Spark wraps Python tracebacks)."""
+    text = str(exc)
+    found = [m for m in (_ERROR_LINE.match(line.strip()) for line in text.splitlines()) if m]
+    ours = [m for m in found if not m.group(1).startswith(("Py4J", "Spark", "Analysis", "PythonException"))]
+    if ours:
+        m = ours[-1]
+        return f"{m.group(1)}: {m.group(2)}"
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return first[:500]
+
+
+def write_out(table: Any, path: str) -> None:
+    """Write an Arrow table to ``path`` (``.csv`` or ``.parquet``); ``ScanError`` on failure."""
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    try:
+        if path.endswith(".parquet"):
+            pq.write_table(table, path)
+        else:
+            pcsv.write_csv(table, path)
+    except OSError as exc:
+        raise ScanError(f"cannot write {path}: {exc}") from None
+
+
+def render(table: Any, limit: int) -> str:
+    from tabulate import tabulate
+
+    rows = table.slice(0, limit).to_pylist()
+    text = tabulate([list(r.values()) for r in rows], headers=table.column_names, tablefmt="simple")
+    more = table.num_rows - len(rows)
+    tail = f"\n... {more} more rows (use --out to get them all)" if more > 0 else ""
+    return f"{text}{tail}\n({table.num_rows} rows)"
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.out and not args.out.endswith(OUT_FORMATS):
+            raise ScanError(f"--out {args.out}: the name must end in .csv or .parquet")
+        if args.out and not Path(args.out).resolve().parent.is_dir():
+            raise ScanError(f"--out {args.out}: directory {Path(args.out).resolve().parent} does not exist")
+        uri = metastore_uri(args)
+        check_metastore(uri)
+        kwargs: dict[str, Any] = {"partitions": args.partitions}
+        if args.report == "orphan-ledgers":
+            kwargs["min_age_s"] = args.min_age
+        result = _run_spark(args.master, args.report, uri, kwargs)
+    except (ScanError, ConfError) as exc:
+        print(f"quire scan: error: {exc}", file=sys.stderr)
+        return 1
+    print(render(result, args.limit))
+    if args.out:
+        try:
+            write_out(result, args.out)
+        except ScanError as exc:
+            print(f"quire scan: error: {exc}", file=sys.stderr)
+            return 1
+        print(f"wrote {result.num_rows} rows to {args.out}")
+    return 0
+
+
+def _run_spark(master: str, report: str, uri: str, kwargs: dict[str, Any]) -> Any:
+    from tools.scan.reports import run_report
+    from tools.scan.session import spark_session
+
+    try:
+        spark = spark_session(master)
+    except Exception as exc:  # Spark start-up fails in many ways (bad master URL, no Java)
+        raise ScanError(f"cannot start Spark on {master}: {one_line(exc)}") from None
+    try:
+        return run_report(spark, report, uri, **kwargs).toArrow()
+    except Exception as exc:  # a failed job arrives as a Py4J/pyspark error wrapping the Python one
+        raise ScanError(one_line(exc)) from None
+    finally:
+        spark.stop()

@@ -1,0 +1,20 @@
+"""``quire shell``: ledger and bookie administration.
+
+    quire shell listbookies --metastore lmdb:///var/lib/quire/metastore
+    quire shell listledgers --bookie 127.0.0.1:3181 --conf conf/bk_server.conf
+    quire shell ledgermetadata 42 --metastore ...
+    quire shell readledger 42 0 9 --metastore ...
+    quire shell simpletest --ensemble 3 --write-quorum 2 --ack-quorum 2 --entries 100 --metastore ...
+    quire shell bookieinfo 127.0.0.1:3181 --metastore ...
+    quire shell recover 127.0.0.1:3181 [127.0.0.1:3184] [--dry-run] --metastore ...
+    quire shell decommission 127.0.0.1:3181 --metastore ...
+
+Modules: ``cli`` (arguments, metastore, errors), ``commands`` (one function
+per command), ``recover`` (re-replication of a bookie's fragments),
+``progress`` (the tqdm bar), ``bookie_ops`` (the one adapter to the bookie
+package's lower layers), ``errors``.
+"""
+
+from tools.shell.cli import configure, run
+
+__all__ = ["configure", "run"]

@@ -1,0 +1,290 @@
+"""Argument parsing, metastore resolution and error handling for ``quire shell``.
+
+Every command takes ``--metastore URI`` or ``--conf FILE`` (a properties
+file with ``metastore_uri``, or ``zk_host`` and ``zk_prefix``; its placement
+keys choose the placement policy) and ``--timeout SECONDS`` (bounds opening
+the metastore and each bookie request). A bad argument or configuration
+prints one line and exits 2; an unreachable metastore or a failed command
+prints one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import NoReturn, TextIO
+from urllib.parse import unquote, urlsplit
+
+from bookie.errors import BKError
+from bookie.errors import ConfError as BookieConfError
+from metastore import MetaStore, open_metastore
+from metastore.conf import ConfError, read_properties
+from metastore.errors import IllegalOpError, MetastoreError
+from metastore.registry import scheme_of
+from tools.shell import commands
+from tools.shell.bookie_ops import BookieOps
+from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
+
+Command = Callable[[BookieOps, argparse.Namespace, TextIO], Awaitable[int]]
+
+DEFAULT_TIMEOUT = 10.0
+EXAMPLE_URI = "lmdb:///var/lib/quire/metastore"
+
+
+class ShellArgumentParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line: ``quire shell CMD: error: ...``."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def bookie_address(text: str) -> str:
+    """``HOST:PORT`` with a port in range; ``ArgumentTypeError`` otherwise."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"bad bookie address {text!r}: expected HOST:PORT")
+    return text
+
+
+def bounded_int(what: str, least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``least``, or a one-line ``ArgumentTypeError`` naming ``what``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad {what} {text!r}: expected a number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"bad {what} {text!r}: expected a number >= {least}")
+        return value
+
+    return parse
+
+
+ledger_id = bounded_int("ledger id", 0)
+entry_id = bounded_int("entry id", 0)
+positive = bounded_int("count", 1)
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, not {text!r}")
+    return value
+
+
+def password(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
+def _common() -> ShellArgumentParser:
+    common = ShellArgumentParser(add_help=False)
+    where = common.add_argument_group("metastore")
+    where.add_argument("--metastore", metavar="URI", help="metastore URI (lmdb:///path, zk://host:port/prefix, ...)")
+    where.add_argument("--conf", metavar="FILE",
+                       help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
+    where.add_argument("--timeout", metavar="SECONDS", type=non_negative_float, default=DEFAULT_TIMEOUT,
+                       help=f"bound for opening the metastore and each bookie request (default {DEFAULT_TIMEOUT:g})")
+    return common
+
+
+def _password_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--password", type=password, default=b"", metavar="TEXT",
+                   help="the ledgers' password (default empty)")
+
+
+def _recovery_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--password", type=password, action="append", default=[], dest="passwords", metavar="TEXT",
+                   help="a ledger password; repeat for ledgers with different ones (the empty one is always tried)")
+    p.add_argument("--skip-open", action="store_true",
+                   help="leave open ledgers alone (default: recovery-close them first, fencing their writer)")
+    p.add_argument("--parallel", type=positive, default=4, metavar="N", help="ledgers recovered at once (default 4)")
+    p.add_argument("--max-entries-per-second", type=non_negative_float, default=0.0, metavar="RATE",
+                   help="throttle entry copies (default 0: unlimited)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: on when stderr is a terminal)")
+
+
+# name -> (command, help, example arguments, options)
+COMMANDS: dict[str, tuple[Command, str, str, Callable[[argparse.ArgumentParser], None]]] = {}
+
+
+def _register(name: str, command: Command, help_text: str, example: str,
+              options: Callable[[argparse.ArgumentParser], None]) -> None:
+    COMMANDS[name] = (command, help_text, example, options)
+
+
+def _listbookies(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--readonly", action="store_true", help="list the read-only bookies instead of the writable ones")
+
+
+def _listledgers(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bookie", type=bookie_address, metavar="ADDR", help="only ledgers with a segment on ADDR")
+    p.add_argument("-l", "--long", action="store_true", help="also show state, quorums, last entry, length, bookies")
+
+
+def _ledgermetadata(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ledger_id", type=ledger_id, metavar="ID")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _readledger(p: argparse.ArgumentParser) -> None:
+    p.add_argument("ledger_id", type=ledger_id, metavar="ID")
+    p.add_argument("first", type=entry_id, nargs="?", metavar="FROM", help="first entry (default 0)")
+    p.add_argument("last", type=entry_id, nargs="?", metavar="TO", help="last entry (default: last readable)")
+    p.add_argument("--hex", action="store_true", help="print every entry as hex")
+    _password_option(p)
+
+
+def _simpletest(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-e", "--ensemble", type=positive, default=3, metavar="E", help="ensemble size (default 3)")
+    p.add_argument("-w", "--write-quorum", type=positive, default=2, metavar="W", help="write quorum (default 2)")
+    p.add_argument("-a", "--ack-quorum", type=positive, default=2, metavar="A", help="ack quorum (default 2)")
+    p.add_argument("-n", "--entries", type=positive, default=100, metavar="N", help="entries to write (default 100)")
+    p.add_argument("--keep", action="store_true", help="keep the test ledger (default: delete it)")
+    _password_option(p)
+
+
+def _bookieinfo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("address", type=bookie_address, metavar="ADDR")
+
+
+def _recover(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", type=bookie_address, metavar="SRC", help="the bookie whose data is re-replicated")
+    p.add_argument("dest", type=bookie_address, nargs="?", metavar="DEST",
+                   help="the bookie to copy to (default: chosen per fragment by the placement policy)")
+    p.add_argument("--dry-run", action="store_true", help="list what would be done; change nothing")
+    _recovery_options(p)
+
+
+def _decommission(p: argparse.ArgumentParser) -> None:
+    p.add_argument("address", type=bookie_address, metavar="ADDR", help="a stopped bookie")
+    _recovery_options(p)
+
+
+_register("listbookies", commands.listbookies, "list the registered writable (or read-only) bookies",
+          "", _listbookies)
+_register("listledgers", commands.listledgers, "list ledger ids (all, or those with a segment on one bookie)",
+          "--bookie 127.0.0.1:3181 --long", _listledgers)
+_register("ledgermetadata", commands.ledgermetadata, "print one ledger's metadata", "42", _ledgermetadata)
+_register("readledger", commands.readledger, "print a ledger's entries (without fencing it)", "42 0 9",
+          _readledger)
+_register("simpletest", commands.simpletest, "write entries to a fresh ledger and read them back",
+          "--ensemble 3 --write-quorum 2 --ack-quorum 2 --entries 100", _simpletest)
+_register("bookieinfo", commands.bookieinfo, "free disk and state of one bookie", "127.0.0.1:3181", _bookieinfo)
+_register("recover", commands.recover, "re-replicate every ledger fragment of a bookie onto other bookies",
+          "127.0.0.1:3181 --dry-run", _recover)
+_register("decommission", commands.decommission,
+          "recover a stopped bookie's ledgers, check none names it, remove its registration",
+          "127.0.0.1:3181", _decommission)
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """Fill the ``quire shell`` sub-parser; returns the handler."""
+    parser.description = "Ledger and bookie administration."
+    common = _common()
+    sub = parser.add_subparsers(dest="shell_command", metavar="COMMAND", parser_class=ShellArgumentParser)
+    for name, (_, help_text, example, options) in COMMANDS.items():
+        epilog = f"example:\n  quire shell {name} --metastore {EXAMPLE_URI}" + (f" {example}" if example else "")
+        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, epilog=epilog,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        options(p)
+    parser.epilog = f"example:\n  quire shell listbookies --metastore {EXAMPLE_URI}"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.set_defaults(shell_parser=parser)
+    return run
+
+
+def resolve_metastore(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
+    """The metastore URI and the configuration keys (from ``--conf``) for the command.
+
+    Raises ``UsageError`` when neither ``--metastore`` nor a ``--conf`` naming
+    a metastore is given, or the conf file cannot be read.
+    """
+    conf: dict[str, str] = {}
+    if args.conf is not None:
+        try:
+            conf = read_properties(args.conf)
+        except ConfError as exc:
+            raise UsageError(str(exc)) from None
+    uri = args.metastore or conf.get("metastore_uri") or ""
+    if not uri and conf.get("zk_host"):
+        uri = f"zk://{conf['zk_host']}{conf.get('zk_prefix') or '/quire'}"
+    if not uri:
+        where = f"{args.conf} has no metastore_uri (nor zk_host)" if args.conf else "no metastore given"
+        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri")
+    return uri, conf
+
+
+async def open_store(uri: str, timeout: float) -> MetaStore:
+    """Open an existing metastore within ``timeout`` seconds.
+
+    Raises ``UsageError`` for a malformed URI and ``MetastoreUnavailableError``
+    when the store cannot be reached or (lmdb) does not exist: a tool never
+    creates a fresh, empty metastore by mistake.
+    """
+    try:
+        scheme = scheme_of(uri)
+    except IllegalOpError as exc:
+        raise UsageError(str(exc)) from None
+    if scheme == "lmdb":
+        path = Path(unquote(urlsplit(uri).path))
+        if not path.is_dir():
+            raise MetastoreUnavailableError(f"no lmdb metastore at {path} (no such directory)")
+    try:
+        return await asyncio.wait_for(open_metastore(uri), timeout or None)
+    except TimeoutError:
+        raise MetastoreUnavailableError(f"metastore {uri} did not answer within {timeout:g} s") from None
+    except IllegalOpError as exc:
+        raise UsageError(f"cannot open metastore {uri}: {exc}") from None
+    except (MetastoreError, OSError) as exc:
+        raise MetastoreUnavailableError(f"cannot open metastore {uri}: {exc}") from None
+
+
+async def _main(args: argparse.Namespace, out: TextIO) -> int:
+    command = COMMANDS[args.shell_command][0]
+    uri, conf = resolve_metastore(args)
+    store = await open_store(uri, args.timeout)
+    try:
+        try:
+            ops = await BookieOps.open(store, conf, timeout=args.timeout or DEFAULT_TIMEOUT)
+        except ValueError as exc:
+            raise UsageError(f"placement configuration: {exc}") from None
+        try:
+            return await command(ops, args, out)
+        finally:
+            await ops.close()
+    except (BookieConfError, ConfError) as exc:
+        raise UsageError(str(exc)) from None
+    except (BKError, MetastoreError) as exc:
+        raise ShellError(str(exc) or type(exc).__name__) from None
+    finally:
+        await store.close()
+
+
+def _quiet_logging(args: argparse.Namespace) -> None:
+    """At the default ``--log-level`` an admin command logs warnings only (kazoo's reconnects: errors only)."""
+    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":
+        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger("kazoo").setLevel(logging.ERROR)
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """Run the chosen shell command; returns its exit status (errors printed as one line on stderr)."""
+    name = getattr(args, "shell_command", None)
+    if name is None:
+        args.shell_parser.print_help(sys.stderr)
+        return 2
+    _quiet_logging(args)
+    try:
+        return asyncio.run(_main(args, out if out is not None else sys.stdout))
+    except ShellError as exc:
+        sys.stderr.write(f"quire shell {name}: {exc}\n")
+        return exc.exit_code
