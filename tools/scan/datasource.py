@@ -152,11 +152,8 @@ class KeyRangeReader(DataSourceReader):
 
 def read_range(partition: KeyRangePartition, spec: TableSpec, batch: int) -> Iterator[Any]:
     """Arrow record batches of the rows in ``partition`` (runs in the executor)."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     check_visible(partition.uri, "executor", partition.driver_host)
-    arrow_schema = to_arrow_schema(spec.schema)
+    arrow_schema = spec.arrow_schema
     fields = spec.fields if spec.fields is not None else None
     ms = sync.open_metastore(partition.uri)
     try:
@@ -166,14 +163,10 @@ def read_range(partition: KeyRangePartition, spec: TableSpec, batch: int) -> Ite
         else:
             cur = table.open_cursor(fields=fields)
         try:
-            row = spec.row
             while cur.has_more():
-                rows = [row(k, got) for k, got in cur.read_entries(batch)]
-                if rows:
-                    columns = list(zip(*rows, strict=True))
-                    yield pa.RecordBatch.from_arrays(
-                        [pa.array(col, type=f.type) for col, f in zip(columns, arrow_schema, strict=True)],
-                        schema=arrow_schema)
+                entries = cur.read_entries(batch)
+                if entries:
+                    yield spec.batch(entries, arrow_schema)
         finally:
             cur.close()
     finally:

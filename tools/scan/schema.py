@@ -43,6 +43,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -62,6 +64,8 @@ from metastore import Value, Versioned
 
 Row = tuple[Any, ...]
 Decoder = Callable[[str, Value], Row]
+Entries = Sequence[tuple[str, Versioned]]
+Columnar = Callable[[Entries, pa.Schema], list[pa.Array]]
 
 _S, _L, _I, _B = StringType(), LongType(), IntegerType(), BinaryType()
 _BYTES_MAP = MapType(_S, _B)
@@ -75,6 +79,7 @@ class TableSpec:
     columns: tuple[tuple[str, DataType], ...]
     decode: Decoder
     fields: frozenset[str] | None = None  # metastore fields to fetch; None = all
+    columnar: Columnar | None = None  # builds the Arrow columns of a batch directly (big tables)
 
     @property
     def schema(self) -> StructType:
@@ -88,8 +93,28 @@ class TableSpec:
         try:
             decoded = self.decode(key, got.value)
         except Exception as exc:  # any malformed record: report it in the row, keep scanning
-            return (key, got.version.value, *([None] * len(self.columns)), f"{type(exc).__name__}: {exc}")
+            return (key, got.version.value, *([None] * len(self.columns)), _error(exc))
         return (key, got.version.value, *decoded, None)
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        return to_arrow_schema(self.schema)
+
+    def batch(self, entries: Entries, arrow_schema: pa.Schema | None = None) -> pa.RecordBatch:
+        """One Arrow record batch of ``entries``, the same values as ``row`` of each.
+
+        Tables with a ``columnar`` builder (``ledgers``) append straight into
+        flat column lists and build nested columns from offsets, so no tuple or
+        list is made per row; the others go row by row.
+        """
+        schema = arrow_schema if arrow_schema is not None else self.arrow_schema
+        if self.columnar is not None:
+            arrays = self.columnar(entries, schema)
+        else:
+            rows = [self.row(k, got) for k, got in entries]
+            columns: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [[] for _ in schema]
+            arrays = [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _field(value: Value, name: str) -> bytes:
@@ -108,6 +133,87 @@ def _ledger(key: str, value: Value) -> Row:
     return (int(key), m.ensemble_size, m.write_quorum_size, m.ack_quorum_size, _LEDGER_STATES.get(m.state),
             m.last_entry_id, m.length, m.digest_type, m.ctime_ms,
             [(s.first_entry_id, list(s.ensemble)) for s in m.segments], dict(m.properties))
+
+
+def _error(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _ledger_columns(entries: Entries, schema: pa.Schema) -> list[pa.Array]:
+    """The ``ledgers`` batch column by column (``_ledger`` row by row gives the same values)."""
+    keys: list[str] = []
+    versions: list[int] = []
+    ids: list[int | None] = []
+    ens: list[int | None] = []
+    wq: list[int | None] = []
+    aq: list[int | None] = []
+    states: list[str | None] = []
+    last: list[int | None] = []
+    lengths: list[int | None] = []
+    digests: list[str | None] = []
+    ctimes: list[int | None] = []
+    errs: list[str | None] = []
+    valid: list[bool] = []
+    seg_offsets, bookie_offsets, prop_offsets = [0], [0], [0]
+    firsts: list[int] = []
+    bookies: list[str] = []
+    prop_keys: list[str] = []
+    prop_values: list[bytes] = []
+    from_string, states_by_number = LedgerMetadataFormat.FromString, _LEDGER_STATES
+    for key, got in entries:
+        keys.append(key)
+        versions.append(got.version.value)
+        try:
+            m = from_string(_field(got.value, "data"))
+            ledger_id = int(key)
+        except Exception as exc:  # malformed: nulls and the reason, as ``TableSpec.row``
+            for col in (ids, ens, wq, aq, states, last, lengths, digests, ctimes):
+                col.append(None)
+            errs.append(_error(exc))
+            valid.append(False)
+            seg_offsets.append(len(firsts))
+            prop_offsets.append(len(prop_keys))
+            continue
+        ids.append(ledger_id)
+        ens.append(m.ensemble_size)
+        wq.append(m.write_quorum_size)
+        aq.append(m.ack_quorum_size)
+        states.append(states_by_number.get(m.state))
+        last.append(m.last_entry_id)
+        lengths.append(m.length)
+        digests.append(m.digest_type)
+        ctimes.append(m.ctime_ms)
+        errs.append(None)
+        valid.append(True)
+        for seg in m.segments:
+            firsts.append(seg.first_entry_id)
+            bookies.extend(seg.ensemble)
+            bookie_offsets.append(len(bookies))
+        seg_offsets.append(len(firsts))
+        if m.properties:
+            for k, v in m.properties.items():
+                prop_keys.append(k)
+                prop_values.append(v)
+        prop_offsets.append(len(prop_keys))
+    mask = None if all(valid) else pa.array([not v for v in valid], pa.bool_())
+    ensembles_type, properties_type = schema.field("ensembles").type, schema.field("properties").type
+    segment_type = ensembles_type.value_type
+    segments = pa.StructArray.from_arrays(
+        [pa.array(firsts, segment_type.field("first_entry").type),
+         pa.ListArray.from_arrays(pa.array(bookie_offsets, pa.int32()), pa.array(bookies, pa.string()),
+                                  type=segment_type.field("bookies").type)],
+        fields=list(segment_type))
+    t = {f.name: f.type for f in schema}
+    return [
+        pa.array(keys, t["key"]), pa.array(versions, t["version"]), pa.array(ids, t["ledger_id"]),
+        pa.array(ens, t["ensemble_size"]), pa.array(wq, t["write_quorum"]), pa.array(aq, t["ack_quorum"]),
+        pa.array(states, t["state"]), pa.array(last, t["last_entry_id"]), pa.array(lengths, t["length"]),
+        pa.array(digests, t["digest_type"]), pa.array(ctimes, t["ctime_ms"]),
+        pa.ListArray.from_arrays(pa.array(seg_offsets, pa.int32()), segments, type=ensembles_type, mask=mask),
+        pa.MapArray.from_arrays(pa.array(prop_offsets, pa.int32()), pa.array(prop_keys, properties_type.key_type),
+                                pa.array(prop_values, properties_type.item_type), type=properties_type, mask=mask),
+        pa.array(errs, t["error"]),
+    ]
 
 
 def _bookie(key: str, value: Value) -> Row:
@@ -155,7 +261,7 @@ KNOWN: dict[str, TableSpec] = {
         ("ledger_id", _L), ("ensemble_size", _I), ("write_quorum", _I), ("ack_quorum", _I), ("state", _S),
         ("last_entry_id", _L), ("length", _L), ("digest_type", _S), ("ctime_ms", _L),
         ("ensembles", ArrayType(StructType([StructField("first_entry", _L), StructField("bookies", ArrayType(_S))]))),
-        ("properties", _BYTES_MAP)), _ledger, frozenset({"data"})),
+        ("properties", _BYTES_MAP)), _ledger, frozenset({"data"}), _ledger_columns),
     "bookies": TableSpec("bookies", (
         ("address", _S), ("network_location", _S), ("state", _S), ("free_disk", _L), ("total_disk", _L),
         ("registered_ms", _L)), _bookie, frozenset({"data"})),
