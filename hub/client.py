@@ -43,7 +43,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import heapq
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -72,6 +74,66 @@ _RETRY_WAIT = 0.05
 _SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
 
 
+class _Deadlines:
+    """Response timeouts of one connection's requests with one timer, not one per request.
+
+    Requests mostly come with ascending deadlines (one timeout, sent in order)
+    and are answered in order: those sit in a deque whose answered head is
+    dropped as new ones arrive; a retry with an earlier deadline goes to a
+    small heap. The timer is armed for the earliest deadline only.
+    """
+
+    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse]], None]) -> None:
+        self._on_expired = on_expired
+        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = collections.deque()
+        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        at = loop.time() + timeout
+        order = self._order
+        while order and order[0][2].done():
+            order.popleft()
+        if order and at < order[-1][0]:
+            heapq.heappush(self._late, (at, txn_id, fut))
+        else:
+            order.append((at, txn_id, fut))
+        if at < self._at:
+            self._arm(loop, at)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._fire)
+        self._at = at
+
+    def _fire(self) -> None:
+        self._timer, self._at = None, math.inf
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        order, late = self._order, self._late
+        while order and (order[0][2].done() or order[0][0] <= now):
+            _, txn_id, fut = order.popleft()
+            if not fut.done():
+                self._on_expired(txn_id, fut)
+        while late and (late[0][2].done() or late[0][0] <= now):
+            _, txn_id, fut = heapq.heappop(late)
+            if not fut.done():
+                self._on_expired(txn_id, fut)
+        nxt = min(order[0][0] if order else math.inf, late[0][0] if late else math.inf)
+        if nxt < math.inf:
+            self._arm(loop, nxt)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at = None, math.inf
+        self._order.clear()
+        self._late.clear()
+
+
 class _Conn(asyncio.Protocol):
     """One connection to one hub."""
 
@@ -83,6 +145,7 @@ class _Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.lost = asyncio.get_running_loop().create_future()
         self.paused_by: set[tuple[bytes, bytes]] = set()
+        self.deadlines = _Deadlines(self._expired)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -102,6 +165,7 @@ class _Conn(asyncio.Protocol):
                     self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.deadlines.close()
         for fut in self.machine.drain():
             if not fut.done():
                 fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
@@ -119,14 +183,20 @@ class _Conn(asyncio.Protocol):
     def alive(self) -> bool:
         return self.transport is not None and not self.transport.is_closing()
 
-    def request(self, req: pb.PubSubRequest) -> asyncio.Future[pb.PubSubResponse]:
+    def request(self, req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        """The response to ``req``; ``ResponseTimeoutError`` when none comes within ``timeout`` seconds."""
         fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
         if not self.alive:
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return fut
         assert self.transport is not None
         self._write_now(self.machine.send_request(req, fut))
+        self.deadlines.watch(req.txnId, fut, timeout)
         return fut
+
+    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse]) -> None:
+        self.machine.forget(txn_id)
+        fut.set_exception(errors.ResponseTimeoutError(f"no answer from {self.address} within the timeout"))
 
     def one_way(self, req: pb.PubSubRequest) -> None:
         if self.alive:
@@ -268,12 +338,9 @@ class HedwigClient:
                 req.shouldClaim = False
                 await asyncio.sleep(min(_RETRY_WAIT, max(0.0, remaining)))
                 continue
-            fut = conn.request(req)
             try:
-                async with asyncio.timeout(remaining):
-                    resp = await fut
-            except TimeoutError:
-                conn.machine.forget(req.txnId)
+                resp = await conn.request(req, remaining)
+            except errors.ResponseTimeoutError:
                 raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
             status = resp.statusCode
             if status == pb.SUCCESS:

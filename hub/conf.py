@@ -75,7 +75,7 @@ class HubConf:
         60000, "ms between runs of the consumed-ledger deletion task", min=1)
     max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)
     max_batch_messages: int = setting(1000, "messages one ledger entry may batch", min=1)
-    max_outstanding_adds: int = setting(2, "ledger entries in flight per topic; later publishes batch", min=1)
+    max_outstanding_adds: int = setting(16, "ledger entries in flight per topic; later publishes batch", min=1)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")

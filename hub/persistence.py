@@ -12,9 +12,12 @@ and its end seq id read from its last entry; then a new ledger is created
 and appended as the open range (CAS on ``topic_persistence``, so two hubs
 never both write a topic).
 
-Up to ``max_outstanding_adds`` entries are in flight per topic; publishes
-that arrive while that many are in flight wait and go into the next entry
-together, one ``pubsub_pb2.MessageBatch`` per entry, bounded by
+Up to ``max_outstanding_adds`` entries are in flight per topic (default 16:
+like Hedwig, a publish goes out as its own add at once, and the bookies'
+group commit merges the adds of all topics into one fsync; 2 made publishes
+queue behind the adds in flight, about doubling the latency at moderate
+rates); publishes that arrive while that many are in flight wait and go
+into the next entry together, one ``pubsub_pb2.MessageBatch`` per entry, bounded by
 ``max_batch_messages`` and ``max_batch_bytes``; a lone publish is sent at
 once. Seq ids are dense per message: the first message of a topic is 1.
 The ledger rolls after ``max_entries_per_ledger`` entries.

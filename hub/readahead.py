@@ -10,6 +10,7 @@ one range scan to the ledgers through the injected ``scanner``::
     cache = ReadAheadCache(conf, scanner)            # conf: readahead_enabled, readahead_count,
                                                      # readahead_size, cache_size, cache_entry_ttl,
                                                      # scan_backoff_ms (HubConf has them)
+    cache = ReadAheadCache(conf, scanner, last_seq=lambda topic: persisted_last_seq(topic))
     msg = await cache.scan_single(b"topic", 42)      # hit, or wait on the stub filled by a scan
     cache.on_published(b"topic", msg)                # a new message: fills a stub, may be cached
     cache.consumed_up_to(b"topic", 40)               # every subscriber consumed 40: prune <= 40
@@ -27,9 +28,15 @@ The rules, as the developers' guide states them:
   ahead; when that message is neither cached nor stubbed it stubs and scans
   the missing messages up to ``seq + n``, so the next ``n`` are always on
   their way. It does not read past the last message it knows of when the
-  last scan ended short (the topic's end).
+  last scan ended short (the topic's end). Given ``last_seq`` (the hub
+  passes its topic log's last persisted seq id), it never stubs or scans
+  past that: a subscriber at the tail gets new messages from
+  ``on_published`` instead of reading back from the ledgers what was just
+  written.
 * ``on_published`` fills a stub at once and caches the message when a
-  reader of the topic is within ``n`` of it.
+  reader of the topic is within ``n`` of it, or when the message before it
+  is cached (so a batch persisted at once is cached whole for a reader at
+  the tail, as the guide's "whenever a message is published, it is cached").
 * Pruning: ``consumed_up_to`` drops every message up to that seq id; when
   the messages' sizes (body plus property keys and values) pass
   ``cache_size`` bytes the oldest entries go first (FIFO); with
@@ -122,8 +129,10 @@ class ReadAheadCache:
     """Messages of the owned topics, read ahead of the subscribers (see the module docstring)."""
 
     def __init__(self, conf: ReadAheadConf, scanner: Scanner, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 last_seq: Callable[[bytes], int] | None = None) -> None:
         self._scanner = scanner
+        self._last_seq = last_seq
         self._clock = clock
         self._n = max(1, int(conf.readahead_count)) if conf.readahead_enabled else 1
         self._readahead_size = max(1, int(conf.readahead_size))
@@ -164,7 +173,10 @@ class ReadAheadCache:
         self._counters["misses"] += 1
         stub = t.stubs.get(seq_id)
         if stub is None:
-            self._start_scan(t, seq_id, self._n)
+            n = self._n
+            if self._last_seq is not None:
+                n = max(1, min(n, self._last_seq(topic) - seq_id + 1))
+            self._start_scan(t, seq_id, n)
             stub = t.stubs[seq_id]
         else:
             self._counters["stub_waits"] += 1
@@ -186,8 +198,8 @@ class ReadAheadCache:
         stub = t.stubs.pop(seq, None)
         if stub is not None:
             self._fulfil(stub, message)
-        elif seq > t.max_read + self._n:
-            return
+        elif seq > t.max_read + self._n and seq - 1 not in t.messages:
+            return   # far ahead of every reader (a run that starts within reach is cached whole)
         self._cache(t, [(seq, message)])
 
     def consumed_up_to(self, topic: bytes, seq_id: int) -> None:
@@ -237,12 +249,19 @@ class ReadAheadCache:
         if self._n < 2 or self._closed or self._topics.get(t.name) is not t:
             return
         probe = seq + self._n // 2
+        last = self._last_seq(t.name) if self._last_seq is not None else None
+        if last is not None:
+            probe = min(probe, last)   # never read ahead of what is persisted: on_published brings it
+            if probe <= seq:
+                return
         if t.present(probe) or (probe > t.known_last and not t.maybe_more):
             return
         start = seq + 1
         while t.present(start):
             start += 1
         end = seq + self._n if t.maybe_more else min(seq + self._n, t.known_last)
+        if last is not None:
+            end = min(end, last)
         if start <= end:
             self._start_scan(t, start, end - start + 1)
 

@@ -350,7 +350,7 @@ class HubServer:
         self.registry = HubRegistry(self.store)
         for m in (self.owners, self.pm, self.sm, self.registry):
             await m.start()
-        self.cache = ReadAheadCache(self.conf, self._scan)
+        self.cache = ReadAheadCache(self.conf, self._scan, last_seq=self._last_seq)
         await self._listen()
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
@@ -457,6 +457,10 @@ class HubServer:
         t = self.topics.get(topic)
         if t is not None:
             self.cache.consumed_up_to(topic, t.subs.min_consumed())
+
+    def _last_seq(self, topic: bytes) -> int:
+        t = self.topics.get(topic)
+        return t.log.last_seq if t is not None else 0
 
     async def _scan(self, topic: bytes, start: int, max_messages: int, max_bytes: int) -> list[Message]:
         t = self.topics.get(topic)

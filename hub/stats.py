@@ -66,12 +66,12 @@ class HubMetrics(Collector):
         self.registry = CollectorRegistry()
         self.latency = Histogram(_name("request_seconds"), "request latency by operation (PubSubServer)",
                                  ["op"], registry=self.registry, buckets=LATENCY_BUCKETS)
-        for op in OPS:
-            self.latency.labels(op)     # every op present from the first scrape
+        # every op present from the first scrape; children looked up once, not per request
+        self._by_op = {op: self.latency.labels(op) for op in OPS}
         self.registry.register(self)
 
     def observe(self, op: str, seconds: float) -> None:
-        self.latency.labels(op).observe(seconds)
+        self._by_op[op].observe(seconds)
 
     def serve(self, host: str, port: int) -> tuple[str, Callable[[], None]]:
         """Start the endpoint; the URL and a stop function. ``OSError`` when the port is taken."""
