@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Delivery"]
 
+_YIELD_EVERY = 64   # cache hits delivered without awaiting before the task yields once
+
 
 class Delivery:
     """See the module docstring."""
@@ -79,6 +81,7 @@ class Delivery:
         return not (self.window and len(self.outstanding) >= self.window)
 
     async def _run(self) -> None:
+        run = 0
         try:
             while True:
                 while not self._ready():
@@ -87,7 +90,15 @@ class Delivery:
                 if not self.writable.is_set():
                     await self.writable.wait()
                 seq = self.next_seq
-                msg = await self.cache.scan_single(self.topic, seq)
+                msg = self.cache.cached(self.topic, seq)
+                if msg is None:
+                    msg = await self.cache.scan_single(self.topic, seq)
+                    run = 0
+                else:
+                    run += 1
+                    if run >= _YIELD_EVERY:   # a long run of cache hits: let the loop breathe
+                        run = 0
+                        await asyncio.sleep(0)
                 self.next_seq = seq + 1
                 if self.filter is not None and not safe_test(self.filter, msg):
                     continue

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -57,6 +58,11 @@ class Message:
         props = {e.key: e.value for e in msg.header.properties.entries}
         return cls(body=msg.body, properties=props, msg_id=MessageId.from_proto(msg.msgId),
                    src_region=msg.srcRegion.decode("utf-8", "replace"))
+
+    @functools.cached_property
+    def wire(self) -> bytes:
+        """``to_proto()`` serialized: computed once, however many subscribers a message is delivered to."""
+        return self.to_proto().SerializeToString()
 
     def to_proto(self) -> pb.Message:
         out = pb.Message(body=self.body, srcRegion=self.src_region.encode())

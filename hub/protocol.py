@@ -25,6 +25,7 @@ Failure: nothing here raises on bad input; bad bytes become ``Reject``
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -32,7 +33,7 @@ from typing import Generic, TypeVar
 from google.protobuf.message import DecodeError
 
 from bookie.errors import FrameTooLargeError
-from bookie.protocol import FrameDecoder, encode_frame
+from bookie.protocol import LENGTH_PREFIX, FrameDecoder, encode_frame
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = [
@@ -339,13 +340,45 @@ class OutBuffer:
 
 # --- server-side builders -------------------------------------------------------------------------
 
-def delivery(topic: bytes, subscriber: bytes, message: pb.Message) -> bytes:
-    """The encoded delivery frame of one message to one subscription."""
-    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=topic)
-    resp.delivery.topic = topic
-    resp.delivery.subscriberId = subscriber
-    resp.delivery.message.CopyFrom(message)
-    return encode(resp)
+def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
+    """The encoded delivery frame of one message to one subscription.
+
+    ``message`` is a ``pubsub_pb2.Message`` or its serialized bytes (the hub
+    passes ``hub.message.Message.wire``, serialized once per message however
+    many subscribers get it). The frame is put together from the wire
+    encoding of its fields, in field order, so it is byte for byte what
+    protobuf itself serializes (a test holds it to that).
+    """
+    wire = message if isinstance(message, bytes) else message.SerializeToString()
+    head, inner = _delivery_head(topic, subscriber)
+    inner = inner + _MESSAGE_TAG + _varint(len(wire)) + wire
+    body = head + _DELIVERY_TAG + _varint(len(inner)) + inner
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+_DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimited
+_MESSAGE_TAG = _varint(3 << 3 | 2)     # Delivery.message
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _delivery_head(topic: bytes, subscriber: bytes) -> tuple[bytes, bytes]:
+    """The response fields before ``delivery`` and the ``Delivery`` fields before ``message``."""
+    head = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0,
+                             topic=topic).SerializeToString()
+    inner = pb.Delivery(topic=topic, subscriberId=subscriber).SerializeToString()
+    return head, inner
 
 
 def subscription_event(topic: bytes, subscriber: bytes, event: int) -> bytes:

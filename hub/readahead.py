@@ -12,6 +12,7 @@ one range scan to the ledgers through the injected ``scanner``::
                                                      # scan_backoff_ms (HubConf has them)
     cache = ReadAheadCache(conf, scanner, last_seq=lambda topic: persisted_last_seq(topic))
     msg = await cache.scan_single(b"topic", 42)      # hit, or wait on the stub filled by a scan
+    msg = cache.cached(b"topic", 43)                 # a hit without awaiting, else None
     cache.on_published(b"topic", msg)                # a new message: fills a stub, may be cached
     cache.consumed_up_to(b"topic", 40)               # every subscriber consumed 40: prune <= 40
     cache.release_topic(b"topic")                    # the hub gave the topic up
@@ -186,6 +187,23 @@ class ReadAheadCache:
         finally:
             stub.waiters -= 1
         self._refill(t, seq_id)
+        return msg
+
+    def cached(self, topic: bytes, seq_id: int) -> Message | None:
+        """The message ``seq_id`` when the cache holds it (a hit, read-ahead kept going), else None.
+
+        The synchronous half of ``scan_single``: a reader at a cached message
+        takes it without a coroutine; on None it awaits ``scan_single``.
+        """
+        t = self._topics.get(topic)
+        if t is None or self._closed:
+            return None
+        msg = t.messages.get(seq_id)
+        if msg is not None:
+            if seq_id > t.max_read:
+                t.max_read = seq_id
+            self._counters["hits"] += 1
+            self._refill(t, seq_id)
         return msg
 
     def on_published(self, topic: bytes, message: Message) -> None:

@@ -167,7 +167,7 @@ class HubConnection(asyncio.Protocol):
         self.server.stats.incr("packets_sent")
 
     def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None:
-        self._write(protocol.delivery(topic, subscriber, message.to_proto()))
+        self._write(protocol.delivery(topic, subscriber, message.wire))
         self.server.stats.incr("messages_delivered")
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None:
