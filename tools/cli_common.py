@@ -3,6 +3,7 @@
     uri, props = metastore_from_args(args.metastore, args.conf)   # props: the --conf file's keys
     if uri is None: ...                                           # each tool words its own usage error
     store = await open_tool_metastore(uri, timeout=10.0)          # or probe_metastore(uri) without a loop
+    quiet_logging(args, "kazoo")                                  # a tool that prints: warnings only
 
 The URI is ``--metastore``, else the conf file's ``metastore_uri``, else
 ``zk://<zk_host><zk_prefix>`` when the file sets ``zk_host`` (``zk_prefix``
@@ -19,7 +20,9 @@ its own error classes, prefixes and exit statuses.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import logging
 from collections.abc import Mapping
 
 from metastore import MetaStore, open_metastore
@@ -34,6 +37,7 @@ __all__ = [
     "metastore_uri_of",
     "open_tool_metastore",
     "probe_metastore",
+    "quiet_logging",
 ]
 
 
@@ -94,3 +98,14 @@ def probe_metastore(uri: str, timeout: float | None = None) -> None:
             raise MetastoreUnreachableError(f"cannot open metastore {uri}: {exc}") from None
 
     asyncio.run(probe())
+
+
+def quiet_logging(args: argparse.Namespace, *errors_only: str) -> None:
+    """At the default ``--log-level`` (INFO) a tool that prints logs warnings only, and ``errors_only`` loggers errors.
+
+    An explicit ``--log-level`` other than INFO is left as given.
+    """
+    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":
+        logging.getLogger().setLevel(logging.WARNING)
+        for name in errors_only:
+            logging.getLogger(name).setLevel(logging.ERROR)

@@ -645,10 +645,9 @@ def run_console(args: argparse.Namespace) -> int:
     except ConfError as exc:
         print(f"quire console: {exc}", file=sys.stderr)
         return 2
-    import logging
-
     import uvloop
 
-    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":  # the console prints; libraries stay quiet
-        logging.getLogger().setLevel(logging.WARNING)
+    from tools.cli_common import quiet_logging
+
+    quiet_logging(args)  # the console prints; libraries stay quiet
     return uvloop.run(_main(console, args.commands, sys.stdin.isatty()))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,7 +24,13 @@ from metastore import MetaStore
 from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
 from metastore.registry import scheme_of
-from tools.cli_common import BadMetastoreURIError, MetastoreOpenError, metastore_from_args, open_tool_metastore
+from tools.cli_common import (
+    BadMetastoreURIError,
+    MetastoreOpenError,
+    metastore_from_args,
+    open_tool_metastore,
+    quiet_logging,
+)
 from tools.shell import commands
 from tools.shell.bookie_ops import BookieOps
 from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
@@ -263,20 +268,13 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
         await store.close()
 
 
-def _quiet_logging(args: argparse.Namespace) -> None:
-    """At the default ``--log-level`` an admin command logs warnings only (kazoo's reconnects: errors only)."""
-    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":
-        logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("kazoo").setLevel(logging.ERROR)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the chosen shell command; returns its exit status (errors printed as one line on stderr)."""
     name = getattr(args, "shell_command", None)
     if name is None:
         args.shell_parser.print_help(sys.stderr)
         return 2
-    _quiet_logging(args)
+    quiet_logging(args, "kazoo")  # kazoo's reconnects: errors only
     try:
         return asyncio.run(_main(args, out if out is not None else sys.stdout))
     except ShellError as exc:
