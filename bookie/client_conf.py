@@ -26,16 +26,19 @@ from bookie import protocol
 from bookie.errors import ConfError
 from metastore.conf import ConfError as BaseConfError
 from metastore.conf import conf_keys, parse_conf, read_properties, render_conf, setting
-from placement import PlacementConf
+from placement import PLACEMENT_KEYS, PlacementConf
 
-__all__ = ["ADD_REQUEST_HEADROOM", "PLACEMENT_KEYS", "ClientConf", "load_client_conf", "render_client_conf"]
+__all__ = [
+    "ADD_REQUEST_HEADROOM",
+    "PLACEMENT_KEYS",
+    "ClientConf",
+    "client_keys",
+    "load_client_conf",
+    "render_client_conf",
+]
 
 ADD_REQUEST_HEADROOM = 1024
 """Bytes of an ADD_ENTRY frame beyond the entry body (entry header, digest, request fields)."""
-
-PLACEMENT_KEYS = frozenset(conf_keys(PlacementConf))
-"""Keys of the placement policy (``placement.PlacementConf``) a client conf may carry."""
-
 
 @dataclass(frozen=True)
 class ClientConf:

@@ -75,10 +75,17 @@ class BookieUnavailableError(BKError):
     code = "BookieHandleNotAvailableException"
 
 
-class TimeoutError(BKError, builtins.TimeoutError):
-    """An operation did not complete in time (also a ``builtins.TimeoutError``)."""
+class BKTimeoutError(BKError, builtins.TimeoutError):
+    """An operation did not complete in time (also a ``builtins.TimeoutError``).
+
+    DESIGN.md promises it as ``bookie.errors.TimeoutError`` (the alias below);
+    code inside the project says ``BKTimeoutError`` so the builtin is never shadowed.
+    """
 
     code = "TimeoutException"
+
+
+TimeoutError = BKTimeoutError  # the promised public name (DESIGN.md section 5)
 
 
 class BookieReadOnlyError(BKError):
@@ -171,6 +178,7 @@ class NotEnoughBookiesError(BKError, PlacementNotEnoughBookiesError):
 
 __all__ = [
     "BKError",
+    "BKTimeoutError",
     "BadRequestError",
     "BookieReadOnlyError",
     "BookieServerError",

@@ -136,7 +136,7 @@ class LedgerReader:
                                       self._ctx.conf.read_entry_timeout)
         except TimeoutError:
             self._ctx.failures.note(addr)
-            raise errors.TimeoutError(f"read {self.ledger_id}:{entry_id} from {addr} timed out") from None
+            raise errors.BKTimeoutError(f"read {self.ledger_id}:{entry_id} from {addr} timed out") from None
         except BKError:
             self._ctx.failures.note(addr)
             raise

@@ -323,7 +323,7 @@ class LedgerWriter:
                 slow.update(addr for i, addr in enumerate(self._ensemble) if late >> i & 1)
         self._timer = self._loop.call_at(following, self._on_timer)
         for addr in slow:
-            self._bookie_failed(addr, errors.TimeoutError(f"add to ledger {self.ledger_id} timed out on {addr}"))
+            self._bookie_failed(addr, errors.BKTimeoutError(f"add to ledger {self.ledger_id} timed out on {addr}"))
 
     # --- ensemble change --------------------------------------------------------------------------
     def _bookie_failed(self, addr: str, exc: BaseException | None) -> None:

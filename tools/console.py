@@ -162,12 +162,11 @@ class HedwigConsole:
         if self._store is None:
             if not self.metastore_uri:
                 raise CommandError("no metastore: pass --metastore URI or --conf FILE with metastore_uri")
-            from metastore import open_metastore
-            from metastore.errors import MetastoreError
+            from tools.cli_common import MetastoreOpenError, open_tool_metastore
             try:
-                self._store = await open_metastore(self.metastore_uri)
-            except MetastoreError as exc:
-                raise CommandError(f"cannot open metastore {self.metastore_uri}: {exc}") from None
+                self._store = await open_tool_metastore(self.metastore_uri)
+            except MetastoreOpenError as exc:
+                raise CommandError(str(exc)) from None
         return self._store
 
     async def bookkeeper(self) -> Any:
@@ -580,18 +579,18 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
 def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     """The console ``quire console`` runs; ``ConfError`` for a bad conf file."""
     from metastore.conf import read_properties
+    from tools.cli_common import metastore_from_args
     server_conf_path = args.conf or os.environ.get("HEDWIG_CONSOLE_SERVER_CONF")
     client_conf_path = args.client_conf or os.environ.get("HEDWIG_CONSOLE_CLIENT_CONF")
-    server_conf = read_properties(server_conf_path) if server_conf_path else {}
+    # a hub conf: zk_prefix defaults to /hedwig as in hw_server.conf
+    metastore_uri, server_conf = metastore_from_args(args.metastore, server_conf_path or None,
+                                                     default_zk_prefix="/hedwig")
     client_conf = read_properties(client_conf_path) if client_conf_path else {}
     if server_conf_path:
         from hub.conf import HubConf
         from metastore.conf import parse_conf
         parse_conf(HubConf, server_conf, source=os.path.basename(server_conf_path))  # one-line error if bad
     server = args.server or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
-    metastore_uri = args.metastore or server_conf.get("metastore_uri") or None
-    if metastore_uri is None and server_conf.get("zk_host"):
-        metastore_uri = f"zk://{server_conf['zk_host']}{server_conf.get('zk_prefix', '/hedwig')}"
     return HedwigConsole(server=server, metastore_uri=metastore_uri,
                          region=server_conf.get("region", "standalone"), client_conf=client_conf)
 
@@ -646,10 +645,9 @@ def run_console(args: argparse.Namespace) -> int:
     except ConfError as exc:
         print(f"quire console: {exc}", file=sys.stderr)
         return 2
-    import logging
-
     import uvloop
 
-    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":  # the console prints; libraries stay quiet
-        logging.getLogger().setLevel(logging.WARNING)
+    from tools.cli_common import quiet_logging
+
+    quiet_logging(args)  # the console prints; libraries stay quiet
     return uvloop.run(_main(console, args.commands, sys.stdin.isatty()))

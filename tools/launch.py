@@ -17,34 +17,97 @@ import asyncio
 import signal
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from bookie.conf import BookieConf
-from bookie.errors import BKError, ConfError
+from bookie.errors import BKError
+from metastore.conf import ConfError
+
+if TYPE_CHECKING:
+    from hub.conf import HubConf
+
+# --set and these options become configuration overrides: option dest -> configuration key per role
+_BOOKIE_OPTIONS = {"port": "bookie_port", "data": "ledger_directories", "metastore": "metastore_uri"}
+_HUB_OPTIONS = {"port": "server_port", "metastore": "metastore_uri"}
 
 
-def configure_bookie(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.add_argument("--conf", metavar="FILE", help="bk_server.conf properties file (default: built-in defaults)")
-    parser.add_argument("--port", metavar="PORT", help="override bookie_port (0 picks a free port)")
-    parser.add_argument("--data", metavar="DIR", help="override ledger_directories")
-    parser.add_argument("--metastore", metavar="URI", help="override metastore_uri (lmdb:///path, zk://h:p/prefix)")
+class _Server(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+def _add_role_options(parser: argparse.ArgumentParser, conf_file: str, port_key: str, metastore_help: str,
+                      data: bool = False) -> None:
+    """The options both launchers take (``--data`` for the bookie only), in ``--help`` order."""
+    parser.add_argument("--conf", metavar="FILE", help=f"{conf_file} properties file (default: built-in defaults)")
+    parser.add_argument("--port", metavar="PORT", help=f"override {port_key} (0 picks a free port)")
+    if data:
+        parser.add_argument("--data", metavar="DIR", help="override ledger_directories")
+    parser.add_argument("--metastore", metavar="URI", help=metastore_help)
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                         help="override any configuration key (repeatable)")
-    return run_bookie_command
 
 
-def bookie_conf_from_args(args: argparse.Namespace) -> BookieConf:
-    """The configuration ``quire bookie`` runs with; ``ConfError`` when it is invalid."""
+def _overrides(args: argparse.Namespace, options: dict[str, str]) -> dict[str, str]:
+    """The ``--set KEY=VALUE`` items, then the ``options`` given on the command line, as configuration keys.
+
+    Raises ``metastore.conf.ConfError`` for a ``--set`` item without ``=`` or a key.
+    """
     overrides: dict[str, str] = {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ConfError(f"--set expects KEY=VALUE, not {item!r}")
         overrides[key.strip()] = value.strip()
-    for key, value in (("bookie_port", args.port), ("ledger_directories", args.data),
-                       ("metastore_uri", args.metastore)):
+    for dest, key in options.items():
+        value = getattr(args, dest)
         if value is not None:
             overrides[key] = value
-    conf = BookieConf.from_file(args.conf, overrides)
+    return overrides
+
+
+async def _serve(role: str, server: _Server, ready_line: Callable[[], str],
+                 conf_errors: tuple[type[Exception], ...], start_errors: tuple[type[Exception], ...]) -> int:
+    """Start ``server``, print its ready line, serve until SIGTERM/SIGINT, stop it; returns the exit status.
+
+    A start failure prints one line on stderr and stops what was started:
+    one of ``conf_errors`` exits 2 (``configuration error``), one of
+    ``start_errors`` exits 1 (``cannot start``).
+    """
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except conf_errors as exc:
+        print(f"quire {role}: configuration error: {exc}", file=sys.stderr)
+        await server.stop()
+        return 2
+    except start_errors as exc:
+        print(f"quire {role}: cannot start: {exc}", file=sys.stderr)
+        await server.stop()
+        return 1
+    try:
+        print(ready_line(), flush=True)
+        await stop.wait()
+    finally:
+        await server.stop()
+    return 0
+
+
+# --- quire bookie -------------------------------------------------------------------------------
+
+def configure_bookie(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    _add_role_options(parser, "bk_server.conf", "bookie_port",
+                      "override metastore_uri (lmdb:///path, zk://h:p/prefix)", data=True)
+    return run_bookie_command
+
+
+def bookie_conf_from_args(args: argparse.Namespace) -> BookieConf:
+    """The configuration ``quire bookie`` runs with; ``ConfError`` when it is invalid."""
+    conf = BookieConf.from_file(args.conf, _overrides(args, _BOOKIE_OPTIONS))
     _ = conf.metastore  # a bookie cannot run without one
     return conf
 
@@ -65,25 +128,17 @@ async def _serve_bookie(conf: BookieConf) -> int:
     from bookie.server import BookieServer
     from metastore.errors import MetastoreError
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     server = BookieServer(conf)
-    try:
-        await server.start()
-    except (OSError, BKError, MetastoreError) as exc:
-        print(f"quire bookie: cannot start: {exc}", file=sys.stderr)
-        return 1
-    try:
+
+    def ready_line() -> str:
         line = f"bookie ready {server.address}"
         if server.stats_url:
             line += f" stats={server.stats_url}"
-        print(line, flush=True)
-        await stop.wait()
-    finally:
-        await server.stop()
-    return 0
+        return line
+
+    # a failed start has already stopped the bookie (the second stop does nothing); a bookie's
+    # ConfError is a BKError, so a start failure is always "cannot start"
+    return await _serve("bookie", server, ready_line, (), (OSError, BKError, MetastoreError))
 
 
 # --- quire hub ----------------------------------------------------------------------------------
@@ -95,30 +150,16 @@ def configure_hub(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespa
     SIGTERM/SIGINT. A bad configuration exits 2 with one line on stderr; a
     start failure exits 1.
     """
-    parser.add_argument("--conf", metavar="FILE", help="hw_server.conf properties file (default: built-in defaults)")
-    parser.add_argument("--port", metavar="PORT", help="override server_port (0 picks a free port)")
-    parser.add_argument("--metastore", metavar="URI", help="override metastore_uri")
-    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
-                        help="override any configuration key (repeatable)")
+    _add_role_options(parser, "hw_server.conf", "server_port", "override metastore_uri")
     return run_hub_command
 
 
 def run_hub_command(args: argparse.Namespace) -> int:
     from hub.conf import load_hub_conf
-    from metastore.conf import ConfError as MetaConfError
 
     try:
-        overrides: dict[str, str] = {}
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep or not key.strip():
-                raise MetaConfError(f"--set expects KEY=VALUE, not {item!r}")
-            overrides[key.strip()] = value.strip()
-        for key, value in (("server_port", args.port), ("metastore_uri", args.metastore)):
-            if value is not None:
-                overrides[key] = value
-        conf = load_hub_conf(args.conf, overrides)
-    except MetaConfError as exc:
+        conf = load_hub_conf(args.conf, _overrides(args, _HUB_OPTIONS))
+    except ConfError as exc:
         print(f"quire hub: configuration error: {exc}", file=sys.stderr)
         return 2
     import uvloop
@@ -126,36 +167,20 @@ def run_hub_command(args: argparse.Namespace) -> int:
     return int(uvloop.run(_serve_hub(conf)))
 
 
-async def _serve_hub(conf: object) -> int:
+async def _serve_hub(conf: HubConf) -> int:
     from hub.errors import PubSubError
     from hub.server import HubServer
     from metastore.errors import MetastoreError
 
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    server = HubServer(conf)  # type: ignore[arg-type]
-    from metastore.conf import ConfError
+    server = HubServer(conf)
 
-    try:
-        await server.start()
-    except ConfError as exc:      # e.g. the region client conf
-        print(f"quire hub: configuration error: {exc}", file=sys.stderr)
-        await server.stop()
-        return 2
-    except (OSError, BKError, MetastoreError, PubSubError) as exc:
-        print(f"quire hub: cannot start: {exc}", file=sys.stderr)
-        await server.stop()
-        return 1
-    try:
+    def ready_line() -> str:
         line = f"hub ready {server.address}"
         if server.info.sslPort:
             line += f" ssl={server.conf.server_host}:{server.info.sslPort}"
         if server.stats_url:
             line += f" stats={server.stats_url}"
-        print(line, flush=True)
-        await stop.wait()
-    finally:
-        await server.stop()
-    return 0
+        return line
+
+    # ConfError: e.g. the region client conf
+    return await _serve("hub", server, ready_line, (ConfError,), (OSError, BKError, MetastoreError, PubSubError))

@@ -14,6 +14,7 @@ from hub.client import HedwigClient, Message
 from hub.proto import pubsub_pb2 as pb
 from metastore import open_metastore
 from metastore.errors import NoKeyError
+from tests.fixtures.standalone import quire_standalone
 from tools.cluster import LocalCluster
 
 from .conftest import HUB_CONF
@@ -142,20 +143,7 @@ async def test_hubs_on_zookeeper_ephemeral_ownership(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 async def test_quire_standalone_serves_pub_sub(tmp_path: Path) -> None:
-    import signal
-    import sys
-
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tools.cli", "standalone", "--bookies", "3", "--hub-port", "0",
-        "--data", str(tmp_path / "sa"), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(60):
-            while not lines or not lines[-1].startswith("standalone ready"):
-                raw = await proc.stdout.readline()
-                assert raw, f"standalone exited early: {lines}"
-                lines.append(raw.decode().strip())
+    async with quire_standalone("--bookies", "3", "--hub-port", "0", "--data", str(tmp_path / "sa")) as lines:
         (hub_line,) = [x for x in lines if x.startswith("hub ")]
         async with await HedwigClient.connect(hub_line.split()[1]) as c:
             await c.subscribe(b"greetings", b"me")
@@ -170,10 +158,6 @@ async def test_quire_standalone_serves_pub_sub(tmp_path: Path) -> None:
             assert await c.publish(b"greetings", b"hello, quire") == 1
             await asyncio.wait_for(done.wait(), 20)
             assert (got[0].seq_id, got[0].body, got[0].src_region) == (1, b"hello, quire", "standalone")
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(proc.wait(), 60)
-    assert code == 0
 
 
 @pytest.mark.slow

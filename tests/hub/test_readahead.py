@@ -78,6 +78,13 @@ async def settle(cache: ReadAheadCache) -> None:
         await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), TIMEOUT)
 
 
+async def read_in_order(cache: ReadAheadCache, topic: bytes, last: int) -> None:
+    """Read ``topic`` from seq id 1 to ``last``, one at a time, each the message asked for; then settle."""
+    for seq in range(1, last + 1):
+        assert (await read(cache, topic, seq)).seq_id == seq
+    await settle(cache)
+
+
 async def test_miss_stubs_readahead_count_and_issues_one_scan() -> None:
     ledgers = FakeLedgers({b"t": 100})
     ledgers.gate = asyncio.Event()
@@ -137,9 +144,7 @@ async def test_refill_when_a_read_passes_half_the_window() -> None:
 async def test_no_refill_past_the_end_of_the_topic() -> None:
     ledgers = FakeLedgers({b"t": 4})
     cache = ReadAheadCache(Conf(readahead_count=10), ledgers)
-    for seq in range(1, 5):
-        await read(cache, b"t", seq)
-    await settle(cache)
+    await read_in_order(cache, b"t", 4)
     assert len(ledgers.calls) == 1 and cache.stats()["stubs"] == 0
     await cache.close()
 
@@ -247,9 +252,7 @@ async def test_ttl_zero_keeps_entries() -> None:
 async def test_readahead_disabled_reads_one_message_per_scan() -> None:
     ledgers = FakeLedgers({b"t": 100})
     cache = ReadAheadCache(Conf(readahead_enabled=False), ledgers)
-    for seq in range(1, 6):
-        assert (await read(cache, b"t", seq)).seq_id == seq
-    await settle(cache)
+    await read_in_order(cache, b"t", 5)
     assert [c[1:3] for c in ledgers.calls] == [(s, 1) for s in range(1, 6)]
     assert cache.stats()["misses"] == 5
     await cache.close()
@@ -282,9 +285,7 @@ async def test_failed_readahead_nobody_waits_for_is_dropped() -> None:
 async def test_on_published_fills_a_stub_and_caches_near_the_tail() -> None:
     ledgers = FakeLedgers({b"t": 5})
     cache = ReadAheadCache(Conf(readahead_count=4), ledgers)
-    for seq in range(1, 6):
-        await read(cache, b"t", seq)
-    await settle(cache)
+    await read_in_order(cache, b"t", 5)
     cache.on_published(b"t", msg(6))                 # a reader is at 5: cached
     cache.on_published(b"t", msg(60))                # far ahead of every reader: not cached
     cache.on_published(b"other", msg(1))             # a topic nobody reads: ignored

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +10,7 @@ import pytest
 from bookie.client import BookKeeper
 from bookie.registration import list_bookies
 from metastore import open_metastore
+from tests.fixtures.standalone import quire_standalone
 from tools.cluster import LocalCluster
 
 
@@ -73,27 +71,13 @@ async def test_bad_bookie_conf_fails_start_with_the_reason(tmp_path: Path) -> No
 
 
 async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tools.cli", "standalone", "--bookies", "2", "--data", str(tmp_path / "sa"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
-    assert proc.stdout is not None
-    lines: list[str] = []
-    try:
-        async with asyncio.timeout(60):
-            while not lines or not lines[-1].startswith("standalone ready"):
-                raw = await proc.stdout.readline()
-                assert raw, f"standalone exited early: {lines}"
-                lines.append(raw.decode().strip())
+    async with quire_standalone("--bookies", "2", "--data", str(tmp_path / "sa"), stop_within=30) as lines:
         uri = lines[0].split()[1]
         assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
         bk = await BookKeeper.connect(uri)
         lh = await bk.create_ledger(2, 2, 2)
         assert await lh.add_entry(b"hello") == 0
         await bk.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = await asyncio.wait_for(proc.wait(), 30)
-    assert code == 0
 
 
 @pytest.mark.parametrize("backend", ["zookeeper", "hbase"])

@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metastore import sync
-from metastore.conf import ConfError, read_properties
-from metastore.errors import MetastoreError
+from metastore.conf import ConfError
+from tools.cli_common import MetastoreOpenError, metastore_from_args, probe_metastore
 from tools.scan.errors import ScanError
 from tools.scan.reports import REPORTS
 
@@ -77,14 +76,10 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 def metastore_uri(args: argparse.Namespace) -> str:
     """The URI from ``--metastore`` or from ``--conf`` (``ConfError`` when the file names none)."""
-    if args.metastore:
-        return str(args.metastore)
-    props = read_properties(args.conf)
-    if props.get("metastore_uri"):
-        return props["metastore_uri"]
-    if props.get("zk_host"):
-        return f"zk://{props['zk_host']}{props.get('zk_prefix', '/quire')}"
-    raise ConfError(f"{args.conf}: no metastore configured: set metastore_uri (or zk_host)")
+    uri, _ = metastore_from_args(args.metastore, args.conf)
+    if uri is None:
+        raise ConfError(f"{args.conf}: no metastore configured: set metastore_uri (or zk_host)")
+    return uri
 
 
 def check_metastore(uri: str) -> None:
@@ -93,9 +88,9 @@ def check_metastore(uri: str) -> None:
 
     check_visible(uri, "this")
     try:
-        sync.open_metastore(uri).close()
-    except MetastoreError as exc:
-        raise ScanError(f"cannot open metastore {uri}: {exc}") from None
+        probe_metastore(uri)
+    except MetastoreOpenError as exc:
+        raise ScanError(str(exc)) from None
 
 
 def one_line(exc: BaseException) -> str:

@@ -34,7 +34,6 @@ non-OK answer); metadata operations raise ``NoSuchLedgerError`` or
 
 from __future__ import annotations
 
-import builtins
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -44,11 +43,13 @@ from typing import Any
 from bookie import digest as digests
 from bookie import protocol
 from bookie.client import PLACEMENT_KEYS, BookKeeper, ClientConf
+from bookie.client_conf import client_keys
 from bookie.connection import BookieConnectionPool
-from bookie.errors import ConfError, TimeoutError
+from bookie.errors import BKTimeoutError, ConfError
 from bookie.metadata import LedgerMetadata, LedgerMetadataManager, LedgerState, MetadataVersionError, password_digest
 from bookie.proto.bookie_pb2 import BookieRegistrationRecord
 from bookie.registration import BOOKIES_TABLE, READ_ONLY, list_bookies
+from bookie.watcher import apply_registrations
 from metastore import MetaStore, Version
 from metastore.cas import cas_retry
 from metastore.errors import NoKeyError
@@ -108,7 +109,8 @@ class BookieOps:
         Raises ``bookie.errors.ConfError`` (one line naming the key) for a bad client or placement key.
         """
         if self._client is None:
-            conf = {k: v for k, v in self._conf.items() if k in CLIENT_KEYS | PLACEMENT_KEYS and v != ""}
+            keys = client_keys()  # the client's and the placement policy's
+            conf = {k: v for k, v in self._conf.items() if k in keys and v != ""}
             try:
                 self._client = await BookKeeper.connect(self.store, conf=conf or None)
             except ValueError as exc:
@@ -127,8 +129,8 @@ class BookieOps:
         conn = await self._pool.get(address)
         try:
             return await conn.request(request_of(conn.next_txn_id()), self.timeout)
-        except builtins.TimeoutError:
-            raise TimeoutError(f"bookie {address} did not answer within {self.timeout:g} s") from None
+        except TimeoutError:
+            raise BKTimeoutError(f"bookie {address} did not answer within {self.timeout:g} s") from None
 
     async def bookie_info(self, address: str) -> BookieInfo:
         """GET_BOOKIE_INFO of one bookie: free and total disk bytes, read-only state."""
@@ -162,13 +164,7 @@ class BookieOps:
     async def refresh_placement(self) -> dict[str, BookieRegistrationRecord]:
         """Tell the placement policy which bookies are writable/read-only now, and where they are."""
         regs = await self.registrations()
-        writable: set[str] = set()
-        readonly: set[str] = set()
-        for addr, rec in regs.items():
-            if self._mapping is not None and rec.network_location:
-                self._mapping.set_location(addr, rec.network_location)
-            (readonly if rec.state == READ_ONLY else writable).add(addr)
-        self.policy.on_cluster_changed(writable, readonly)
+        apply_registrations(regs, self.policy, self._mapping)
         return regs
 
     async def remove_registration(self, address: str) -> bool:

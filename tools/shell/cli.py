@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,10 +20,17 @@ from urllib.parse import unquote, urlsplit
 
 from bookie.errors import BKError
 from bookie.errors import ConfError as BookieConfError
-from metastore import MetaStore, open_metastore
-from metastore.conf import ConfError, read_properties
+from metastore import MetaStore
+from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
 from metastore.registry import scheme_of
+from tools.cli_common import (
+    BadMetastoreURIError,
+    MetastoreOpenError,
+    metastore_from_args,
+    open_tool_metastore,
+    quiet_logging,
+)
 from tools.shell import commands
 from tools.shell.bookie_ops import BookieOps
 from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
@@ -208,15 +214,10 @@ def resolve_metastore(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     Raises ``UsageError`` when neither ``--metastore`` nor a ``--conf`` naming
     a metastore is given, or the conf file cannot be read.
     """
-    conf: dict[str, str] = {}
-    if args.conf is not None:
-        try:
-            conf = read_properties(args.conf)
-        except ConfError as exc:
-            raise UsageError(str(exc)) from None
-    uri = args.metastore or conf.get("metastore_uri") or ""
-    if not uri and conf.get("zk_host"):
-        uri = f"zk://{conf['zk_host']}{conf.get('zk_prefix') or '/quire'}"
+    try:
+        uri, conf = metastore_from_args(args.metastore, args.conf)
+    except ConfError as exc:
+        raise UsageError(str(exc)) from None
     if not uri:
         where = f"{args.conf} has no metastore_uri (nor zk_host)" if args.conf else "no metastore given"
         raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri")
@@ -239,13 +240,11 @@ async def open_store(uri: str, timeout: float) -> MetaStore:
         if not path.is_dir():
             raise MetastoreUnavailableError(f"no lmdb metastore at {path} (no such directory)")
     try:
-        return await asyncio.wait_for(open_metastore(uri), timeout or None)
-    except TimeoutError:
-        raise MetastoreUnavailableError(f"metastore {uri} did not answer within {timeout:g} s") from None
-    except IllegalOpError as exc:
-        raise UsageError(f"cannot open metastore {uri}: {exc}") from None
-    except (MetastoreError, OSError) as exc:
-        raise MetastoreUnavailableError(f"cannot open metastore {uri}: {exc}") from None
+        return await open_tool_metastore(uri, timeout)
+    except BadMetastoreURIError as exc:
+        raise UsageError(str(exc)) from None
+    except MetastoreOpenError as exc:
+        raise MetastoreUnavailableError(str(exc)) from None
 
 
 async def _main(args: argparse.Namespace, out: TextIO) -> int:
@@ -269,20 +268,13 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
         await store.close()
 
 
-def _quiet_logging(args: argparse.Namespace) -> None:
-    """At the default ``--log-level`` an admin command logs warnings only (kazoo's reconnects: errors only)."""
-    if str(getattr(args, "log_level", "INFO")).upper() == "INFO":
-        logging.getLogger().setLevel(logging.WARNING)
-        logging.getLogger("kazoo").setLevel(logging.ERROR)
-
-
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the chosen shell command; returns its exit status (errors printed as one line on stderr)."""
     name = getattr(args, "shell_command", None)
     if name is None:
         args.shell_parser.print_help(sys.stderr)
         return 2
-    _quiet_logging(args)
+    quiet_logging(args, "kazoo")  # kazoo's reconnects: errors only
     try:
         return asyncio.run(_main(args, out if out is not None else sys.stdout))
     except ShellError as exc:
