@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from collections.abc import Callable
@@ -89,6 +90,11 @@ async def _serve(role: str, server: _Server, ready_line: Callable[[], str],
         print(f"quire {role}: cannot start: {exc}", file=sys.stderr)
         await server.stop()
         return 1
+    # What starting allocated (modules, configuration, connections) lives as long as the process:
+    # freeze it, so a full collection walks only what serving allocates. A 5 000 msg/s publish run
+    # saw 34 ms gen-2 pauses in the hub without this.
+    gc.collect()
+    gc.freeze()
     try:
         print(ready_line(), flush=True)
         await stop.wait()
