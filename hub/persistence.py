@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -50,6 +51,16 @@ log = logging.getLogger(__name__)
 __all__ = ["TopicLog", "decode_batch"]
 
 Batch = list[tuple[pb.Message, "asyncio.Future[int]"]]
+
+
+def _settle(fut: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
+    """A ledger add's callback: settle its future (unless the write loop gave up on it)."""
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(entry_id)
 
 
 async def _one(batch: list[pb.Message]) -> AsyncIterator[list[pb.Message]]:
@@ -207,7 +218,8 @@ class TopicLog:
 
     async def _write_loop(self) -> None:
         """Send batches, up to ``max_outstanding_adds`` entries in flight; complete them in order."""
-        inflight: collections.deque[tuple[asyncio.Task[int], Any, int, Batch]] = collections.deque()
+        inflight: collections.deque[tuple[asyncio.Future[int], Any, int, Batch]] = collections.deque()
+        loop = asyncio.get_running_loop()
         try:
             while self._queue or inflight:
                 while self._queue and len(inflight) < self.conf.max_outstanding_adds:
@@ -228,14 +240,18 @@ class TopicLog:
                     entry = pb.MessageBatch(first_local_seq_id=first)
                     entry.messages.extend(m for m, _ in batch)
                     lh = self.lh
-                    add = asyncio.get_running_loop().create_task(lh.add_entry(entry.SerializeToString()))
+                    add: asyncio.Future[int] = loop.create_future()
+                    try:   # a callback, not a task per entry: the add settles this future
+                        lh.async_add_entry(entry.SerializeToString(), functools.partial(_settle, add))
+                    except Exception as exc:   # refused before anything was sent: a failed add, in order
+                        add.set_exception(exc)
                     self.entries_in_ledger += 1
                     inflight.append((add, lh, first, batch))
                 if not inflight:
                     continue
                 add, lh, first, batch = inflight[0]
                 try:
-                    await asyncio.shield(add)
+                    await add
                 except Exception as exc:
                     await self._add_failed(lh, exc, inflight)
                     continue
@@ -261,7 +277,7 @@ class TopicLog:
         self._queued_bytes = 0
 
     async def _add_failed(self, lh: Any, exc: BaseException,
-                          inflight: collections.deque[tuple[asyncio.Task[int], Any, int, Batch]]) -> None:
+                          inflight: collections.deque[tuple[asyncio.Future[int], Any, int, Batch]]) -> None:
         """An add failed: the entries after it fail too; close the ledger at its last acknowledged entry."""
         log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
         await asyncio.gather(*(t for t, _, _, _ in inflight), return_exceptions=True)
