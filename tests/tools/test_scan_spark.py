@@ -86,6 +86,13 @@ def test_decoded_columns(spark: SparkSession, store: tuple[str, Dataset]) -> Non
     misc = _df(spark, uri, "misc", fields="a,b")
     assert misc.columns == ["key", "version", "a", "b", "error"]
     assert misc.where("b is null").count() == 15
+    pruned = (spark.read.format("quire-metastore").option("uri", uri).option("table", "ledgers")
+              .option("columns", "length").load())
+    assert pruned.columns == ["key", "version", "length", "error"]
+    assert pruned.agg({"length": "sum"}).collect()[0][0] == df.agg({"length": "sum"}).collect()[0][0]
+    bad = spark.read.format("quire-metastore").option("uri", uri).option("table", "ledgers").option("columns", "nope")
+    with pytest.raises(Exception, match="has no column 'nope'"):
+        bad.load()
 
 
 def test_reports_exact_values(spark: SparkSession, store: tuple[str, Dataset]) -> None:

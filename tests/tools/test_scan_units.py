@@ -192,3 +192,26 @@ def test_columnar_ledger_batch_matches_the_row_decoder(store: str) -> None:
     assert [r["error"] for r in columnar[-2:]] == [
         "ValueError: invalid literal for int() with base 10: 'not-a-number'", "ValueError: record has no 'data' field"]
     assert spec.batch([]).num_rows == 0
+
+
+def test_selected_columns_match_the_full_decode(store: str) -> None:
+    """``spec_for(select=...)`` keeps key, version, error and the named columns, values as the full decode."""
+    full = {r["key"]: r for r in _read_all(store, "ledgers", [("", "")])}
+    spec = spec_for("ledgers", select=("length", "state"))
+    assert spec.schema.names == ["key", "version", "state", "length", "error"]   # schema order
+    part = KeyRangePartition(store, "ledgers", "", "", True, "driver-host")
+    rows = [r for batch in read_range(part, spec, 7) for r in batch.to_pylist()]
+    assert len(rows) == len(full) > 100
+    for r in rows:
+        assert r == {k: full[r["key"]][k] for k in ("key", "version", "state", "length", "error")}
+    assert spec.batch([]).num_rows == 0
+    subs_full = {r["key"]: r for r in _read_all(store, "subscriptions", [("", "")])}
+    part = KeyRangePartition(store, "subscriptions", "", "", True, "driver-host")
+    subs = [r for batch in read_range(part, spec_for("subscriptions", select=("consumed_seq_id",)), 5)
+            for r in batch.to_pylist()]
+    assert [r["consumed_seq_id"] for r in subs] == [subs_full[r["key"]]["consumed_seq_id"] for r in subs]
+    assert len(subs) == 12 and set(subs[0]) == {"key", "version", "consumed_seq_id", "error"}
+    with pytest.raises(ValueError, match="has no column 'nope'"):
+        spec_for("ledgers", select=("nope",))
+    with pytest.raises(ValueError, match="known table"):
+        spec_for("misc", select=("a",))

@@ -11,7 +11,11 @@
 Options: ``uri`` and ``table`` (required); ``partitions`` (key ranges to
 split a scannable table into, default twice the driver's CPU count);
 ``batch`` (entries per cursor read, default 2000); ``fields`` (a comma list:
-one binary column per named field instead of the decoded or generic schema).
+one binary column per named field instead of the decoded or generic schema);
+``columns`` (a comma list, known tables only: keep just these decoded
+columns besides ``key``, ``version`` and ``error``. Python data sources
+cannot prune columns by themselves, so a query that reads few columns of
+``ledgers`` says so here and skips building the nested ones).
 The schema is ``tools.scan.schema`` (``key``, ``version`` as a long, the
 decoded columns, ``error``).
 
@@ -98,7 +102,7 @@ def _open_table(ms: sync.SyncMetaStore, table: str) -> tuple[sync.SyncTable, boo
         return ms.create_table(table), False
 
 
-def _options(options: dict[str, str]) -> tuple[str, str, int, int, list[str]]:
+def _options(options: dict[str, str]) -> tuple[str, str, int, int, list[str], list[str]]:
     uri, table = options.get("uri"), options.get("table")
     if not uri:
         raise ScanError(f"{FORMAT}: option 'uri' is required (a metastore URI such as lmdb:///path)")
@@ -112,7 +116,15 @@ def _options(options: dict[str, str]) -> tuple[str, str, int, int, list[str]]:
     if parts < 1 or batch < 1:
         raise ScanError(f"{FORMAT}: options 'partitions' and 'batch' must be >= 1")
     fields = [f.strip() for f in (options.get("fields") or "").split(",") if f.strip()]
-    return uri, table, parts, batch, fields
+    select = [c.strip() for c in (options.get("columns") or "").split(",") if c.strip()]
+    return uri, table, parts, batch, fields, select
+
+
+def _spec(table: str, fields: list[str], select: list[str]) -> TableSpec:
+    try:
+        return spec_for(table, fields, select)
+    except ValueError as exc:
+        raise ScanError(f"{FORMAT}: {exc}") from None
 
 
 class QuireMetastoreDataSource(DataSource):
@@ -123,8 +135,8 @@ class QuireMetastoreDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> StructType:
-        _, table, _, _, fields = _options(dict(self.options))
-        return spec_for(table, fields).schema
+        _, table, _, _, fields, select = _options(dict(self.options))
+        return _spec(table, fields, select).schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KeyRangeReader(dict(self.options))
@@ -132,7 +144,7 @@ class QuireMetastoreDataSource(DataSource):
 
 class KeyRangeReader(DataSourceReader):
     def __init__(self, options: dict[str, str]) -> None:
-        self.uri, self.table, self.partition_count, self.batch, self.fields = _options(options)
+        self.uri, self.table, self.partition_count, self.batch, self.fields, self.select = _options(options)
 
     def partitions(self) -> list[KeyRangePartition]:
         check_visible(self.uri, "driver")
@@ -147,7 +159,7 @@ class KeyRangeReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         assert isinstance(partition, KeyRangePartition)
-        yield from read_range(partition, spec_for(self.table, self.fields), self.batch)
+        yield from read_range(partition, _spec(self.table, self.fields, self.select), self.batch)
 
 
 def read_range(partition: KeyRangePartition, spec: TableSpec, batch: int) -> Iterator[Any]:

@@ -160,6 +160,7 @@ def _ledger_columns(entries: Entries, schema: pa.Schema) -> list[pa.Array]:
     prop_keys: list[str] = []
     prop_values: list[bytes] = []
     from_string, states_by_number = LedgerMetadataFormat.FromString, _LEDGER_STATES
+    want_ensembles, want_properties = "ensembles" in schema.names, "properties" in schema.names
     for key, got in entries:
         keys.append(key)
         versions.append(got.version.value)
@@ -185,35 +186,41 @@ def _ledger_columns(entries: Entries, schema: pa.Schema) -> list[pa.Array]:
         ctimes.append(m.ctime_ms)
         errs.append(None)
         valid.append(True)
-        for seg in m.segments:
-            firsts.append(seg.first_entry_id)
-            bookies.extend(seg.ensemble)
-            bookie_offsets.append(len(bookies))
-        seg_offsets.append(len(firsts))
-        if m.properties:
-            for k, v in m.properties.items():
-                prop_keys.append(k)
-                prop_values.append(v)
-        prop_offsets.append(len(prop_keys))
+        if want_ensembles:
+            for seg in m.segments:
+                firsts.append(seg.first_entry_id)
+                bookies.extend(seg.ensemble)
+                bookie_offsets.append(len(bookies))
+            seg_offsets.append(len(firsts))
+        if want_properties:
+            if m.properties:
+                for k, v in m.properties.items():
+                    prop_keys.append(k)
+                    prop_values.append(v)
+            prop_offsets.append(len(prop_keys))
     mask = None if all(valid) else pa.array([not v for v in valid], pa.bool_())
-    ensembles_type, properties_type = schema.field("ensembles").type, schema.field("properties").type
-    segment_type = ensembles_type.value_type
-    segments = pa.StructArray.from_arrays(
-        [pa.array(firsts, segment_type.field("first_entry").type),
-         pa.ListArray.from_arrays(pa.array(bookie_offsets, pa.int32()), pa.array(bookies, pa.string()),
-                                  type=segment_type.field("bookies").type)],
-        fields=list(segment_type))
     t = {f.name: f.type for f in schema}
-    return [
-        pa.array(keys, t["key"]), pa.array(versions, t["version"]), pa.array(ids, t["ledger_id"]),
-        pa.array(ens, t["ensemble_size"]), pa.array(wq, t["write_quorum"]), pa.array(aq, t["ack_quorum"]),
-        pa.array(states, t["state"]), pa.array(last, t["last_entry_id"]), pa.array(lengths, t["length"]),
-        pa.array(digests, t["digest_type"]), pa.array(ctimes, t["ctime_ms"]),
-        pa.ListArray.from_arrays(pa.array(seg_offsets, pa.int32()), segments, type=ensembles_type, mask=mask),
-        pa.MapArray.from_arrays(pa.array(prop_offsets, pa.int32()), pa.array(prop_keys, properties_type.key_type),
-                                pa.array(prop_values, properties_type.item_type), type=properties_type, mask=mask),
-        pa.array(errs, t["error"]),
-    ]
+    plain: dict[str, list[Any]] = {
+        "key": keys, "version": versions, "ledger_id": ids, "ensemble_size": ens, "write_quorum": wq,
+        "ack_quorum": aq, "state": states, "last_entry_id": last, "length": lengths, "digest_type": digests,
+        "ctime_ms": ctimes, "error": errs}
+    out: list[pa.Array] = []
+    for name in schema.names:   # only the columns asked for (``spec_for(select=...)``)
+        if name == "ensembles":
+            segment_type = t[name].value_type
+            segments = pa.StructArray.from_arrays(
+                [pa.array(firsts, segment_type.field("first_entry").type),
+                 pa.ListArray.from_arrays(pa.array(bookie_offsets, pa.int32()), pa.array(bookies, pa.string()),
+                                          type=segment_type.field("bookies").type)],
+                fields=list(segment_type))
+            out.append(pa.ListArray.from_arrays(pa.array(seg_offsets, pa.int32()), segments, type=t[name], mask=mask))
+        elif name == "properties":
+            out.append(pa.MapArray.from_arrays(pa.array(prop_offsets, pa.int32()),
+                                               pa.array(prop_keys, t[name].key_type),
+                                               pa.array(prop_values, t[name].item_type), type=t[name], mask=mask))
+        else:
+            out.append(pa.array(plain[name], t[name]))
+    return out
 
 
 def _bookie(key: str, value: Value) -> Row:
@@ -256,6 +263,22 @@ def _all_fields(key: str, value: Value) -> Row:
     return (dict(value),)
 
 
+def _selected(spec: TableSpec, names: Sequence[str]) -> TableSpec:
+    have = [name for name, _ in spec.columns]
+    wanted = list(dict.fromkeys(n for n in names if n not in ("key", "version", "error")))
+    unknown = [n for n in wanted if n not in have]
+    if unknown:
+        raise ValueError(f"table {spec.table!r} has no column {unknown[0]!r} (it has {', '.join(have)})")
+    keep = [i for i, name in enumerate(have) if name in wanted]   # schema order
+    full = spec.decode
+
+    def decode(key: str, value: Value) -> Row:
+        row = full(key, value)
+        return tuple(row[i] for i in keep)
+
+    return TableSpec(spec.table, tuple(spec.columns[i] for i in keep), decode, spec.fields, spec.columnar)
+
+
 KNOWN: dict[str, TableSpec] = {
     "ledgers": TableSpec("ledgers", (
         ("ledger_id", _L), ("ensemble_size", _I), ("write_quorum", _I), ("ack_quorum", _I), ("state", _S),
@@ -278,8 +301,19 @@ KNOWN: dict[str, TableSpec] = {
 }
 
 
-def spec_for(table: str, columns: Sequence[str] = ()) -> TableSpec:
-    """The spec of a known table, else a generic one (``fields`` map, or one binary column per name in ``columns``)."""
+def spec_for(table: str, columns: Sequence[str] = (), select: Sequence[str] = ()) -> TableSpec:
+    """The spec of a known table, else a generic one (``fields`` map, or one binary column per name in ``columns``).
+
+    ``select`` keeps only those decoded columns of a known table (``key``,
+    ``version`` and ``error`` always stay): Python data sources cannot
+    prune columns on their own, and building (then converting in the JVM)
+    nested columns a query never reads is most of a scan's cost.
+    """
+    if select:
+        if table not in KNOWN or columns:
+            raise ValueError(f"'columns' selects decoded columns of a known table ({', '.join(KNOWN)}); "
+                             f"for {table!r} name the fields to read instead")
+        return _selected(KNOWN[table], select)
     if table in KNOWN and not columns:
         return KNOWN[table]
     if columns:
