@@ -104,6 +104,7 @@ def subscriber_of(request: pb.PubSubRequest) -> bytes:
     return bytes(getattr(request, which).subscriberId)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _valid_name(name: bytes) -> bool:
     if not name:
         return False
@@ -116,7 +117,7 @@ def _valid_name(name: bytes) -> bool:
 
 # --- server side ----------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RequestReceived:
     """A well-formed request; ``topic`` and ``subscriber`` are filled in from wherever they were sent."""
 
@@ -125,14 +126,14 @@ class RequestReceived:
     subscriber: bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reject:
     """A request the hub answers with an error status without dispatching it."""
 
     response: pb.PubSubResponse
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ConnectionBroken:
     """The byte stream cannot be parsed any further: close the connection."""
 
@@ -369,6 +370,8 @@ def _varint(n: int) -> bytes:
 
 _SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
 _DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimited
+_PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
+_VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()
 _MESSAGE_TAG = _varint(3 << 3 | 2)     # Delivery.message
 
 
@@ -379,6 +382,24 @@ def _delivery_head(topic: bytes, subscriber: bytes) -> tuple[bytes, bytes]:
                              topic=topic).SerializeToString()
     inner = pb.Delivery(topic=topic, subscriberId=subscriber).SerializeToString()
     return head, inner
+
+
+def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
+    """The encoded SUCCESS response to a publish, ``publishedMsgId.localComponent = seq_id``.
+
+    Assembled from wire bytes as ``delivery`` is (one per publish, the hub's
+    most frequent response); byte for byte what ``encode`` of
+    ``response(txn_id, topic=topic)`` with the msg id set gives (tested).
+    """
+    seq = b"\x08" + _varint(seq_id) if seq_id else b""
+    msg_id = b"\x0a" + _varint(len(seq)) + seq
+    body = _VERSION_ONE_FIELD
+    if txn_id:
+        body += b"\x18" + _varint(txn_id)
+    if topic:
+        body += b"\x2a" + _varint(len(topic)) + topic
+    body += _PUBLISH_RESPONSE_TAG + _varint(len(msg_id)) + msg_id
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 def subscription_event(topic: bytes, subscriber: bytes, event: int) -> bytes:

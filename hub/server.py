@@ -224,10 +224,10 @@ class HubConnection(asyncio.Protocol):
                 # its ledger could not be closed: let the next owner recover it
                 self.server.spawn(self.server.release_topic(t.log.topic))
             return
-        resp = protocol.response(req.txnId, topic=req.topic)
-        resp.publishResponse.publishedMsgId.localComponent = fut.result()
-        self.send(resp)
-        self.server.stats.observe("publish", time.perf_counter() - t0)
+        self._write(protocol.published(req.txnId, req.topic, fut.result()))
+        stats = self.server.stats
+        stats.incr("packets_sent")
+        stats.observe("publish", time.perf_counter() - t0)
 
     def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
         if isinstance(exc, _Redirect):

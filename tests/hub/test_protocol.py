@@ -18,6 +18,7 @@ from hub.protocol import (
     ServerConnection,
     delivery,
     encode,
+    published,
     response,
 )
 
@@ -135,3 +136,12 @@ def test_delivery_frame_is_what_protobuf_serializes(topic: bytes, subscriber: by
     resp.delivery.message.CopyFrom(msg.to_proto())
     assert delivery(topic, subscriber, msg.wire) == encode(resp)
     assert delivery(topic, subscriber, msg.to_proto()) == encode(resp)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**64 - 1), st.binary(max_size=300),
+       st.integers(min_value=0, max_value=2**64 - 1))
+def test_publish_response_is_what_protobuf_serializes(txn: int, topic: bytes, seq: int) -> None:
+    resp = response(txn, topic=topic)
+    resp.publishResponse.publishedMsgId.localComponent = seq
+    assert published(txn, topic, seq) == encode(resp)
