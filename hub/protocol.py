@@ -352,9 +352,13 @@ def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> by
     """
     wire = message if isinstance(message, bytes) else message.SerializeToString()
     head, inner = _delivery_head(topic, subscriber)
-    inner = inner + _MESSAGE_TAG + _varint(len(wire)) + wire
-    body = head + _DELIVERY_TAG + _varint(len(inner)) + inner
+    body = head + _field(_DELIVERY_TAG, inner + _field(_MESSAGE_TAG, wire))
     return LENGTH_PREFIX.pack(len(body)) + body
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field (bytes, string or sub-message) on the wire: tag, length, data."""
+    return tag + _varint(len(data)) + data
 
 
 def _varint(n: int) -> bytes:
@@ -391,14 +395,13 @@ def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
     most frequent response); byte for byte what ``encode`` of
     ``response(txn_id, topic=topic)`` with the msg id set gives (tested).
     """
-    seq = b"\x08" + _varint(seq_id) if seq_id else b""
-    msg_id = b"\x0a" + _varint(len(seq)) + seq
+    seq = b"\x08" + _varint(seq_id) if seq_id else b""   # MessageSeqId.localComponent (varint 1)
     body = _VERSION_ONE_FIELD
     if txn_id:
-        body += b"\x18" + _varint(txn_id)
+        body += b"\x18" + _varint(txn_id)                 # txnId (varint 3)
     if topic:
-        body += b"\x2a" + _varint(len(topic)) + topic
-    body += _PUBLISH_RESPONSE_TAG + _varint(len(msg_id)) + msg_id
+        body += _field(b"\x2a", topic)                    # topic (bytes 5)
+    body += _field(_PUBLISH_RESPONSE_TAG, _field(b"\x0a", seq))   # publishResponse.publishedMsgId
     return LENGTH_PREFIX.pack(len(body)) + body
 
 

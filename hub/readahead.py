@@ -166,10 +166,8 @@ class ReadAheadCache:
         t.known_last = max(t.known_last, seq_id)
         if seq_id <= t.consumed:
             t.consumed = seq_id - 1   # a reader is back here (a late attach): cache from here again
-        msg = t.messages.get(seq_id)
+        msg = self._hit(t, seq_id)
         if msg is not None:
-            self._counters["hits"] += 1
-            self._refill(t, seq_id)
             return msg
         self._counters["misses"] += 1
         stub = t.stubs.get(seq_id)
@@ -198,10 +196,14 @@ class ReadAheadCache:
         t = self._topics.get(topic)
         if t is None or self._closed:
             return None
+        if seq_id > t.max_read and seq_id in t.messages:
+            t.max_read = seq_id
+        return self._hit(t, seq_id)
+
+    def _hit(self, t: _Topic, seq_id: int) -> Message | None:
+        """The cached message ``seq_id`` (counted, read-ahead kept going), else None."""
         msg = t.messages.get(seq_id)
         if msg is not None:
-            if seq_id > t.max_read:
-                t.max_read = seq_id
             self._counters["hits"] += 1
             self._refill(t, seq_id)
         return msg

@@ -115,9 +115,12 @@ def _options(options: dict[str, str]) -> tuple[str, str, int, int, list[str], li
         raise ScanError(f"{FORMAT}: options 'partitions' and 'batch' take integers") from None
     if parts < 1 or batch < 1:
         raise ScanError(f"{FORMAT}: options 'partitions' and 'batch' must be >= 1")
-    fields = [f.strip() for f in (options.get("fields") or "").split(",") if f.strip()]
-    select = [c.strip() for c in (options.get("columns") or "").split(",") if c.strip()]
-    return uri, table, parts, batch, fields, select
+    return uri, table, parts, batch, _names(options.get("fields")), _names(options.get("columns"))
+
+
+def _names(option: str | None) -> list[str]:
+    """A comma-separated option as a list of names (blanks dropped)."""
+    return [n.strip() for n in (option or "").split(",") if n.strip()]
 
 
 def _spec(table: str, fields: list[str], select: list[str]) -> TableSpec:
@@ -166,7 +169,7 @@ def read_range(partition: KeyRangePartition, spec: TableSpec, batch: int) -> Ite
     """Arrow record batches of the rows in ``partition`` (runs in the executor)."""
     check_visible(partition.uri, "executor", partition.driver_host)
     arrow_schema = spec.arrow_schema
-    fields = spec.fields if spec.fields is not None else None
+    fields = spec.fields
     ms = sync.open_metastore(partition.uri)
     try:
         table, _ = _open_table(ms, partition.table)
