@@ -1,6 +1,6 @@
 """Outgoing frames of one connection, written with one ``writelines`` per loop turn.
 
-Shared by the bookie server's connections and the ledger client's::
+Shared by the bookie server's connections, the ledger client's and the hub client's::
 
     outbox = Outbox(on_flush=state.flushed)     # on_flush: optional, called after each write
     outbox.attach(transport)                    # in connection_made

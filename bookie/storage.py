@@ -35,8 +35,10 @@ to keep the puts from trading the GIL with a busy loop one at a time, the
 completion callbacks (when more than ``_SLICE`` are left) pause while the
 commit thread puts a batch handed over in their midst (the loop serves other events meanwhile, or sleeps in
 its selector with the GIL released) and resume when the thread reports the
-batch staged (``call_soon_threadsafe``), or after ``_STAGE_WAIT`` at the
-latest; they run on during the fsync. The loop never waits on a lock.
+batch staged (``call_soon_threadsafe``, sent only for a batch handed over
+in such a pause, so a lone commit wakes the loop once), or after
+``_STAGE_WAIT`` at the latest; they run on during the fsync. The loop never
+waits on a lock.
 
 Validation happens on the event loop against the in-memory ledger state,
 which already includes writes not yet committed: the first add to a ledger
@@ -151,8 +153,8 @@ class _Batch:
     ``error`` is set once the commit failed (the waiters get it).
     """
 
-    __slots__ = ("deletes", "dirty", "error", "futures", "keys", "nbytes", "records", "started", "values",
-                 "waiters")
+    __slots__ = ("deletes", "dirty", "error", "futures", "keys", "nbytes", "notify_staged", "records", "started",
+                 "values", "waiters")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
@@ -165,6 +167,7 @@ class _Batch:
         self.error: BaseException | None = None
         self.started = time.perf_counter()
         self.nbytes = 0
+        self.notify_staged = False  # the loop paused callbacks until this batch is staged
 
 
 def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
@@ -401,12 +404,13 @@ class EntryStorage:
             loop.call_soon(self._start_commit)
         return batch
 
-    def _start_commit(self) -> bool:
+    def _start_commit(self, notify_staged: bool = False) -> bool:
         """Hand the open batch to the commit thread (on the loop; one commit in flight at most).
 
-        Returns whether a batch was handed over. The thread reports when it
-        has put the batch into its transaction (``_staged``); the loop does
-        not wait for it.
+        Returns whether a batch was handed over. With ``notify_staged`` the
+        thread reports when it has put the batch into its transaction
+        (``_staged``: the caller pauses its callbacks until then); otherwise
+        it reports only the commit, one wake-up of the loop per commit.
         """
         self._kicked = False
         batch = self._batch
@@ -421,6 +425,7 @@ class EntryStorage:
         state = self._state
         batch.records = [(ledger_prefix(lid), ledger.record())
                          for lid in batch.dirty if (ledger := state.get(lid)) is not None]
+        batch.notify_staged = notify_staged
         self._batch = None
         self._committing = True
         self._jobs.put(batch)
@@ -457,8 +462,9 @@ class EntryStorage:
                 txn.abort()
                 raise
         finally:
-            with contextlib.suppress(RuntimeError):  # the loop is closed
-                loop.call_soon_threadsafe(staged)  # paused callbacks resume; deletes may take long
+            if batch.notify_staged:
+                with contextlib.suppress(RuntimeError):  # the loop is closed
+                    loop.call_soon_threadsafe(staged)  # paused callbacks resume; deletes may take long
         try:
             for lid in batch.deletes:
                 prefix = ledger_prefix(lid)
@@ -544,8 +550,9 @@ class EntryStorage:
             # batch, the callbacks pause (see the module docstring).
             if not self._committing and self._batch is not None:
                 size = len(self._batch.keys)
-                if (size >= left or size == seen) and self._start_commit() and left > _SLICE:
-                    self._completing = batch  # pause only when many callbacks are left
+                pause = left > _SLICE  # pause only when many callbacks are left
+                if (size >= left or size == seen) and self._start_commit(pause) and pause:
+                    self._completing = batch
                     loop = self._loop
                     assert loop is not None
                     self._resume_timer = loop.call_later(_STAGE_WAIT, self._staged)

@@ -50,6 +50,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from bookie.outbox import Outbox
 from hub import errors
 from hub.conf import ClientConf, client_conf
 from hub.message import Message, MessageId, SubscriptionPreferences
@@ -146,9 +147,11 @@ class _Conn(asyncio.Protocol):
         self.lost = asyncio.get_running_loop().create_future()
         self.paused_by: set[tuple[bytes, bytes]] = set()
         self.deadlines = _Deadlines(self._expired)
+        self.outbox = Outbox()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.outbox.attach(self.transport)
 
     def data_received(self, data: bytes) -> None:
         for ev in self.machine.receive_data(data):
@@ -165,6 +168,7 @@ class _Conn(asyncio.Protocol):
                     self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.outbox.detach()
         self.deadlines.close()
         for fut in self.machine.drain():
             if not fut.done():
@@ -173,11 +177,10 @@ class _Conn(asyncio.Protocol):
             self.lost.set_result(None)
         self.client._conn_lost(self)
 
-    def _write_now(self, data: bytes) -> None:
-        # written at once: a publisher's stream reaches the hub continuously, so its entries
-        # overlap (coalescing per loop turn made publishes move in lock-step batches)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.write(data)
+    def _write(self, data: bytes) -> None:
+        # one write per loop turn: the requests a turn makes (a burst of publishes, the consumes
+        # of a run of handled messages) reach the hub as one segment, one read there
+        self.outbox.send(data)
 
     @property
     def alive(self) -> bool:
@@ -190,7 +193,7 @@ class _Conn(asyncio.Protocol):
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return fut
         assert self.transport is not None
-        self._write_now(self.machine.send_request(req, fut))
+        self._write(self.machine.send_request(req, fut))
         self.deadlines.watch(req.txnId, fut, timeout)
         return fut
 
@@ -201,7 +204,7 @@ class _Conn(asyncio.Protocol):
     def one_way(self, req: pb.PubSubRequest) -> None:
         if self.alive:
             assert self.transport is not None
-            self._write_now(self.machine.send_request(req, None))
+            self._write(self.machine.send_request(req, None))
 
 
 class _Sub:
@@ -610,6 +613,7 @@ class HedwigClient:
             task.cancel()
         for conn in list(self.conns.values()):
             if conn.transport is not None:
+                conn.outbox.flush()   # what this turn queued (consumes) goes before the close
                 conn.transport.close()
         for conn in list(self.conns.values()):
             with contextlib.suppress(Exception):

@@ -13,8 +13,8 @@ prints it and exits with status 2.
 Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
-``filter_class_path``, ``server_host``, ``max_outbound_buffer``,
-``max_outstanding_adds``.
+``batch_flush_bytes``, ``filter_class_path``, ``server_host``,
+``max_outbound_buffer``, ``max_outstanding_adds``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
@@ -75,7 +75,9 @@ class HubConf:
         60000, "ms between runs of the consumed-ledger deletion task", min=1)
     max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)
     max_batch_messages: int = setting(1000, "messages one ledger entry may batch", min=1)
-    max_outstanding_adds: int = setting(16, "ledger entries in flight per topic; later publishes batch", min=1)
+    max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)
+    batch_flush_bytes: int = setting(8192, "with adds in flight, queued publishes go out as another entry once "
+                                     "they hold this many bytes (0: at once)", min=0)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")

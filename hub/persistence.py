@@ -12,15 +12,19 @@ and its end seq id read from its last entry; then a new ledger is created
 and appended as the open range (CAS on ``topic_persistence``, so two hubs
 never both write a topic).
 
-Up to ``max_outstanding_adds`` entries are in flight per topic (default 16:
-like Hedwig, a publish goes out as its own add at once, and the bookies'
-group commit merges the adds of all topics into one fsync; 2 made publishes
-queue behind the adds in flight, about doubling the latency at moderate
-rates); publishes that arrive while that many are in flight wait and go
-into the next entry together, one ``pubsub_pb2.MessageBatch`` per entry, bounded by
-``max_batch_messages`` and ``max_batch_bytes``; a lone publish is sent at
-once. Seq ids are dense per message: the first message of a topic is 1.
-The ledger rolls after ``max_entries_per_ledger`` entries.
+Publishes are batched DistributedLog-style. A publish that finds no add in
+flight for its topic is sent at once as its own entry. Publishes that arrive
+while adds are in flight queue up and go out together, one
+``pubsub_pb2.MessageBatch`` per entry (bounded by ``max_batch_messages`` and
+``max_batch_bytes``): once no add is in flight, or as soon as the queue
+holds ``batch_flush_bytes`` of message bodies (DistributedLog's output
+buffer: another entry joins those in flight, up to ``max_outstanding_adds``).
+So a lone publish is never delayed, a trickle of publishes costs one add per
+round trip, and a stream of them keeps several large entries in flight
+(sending whatever had queued at every acknowledgement instead degenerates
+into many small entries in flight, each costing the bookies a commit).
+Seq ids are dense per message: the first message of a topic is 1. The
+ledger rolls after ``max_entries_per_ledger`` entries.
 
 Failure: a failed add fails its batch and every publish queued behind it
 with ``ServiceDownError``; the ledger is closed at its last acknowledged
@@ -51,16 +55,7 @@ log = logging.getLogger(__name__)
 __all__ = ["TopicLog", "decode_batch"]
 
 Batch = list[tuple[pb.Message, "asyncio.Future[int]"]]
-
-
-def _settle(fut: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
-    """A ledger add's callback: settle its future (unless the write loop gave up on it)."""
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(entry_id)
+_NEVER = float("inf")
 
 
 async def _one(batch: list[pb.Message]) -> AsyncIterator[list[pb.Message]]:
@@ -98,6 +93,8 @@ class TopicLog:
         self._queue: collections.deque[tuple[pb.Message, asyncio.Future[int]]] = collections.deque()
         self._queued_bytes = 0
         self._writer: asyncio.Task[None] | None = None
+        self._wake: asyncio.Future[None] | None = None   # the writer waits on it
+        self._flush_at = _NEVER           # queued bytes that wake the waiting writer
         self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
         self.closed = False
 
@@ -202,7 +199,23 @@ class TopicLog:
         self._queued_bytes += len(message.body)
         if self._writer is None:
             self._writer = loop.create_task(self._write_loop())
+        elif self._queued_bytes >= self._flush_at:
+            self._kick()
         return fut
+
+    def _kick(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    def _settle(self, fut: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
+        """A ledger add's callback: settle its future and wake the writer."""
+        if not fut.done():
+            if error is not None:
+                fut.set_exception(error)
+            else:
+                fut.set_result(entry_id)
+        self._kick()
 
     def _take_batch(self) -> Batch:
         batch: list[tuple[pb.Message, asyncio.Future[int]]] = []
@@ -217,13 +230,16 @@ class TopicLog:
         return batch
 
     async def _write_loop(self) -> None:
-        """Send batches, up to ``max_outstanding_adds`` entries in flight; complete them in order."""
+        """Send batches (see the module docstring), complete them in order as their adds settle."""
         inflight: collections.deque[tuple[asyncio.Future[int], Any, int, Batch]] = collections.deque()
         loop = asyncio.get_running_loop()
+        conf = self.conf
+        settle = self._settle
         try:
             while self._queue or inflight:
-                while self._queue and len(inflight) < self.conf.max_outstanding_adds:
-                    maxe = self.conf.max_entries_per_ledger
+                while (self._queue and len(inflight) < conf.max_outstanding_adds
+                       and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
+                    maxe = conf.max_entries_per_ledger
                     if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
                         if inflight:
                             break              # roll once the entries in flight are settled
@@ -242,7 +258,7 @@ class TopicLog:
                     lh = self.lh
                     add: asyncio.Future[int] = loop.create_future()
                     try:   # a callback, not a task per entry: the add settles this future
-                        lh.async_add_entry(entry.SerializeToString(), functools.partial(_settle, add))
+                        lh.async_add_entry(entry.SerializeToString(), functools.partial(settle, add))
                     except Exception as exc:   # refused before anything was sent: a failed add, in order
                         add.set_exception(exc)
                     self.entries_in_ledger += 1
@@ -250,8 +266,19 @@ class TopicLog:
                 if not inflight:
                     continue
                 add, lh, first, batch = inflight[0]
+                if not add.done():
+                    # Wait for an add to settle, or for enough publishes to send another entry.
+                    full = len(inflight) >= conf.max_outstanding_adds
+                    self._flush_at = _NEVER if full else conf.batch_flush_bytes
+                    self._wake = loop.create_future()
+                    try:
+                        await self._wake
+                    finally:
+                        self._wake = None
+                        self._flush_at = _NEVER
+                    continue
                 try:
-                    await add
+                    add.result()
                 except Exception as exc:
                     await self._add_failed(lh, exc, inflight)
                     continue
