@@ -48,7 +48,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from bookie.outbox import Outbox
 from hub import errors
@@ -150,7 +150,7 @@ class _Conn(asyncio.Protocol):
         self.outbox = Outbox()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         self.outbox.attach(self.transport)
 
     def data_received(self, data: bytes) -> None:
