@@ -54,8 +54,38 @@ log = logging.getLogger(__name__)
 
 __all__ = ["TopicLog", "decode_batch"]
 
-Batch = list[tuple[pb.Message, "asyncio.Future[int]"]]
-_NEVER = float("inf")
+Done = Callable[[int, BaseException | None], None]
+"""A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
+Batch = list[tuple[pb.Message, Done]]
+
+
+class _Add:
+    """One entry sent to the ledger: its batch and, once the add's callback ran, the outcome."""
+
+    __slots__ = ("batch", "error", "first", "lh", "settled")
+
+    def __init__(self, lh: Any, first: int, batch: Batch) -> None:
+        self.lh = lh
+        self.first = first
+        self.batch = batch
+        self.settled = False
+        self.error: BaseException | None = None
+
+
+def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(seq)
+
+
+def _call(done: Done, seq: int, error: BaseException | None) -> None:
+    try:
+        done(seq, error)
+    except Exception:
+        log.exception("publish completion callback raised")
 
 
 async def _one(batch: list[pb.Message]) -> AsyncIterator[list[pb.Message]]:
@@ -90,11 +120,13 @@ class TopicLog:
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, Any] = {}
-        self._queue: collections.deque[tuple[pb.Message, asyncio.Future[int]]] = collections.deque()
+        self._queue: collections.deque[tuple[pb.Message, Done]] = collections.deque()
         self._queued_bytes = 0
-        self._writer: asyncio.Task[None] | None = None
-        self._wake: asyncio.Future[None] | None = None   # the writer waits on it
-        self._flush_at = _NEVER           # queued bytes that wake the waiting writer
+        self._inflight: collections.deque[_Add] = collections.deque()   # sent, in entry order
+        self._pump_soon = False           # a _pump is scheduled for the end of this loop turn
+        self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
+        self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
+        self._idle: list[asyncio.Future[None]] = []       # _drained waits for the queue to empty
         self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
         self.closed = False
 
@@ -190,102 +222,121 @@ class TopicLog:
 
     def enqueue(self, message: pb.Message) -> asyncio.Future[int]:
         """Queue ``message`` now (publish order is call order); the future gets its seq id."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[int] = loop.create_future()
-        if self.closed:
-            fut.set_exception(errors.ServiceDownError(f"topic {self.topic!r} is being released"))
-            return fut
-        self._queue.append((message, fut))
-        self._queued_bytes += len(message.body)
-        if self._writer is None:
-            self._writer = loop.create_task(self._write_loop())
-        elif self._queued_bytes >= self._flush_at:
-            self._kick()
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.submit(message, functools.partial(_resolve, fut))
         return fut
 
-    def _kick(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
+    def submit(self, message: pb.Message, done: Done) -> None:
+        """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
 
-    def _settle(self, fut: asyncio.Future[int], entry_id: int, error: BaseException | None) -> None:
-        """A ledger add's callback: settle its future and wake the writer."""
-        if not fut.done():
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(entry_id)
-        self._kick()
+        The callback form of ``enqueue`` (no future, no extra loop turn): the
+        server answers a publish from inside the add's acknowledgement.
+        ``done`` runs on the loop, in publish order, exactly once.
+        """
+        if self.closed:
+            done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
+            return
+        self._queue.append((message, done))
+        self._queued_bytes += len(message.body)
+        if (not self._pump_soon and self._slow is None
+                and (not self._inflight or self._queued_bytes >= self.conf.batch_flush_bytes)):
+            # at the end of this loop turn, so the publishes of one read share an entry
+            self._pump_soon = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _settle(self, add: _Add, entry_id: int, error: BaseException | None) -> None:
+        """A ledger add's callback: complete what is acknowledged in order, send what may go."""
+        add.settled = True
+        add.error = error
+        if self._slow is None:
+            self._pump()
+        elif self._drain is not None and all(a.settled for a in self._inflight) and not self._drain.done():
+            self._drain.set_result(None)
+
+    def _pump(self) -> None:
+        """Complete the settled adds at the head, in order, then send batches (see the module docstring).
+
+        Synchronous; a ledger roll or a failed add hands over to a task
+        (``_slow``) that calls this again when done.
+        """
+        self._pump_soon = False
+        if self._slow is not None:
+            return
+        inflight = self._inflight
+        conf = self.conf
+        while True:
+            while inflight and inflight[0].settled:
+                head = inflight[0]
+                if head.error is not None:
+                    self._slow = asyncio.get_running_loop().create_task(self._add_failed(head))
+                    return
+                inflight.popleft()
+                self._acked(head)
+            if not (self._queue and len(inflight) < conf.max_outstanding_adds
+                    and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
+                break
+            maxe = conf.max_entries_per_ledger
+            if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
+                if not inflight:   # roll once the entries in flight are settled
+                    self._slow = asyncio.get_running_loop().create_task(self._roll())
+                return
+            self._send(self._take_batch())
+        if not inflight and not self._queue:
+            idle, self._idle = self._idle, []
+            for w in idle:
+                if not w.done():
+                    w.set_result(None)
+
+    def _send(self, batch: Batch) -> None:
+        first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
+        entry = pb.MessageBatch(first_local_seq_id=first)
+        entry.messages.extend(m for m, _ in batch)
+        add = _Add(self.lh, first, batch)
+        self._inflight.append(add)
+        self.entries_in_ledger += 1
+        try:
+            add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
+        except Exception as exc:   # refused before anything was sent: a failed add, in order
+            add.settled, add.error = True, exc
 
     def _take_batch(self) -> Batch:
-        batch: list[tuple[pb.Message, asyncio.Future[int]]] = []
+        batch: Batch = []
         size = 0
-        while self._queue and len(batch) < self.conf.max_batch_messages:
-            m = self._queue[0][0]
+        queue = self._queue
+        while queue and len(batch) < self.conf.max_batch_messages:
+            m = queue[0][0]
             if batch and size + len(m.body) > self.conf.max_batch_bytes:
                 break
-            batch.append(self._queue.popleft())
+            batch.append(queue.popleft())
             size += len(m.body)
             self._queued_bytes -= len(m.body)
         return batch
 
-    async def _write_loop(self) -> None:
-        """Send batches (see the module docstring), complete them in order as their adds settle."""
-        inflight: collections.deque[tuple[asyncio.Future[int], Any, int, Batch]] = collections.deque()
-        loop = asyncio.get_running_loop()
-        conf = self.conf
-        settle = self._settle
+    async def _roll(self) -> None:
+        """Start the first ledger, or close the full one and start the next; then carry on publishing."""
         try:
-            while self._queue or inflight:
-                while (self._queue and len(inflight) < conf.max_outstanding_adds
-                       and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
-                    maxe = conf.max_entries_per_ledger
-                    if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
-                        if inflight:
-                            break              # roll once the entries in flight are settled
-                        try:
-                            async with self._lock:
-                                if self.lh is not None:
-                                    await self._close_current()
-                                await self._new_ledger()
-                        except Exception as exc:
-                            self._fail_queue(self._error(exc))
-                            break
-                    batch = self._take_batch()
-                    first = self.last_seq + 1 + sum(len(b) for _, _, _, b in inflight)
-                    entry = pb.MessageBatch(first_local_seq_id=first)
-                    entry.messages.extend(m for m, _ in batch)
-                    lh = self.lh
-                    add: asyncio.Future[int] = loop.create_future()
-                    try:   # a callback, not a task per entry: the add settles this future
-                        lh.async_add_entry(entry.SerializeToString(), functools.partial(settle, add))
-                    except Exception as exc:   # refused before anything was sent: a failed add, in order
-                        add.set_exception(exc)
-                    self.entries_in_ledger += 1
-                    inflight.append((add, lh, first, batch))
-                if not inflight:
-                    continue
-                add, lh, first, batch = inflight[0]
-                if not add.done():
-                    # Wait for an add to settle, or for enough publishes to send another entry.
-                    full = len(inflight) >= conf.max_outstanding_adds
-                    self._flush_at = _NEVER if full else conf.batch_flush_bytes
-                    self._wake = loop.create_future()
-                    try:
-                        await self._wake
-                    finally:
-                        self._wake = None
-                        self._flush_at = _NEVER
-                    continue
-                try:
-                    add.result()
-                except Exception as exc:
-                    await self._add_failed(lh, exc, inflight)
-                    continue
-                inflight.popleft()
-                self._acked(lh, first, batch)
+            async with self._lock:
+                if self.lh is not None:
+                    await self._close_current()
+                await self._new_ledger()
+        except Exception as exc:
+            self._fail_queue(self._error(exc))
         finally:
-            self._writer = None
+            self._slow = None
+        self._pump()
+
+    async def _drained(self) -> None:
+        """Return once nothing is queued or in flight."""
+        while self._queue or self._inflight or self._slow is not None:
+            if self._slow is not None:
+                await asyncio.gather(self._slow, return_exceptions=True)
+                continue
+            idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle.append(idle)
+            if not self._pump_soon:
+                self._pump()
+            if not idle.done():
+                await idle
 
     def _error(self, exc: BaseException) -> errors.PubSubError:
         if isinstance(exc, errors.PubSubError):
@@ -294,43 +345,51 @@ class TopicLog:
 
     def _fail_queue(self, err: errors.PubSubError, batches: Any = ()) -> None:
         for batch in batches:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(err)
+            for _, done in batch:
+                _call(done, 0, err)
         while self._queue:
-            _, fut = self._queue.popleft()
-            if not fut.done():
-                fut.set_exception(err)
+            _, done = self._queue.popleft()
+            _call(done, 0, err)
         self._queued_bytes = 0
 
-    async def _add_failed(self, lh: Any, exc: BaseException,
-                          inflight: collections.deque[tuple[asyncio.Future[int], Any, int, Batch]]) -> None:
+    async def _add_failed(self, head: _Add) -> None:
         """An add failed: the entries after it fail too; close the ledger at its last acknowledged entry."""
-        log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
-        await asyncio.gather(*(t for t, _, _, _ in inflight), return_exceptions=True)
-        failed = [b for _, _, _, b in inflight]
-        inflight.clear()
-        err = self._error(exc)
-        self._fail_queue(err, failed)
+        lh, exc = head.lh, head.error
+        assert exc is not None
         try:
-            async with self._lock:
-                await self._close_current()
-        except Exception as exc2:
-            log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
-            self.lh = None
-            self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
+            log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
+            if not all(a.settled for a in self._inflight):   # the writer fails the adds after it
+                self._drain = asyncio.get_running_loop().create_future()
+                try:
+                    await self._drain
+                finally:
+                    self._drain = None
+            failed = [a.batch for a in self._inflight]
+            self._inflight.clear()
+            self._fail_queue(self._error(exc), failed)
+            try:
+                async with self._lock:
+                    await self._close_current()
+            except Exception as exc2:
+                log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
+                self.lh = None
+                self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
+        finally:
+            self._slow = None
+        self._pump()
 
-    def _acked(self, lh: Any, first: int, batch: Batch) -> None:
-        self._index[lh.ledger_id].append(first)
+    def _acked(self, add: _Add) -> None:
+        first, batch = add.first, add.batch
+        self._index[add.lh.ledger_id].append(first)
         self.last_seq = first + len(batch) - 1
         msgs = []
-        for i, (m, fut) in enumerate(batch):
+        for i, (m, _) in enumerate(batch):
             m.msgId.localComponent = first + i
             msgs.append(m)
-            if not fut.done():
-                fut.set_result(first + i)
         if self.on_persisted is not None:
             self.on_persisted(self.topic, msgs)
+        for i, (_, done) in enumerate(batch):
+            _call(done, first + i, None)
 
     # --- reading --------------------------------------------------------------------------------
     def _range_for(self, seq: int) -> pb.LedgerRange | None:
@@ -478,8 +537,7 @@ class TopicLog:
     async def release(self) -> None:
         """Stop publishing, close the current ledger (recording its end), drop readers."""
         self.closed = True
-        if self._writer is not None:
-            await asyncio.gather(self._writer, return_exceptions=True)
+        await self._drained()
         async with self._lock:
             try:
                 await self._close_current()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -45,7 +46,7 @@ from hub.metadata import (
     hub_address,
 )
 from hub.ownership import Ownership
-from hub.persistence import TopicLog
+from hub.persistence import Done, TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.readahead import ReadAheadCache
 from hub.subscriptions import SubState, TopicSubscriptions
@@ -187,9 +188,8 @@ class HubConnection(asyncio.Protocol):
             return
         t = self.server.topics.get(ev.topic)
         if req.type == pb.PUBLISH and t is not None:
-            fut = self._enqueue(t, ev)    # synchronously: publish order on a connection is seq order
-            t0 = time.perf_counter()
-            fut.add_done_callback(lambda f: self._published(req, f, t, t0))
+            # synchronously: publish order on a connection is seq order
+            self._enqueue(t, ev, functools.partial(self._published, req, t, time.perf_counter()))
             return
         if req.type == pb.PUBLISH:
             self._track(self._handle(ev, None))
@@ -206,7 +206,7 @@ class HubConnection(asyncio.Protocol):
         task.add_done_callback(self.tasks.discard)
         return task
 
-    def _enqueue(self, t: Topic, ev: protocol.RequestReceived) -> asyncio.Future[int]:
+    def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
         t.last_active = time.monotonic()
         msg = ev.request.publishRequest.msg
         if not msg.srcRegion:
@@ -214,17 +214,16 @@ class HubConnection(asyncio.Protocol):
         if self.server.regions is not None:
             self.server.regions.stamp(ev.topic, msg)
         self.server.stats.incr("publishes")
-        return t.log.enqueue(msg)
+        t.log.submit(msg, done)
 
-    def _published(self, req: pb.PubSubRequest, fut: asyncio.Future[int], t: Topic, t0: float) -> None:
-        exc = fut.exception()
+    def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
         if exc is not None:
             self._fail(req, exc)
             if t.log.closed and self.server.topics.get(t.log.topic) is t:
                 # its ledger could not be closed: let the next owner recover it
                 self.server.spawn(self.server.release_topic(t.log.topic))
             return
-        self._write(protocol.published(req.txnId, req.topic, fut.result()))
+        self._write(protocol.published(req.txnId, req.topic, seq))
         stats = self.server.stats
         stats.incr("packets_sent")
         stats.observe("publish", time.perf_counter() - t0)
@@ -270,9 +269,7 @@ class HubConnection(asyncio.Protocol):
             t.last_active = time.monotonic()
             resp = protocol.response(req.txnId, topic=ev.topic)
             if req.type == pb.PUBLISH:
-                fut = self._enqueue(t, ev)
-                await asyncio.wait([fut])
-                self._published(req, fut, t, t0)
+                self._enqueue(t, ev, functools.partial(self._published, req, t, t0))
                 return
             if req.type == pb.SUBSCRIBE:
                 self.server.stats.incr("subscribes")
