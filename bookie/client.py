@@ -53,24 +53,12 @@ from bookie.recovery import recover_ledger
 from bookie.registration import BOOKIES_TABLE
 from bookie.watcher import BookieWatcher
 from metastore import MetaStore, Version, open_metastore
-from placement import EnsemblePlacementPolicy, RackawareEnsemblePlacementPolicy, StaticMapping
+from placement import EnsemblePlacementPolicy, StaticMapping, client_policy
 from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["PLACEMENT_KEYS", "BookKeeper", "ClientConf", "LedgerEntry", "LedgerHandle", "load_client_conf"]
-
-
-def _build_policy(conf: Mapping[str, Any] | None) -> tuple[EnsemblePlacementPolicy, StaticMapping | None]:
-    """The placement policy ``conf`` asks for and the mapping the watcher teaches locations (if any)."""
-    mapping = StaticMapping({})
-    own_dns = bool(conf and (conf.get("dns_resolver_class") or conf.get("network_topology_script_file")))
-    if conf and (conf.get("ensemble_placement_policy") or own_dns):
-        from placement import build_policy
-
-        policy = build_policy({k: str(v) for k, v in conf.items()}, dns=None if own_dns else mapping)
-        return policy, (None if own_dns else mapping)
-    return RackawareEnsemblePlacementPolicy(dns=mapping), mapping
 
 
 class BookKeeper:
@@ -120,7 +108,7 @@ class BookKeeper:
         cconf = ClientConf.from_mapping(conf)
         mapping: StaticMapping | None = None
         if placement_policy is None:
-            placement_policy, mapping = _build_policy(conf)
+            placement_policy, mapping = client_policy(conf)
         owns = isinstance(metastore, str)
         store = await open_metastore(metastore) if isinstance(metastore, str) else metastore
         try:

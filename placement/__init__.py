@@ -15,7 +15,7 @@ This package imports nothing else from Quire.
 from placement.config import PLACEMENT_KEYS, PlacementConf
 from placement.dns import DNSToSwitchMapping, ScriptBasedMapping, StaticMapping
 from placement.errors import NotEnoughBookiesError, PlacementError
-from placement.factory import build_dns, build_policy
+from placement.factory import build_dns, build_policy, client_policy
 from placement.policy import EnsemblePlacementPolicy
 from placement.rackaware import RackawareEnsemblePlacementPolicy
 from placement.regionaware import RegionAwareEnsemblePlacementPolicy
@@ -39,5 +39,6 @@ __all__ = [
     "TopologyAwareEnsemblePlacementPolicy",
     "build_dns",
     "build_policy",
+    "client_policy",
     "normalize_location",
 ]

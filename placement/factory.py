@@ -5,6 +5,7 @@
     policy = build_policy(PlacementConf(ensemble_placement_policy="regionaware", local_region="region-a"))
     policy = build_policy(conf, dns=StaticMapping(locations_from_registrations))
     policy = build_policy({"ensemble_placement_policy": "regionaware"})   # a plain mapping works too
+    policy, mapping = client_policy(conf)   # a client's: and the StaticMapping its bookie watcher fills
 
 Keys and defaults are ``placement.config.PlacementConf``. A mapping may hold
 other keys (a whole client conf): they are ignored here, and handed on to a
@@ -102,3 +103,20 @@ def build_policy(conf: PlacementConf | Mapping[str, Any] | None = None,
     cls = _policy_class(pconf.ensemble_placement_policy)
     resolver = dns if dns is not None else build_dns(pconf if isinstance(conf, PlacementConf) else mapping)
     return cls.from_conf(mapping, resolver)
+
+
+def client_policy(conf: Mapping[str, Any] | None = None) -> tuple[EnsemblePlacementPolicy, StaticMapping | None]:
+    """The policy a ledger client (or a tool) places ensembles with, and the mapping it resolves through.
+
+    ``build_policy`` of ``conf`` (a whole client conf may be passed; keys
+    with an empty value count as unset; rack-aware when no policy is named).
+    Unless ``conf`` names its own resolver (``dns_resolver_class`` or
+    ``network_topology_script_file``), the policy resolves bookie locations
+    through a ``StaticMapping``, returned for the caller's bookie watcher to
+    fill from the bookies' registrations; else the mapping is ``None``.
+    Raises ``ValueError`` as ``build_policy`` does.
+    """
+    items = {k: str(v) for k, v in (conf or {}).items() if str(v) != ""}
+    own_dns = bool(items.get(DNS_RESOLVER_KEY) or items.get(SCRIPT_FILE_KEY))
+    mapping = None if own_dns else StaticMapping({})
+    return build_policy(items, dns=mapping), mapping

@@ -17,6 +17,7 @@ from placement import (
     StaticMapping,
     build_dns,
     build_policy,
+    client_policy,
 )
 from placement.policy import EnsemblePlacementPolicy
 
@@ -263,3 +264,19 @@ def test_placement_keys_are_the_fields_of_placement_conf() -> None:
 
     assert {f.name for f in dataclasses.fields(PlacementConf)} == PLACEMENT_KEYS
     assert "local_region" in PLACEMENT_KEYS and len(PLACEMENT_KEYS) == 5
+
+
+def test_client_policy_hands_back_the_static_mapping_it_resolves_through() -> None:
+    policy, mapping = client_policy({"ensemble_placement_policy": "", "bookie_watch_interval_ms": 5})
+    assert type(policy) is RackawareEnsemblePlacementPolicy     # empty means unset; client keys pass
+    assert isinstance(mapping, StaticMapping) and policy.dns is mapping
+    policy, mapping = client_policy({"ensemble_placement_policy": "regionaware", "local_region": "r1"})
+    assert isinstance(policy, RegionAwareEnsemblePlacementPolicy) and policy.dns is mapping
+
+
+def test_client_policy_with_its_own_resolver_has_no_mapping() -> None:
+    policy, mapping = client_policy({"dns_resolver_class": f"{HERE}.EverythingInRackX", "test_rack": "/r/q"})
+    assert mapping is None
+    policy.on_cluster_changed({"a:1"}, set())
+    assert policy.topology.get_location("a:1") == "/r/q"      # the whole conf reached the resolver
+

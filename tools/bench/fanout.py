@@ -125,7 +125,7 @@ async def quire_case(cluster: Any, n: int, m: int, args: argparse.Namespace) -> 
             async def handler(topic: bytes, subscriber_id: bytes, message: Any, i: int = i) -> None:
                 deliveries.got(i, message.body)
 
-            await c.subscribe(topic, sub_id, create_or_attach="CREATE_OR_ATTACH", message_window_size=args.window * int(__import__("os").environ.get("SUBWIN", "1")))
+            await c.subscribe(topic, sub_id, create_or_attach="CREATE_OR_ATTACH", message_window_size=args.window)
             await c.start_delivery(topic, sub_id, handler)
         secs, pub = await _wait(deliveries, _publish_all(lambda b: publisher.publish(topic, b), _body(args.size),
                                                          m, args.window), args.timeout)

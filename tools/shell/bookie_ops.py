@@ -53,7 +53,7 @@ from bookie.watcher import apply_registrations
 from metastore import MetaStore, Version
 from metastore.cas import cas_retry
 from metastore.errors import NoKeyError
-from placement import EnsemblePlacementPolicy, StaticMapping, build_policy
+from placement import EnsemblePlacementPolicy, StaticMapping, client_policy
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,7 @@ class BookieOps:
         ``MetastoreError`` when the store fails.
         """
         conf = {k: str(v) for k, v in (conf or {}).items()}
-        placement_conf = {k: v for k, v in conf.items() if k in PLACEMENT_KEYS and v != ""}
-        own_dns = bool(placement_conf.get("dns_resolver_class") or placement_conf.get("network_topology_script_file"))
-        mapping = None if own_dns else StaticMapping({})
-        policy = build_policy(placement_conf, dns=mapping)
+        policy, mapping = client_policy({k: v for k, v in conf.items() if k in PLACEMENT_KEYS})
         ledgers = await LedgerMetadataManager.open(store)
         await store.create_scannable_table(BOOKIES_TABLE)
         return cls(store, ledgers, policy, mapping, conf, timeout)
