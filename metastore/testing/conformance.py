@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import uuid
 from collections.abc import Awaitable, Callable
@@ -38,10 +36,10 @@ from metastore.errors import (
     KeyExistsError,
     NoKeyError,
 )
+from metastore.testing.children import WAIT, child, readline, reap
 
 __all__ = [name for name in dir() if name.startswith("test_")]  # filled at the end
 
-WAIT = 30.0
 """Upper bound, in seconds, for anything the kit waits on."""
 
 Case = Callable[[MetaStore, str, str], Awaitable[None]]
@@ -478,20 +476,6 @@ _INCREMENTER = textwrap.dedent("""
 """)
 
 
-def _child(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-async def _readline(proc: subprocess.Popen[str], timeout: float = WAIT) -> str:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), timeout)
-    if not line:
-        err = proc.stderr.read() if proc.stderr else ""
-        raise AssertionError(f"child process said nothing; stderr:\n{err[-2000:]}")
-    return line.strip()
-
-
 async def _ephemeral_dies_with_owner(store: MetaStore, name: str, uri: str) -> None:
     """SessionCapability: an ephemeral key held by a process vanishes after that process is SIGKILLed."""
     try:
@@ -508,9 +492,9 @@ async def _ephemeral_dies_with_owner(store: MetaStore, name: str, uri: str) -> N
     with pytest.raises(NoKeyError):
         await t.get("mine")
 
-    proc = _child(_HOLDER, uri, name, "2.0")
+    proc = child(_HOLDER, uri, name, "2.0")
     try:
-        assert await _readline(proc) == "ready"
+        assert await readline(proc) == "ready"
         got = await t.get("eph")
         assert got.value == {"owner": b"child"}
         with pytest.raises(KeyExistsError):
@@ -531,23 +515,19 @@ async def _ephemeral_dies_with_owner(store: MetaStore, name: str, uri: str) -> N
         # the key can now be claimed by someone else
         await t.put("eph", Value({"owner": b"parent"}), Version.NEW)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=WAIT)
+        reap(proc)
 
 
 async def _multiprocess_cas(store: MetaStore, name: str, uri: str) -> None:
     """N processes race CAS increments on one key; the final count equals the successful puts."""
     t = await store.create_table(name)
     await t.put("counter", Value({"n": b"0"}), Version.NEW)
-    procs = [_child(_INCREMENTER, uri, name, "25") for _ in range(4)]
+    procs = [child(_INCREMENTER, uri, name, "25") for _ in range(4)]
     try:
-        done = [int(await _readline(p, timeout=120)) for p in procs]
+        done = [int(await readline(p, timeout=120)) for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=WAIT)
+            reap(p)
     assert done == [25, 25, 25, 25]
     assert int((await t.get("counter")).value["n"] or b"") == sum(done)
 

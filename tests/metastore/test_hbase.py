@@ -14,8 +14,6 @@ import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
 import textwrap
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +27,7 @@ from metastore.api import MetaStore
 from metastore.backends import hbase as hb
 from metastore.backends.hbase import HBaseMetaStore, hbase_table_name, parse_uri
 from metastore.errors import BadVersionError, IllegalOpError, KeyExistsError, NoKeyError, ServiceDownError
+from metastore.testing.children import child, readline, reap
 from metastore.testing.hbase_thrift_emulator import HBaseThriftEmulator
 
 H: Any = hb.Hbase_thrift
@@ -443,34 +442,12 @@ _INCREMENTER = textwrap.dedent("""
 """)
 
 
-def _child(script: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-async def _line(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), WAIT)
-    if not line:
-        raise AssertionError(f"child said nothing: {proc.stderr.read() if proc.stderr else ''}")
-    return line.strip()
-
-
-def _reap(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(WAIT)
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
-
-
 async def test_ephemeral_key_disappears_after_its_process_is_killed(ms: MetaStore, hbase_uri: str) -> None:
     t = await ms.create_table("owners")
     key = "topic/\x00ü"
-    proc = _child(_HOLDER, hbase_uri)
+    proc = child(_HOLDER, hbase_uri)
     try:
-        assert await _line(proc) == "ready"
+        assert await readline(proc) == "ready"
         assert (await t.get(key)).value == {"owner": b"child"}
         with pytest.raises(KeyExistsError):
             await t.put(key, Value({"owner": b"parent"}), Version.NEW)
@@ -487,19 +464,19 @@ async def test_ephemeral_key_disappears_after_its_process_is_killed(ms: MetaStor
         await t.put(key, Value({"owner": b"parent"}), Version.NEW)
         assert (await t.get(key)).value == {"owner": b"parent"}
     finally:
-        _reap(proc)
+        reap(proc)
 
 
 async def test_cas_is_shared_between_processes(ms: MetaStore, hbase_uri: str) -> None:
     t = await ms.create_table("idgen")
     await t.put("ledger", Value({"n": b"0"}), Version.NEW)
-    procs = [_child(_INCREMENTER, hbase_uri, "20") for _ in range(3)]
+    procs = [child(_INCREMENTER, hbase_uri, "20") for _ in range(3)]
     try:
-        lost = [int(await _line(p)) for p in procs]
+        lost = [int(await readline(p)) for p in procs]
         codes = [await asyncio.to_thread(p.wait, WAIT) for p in procs]
     finally:
         for p in procs:
-            _reap(p)
+            reap(p)
     assert codes == [0, 0, 0]
     assert (await t.get("ledger")).value == {"n": b"60"}  # no increment lost, none counted twice
     log.info("CAS conflicts between the processes: %d", sum(lost))
