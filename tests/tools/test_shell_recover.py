@@ -125,7 +125,8 @@ async def test_recover_after_kill_is_complete_idempotent_and_rack_aware(tmp_path
 
             r = await shell("recover", dead, "--password", PASSWORD.decode(), "--metastore", uri, "--no-progress")
             assert r.rc == 0, r.out + r.err
-            assert r.lines[-1].startswith(f"recover {dead}: {len(still)} ledgers, {len(still)} done, 0 failed")
+            assert r.lines[-1].startswith(f"recover {dead}: {len(still)} ledgers, {len(still)} done, 0 failed"), (
+                f"left by the interrupted run: {sorted(still)}\n{r.out}")
 
             after = await all_metadata(ops)
             assert set(after) == set(before)
