@@ -124,6 +124,7 @@ class TopicLog:
         self._queued_bytes = 0
         self._inflight: collections.deque[_Add] = collections.deque()   # sent, in entry order
         self._pump_soon = False           # a _pump is scheduled for the end of this loop turn
+        self._pumping = False             # a _pump is running (an add settled inside it waits for it)
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
         self._idle: list[asyncio.Future[None]] = []       # _drained waits for the queue to empty
@@ -248,6 +249,8 @@ class TopicLog:
         """A ledger add's callback: complete what is acknowledged in order, send what may go."""
         add.settled = True
         add.error = error
+        if self._pumping:
+            return   # settled from inside _send (a refusal): the running _pump sees it next
         if self._slow is None:
             self._pump()
         elif self._drain is not None and all(a.settled for a in self._inflight) and not self._drain.done():
@@ -260,8 +263,15 @@ class TopicLog:
         (``_slow``) that calls this again when done.
         """
         self._pump_soon = False
-        if self._slow is not None:
+        if self._slow is not None or self._pumping:
             return
+        self._pumping = True
+        try:
+            self._pump_once()
+        finally:
+            self._pumping = False
+
+    def _pump_once(self) -> None:
         inflight = self._inflight
         conf = self.conf
         while True:

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from bookie.errors import BKError
+from hub import errors
 from hub.conf import load_hub_conf
 from hub.persistence import TopicLog, decode_batch
 from hub.proto import pubsub_pb2 as pb
@@ -104,3 +106,51 @@ async def test_no_more_than_max_outstanding_adds_in_flight() -> None:
     lh.settle(2)
     await turns()
     assert [f.result() for f in futs] == [1, 2, 3]
+
+
+class RefusingLedger(HeldLedger):
+    """Fails its second add from inside ``async_add_entry``, as a writer that already failed does."""
+
+    closed = False
+
+    def async_add_entry(self, data: bytes, cb: Callable[[int, BaseException | None], None]) -> None:
+        super().async_add_entry(data, cb)
+        if len(self.adds) == 2:
+            cb(1, BKError("refused"))
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class RangesStore:
+    """A ``TopicPersistenceManager`` stand-in that accepts every write."""
+
+    def __init__(self) -> None:
+        self.writes: list[pb.LedgerRanges] = []
+
+    async def write_topic_persistence_info(self, topic: bytes, ranges: pb.LedgerRanges, version: Any) -> Any:
+        self.writes.append(ranges)
+        return version
+
+
+async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytest.LogCaptureFixture) -> None:
+    store = RangesStore()
+    log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
+    lh = RefusingLedger()
+    log.lh, log._index[lh.ledger_id] = lh, []
+    log.ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=1)
+    first = log.enqueue(body(1))
+    await turns()
+    lh.settle(0)
+    await turns()
+    assert first.result() == 1
+    second = log.enqueue(body(1))    # nothing in flight: it goes at once, and the ledger refuses it inside the send
+    await turns(20)
+    assert lh.entries() == [[1], [2]]
+    with pytest.raises(errors.ServiceDownError):
+        second.result()
+    assert lh.closed and log.lh is None                     # closed at its last acknowledged entry
+    assert [r.endSeqIdIncluded.localComponent for r in store.writes[-1].ranges] == [1]
+    failed = [r for r in caplog.records if "add to ledger" in r.getMessage()]
+    assert len(failed) == 1                                 # the failure is handled once
+    assert log._slow is None and not log._inflight
