@@ -14,10 +14,25 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["Message", "MessageId", "SubscriptionPreferences"]
+
+_T = TypeVar("_T")
+
+
+def _make(cls: type[_T], **fields: Any) -> _T:
+    """An instance of the frozen dataclass ``cls`` from every one of its fields, without ``__init__``.
+
+    A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``; messages are built once per delivery on the hot
+    path, so the fields go into the instance dict in one step instead.
+    """
+    out = object.__new__(cls)
+    out.__dict__.update(fields)
+    return out
 
 
 @dataclass(frozen=True)
@@ -29,8 +44,9 @@ class MessageId:
 
     @classmethod
     def from_proto(cls, seq: pb.MessageSeqId) -> MessageId:
-        return cls(seq.localComponent,
-                   {r.region.decode("utf-8", "replace"): r.seqId for r in seq.remoteComponents})
+        remote = seq.remoteComponents
+        return _make(cls, local=seq.localComponent,
+                     remote={r.region.decode("utf-8", "replace"): r.seqId for r in remote} if remote else {})
 
     def to_proto(self) -> pb.MessageSeqId:
         out = pb.MessageSeqId(localComponent=self.local)
@@ -54,10 +70,14 @@ class Message:
         return self.msg_id.local
 
     @classmethod
-    def from_proto(cls, msg: pb.Message) -> Message:
-        props = {e.key: e.value for e in msg.header.properties.entries}
-        return cls(body=msg.body, properties=props, msg_id=MessageId.from_proto(msg.msgId),
-                   src_region=msg.srcRegion.decode("utf-8", "replace"))
+    def from_proto(cls, msg: pb.Message, *, keep_wire: bool = False) -> Message:
+        """The message of ``msg``; with ``keep_wire`` its ``wire`` is ``msg`` serialized (no second conversion)."""
+        props = {e.key: e.value for e in msg.header.properties.entries} if msg.HasField("header") else {}
+        out = _make(cls, body=msg.body, properties=props, msg_id=MessageId.from_proto(msg.msgId),
+                    src_region=msg.srcRegion.decode("utf-8", "replace"))
+        if keep_wire:
+            out.__dict__["wire"] = msg.SerializeToString()
+        return out
 
     @functools.cached_property
     def wire(self) -> bytes:

@@ -396,10 +396,10 @@ class TopicLog:
         for i, (m, _) in enumerate(batch):
             m.msgId.localComponent = first + i
             msgs.append(m)
+        for i, (_, done) in enumerate(batch):   # answers first: the publishers wait, deliveries can follow
+            _call(done, first + i, None)
         if self.on_persisted is not None:
             self.on_persisted(self.topic, msgs)
-        for i, (_, done) in enumerate(batch):
-            _call(done, first + i, None)
 
     # --- reading --------------------------------------------------------------------------------
     def _range_for(self, seq: int) -> pb.LedgerRange | None:
@@ -509,7 +509,7 @@ class TopicLog:
                     if s != seq or len(out) >= max_messages or (out and size >= max_bytes):
                         break
                     m.srcRegion = m.srcRegion or self.conf.region.encode()
-                    out.append(Message.from_proto(m))
+                    out.append(Message.from_proto(m, keep_wire=True))
                     size += len(m.body)
                     seq += 1
                     progressed = True

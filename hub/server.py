@@ -32,6 +32,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from bookie.errors import BKError
@@ -105,7 +106,7 @@ class HubConnection(asyncio.Protocol):
         self.subs: dict[tuple[bytes, bytes], SubState] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
-        self._out = protocol.OutBuffer(self._write_now, asyncio.get_running_loop().call_soon)
+        self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
         self.closed = False
 
     # --- transport callbacks ----------------------------------------------------------------------
@@ -304,6 +305,7 @@ class HubServer:
         self.connections: set[HubConnection] = set()
         self._acquiring: dict[bytes, asyncio.Future[Topic]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._unflushed: list[Callable[[], None]] = []
         self._servers: list[asyncio.Server] = []
         self.store: Any = None
         self.bk: Any = None
@@ -315,6 +317,18 @@ class HubServer:
         self.cache: Any = None
         self.ownership: Ownership | None = None
         self.regions: Any = None      # hub.regions.RegionManager once started
+
+    def flush_soon(self, flush: Callable[[], None]) -> None:
+        """A connection's ``OutBuffer`` has frames: write them at the end of this loop turn (``flush``)."""
+        self._unflushed.append(flush)
+        if len(self._unflushed) == 1:
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every connection's queued frames now."""
+        pending, self._unflushed = self._unflushed, []
+        for flush in pending:
+            flush()
 
     def spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -444,10 +458,11 @@ class HubServer:
         return t
 
     def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
+        self.flush()   # the publish answers of this batch leave before the deliveries are built
         t = self.topics.get(topic)
         if t is not None and t.subs.delivering():
             for m in msgs:       # a hint for the cache: only worth building messages someone may read soon
-                self.cache.on_published(topic, Message.from_proto(m))
+                self.cache.on_published(topic, Message.from_proto(m, keep_wire=True))
             t.subs.wake_all()
 
     def _consumed(self, topic: bytes) -> None:
