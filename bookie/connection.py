@@ -219,6 +219,11 @@ class BookieConnectionPool:
         finally:
             self._connecting.pop(address, None)
 
+    def flush(self) -> None:
+        """Write what every connection has queued now, not at the end of the loop turn."""
+        for conn in self._conns.values():
+            conn.flush()
+
     def close(self) -> None:
         """Close every connection (their outstanding requests fail)."""
         for conn in self._conns.values():

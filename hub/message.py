@@ -14,25 +14,16 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["Message", "MessageId", "SubscriptionPreferences"]
 
-_T = TypeVar("_T")
 
-
-def _make(cls: type[_T], **fields: Any) -> _T:
-    """An instance of the frozen dataclass ``cls`` from every one of its fields, without ``__init__``.
-
-    A frozen dataclass's ``__init__`` sets each field through
-    ``object.__setattr__``; messages are built once per delivery on the hot
-    path, so the fields go into the instance dict in one step instead.
-    """
-    out = object.__new__(cls)
-    out.__dict__.update(fields)
-    return out
+_new = object.__new__
+"""``from_proto`` builds the frozen dataclasses without ``__init__``: ``__init__`` sets each field
+through ``object.__setattr__``, and a message is built once per delivery on the hot path, so the
+fields go straight into the instance dict (every field, as ``__init__`` would)."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +35,12 @@ class MessageId:
 
     @classmethod
     def from_proto(cls, seq: pb.MessageSeqId) -> MessageId:
+        out = _new(cls)
+        fields = out.__dict__
+        fields["local"] = seq.localComponent
         remote = seq.remoteComponents
-        return _make(cls, local=seq.localComponent,
-                     remote={r.region.decode("utf-8", "replace"): r.seqId for r in remote} if remote else {})
+        fields["remote"] = {r.region.decode("utf-8", "replace"): r.seqId for r in remote} if remote else {}
+        return out
 
     def to_proto(self) -> pb.MessageSeqId:
         out = pb.MessageSeqId(localComponent=self.local)
@@ -72,11 +66,15 @@ class Message:
     @classmethod
     def from_proto(cls, msg: pb.Message, *, keep_wire: bool = False) -> Message:
         """The message of ``msg``; with ``keep_wire`` its ``wire`` is ``msg`` serialized (no second conversion)."""
-        props = {e.key: e.value for e in msg.header.properties.entries} if msg.HasField("header") else {}
-        out = _make(cls, body=msg.body, properties=props, msg_id=MessageId.from_proto(msg.msgId),
-                    src_region=msg.srcRegion.decode("utf-8", "replace"))
+        out = _new(cls)
+        fields = out.__dict__
+        fields["body"] = msg.body
+        fields["properties"] = ({e.key: e.value for e in msg.header.properties.entries}
+                                if msg.HasField("header") else {})
+        fields["msg_id"] = MessageId.from_proto(msg.msgId)
+        fields["src_region"] = msg.srcRegion.decode("utf-8", "replace")
         if keep_wire:
-            out.__dict__["wire"] = msg.SerializeToString()
+            fields["wire"] = msg.SerializeToString()
         return out
 
     @functools.cached_property

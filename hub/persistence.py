@@ -245,6 +245,11 @@ class TopicLog:
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
 
+    def send_queued(self) -> None:
+        """Send what ``submit`` queued for the end of this loop turn now (the server calls it after a read)."""
+        if self._pump_soon:
+            self._pump()
+
     def _settle(self, add: _Add, entry_id: int, error: BaseException | None) -> None:
         """A ledger add's callback: complete what is acknowledged in order, send what may go."""
         add.settled = True

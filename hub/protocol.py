@@ -207,20 +207,20 @@ class ServerConnection:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ResponseReceived(Generic[T]):
     response: pb.PubSubResponse
     value: T
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DeliveryReceived:
     topic: bytes
     subscriber: bytes
     message: pb.Message
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SubscriptionEventReceived:
     topic: bytes
     subscriber: bytes

@@ -107,6 +107,7 @@ class HubConnection(asyncio.Protocol):
         self.tasks: set[asyncio.Task[None]] = set()
         self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
         self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
+        self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
 
     # --- transport callbacks ----------------------------------------------------------------------
@@ -154,6 +155,11 @@ class HubConnection(asyncio.Protocol):
                 log.info("closing connection: %s", event.reason)
                 if self.transport is not None:
                     self.transport.close()
+        if self._published_to:   # the publishes of this read go out as one entry per topic, now
+            logs, self._published_to = self._published_to, []
+            for tlog in logs:
+                tlog.send_queued()
+            self.server.bk.pool.flush()   # and the adds leave for the bookies before anything else runs
 
     # --- Attachment -------------------------------------------------------------------------------
     def _write(self, frame: bytes) -> None:
@@ -191,6 +197,8 @@ class HubConnection(asyncio.Protocol):
         if req.type == pb.PUBLISH and t is not None:
             # synchronously: publish order on a connection is seq order
             self._enqueue(t, ev, functools.partial(self._published, req, t, time.perf_counter()))
+            if not self._published_to or self._published_to[-1] is not t.log:
+                self._published_to.append(t.log)
             return
         if req.type == pb.PUBLISH:
             self._track(self._handle(ev, None))
