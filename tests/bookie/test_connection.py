@@ -67,3 +67,18 @@ async def test_pre_encoded_adds_are_answered_in_any_order(shared_bookie: BookieP
         assert protocol.raise_for_status(resp).body == encode_entry(77001, 49, 48, 50, b"x")
     finally:
         pool.close()
+
+
+async def test_pool_flush_writes_queued_requests_without_waiting_for_the_loop_turn(
+        shared_bookie: BookieProcess) -> None:
+    pool = BookieConnectionPool()
+    try:
+        conn = await pool.get(shared_bookie.address)
+        pending = conn.send(protocol.read_lac_request(conn.next_txn_id(), 424243))
+        assert conn._outbox.queued_bytes > 0      # queued for the end of this loop turn
+        pool.flush()
+        assert conn._outbox.queued_bytes == 0     # written now
+        resp = await asyncio.wait_for(pending, 5)
+        assert resp.status in (protocol.NO_LEDGER, protocol.OK)
+    finally:
+        pool.close()

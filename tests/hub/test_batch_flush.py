@@ -154,3 +154,48 @@ async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytes
     failed = [r for r in caplog.records if "add to ledger" in r.getMessage()]
     assert len(failed) == 1                                 # the failure is handled once
     assert log._slow is None and not log._inflight
+
+
+async def test_a_read_of_publishes_goes_out_when_the_server_says_so_not_at_the_end_of_the_turn() -> None:
+    log, lh = held_log()
+    done: list[int] = []
+    for _ in range(3):
+        log.submit(body(10), lambda seq, exc: done.append(seq))
+    assert lh.entries() == []           # queued for the end of the loop turn ...
+    log.send_queued()
+    assert lh.entries() == [[1, 2, 3]]  # ... or now, as one entry, without a loop turn
+    await turns()
+    assert lh.entries() == [[1, 2, 3]]  # the scheduled pump finds nothing more to send
+    log.send_queued()
+    assert lh.entries() == [[1, 2, 3]]
+
+
+async def test_an_acknowledged_batch_is_answered_before_it_is_handed_on_for_delivery() -> None:
+    order: list[str] = []
+    log, lh = held_log()
+    log.on_persisted = lambda topic, msgs: order.append(f"persisted {[m.msgId.localComponent for m in msgs]}")
+    for _ in range(2):
+        log.submit(body(10), lambda seq, exc: order.append(f"answer {seq}"))
+    log.send_queued()
+    lh.settle(0)
+    assert order == ["answer 1", "answer 2", "persisted [1, 2]"]
+
+
+async def test_the_server_writes_every_connections_queued_frames_when_told() -> None:
+    from hub import protocol
+    from hub.server import HubServer
+
+    server = HubServer(load_hub_conf(None, {}))
+    written: list[tuple[int, bytes]] = []
+    outs = [protocol.OutBuffer(lambda data, i=i: written.append((i, data)), server.flush_soon) for i in range(2)]
+    outs[0].add(b"a")
+    outs[1].add(b"b")
+    outs[0].add(b"c")
+    assert written == []                         # queued for the end of the loop turn ...
+    server.flush()
+    assert written == [(0, b"ac"), (1, b"b")]    # ... or now (publish answers before deliveries are built)
+    await turns()
+    assert written == [(0, b"ac"), (1, b"b")]    # the scheduled flush finds nothing left
+    outs[1].add(b"d")
+    await turns()
+    assert written[-1] == (1, b"d")              # and the end-of-turn flush still happens by itself

@@ -130,6 +130,18 @@ async def test_redirects_bounded(cluster: LocalCluster) -> None:
         assert c.owner[topic] == owner
 
 
+async def test_a_publish_to_a_stale_owner_follows_the_redirect(cluster: LocalCluster) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        assert await c.publish(topic, b"x") == 1
+        owner = c.owner[topic]
+        other = next(a for a in cluster.hub_addresses if a != owner)
+        await c._conn(other)       # an open connection to a hub that does not own the topic ...
+        c.owner[topic] = other     # ... believed to be the owner (as after the topic moved)
+        assert await c.publish(topic, b"y") == 2   # NOT_RESPONSIBLE on the direct path, then redirected
+        assert c.owner[topic] == owner
+
+
 async def raw_exchange(address: str, data: bytes, n: int) -> list[pb.PubSubResponse]:
     host, port = address.split(":")
     reader, writer = await asyncio.open_connection(host, int(port))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -145,3 +147,22 @@ def test_publish_response_is_what_protobuf_serializes(txn: int, topic: bytes, se
     resp = response(txn, topic=topic)
     resp.publishResponse.publishedMsgId.localComponent = seq
     assert published(txn, topic, seq) == encode(resp)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.dictionaries(st.text(max_size=10), st.binary(max_size=20), max_size=3),
+       st.integers(min_value=0, max_value=2**63),
+       st.dictionaries(st.text(min_size=1, max_size=5), st.integers(min_value=1, max_value=2**40), max_size=3),
+       st.text(max_size=10))
+def test_message_from_proto_is_the_message_to_proto_came_from(body: bytes, props: dict[str, bytes], seq: int,
+                                                               remote: dict[str, int], region: str) -> None:
+    """``from_proto`` fills the frozen dataclass without ``__init__``: same value, same wire, still frozen."""
+    from hub.message import Message, MessageId
+
+    msg = Message(body, props, MessageId(seq, remote), region)
+    back = Message.from_proto(msg.to_proto())
+    assert back == msg and back.msg_id == msg.msg_id and back.seq_id == seq
+    kept = Message.from_proto(msg.to_proto(), keep_wire=True)
+    assert kept == msg and kept.wire == msg.wire
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        back.body = b"changed"  # type: ignore[misc]
