@@ -173,31 +173,33 @@ class ServerConnection:
         return [self._check(f) for f in frames]
 
     def _check(self, frame: bytes) -> ServerEvent:
-        req = pb.PubSubRequest()
         try:
-            req.ParseFromString(frame)
+            req = pb.PubSubRequest.FromString(frame)
         except (DecodeError, ValueError, RuntimeError) as exc:
             return Reject(response(0, pb.MALFORMED_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}"))
         txn = req.txnId
-        if req.type not in OPS:
-            return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {req.type}"))
-        body = _BODY_FOR_OP[req.type]
+        op = req.type
+        if op not in OPS:
+            return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {op}"))
+        body = _BODY_FOR_OP[op]
         if req.WhichOneof("body") != body:
-            return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(req.type)} "
+            return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                               f"needs a {body}"))
-        topic = request_topic(req)
+        inner = getattr(req, body)
+        topic = req.topic or inner.topic      # request_topic, with the body already known
         if not _valid_name(topic):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "topic must be non-empty UTF-8", topic=topic))
-        sub = subscriber_of(req)
-        if req.type != pb.PUBLISH and not _valid_name(sub):
-            return Reject(response(txn, pb.MALFORMED_REQUEST, "subscriber id must be non-empty UTF-8", topic=topic))
-        if req.type == pb.PUBLISH:
-            size = len(req.publishRequest.msg.body)
+        if op == pb.PUBLISH:
+            size = len(inner.msg.body)
             if size > self.max_message_size:
                 return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
                                                                   f"max_message_size {self.max_message_size}",
                                        topic=topic))
-        if req.type == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
+            return RequestReceived(req, topic, b"")
+        sub = bytes(inner.subscriberId)
+        if not _valid_name(sub):
+            return Reject(response(txn, pb.MALFORMED_REQUEST, "subscriber id must be non-empty UTF-8", topic=topic))
+        if op == pb.CONSUME and not inner.HasField("msgId"):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)
 
@@ -276,18 +278,18 @@ class ClientConnection(Generic[T]):
             tail: ConnectionBroken | None = None
         except FrameTooLargeError as exc:
             frames, tail = exc.frames, ConnectionBroken(str(exc))
+        parse = pb.PubSubResponse.FromString
         for frame in frames:
-            resp = pb.PubSubResponse()
             try:
-                resp.ParseFromString(frame)
+                resp = parse(frame)
             except (DecodeError, ValueError, RuntimeError) as exc:
                 tail = ConnectionBroken(f"malformed response frame: {exc}")
                 break
-            which = resp.WhichOneof("body")
-            if resp.txnId == 0 and which == "delivery":
+            which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
+            if which == "delivery":
                 d = resp.delivery
                 out.append(DeliveryReceived(d.topic, d.subscriberId, d.message))
-            elif resp.txnId == 0 and which == "subscriptionEvent":
+            elif which == "subscriptionEvent":
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))
             else:
