@@ -13,7 +13,9 @@ and appended as the open range (CAS on ``topic_persistence``, so two hubs
 never both write a topic).
 
 Publishes are batched DistributedLog-style. A publish that finds no add in
-flight for its topic is sent at once as its own entry. Publishes that arrive
+flight for its topic is sent as soon as the read that brought it is
+dispatched (the server calls ``send_queued``; otherwise at the end of the
+loop turn), together with the other publishes of that read. Publishes that arrive
 while adds are in flight queue up and go out together, one
 ``pubsub_pb2.MessageBatch`` per entry (bounded by ``max_batch_messages`` and
 ``max_batch_bytes``): once no add is in flight, or as soon as the queue
@@ -24,7 +26,10 @@ round trip, and a stream of them keeps several large entries in flight
 (sending whatever had queued at every acknowledgement instead degenerates
 into many small entries in flight, each costing the bookies a commit).
 Seq ids are dense per message: the first message of a topic is 1. The
-ledger rolls after ``max_entries_per_ledger`` entries.
+ledger rolls after ``max_entries_per_ledger`` entries. An acknowledged entry
+completes its publishes first and only then goes to ``on_persisted`` (the
+read-ahead cache and delivery), so publishers are answered before the
+deliveries of the same messages are built.
 
 Failure: a failed add fails its batch and every publish queued behind it
 with ``ServiceDownError``; the ledger is closed at its last acknowledged
