@@ -386,14 +386,14 @@ class HedwigClient:
             entries = req.publishRequest.msg.header.properties.entries
             for k, v in properties.items():
                 entries.add(key=k, value=v)
+        resp: pb.PubSubResponse | None = None
         conn = self.conns.get(self.owner.get(topic, ""))
         if conn is not None and conn.alive:
             # the owner's connection is open: one request; anything but SUCCESS goes the long way
             # (redirects, retries), as does the first publish to a topic
             resp = await conn.request(req, self.conf.server_ack_response_timeout / 1000.0)
-            if resp.statusCode == pb.SUCCESS:
-                return int(resp.publishResponse.publishedMsgId.localComponent)
-        _, resp = await self._call(topic, req)
+        if resp is None or resp.statusCode != pb.SUCCESS:
+            _, resp = await self._call(topic, req)
         return int(resp.publishResponse.publishedMsgId.localComponent)
 
     # --- subscriptions ----------------------------------------------------------------------------

@@ -403,11 +403,10 @@ class TopicLog:
         self._index[add.lh.ledger_id].append(first)
         self.last_seq = first + len(batch) - 1
         msgs = []
-        for i, (m, _) in enumerate(batch):
-            m.msgId.localComponent = first + i
+        for seq, (m, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
+            m.msgId.localComponent = seq
             msgs.append(m)
-        for i, (_, done) in enumerate(batch):   # answers first: the publishers wait, deliveries can follow
-            _call(done, first + i, None)
+            _call(done, seq, None)
         if self.on_persisted is not None:
             self.on_persisted(self.topic, msgs)
 

@@ -185,21 +185,20 @@ class ServerConnection:
         if req.WhichOneof("body") != body:
             return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                               f"needs a {body}"))
-        inner = getattr(req, body)
-        topic = req.topic or inner.topic      # request_topic, with the body already known
+        topic = request_topic(req)
         if not _valid_name(topic):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "topic must be non-empty UTF-8", topic=topic))
         if op == pb.PUBLISH:
-            size = len(inner.msg.body)
+            size = len(req.publishRequest.msg.body)
             if size > self.max_message_size:
                 return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
                                                                   f"max_message_size {self.max_message_size}",
                                        topic=topic))
             return RequestReceived(req, topic, b"")
-        sub = bytes(inner.subscriberId)
+        sub = subscriber_of(req)
         if not _valid_name(sub):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "subscriber id must be non-empty UTF-8", topic=topic))
-        if op == pb.CONSUME and not inner.HasField("msgId"):
+        if op == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)
 
