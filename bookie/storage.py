@@ -210,6 +210,8 @@ class EntryStorage:
         self._thread: threading.Thread | None = None
         self.on_commit: Callable[[int, float], None] | None = None
         self.on_commit_error: Callable[[str, bool], None] | None = None
+        self.on_lac: Callable[[int, int], None] | None = None
+        """Called on the loop as ``on_lac(ledger_id, lac)`` when a ledger's LAC rises (long-poll reads)."""
         self.last_commit_bytes = 0
         self.commits = 0
         self.entries_committed = 0
@@ -269,6 +271,8 @@ class EntryStorage:
         if lac > state.lac:
             state.lac = lac
             batch.dirty.add(ledger_id)
+            if self.on_lac is not None:
+                self.on_lac(ledger_id, lac)
         batch.keys.append(_pack_key(ledger_id, entry_id))
         batch.values.append(payload)
         batch.waiters.append(done)
@@ -320,6 +324,34 @@ class EntryStorage:
         state.fenced = True
         batch.dirty.add(ledger_id)
         return batch
+
+    def submit_write_lac(self, ledger_id: int, master_key: bytes, lac: int, done: Done) -> None:
+        """Record an explicit LAC sent by the ledger's writer; ``done(None)`` once durable.
+
+        The ledger's LAC becomes the larger of the stored one and ``lac``
+        (``read_lac`` serves it, ``on_lac`` hears of the rise at once). An
+        unknown ledger gets a record with ``master_key``. Raises
+        ``UnauthorizedError`` for another master key, ``BadRequestError``
+        for a bad id or a LAC below -1, ``BookieServerError`` when closing.
+        """
+        if self._closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        if not -1 <= lac <= _MAX_ID:
+            raise BadRequestError(f"LAC {lac} out of range")
+        state = self._ledger(ledger_id)
+        batch = self._batch or self._open_batch()
+        if state is None:
+            state = self._state[ledger_id] = _LedgerState(master_key)
+            batch.dirty.add(ledger_id)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        if lac > state.lac:
+            state.lac = lac
+            batch.dirty.add(ledger_id)
+            if self.on_lac is not None:
+                self.on_lac(ledger_id, lac)
+        batch.waiters.append(done)
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries and record durably (garbage collection)."""
@@ -375,7 +407,7 @@ class EntryStorage:
         return -1 if found is None else int.from_bytes(found[0][8:], "big")
 
     def read_lac(self, ledger_id: int) -> int:
-        """The highest LAC piggybacked on an add (``-1`` when none); ``NoSuchLedgerError``."""
+        """The highest LAC piggybacked on an add or written explicitly (``-1`` when none); ``NoSuchLedgerError``."""
         _check_ids(ledger_id)
         state = self._ledger(ledger_id)
         if state is None:
