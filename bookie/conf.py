@@ -76,6 +76,18 @@ class BookieConf:
                                                 "replaces the measured one; empty = off.")
     gc_wait_time: int = setting(60000, "How often entries of ledgers deleted from the metastore are removed "
                                        "(ms); 0 disables.", min=0)
+    journal_directory: str = setting("", "Directory of the journal (the durability point of every add); empty = "
+                                         "journal/ under ledger_directories. A separate device is the point.")
+    journal_max_size_mb: int = setting(2048, "A journal file is rolled once it would grow past this (MiB).", min=1)
+    journal_preallocate_mb: int = setting(16, "Journal files are preallocated this much at a time (MiB).", min=1)
+    journal_max_group_wait_ms: int = setting(0, "How long a group commit waits for more adds after its first "
+                                                "(ms); 0 = commit as soon as the previous sync returns.", min=0)
+    write_cache_max_size_mb: int = setting(64, "Memory for synced entries not yet in LMDB (MiB); a checkpoint "
+                                               "starts when half of it is used.", min=1)
+    flush_interval: int = setting(1000, "Checkpoint interval (ms): the write cache goes into LMDB and older "
+                                        "journal files are deleted.", min=1)
+    write_cache_max_throttle_ms: int = setting(10000, "How long an add waits for room in a full write cache "
+                                                      "before it fails (ms).", min=0)
     stats_http_port: int = setting(0, "Prometheus text endpoint (/metrics): 0 = off, -1 = a free port "
                                       "(shown in the ready line).", min=-1, max=65535)
     stats_http_host: str = setting("127.0.0.1", "Interface the stats endpoint listens on.")
@@ -141,6 +153,10 @@ class BookieConf:
     @property
     def data_dir(self) -> Path:
         return Path(self.ledger_directories)
+
+    @property
+    def journal_dir(self) -> Path:
+        return Path(self.journal_directory) if self.journal_directory else self.data_dir / "journal"
 
     @property
     def session_timeout_s(self) -> float:

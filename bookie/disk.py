@@ -8,7 +8,8 @@
     monitor.read_only                         # adds are refused while True
     describe_commit_error(exc, data_dir)      # "no space left on device (ENOSPC) ..." and the like
 
-The used fraction is the larger of the filesystem's and the LMDB map's
+The used fraction is the largest of the filesystem's, the journal
+directory's filesystem's (``extra_paths``) and the LMDB map's
 (``map_usage()`` returns ``(used, size)`` bytes): a bookie turns read-only at
 ``threshold`` and writable again below ``lwm_threshold``, so it stops taking
 adds while the map can still grow and the disk still has room, rather than
@@ -52,8 +53,10 @@ class DiskUsageMonitor:
     """Samples the usage of the ledger directory's filesystem and storage map; see the module docstring."""
 
     def __init__(self, path: Path, threshold: float, lwm_threshold: float, override_file: str = "", *,
-                 check_bytes: int = 16 << 20, map_usage: MapUsage | None = None) -> None:
+                 check_bytes: int = 16 << 20, map_usage: MapUsage | None = None,
+                 extra_paths: tuple[Path, ...] = ()) -> None:
         self.path = path
+        self.extra_paths = extra_paths  # the journal directory: its filesystem counts too
         self.threshold = threshold
         self.lwm_threshold = lwm_threshold
         self.override_file = Path(override_file) if override_file else None
@@ -67,6 +70,14 @@ class DiskUsageMonitor:
         du = shutil.disk_usage(self.path)
         total = max(du.total, 1)
         usage = DiskUsage((total - du.free) / total, du.free, total)
+        for extra in self.extra_paths:
+            try:
+                edu = shutil.disk_usage(extra)
+            except FileNotFoundError:
+                continue
+            etotal = max(edu.total, 1)
+            if (etotal - edu.free) / etotal > usage.used_fraction:
+                usage = DiskUsage((etotal - edu.free) / etotal, edu.free, etotal)
         override = self._override()
         if override is not None:
             usage = DiskUsage(override, int(total * (1.0 - override)), total)

@@ -229,7 +229,8 @@ class BookieServer:
         self.connections: set[BookieServerProtocol] = set()
         self.draining = False
         self.stats = BookieStats(read_only=lambda: self.read_only, connections=lambda: len(self.connections),
-                                 disk_usage=lambda: self.last_disk_usage)
+                                 disk_usage=lambda: self.last_disk_usage,
+                                 write_cache_bytes=lambda: self._storage.cache_bytes if self._storage else 0)
         self.budget = proto.FrameBudget(conf.max_partial_frame_bytes)
         self.last_disk_usage: DiskUsage | None = None
         self.stats_url: str | None = None
@@ -240,7 +241,8 @@ class BookieServer:
         self._registration: BookieRegistration | None = None
         self._gc: GarbageCollector | None = None
         self._disk = DiskUsageMonitor(conf.data_dir, conf.disk_usage_threshold, conf.disk_usage_lwm_threshold,
-                                      conf.disk_usage_override_file, check_bytes=conf.disk_check_bytes)
+                                      conf.disk_usage_override_file, check_bytes=conf.disk_check_bytes,
+                                      extra_paths=(conf.journal_dir,))
         self._keys = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._disk_wakeup = asyncio.Event()
@@ -287,8 +289,16 @@ class BookieServer:
         conf = self.conf
         self._loop = loop = asyncio.get_running_loop()
         try:
-            self._storage = storage = EntryStorage(conf.data_dir, map_size=conf.ledger_storage_map_size)
+            self._storage = storage = EntryStorage(
+                conf.data_dir, map_size=conf.ledger_storage_map_size, journal_dir=conf.journal_dir,
+                journal_max_size=conf.journal_max_size_mb << 20,
+                journal_preallocate=conf.journal_preallocate_mb << 20,
+                group_wait=conf.journal_max_group_wait_ms / 1000.0,
+                write_cache_max_size=conf.write_cache_max_size_mb << 20,
+                flush_interval=conf.flush_interval / 1000.0,
+                max_throttle=conf.write_cache_max_throttle_ms / 1000.0)
             storage.on_commit = self._on_commit
+            storage.on_checkpoint = self.stats.on_checkpoint
             storage.on_commit_error = self._on_commit_error
             self._disk.map_usage = storage.map_usage
             usage, _ = self._disk.check()
@@ -475,8 +485,8 @@ class BookieServer:
     # --- disk -----------------------------------------------------------------------------------
 
     def _on_commit(self, entries: int, seconds: float) -> None:
-        self.stats.on_commit(entries, seconds)
         storage = self._storage
+        self.stats.on_commit(entries, seconds, storage.last_sync_seconds if storage is not None else 0.0)
         if storage is not None and self._disk.note_written(storage.last_commit_bytes):
             self._disk_wakeup.set()  # the disk loop samples at once (one statvfs per disk_check_bytes)
 

@@ -3,7 +3,8 @@
     stats = BookieStats(read_only=lambda: server.read_only, connections=lambda: len(server.connections),
                         disk_usage=lambda: server.last_disk_usage)
     stats.count(op, status)              # per response, a plain integer on the hot path
-    stats.on_commit(entries, seconds)    # per group commit (the storage's ``on_commit`` hook)
+    stats.on_commit(entries, seconds, sync_seconds)    # per journal group (the storage's ``on_commit`` hook)
+    stats.on_checkpoint(entries, seconds)              # per checkpoint
     start_http_server(port, registry=stats.registry)
 
 Request counts are exported at scrape time as ``bookie_requests_total{op,status}``;
@@ -29,7 +30,8 @@ class BookieStats(Collector):
     """See the module docstring."""
 
     def __init__(self, *, read_only: Callable[[], bool], connections: Callable[[], int],
-                 disk_usage: Callable[[], DiskUsage | None]) -> None:
+                 disk_usage: Callable[[], DiskUsage | None], write_cache_bytes: Callable[[], int] = lambda: 0) -> None:
+        self._write_cache_bytes = write_cache_bytes
         self._read_only = read_only
         self._connections = connections
         self._disk_usage = disk_usage
@@ -42,15 +44,29 @@ class BookieStats(Collector):
             "bookie_group_commit_seconds", "time from a group's first write to its durable commit",
             registry=self.registry,
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0))
+        self.journal_sync_seconds = Histogram(
+            "bookie_journal_sync_seconds", "time of one journal group's write and fdatasync", registry=self.registry,
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
+        self.journal_group_entries = Histogram(
+            "bookie_journal_group_entries", "adds synced per journal group", registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
+        self.checkpoint_seconds = Histogram(
+            "bookie_checkpoint_seconds", "time of one checkpoint (write cache into LMDB)", registry=self.registry,
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
         self.registry.register(self)
+
+    def on_checkpoint(self, entries: int, seconds: float) -> None:
+        self.checkpoint_seconds.observe(seconds)
 
     def count(self, op: int, status: int) -> None:
         key = (op, status)
         self.requests[key] = self.requests.get(key, 0) + 1
 
-    def on_commit(self, entries: int, seconds: float) -> None:
+    def on_commit(self, entries: int, seconds: float, sync_seconds: float = 0.0) -> None:
         self.commit_entries.observe(entries)
         self.commit_seconds.observe(seconds)
+        self.journal_group_entries.observe(entries)
+        self.journal_sync_seconds.observe(sync_seconds)
 
     def collect(self) -> Iterable[Metric]:
         c = CounterMetricFamily("bookie_requests", "requests served, by op and status",
@@ -61,6 +77,8 @@ class BookieStats(Collector):
         yield GaugeMetricFamily("bookie_read_only", "1 when the bookie refuses adds",
                                 value=1.0 if self._read_only() else 0.0)
         yield GaugeMetricFamily("bookie_connections", "open client connections", value=self._connections())
+        yield GaugeMetricFamily("bookie_write_cache_bytes", "bytes of synced entries not yet in LMDB",
+                                value=self._write_cache_bytes())
         usage = self._disk_usage()
         if usage is not None:
             yield GaugeMetricFamily("bookie_disk_free_bytes", "free bytes on the ledger directory",

@@ -1,60 +1,62 @@
-"""Entry storage: ledger entries in LMDB with group commit.
+"""Entry storage: a journal for durability, a write cache, LMDB behind it (BookKeeper's DbLedgerStorage).
 
-    storage = EntryStorage("/var/lib/quire/bookie")
+    storage = EntryStorage("/var/lib/quire/bookie")          # replays the journal first
     await storage.add_entry(ledger_id, entry_id, master_key, payload, lac)   # durable on return
     entry_id, payload = storage.read_entry(ledger_id, LAST_ENTRY)
     await storage.fence(ledger_id, master_key)
+    await storage.checkpoint()                               # write cache -> LMDB, old journal files go
     await storage.close()
 
-Layout: one LMDB environment (opened with ``sync=True``: a commit returns
-after fsync) holding two databases. ``entries`` maps
-``ledger_id (8 bytes BE) + entry_id (8 bytes BE)`` to the entry payload
-(``bookie/digest.py`` format, stored as received); ``ledgers`` maps
-``ledger_id (8 bytes BE)`` to a ``LedgerIndexRecord`` (master key, fenced
-flag, highest LAC piggybacked on an add).
+The write path (an add is acknowledged once durable):
 
-Group commit: every write (add, fence, delete) joins the open batch. While
-no commit is in flight the batch is handed, at the end of the current loop
-turn, to a single commit thread that writes it in one transaction; adds that
-arrive meanwhile fill the next batch, which is handed over as soon as the
-previous commit returns. A write is acknowledged (its future resolved or
-``done`` callback called) only after its transaction committed with sync, so
-every acknowledged add survives a kill -9.
+1. ``submit_add`` validates on the event loop against the in-memory ledger
+   state (which includes writes not yet durable): the first add to a ledger
+   records its master key, another key is refused with
+   ``UnauthorizedError``, a fenced ledger refuses adds with
+   ``LedgerFencedError`` (recovery adds pass). The add joins the open
+   *group*; ledger records (``LEDGER``: a ledger's master key when it becomes
+   known, ``FENCE``, explicit ``LAC``) join it too.
+2. Group commit: while no journal write is in flight the group is handed,
+   at the end of the loop turn (or ``group_wait`` after its first write), to
+   the journal thread, which encodes its records (``bookie.journal``: length,
+   CRC32C, kind, body; one ``LAC`` record per ledger whose piggybacked LAC
+   rose), writes them with one ``pwrite`` and syncs them with one
+   ``fdatasync``. Groups that fill meanwhile go next. One hand-off each way
+   per group: a queue put to the thread, one ``call_soon_threadsafe`` back.
+3. Back on the loop the group's entries enter the *write cache* (a dict
+   keyed by the 16-byte storage key) and its callbacks run in order.
+4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds half
+   of ``write_cache_max_size`` bytes, the cache is swapped for an empty one
+   and the flush thread writes the swapped one into LMDB in one synced
+   transaction (``bookie.segments``: one value per run of a ledger's
+   entries), with the ledger records and the journal position it covers;
+   then journal files wholly before that position are deleted.
+   Reads look in the cache, then in the cache being flushed, then in LMDB.
+5. Back-pressure: while a flush runs and the cache is half full again, the
+   cache is full: adds wait (unjournalled, in order) for the flush, at most
+   ``max_throttle`` seconds, then fail with ``BookieServerError("write cache
+   full ...")``. Memory stays bounded by the cache and the connections' own
+   flow control.
 
-The per-add cost on the loop is what bounds a bookie's throughput, so the
-write path is lean: ``submit_add`` validates and appends the key, payload and
-callback to the open batch (no object per add besides the key); the commit
-thread puts the batch with one ``putmulti`` (``append=True`` when its keys
-sort after everything stored, the usual case of a ledger written in order);
-and a finished commit comes back to the loop as one ``call_soon_threadsafe``
-that runs the batch's callbacks in a tight loop. While it runs them it hands
-the next batch (filled meanwhile, or by those very callbacks when clients
-pipeline their adds) to the commit thread, so one batch's fsync overlaps the
-loop's work on the other. py-lmdb releases the GIL around every single put;
-to keep the puts from trading the GIL with a busy loop one at a time, the
-completion callbacks (when more than ``_SLICE`` are left) pause while the
-commit thread puts a batch handed over in their midst (the loop serves other events meanwhile, or sleeps in
-its selector with the GIL released) and resume when the thread reports the
-batch staged (``call_soon_threadsafe``, sent only for a batch handed over
-in such a pause, so a lone commit wakes the loop once), or after
-``_STAGE_WAIT`` at the latest; they run on during the fsync. The loop never
-waits on a lock.
+Restart: the constructor replays the journal from the last checkpoint into
+LMDB (and deletes the replayed files) before anything is served, so a
+kill -9 (or a power cut) loses no acknowledged add, fence or master key. A
+torn record at the tail ends the replay; damage before the tail raises
+``JournalCorruptError`` naming the file and offset. A directory written
+before the journal existed (entries in LMDB database ``entries``, no
+checkpoint) opens as it is.
 
-Validation happens on the event loop against the in-memory ledger state,
-which already includes writes not yet committed: the first add to a ledger
-records its master key, another key is refused with ``UnauthorizedError``, a
-fenced ledger refuses adds with ``LedgerFencedError`` (recovery adds pass).
-Reads see committed entries only.
-
-Failures: validation errors are raised synchronously; a failed commit
-(disk full, map full) is passed to every waiter of that batch as a
-``BookieServerError``.
+Failures: validation errors are raised synchronously; a failed journal
+write is passed to every waiter of that group as a ``BookieServerError``; a
+failed checkpoint (disk full, map full) keeps its entries in memory
+(readable, retried every ``flush_interval``) and is reported through
+``on_commit_error``; the cache then fills and adds fail clearly.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import logging
 import os
 import queue
@@ -64,10 +66,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import lmdb
+from crc32c import crc32c
 
+from bookie import journal
 from bookie.disk import describe_commit_error
 from bookie.errors import (
     BadRequestError,
@@ -78,22 +81,25 @@ from bookie.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
+from bookie.journal import JournalCorruptError, JournalWriter, Position
 from bookie.proto.bookie_pb2 import LedgerIndexRecord
 from bookie.protocol import LAST_ENTRY
+from bookie.segments import SegmentStore
 
 log = logging.getLogger(__name__)
 
+__all__ = ["LAST_ENTRY", "EntryStorage", "JournalCorruptError", "LedgerInfo", "corrupt_stored_entry",
+           "entry_key", "ledger_prefix"]
 
 DEFAULT_MAP_SIZE = 64 * 1024**3
+DEFAULT_WRITE_CACHE = 64 << 20
+DEFAULT_JOURNAL_MAX_SIZE = 2 << 30
+DEFAULT_JOURNAL_PREALLOCATE = 16 << 20
 _MAX_ID = (1 << 63) - 1
-_STAGE_WAIT = 0.002
-"""Longest the completion callbacks of a batch pause while the commit thread puts the next (seconds).
-
-Only a scheduling aid, and the loop never blocks on it: past it (the LMDB
-writer lock held by another process, a huge batch) the callbacks run on
-while the puts finish concurrently."""
 _SLICE = 32
-"""Completion callbacks run between two checks for handing over the next batch."""
+"""Completion callbacks run between two checks for handing over the next group."""
+_CHECKPOINT_KEY = b"checkpoint"
+_POSITION = struct.Struct(">QQ")
 
 Done = Callable[[BaseException | None], None]
 """Completion callback: ``None`` once durable, else the error (called on the event loop)."""
@@ -101,6 +107,8 @@ Done = Callable[[BaseException | None], None]
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _pack_key = _ENTRY_KEY.pack
+_HEADER_PACK = journal.HEADER.pack
+_ADD_KIND = bytes([journal.ADD])
 
 
 def _future_placeholder(exc: BaseException | None) -> None:
@@ -111,7 +119,7 @@ _FUTURE: Done = _future_placeholder
 
 
 def entry_key(ledger_id: int, entry_id: int) -> bytes:
-    """The 16-byte LMDB key of an entry."""
+    """The 16-byte storage key of an entry (ledger id, entry id, big-endian)."""
     return _ENTRY_KEY.pack(ledger_id, entry_id)
 
 
@@ -122,7 +130,7 @@ def ledger_prefix(ledger_id: int) -> bytes:
 
 @dataclass(frozen=True)
 class LedgerInfo:
-    """A snapshot of one ledger's record (including writes not yet committed)."""
+    """A snapshot of one ledger's record (including writes not yet durable)."""
 
     ledger_id: int
     master_key: bytes
@@ -131,12 +139,13 @@ class LedgerInfo:
 
 
 class _LedgerState:
-    __slots__ = ("fenced", "lac", "master_key")
+    __slots__ = ("fenced", "lac", "last", "master_key")
 
-    def __init__(self, master_key: bytes, fenced: bool = False, lac: int = -1) -> None:
+    def __init__(self, master_key: bytes, fenced: bool = False, lac: int = -1, last: int = -1) -> None:
         self.master_key = master_key
         self.fenced = fenced
         self.lac = lac
+        self.last = last  # highest entry id readable (durable: in the cache or LMDB)
 
     def record(self) -> bytes:
         return LedgerIndexRecord(master_key=self.master_key, fenced=self.fenced,
@@ -148,26 +157,46 @@ class _Batch:
 
     Entries are two parallel lists (keys, payloads) rather than a tuple per
     add: the hot path allocates no object the cyclic GC has to track.
-    ``waiters`` are the ``done`` callbacks, ``futures`` those of the
-    coroutine API; both are completed in order, callbacks first.
-    ``error`` is set once the commit failed (the waiters get it).
+    ``meta`` holds encoded journal records (ledger, fence, explicit LAC);
+    ``dirty`` the ledgers whose LAC rose (one LAC record each). ``waiters``
+    are the ``done`` callbacks, ``futures`` those of the coroutine API; both
+    are completed in order, callbacks first. The journal thread sets
+    ``position``, ``last`` (highest entry id per ledger prefix), ``nbytes``
+    and ``sync_seconds``; ``error`` once the write failed.
     """
 
-    __slots__ = ("deletes", "dirty", "error", "futures", "keys", "nbytes", "notify_staged", "records", "started",
-                 "values", "waiters")
+    __slots__ = ("dirty", "error", "futures", "keys", "last", "meta", "nbytes", "position", "started",
+                 "sync_seconds", "values", "waiters")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.values: list[bytes] = []
         self.waiters: list[Done] = []
         self.futures: list[asyncio.Future[None]] = []
+        self.meta: list[bytes] = []
         self.dirty: set[int] = set()
-        self.deletes: list[int] = []
-        self.records: list[tuple[bytes, bytes]] = []
+        self.last: dict[bytes, bytes] = {}
         self.error: BaseException | None = None
+        self.position: Position | None = None
         self.started = time.perf_counter()
         self.nbytes = 0
-        self.notify_staged = False  # the loop paused callbacks until this batch is staged
+        self.sync_seconds = 0.0
+
+
+class _Flush:
+    """One checkpoint: the swapped cache, ledger records and deletes, and the journal position it covers."""
+
+    __slots__ = ("cache", "deletes", "error", "position", "records", "seconds", "waiters")
+
+    def __init__(self, cache: dict[bytes, bytes], records: list[tuple[bytes, bytes]], deletes: set[int],
+                 position: Position) -> None:
+        self.cache = cache
+        self.records = records
+        self.deletes = deletes
+        self.position = position
+        self.waiters: list[asyncio.Future[None]] = []
+        self.error: BaseException | None = None
+        self.seconds = 0.0
 
 
 def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
@@ -177,56 +206,172 @@ def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
         raise BadRequestError(f"entry id {entry_id} out of range")
 
 
+def _group_by_ledger(cache: dict[bytes, bytes], deleted: set[int]) -> dict[int, dict[int, bytes]]:
+    out: dict[int, dict[int, bytes]] = {}
+    for key, payload in cache.items():
+        lid, eid = _ENTRY_KEY.unpack(key)
+        if lid in deleted:
+            continue
+        entries = out.get(lid)
+        if entries is None:
+            entries = out[lid] = {}
+        entries[eid] = payload
+    return out
+
+
+def _open_env(path: Path, map_size: int) -> lmdb.Environment:
+    try:
+        return lmdb.open(str(path), map_size=map_size, max_dbs=4, sync=True, metasync=True,
+                         readahead=False, lock=True)
+    except lmdb.Error as exc:
+        raise BookieServerError(f"cannot open entry storage at {path}: {exc}") from exc
+
+
 class EntryStorage:
     """Durable entry storage of one bookie; see the module docstring.
 
-    All methods are called from one event loop thread; commits run on a
-    private thread. ``on_commit(entries, seconds)`` (optional) is called on
-    the loop after each commit with the number of entries written and the
-    time from the batch's first write to its commit.
+    All methods are called from one event loop thread; journal writes and
+    checkpoints run on two private threads. Hooks (each optional, called on
+    the loop): ``on_commit(entries, seconds)`` after each journal group with
+    its size and the time from its first write to its sync;
+    ``on_checkpoint(entries, seconds)`` after each checkpoint;
+    ``on_commit_error(reason, no_space)`` when a journal write or a
+    checkpoint failed; ``on_lac(ledger_id, lac)`` when a ledger's LAC rises.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE,
+                 journal_dir: str | os.PathLike[str] | None = None,
+                 journal_max_size: int = DEFAULT_JOURNAL_MAX_SIZE,
+                 journal_preallocate: int = DEFAULT_JOURNAL_PREALLOCATE,
+                 group_wait: float = 0.0, write_cache_max_size: int = DEFAULT_WRITE_CACHE,
+                 flush_interval: float = 1.0, max_throttle: float = 10.0) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        try:
-            self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=2, sync=True,
-                                  metasync=True, readahead=False, lock=True)
-        except lmdb.Error as exc:
-            raise BookieServerError(f"cannot open entry storage at {self.path}: {exc}") from exc
-        self._entries = self._env.open_db(b"entries")
+        self.journal_dir = Path(journal_dir) if journal_dir else self.path / "journal"
+        self._env = _open_env(self.path, map_size)
+        self._store = SegmentStore(self._env)
         self._ledgers = self._env.open_db(b"ledgers")
+        self._meta = self._env.open_db(b"journal")
         self._state: dict[int, _LedgerState] = {}
+        self._group_wait = max(group_wait, 0.0)
+        self._half_cache = max(write_cache_max_size // 2, 1)
+        self._flush_interval = flush_interval
+        self._max_throttle = max_throttle
+        # the write cache: synced entries not yet in LMDB (and the part being flushed)
+        self._cache: dict[bytes, bytes] = {}
+        self.cache_bytes = 0
+        self._flushing: _Flush | None = None
+        self._flushing_bytes = 0
+        self._dirty: set[int] = set()       # ledgers whose record changed since the last checkpoint
+        self._deleting: set[int] = set()    # ledgers to delete at the next checkpoint
+        self._checkpoint_waiters: list[asyncio.Future[None]] = []
+        self._flush_timer: asyncio.TimerHandle | None = None
+        self._synced = Position(0, 0)
+        # adds waiting for room in the cache: (key, payload, done, future, ledger, deadline)
+        self._throttled: collections.deque[tuple[bytes, bytes, Done, asyncio.Future[None] | None, int, float]] = (
+            collections.deque())
+        self._throttle_timer: asyncio.TimerHandle | None = None
         self._batch: _Batch | None = None
         self._committing = False
         self._kicked = False
         self._closing = False
         self._closed = False
         self._idle_waiters: list[asyncio.Future[None]] = []
-        self._completing: _Batch | None = None  # a committed batch whose callbacks are paused
-        self._resume_timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._flush_jobs: queue.SimpleQueue[_Flush | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._flush_thread: threading.Thread | None = None
         self.on_commit: Callable[[int, float], None] | None = None
+        self.on_checkpoint: Callable[[int, float], None] | None = None
         self.on_commit_error: Callable[[str, bool], None] | None = None
         self.on_lac: Callable[[int, int], None] | None = None
         """Called on the loop as ``on_lac(ledger_id, lac)`` when a ledger's LAC rises (long-poll reads)."""
         self.last_commit_bytes = 0
+        self.last_sync_seconds = 0.0
+        self.last_group_entries = 0
         self.commits = 0
         self.entries_committed = 0
+        self.checkpoints = 0
+        self.replayed = 0
+        try:
+            next_file = self._replay()
+            self._writer = JournalWriter(self.journal_dir, next_file, max_size=journal_max_size,
+                                         preallocate=journal_preallocate)
+        except BaseException:
+            self._env.close()
+            raise
+        self._synced = self._writer.position
+
+    # --- start-up -------------------------------------------------------------------------------
+
+    def _checkpoint_position(self) -> Position | None:
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(_CHECKPOINT_KEY)
+        return None if raw is None else Position(*_POSITION.unpack(raw))
+
+    def _replay(self) -> int:
+        """Replay the journal from the last checkpoint into LMDB; the id of the next journal file."""
+        files = journal.journal_files(self.journal_dir)
+        start = self._checkpoint_position() or Position(files[0] if files else 0, 0)
+        if not files:
+            return max(start.file_id + 1, 1)
+        t0 = time.perf_counter()
+        entries: dict[int, dict[int, bytes]] = {}
+        states: dict[int, _LedgerState] = {}
+
+        def state_of(ledger_id: int, master_key: bytes = b"") -> _LedgerState:
+            st = states.get(ledger_id) or self._ledger(ledger_id)
+            if st is None:
+                st = _LedgerState(master_key)
+            states[ledger_id] = st
+            return st
+
+        n = 0
+        for rec in journal.read_journal(self.journal_dir, start):
+            n += 1
+            if rec.kind == journal.ADD:
+                state_of(rec.ledger_id)
+                entries.setdefault(rec.ledger_id, {})[rec.entry_id] = rec.value
+            elif rec.kind == journal.LEDGER:
+                st = state_of(rec.ledger_id, rec.value)
+                if not st.master_key:
+                    st.master_key = rec.value
+            elif rec.kind == journal.FENCE:
+                state_of(rec.ledger_id).fenced = True
+            elif rec.kind == journal.LAC:
+                st = state_of(rec.ledger_id)
+                st.lac = max(st.lac, rec.lac)
+        next_file = files[-1] + 1
+        with self._env.begin(write=True) as txn:
+            self._store.write(txn, entries)
+            for lid, st in states.items():
+                txn.put(ledger_prefix(lid), st.record(), db=self._ledgers)
+            txn.put(_CHECKPOINT_KEY, _POSITION.pack(next_file, 0), db=self._meta)
+        self._state.clear()
+        for file_id in files:
+            (self.journal_dir / journal.file_name(file_id)).unlink(missing_ok=True)
+        self.replayed = sum(len(e) for e in entries.values())
+        if n:
+            log.info("replayed %d journal records (%d entries of %d ledgers) from %s in %.3f s", n, self.replayed,
+                     len(states), self.journal_dir, time.perf_counter() - t0)
+        return next_file
 
     # --- ledger state ---------------------------------------------------------------------------
 
     def _ledger(self, ledger_id: int) -> _LedgerState | None:
         state = self._state.get(ledger_id)
         if state is None:
-            with self._env.begin(db=self._ledgers) as txn:
-                raw = txn.get(ledger_prefix(ledger_id))
-            if raw is None:
+            if ledger_id in self._deleting:
                 return None
-            rec = LedgerIndexRecord.FromString(raw)
-            state = self._state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac)
+            with self._env.begin(buffers=True) as txn:
+                raw = txn.get(ledger_prefix(ledger_id), db=self._ledgers)
+                if raw is None:
+                    return None
+                rec = LedgerIndexRecord.FromString(bytes(raw))
+                last = self._store.last_entry(txn, ledger_id)
+            state = self._state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac,
+                                                          -1 if last is None else last[0])
         return state
 
     def ledger_info(self, ledger_id: int) -> LedgerInfo | None:
@@ -237,10 +382,17 @@ class EntryStorage:
         return LedgerInfo(ledger_id, state.master_key, state.fenced, state.lac)
 
     def ledger_ids(self) -> set[int]:
-        """Every ledger this storage has a record of (committed or pending)."""
+        """Every ledger this storage has a record of (durable or pending)."""
         with self._env.begin(db=self._ledgers) as txn:
             ids = {int.from_bytes(k, "big") for k in txn.cursor().iternext(keys=True, values=False)}
-        return ids | set(self._state)
+        return (ids - self._deleting) | set(self._state)
+
+    def _new_ledger(self, ledger_id: int, master_key: bytes, batch: _Batch) -> _LedgerState:
+        state = self._state[ledger_id] = _LedgerState(master_key)
+        self._deleting.discard(ledger_id)
+        batch.meta.append(journal.encode_ledger(ledger_id, master_key))
+        batch.dirty.add(ledger_id)
+        return state
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -262,8 +414,7 @@ class EntryStorage:
         state = self._state.get(ledger_id) or self._ledger(ledger_id)
         batch = self._batch or self._open_batch()
         if state is None:
-            state = self._state[ledger_id] = _LedgerState(master_key)
-            batch.dirty.add(ledger_id)
+            state = self._new_ledger(ledger_id, master_key, batch)
         elif state.master_key != master_key:
             raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
         elif state.fenced and not recovery:
@@ -273,6 +424,9 @@ class EntryStorage:
             batch.dirty.add(ledger_id)
             if self.on_lac is not None:
                 self.on_lac(ledger_id, lac)
+        if self._throttled or (self._flushing is not None and self.cache_bytes >= self._half_cache):
+            self._throttle(_pack_key(ledger_id, entry_id), payload, done, ledger_id)
+            return
         batch.keys.append(_pack_key(ledger_id, entry_id))
         batch.values.append(payload)
         batch.waiters.append(done)
@@ -286,15 +440,20 @@ class EntryStorage:
         of the commit.
         """
         fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
+        throttled = len(self._throttled)
         try:
             self.submit_add(ledger_id, entry_id, master_key, payload, lac, _FUTURE, recovery=recovery)
         except BKError as exc:
             fut.set_exception(exc)
         else:  # swap the placeholder for the future (``submit_add`` appended it last)
-            batch = self._batch
-            assert batch is not None
-            batch.waiters.pop()
-            batch.futures.append(fut)
+            if len(self._throttled) > throttled:
+                key, value, _, _, lid, deadline = self._throttled.pop()
+                self._throttled.append((key, value, _FUTURE, fut, lid, deadline))
+            else:
+                batch = self._batch
+                assert batch is not None
+                batch.waiters.pop()
+                batch.futures.append(fut)
         return fut
 
     def submit_fence(self, ledger_id: int, master_key: bytes, done: Done) -> None:
@@ -316,12 +475,13 @@ class EntryStorage:
             raise BookieServerError("entry storage is closing")
         _check_ids(ledger_id)
         state = self._ledger(ledger_id)
+        batch = self._batch or self._open_batch()
         if state is None:
-            state = self._state[ledger_id] = _LedgerState(master_key)
+            state = self._new_ledger(ledger_id, master_key, batch)
         elif state.master_key != master_key:
             raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-        batch = self._batch or self._open_batch()
         state.fenced = True
+        batch.meta.append(journal.encode_fence(ledger_id))
         batch.dirty.add(ledger_id)
         return batch
 
@@ -342,8 +502,7 @@ class EntryStorage:
         state = self._ledger(ledger_id)
         batch = self._batch or self._open_batch()
         if state is None:
-            state = self._state[ledger_id] = _LedgerState(master_key)
-            batch.dirty.add(ledger_id)
+            state = self._new_ledger(ledger_id, master_key, batch)
         elif state.master_key != master_key:
             raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
         if lac > state.lac:
@@ -354,57 +513,105 @@ class EntryStorage:
         batch.waiters.append(done)
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete the ledger's entries and record durably (garbage collection)."""
+        """Delete the ledger's entries and record durably (garbage collection): one checkpoint."""
         if self._closing:
             raise BookieServerError("entry storage is closing")
         _check_ids(ledger_id)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._state.pop(ledger_id, None)
+        self._dirty.discard(ledger_id)
+        self._deleting.add(ledger_id)
+        await self.checkpoint()
+
+    # --- back-pressure --------------------------------------------------------------------------
+
+    def _throttle(self, key: bytes, payload: bytes, done: Done, ledger_id: int) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        deadline = loop.time() + self._max_throttle
+        self._throttled.append((key, payload, done, None, ledger_id, deadline))
+        if self._throttle_timer is None:
+            self._throttle_timer = loop.call_at(deadline, self._throttle_expired)
+
+    def _throttle_expired(self) -> None:
+        self._throttle_timer = None
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        throttled = self._throttled
+        reason = (f"write cache full: no room for {self._max_throttle:g} s while a checkpoint of "
+                  f"{self._flushing_bytes} bytes ran")
+        flushing = self._flushing
+        if flushing is not None and flushing.error is not None:
+            reason += f" (the checkpoint fails: {flushing.error})"
+        while throttled and throttled[0][5] <= now:
+            _, _, done, fut, _, _ = throttled.popleft()
+            exc = BookieServerError(reason)
+            if fut is not None:
+                if not fut.done():
+                    fut.set_exception(exc)
+                continue
+            try:
+                done(exc)
+            except Exception:
+                log.exception("entry storage completion callback raised")
+        if throttled:
+            self._throttle_timer = loop.call_at(throttled[0][5], self._throttle_expired)
+        else:
+            log.warning("%s; adds failed", reason)
+
+    def _release_throttled(self) -> None:
+        """Room in the cache: the waiting adds join the open group, in order."""
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
+        throttled, self._throttled = self._throttled, collections.deque()
+        if not throttled:
+            return
         batch = self._batch or self._open_batch()
-        batch.dirty.discard(ledger_id)
-        batch.deletes.append(ledger_id)
-        batch.futures.append(fut)
-        await fut
+        for key, payload, done, fut, ledger_id, _ in throttled:
+            batch.keys.append(key)
+            batch.values.append(payload)
+            batch.dirty.add(ledger_id)
+            if fut is None:
+                batch.waiters.append(done)
+            else:  # futures complete after the callbacks: keep the order with a callback of its own
+                batch.waiters.append(_settle(fut))
 
     # --- reads ----------------------------------------------------------------------------------
 
+    def _cached(self, key: bytes) -> bytes | None:
+        found = self._cache.get(key)
+        if found is None and self._flushing is not None:
+            found = self._flushing.cache.get(key)
+        return found
+
     def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, bytes]:
-        """``(entry_id, payload)`` of a committed entry; ``LAST_ENTRY`` reads the highest one.
+        """``(entry_id, payload)`` of a durable entry; ``LAST_ENTRY`` reads the highest one.
 
         Raises ``NoSuchLedgerError`` when the bookie has no record of the
-        ledger, ``NoSuchEntryError`` when it has no such entry (committed),
+        ledger, ``NoSuchEntryError`` when it has no such entry (durable),
         ``BadRequestError`` for an id out of range.
         """
         _check_ids(ledger_id, None if entry_id == LAST_ENTRY else entry_id)
-        if self._ledger(ledger_id) is None:
+        state = self._ledger(ledger_id)
+        if state is None:
             raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
-        with self._env.begin(db=self._entries) as txn:
-            if entry_id != LAST_ENTRY:
-                payload = txn.get(entry_key(ledger_id, entry_id))
-                if payload is None:
-                    raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} on this bookie")
-                return entry_id, payload
-            found = self._last_key(txn, ledger_id)
-            if found is None:
+        if entry_id == LAST_ENTRY:
+            entry_id = state.last
+            if entry_id < 0:
                 raise NoSuchEntryError(f"no entries of ledger {ledger_id} on this bookie")
-            key, payload = found
-            return int.from_bytes(key[8:], "big"), payload
-
-    def _last_key(self, txn: lmdb.Transaction, ledger_id: int) -> tuple[bytes, bytes] | None:
-        cur = txn.cursor()
-        positioned = cur.set_range(entry_key(ledger_id + 1, 0)) if ledger_id < _MAX_ID else False
-        if not (cur.prev() if positioned else cur.last()):
-            return None
-        key = bytes(cur.key())
-        if key[:8] != ledger_prefix(ledger_id):
-            return None
-        return key, bytes(cur.value())
+        payload = self._cached(_pack_key(ledger_id, entry_id))
+        if payload is None:
+            with self._env.begin(buffers=True) as txn:
+                payload = self._store.read(txn, ledger_id, entry_id)
+            if payload is None:
+                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} on this bookie")
+        return entry_id, payload
 
     def last_entry_id(self, ledger_id: int) -> int:
-        """The highest committed entry id of the ledger, ``-1`` when none."""
-        with self._env.begin(db=self._entries) as txn:
-            found = self._last_key(txn, ledger_id)
-        return -1 if found is None else int.from_bytes(found[0][8:], "big")
+        """The highest durable entry id of the ledger, ``-1`` when none."""
+        state = self._ledger(ledger_id)
+        return -1 if state is None else state.last
 
     def read_lac(self, ledger_id: int) -> int:
         """The highest LAC piggybacked on an add or written explicitly (``-1`` when none); ``NoSuchLedgerError``."""
@@ -421,11 +628,24 @@ class EntryStorage:
         return (int(info["last_pgno"]) + 1) * psize, int(info["map_size"])
 
     def entry_count(self) -> int:
-        """Committed entries in the storage (all ledgers)."""
-        with self._env.begin(db=self._entries) as txn:
-            return int(txn.stat(self._entries)["entries"])
+        """Durable entries in the storage, all ledgers (scans LMDB: for tools and tests)."""
+        keys = set(self._cache)
+        if self._flushing is not None:
+            keys |= set(self._flushing.cache)
+        with self._env.begin(buffers=True) as txn:
+            n = self._store.count(txn)
+            for key in keys:
+                lid, eid = _ENTRY_KEY.unpack(key)
+                if lid not in self._deleting and self._store.read(txn, lid, eid) is None:
+                    n += 1
+        return n
 
-    # --- group commit ---------------------------------------------------------------------------
+    @property
+    def journal_position(self) -> Position:
+        """The end of the last synced journal group."""
+        return self._synced
+
+    # --- group commit (the journal) -------------------------------------------------------------
 
     def _open_batch(self) -> _Batch:
         batch = self._batch = _Batch()
@@ -433,136 +653,122 @@ class EntryStorage:
             self._kicked = True
             loop = self._loop or asyncio.get_running_loop()
             self._loop = loop
-            loop.call_soon(self._start_commit)
+            if self._group_wait:
+                loop.call_later(self._group_wait, self._start_commit)
+            else:
+                loop.call_soon(self._start_commit)
+            if self._flush_timer is None and self._flush_interval > 0:
+                self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
         return batch
 
-    def _start_commit(self, notify_staged: bool = False) -> bool:
-        """Hand the open batch to the commit thread (on the loop; one commit in flight at most).
-
-        Returns whether a batch was handed over. With ``notify_staged`` the
-        thread reports when it has put the batch into its transaction
-        (``_staged``: the caller pauses its callbacks until then); otherwise
-        it reports only the commit, one wake-up of the loop per commit.
-        """
+    def _start_commit(self) -> bool:
+        """Hand the open group to the journal thread (on the loop; one write in flight at most)."""
         self._kicked = False
         batch = self._batch
         if batch is None or self._committing:
             return False
         if self._thread is None:
             loop = self._loop = self._loop or asyncio.get_running_loop()
-            thread = threading.Thread(target=self._commit_thread, args=(loop,),
-                                      name="bookie-commit", daemon=True)
+            thread = threading.Thread(target=self._journal_thread, args=(loop,),
+                                      name="bookie-journal", daemon=True)
             thread.start()
             self._thread = thread
-        state = self._state
-        batch.records = [(ledger_prefix(lid), ledger.record())
-                         for lid in batch.dirty if (ledger := state.get(lid)) is not None]
-        batch.notify_staged = notify_staged
+        if batch.dirty:
+            state = self._state
+            batch.meta.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
+                              if (st := state.get(lid)) is not None and st.lac >= 0)
+            self._dirty |= batch.dirty
         self._batch = None
         self._committing = True
         self._jobs.put(batch)
         return True
 
-    def _commit_thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The commit thread: write each batch handed over, then complete it on the loop."""
+    def _journal_thread(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The journal thread: encode each group handed over, write and sync it, report it on the loop."""
         jobs = self._jobs
         done = self._commit_done
-        staged = self._staged
+        writer = self._writer
+        pack = _HEADER_PACK
+        kind = _ADD_KIND
+        clock = time.perf_counter
         while True:
             batch = jobs.get()
             if batch is None:
                 return
             error: BaseException | None = None
             try:
-                self._write(batch, loop, staged)
+                parts = batch.meta
+                append = parts.append
+                last = batch.last
+                for key, payload in zip(batch.keys, batch.values, strict=True):
+                    head = kind + key
+                    append(pack(17 + len(payload), crc32c(payload, crc32c(head))))
+                    append(head)
+                    append(payload)
+                    prefix = key[:8]
+                    if key > last.get(prefix, b""):
+                        last[prefix] = key
+                t0 = clock()
+                batch.position = writer.append(b"".join(parts)) if parts else writer.position
+                batch.sync_seconds = clock() - t0
                 batch.nbytes = sum(map(len, batch.values))
-            except BaseException as exc:  # reported to every waiter of the batch
+                batch.meta = []
+            except BaseException as exc:  # reported to every waiter of the group
                 error = exc
             try:
                 loop.call_soon_threadsafe(done, batch, error)
             except RuntimeError:  # the loop is closed: nobody is left to tell
-                log.error("entry storage commit finished after its event loop closed")
+                log.error("journal write finished after its event loop closed")
                 return
 
-    def _write(self, batch: _Batch, loop: asyncio.AbstractEventLoop, staged: Callable[[], None]) -> None:
-        """On the commit thread: one transaction, committed with sync (the env has ``sync=True``)."""
-        try:
-            txn = self._env.begin(write=True)
-            try:
-                self._put(txn, batch)
-            except BaseException:
-                txn.abort()
-                raise
-        finally:
-            if batch.notify_staged:
-                with contextlib.suppress(RuntimeError):  # the loop is closed
-                    loop.call_soon_threadsafe(staged)  # paused callbacks resume; deletes may take long
-        try:
-            for lid in batch.deletes:
-                prefix = ledger_prefix(lid)
-                cur = txn.cursor(db=self._entries)
-                if cur.set_range(prefix):
-                    while cur.key()[:8] == prefix:
-                        if not cur.delete():
-                            break
-                txn.delete(prefix, db=self._ledgers)
-        except BaseException:
-            txn.abort()
-            raise
-        txn.commit()
-
-    def _put(self, txn: lmdb.Transaction, batch: _Batch) -> None:
-        keys = batch.keys
-        if keys:
-            cur = txn.cursor(db=self._entries)
-            items = zip(keys, batch.values, strict=True)
-            # A ledger is mostly written in order: when the batch's keys ascend past
-            # every stored key, MDB_APPEND skips the tree descent and fills pages
-            # rather than splitting them. Should an append be refused (a key twice
-            # in the batch), the whole batch is put again plainly: same result as
-            # plain puts, the later add of a key wins.
-            if keys == sorted(keys) and (not cur.last() or bytes(cur.key()) < keys[0]):
-                consumed, added = cur.putmulti(items, append=True)
-                if added != consumed:
-                    cur.putmulti(zip(keys, batch.values, strict=True))
-            else:
-                cur.putmulti(items)
-        if batch.records:
-            txn.cursor(db=self._ledgers).putmulti(batch.records)
-
     def _commit_done(self, batch: _Batch, cause: BaseException | None) -> None:
-        """On the loop: the batch's transaction committed (``cause`` is None) or failed."""
-        if self._completing is not None:  # never happens (staged is reported first); keep order anyway
-            self._staged()
+        """On the loop: the group is synced (``cause`` is None) or its write failed."""
         self._committing = False
         n = len(batch.keys)
         if cause is not None:
-            reason, no_space = describe_commit_error(cause, self.path)
-            log.error("entry storage commit of %d entries failed: %s", n, reason)
-            exc = BookieServerError(f"commit failed: {reason}")
+            reason, no_space = describe_commit_error(cause, self.journal_dir)
+            log.error("journal write of %d entries failed: %s", n, reason)
+            exc = BookieServerError(f"journal write failed: {reason}")
             exc.__cause__ = cause
             batch.error = exc
-            if self.on_commit_error is not None:
-                try:
-                    self.on_commit_error(reason, no_space)
-                except Exception:
-                    log.exception("entry storage on_commit_error hook raised")
+            self._report_error(reason, no_space)
         else:
+            assert batch.position is not None
+            self._synced = batch.position
+            cache = self._cache
+            cache.update(zip(batch.keys, batch.values, strict=True))
+            self.cache_bytes += batch.nbytes
+            state = self._state
+            for prefix, key in batch.last.items():
+                st = state.get(int.from_bytes(prefix, "big"))
+                if st is not None:
+                    eid = int.from_bytes(key[8:], "big")
+                    if eid > st.last:
+                        st.last = eid
             self.commits += 1
             self.entries_committed += n
             self.last_commit_bytes = batch.nbytes
+            self.last_sync_seconds = batch.sync_seconds
+            self.last_group_entries = n
             if self.on_commit is not None:
                 try:
                     self.on_commit(n, time.perf_counter() - batch.started)
                 except Exception:
                     log.exception("entry storage on_commit hook raised")
-        for lid in batch.deletes:
-            self._state.pop(lid, None)
+            if self.cache_bytes >= self._half_cache and self._flushing is None:
+                self._start_flush()
         batch.waiters.reverse()  # popped from the end, in order
         self._complete(batch)
 
+    def _report_error(self, reason: str, no_space: bool) -> None:
+        if self.on_commit_error is not None:
+            try:
+                self.on_commit_error(reason, no_space)
+            except Exception:
+                log.exception("entry storage on_commit_error hook raised")
+
     def _complete(self, batch: _Batch) -> None:
-        """Run the batch's callbacks in order; pause when the next batch is handed over in their midst.
+        """Run the group's callbacks in order; hand the next group over in their midst.
 
         Each callback is dropped as soon as it has run: what it holds is freed at
         once, and a batch of dead closures does not pile up to trigger cyclic GC
@@ -573,22 +779,17 @@ class EntryStorage:
         pop = waiters.pop
         left = len(waiters)
         seen = -1
+        handover = not self._group_wait
         while left:
-            # The commit thread is idle: hand it the open batch once that holds as
+            # The journal thread is idle: hand it the open group once that holds as
             # many adds as there are callbacks left to run, or once the callbacks
             # stop adding to it. Pipelining clients (whose callbacks add again) then
-            # settle into two batches of about the same size, one committing while
-            # the loop runs the callbacks of the other. While the thread puts the
-            # batch, the callbacks pause (see the module docstring).
-            if not self._committing and self._batch is not None:
+            # settle into two groups of about the same size, one syncing while the
+            # loop runs the callbacks of the other.
+            if handover and not self._committing and self._batch is not None:
                 size = len(self._batch.keys)
-                pause = left > _SLICE  # pause only when many callbacks are left
-                if (size >= left or size == seen) and self._start_commit(pause) and pause:
-                    self._completing = batch
-                    loop = self._loop
-                    assert loop is not None
-                    self._resume_timer = loop.call_later(_STAGE_WAIT, self._staged)
-                    return
+                if size >= left or size == seen:
+                    self._start_commit()
                 seen = size
             run = min(left, _SLICE)
             left -= run
@@ -607,42 +808,186 @@ class EntryStorage:
                     fut.set_exception(exc)
         if not self._committing:
             if self._batch is not None:
-                self._start_commit()
+                self._schedule_commit(self._batch)
             else:
                 idle, self._idle_waiters = self._idle_waiters, []
                 for w in idle:
                     if not w.done():
                         w.set_result(None)
 
-    def _staged(self) -> None:
-        """On the loop: the commit thread put the batch handed over (or ``_STAGE_WAIT`` passed)."""
-        if self._resume_timer is not None:
-            self._resume_timer.cancel()
-            self._resume_timer = None
-        batch, self._completing = self._completing, None
-        if batch is not None:
-            self._complete(batch)
+    def _schedule_commit(self, batch: _Batch) -> None:
+        wait = self._group_wait - (time.perf_counter() - batch.started)
+        if wait <= 0:
+            self._start_commit()
+        elif not self._kicked:
+            self._kicked = True
+            loop = self._loop
+            assert loop is not None
+            loop.call_later(wait, self._start_commit)
 
     async def flush(self) -> None:
-        """Return once every write submitted so far is committed (and its callbacks ran)."""
-        while self._committing or self._batch is not None or self._completing is not None:
+        """Return once every write submitted so far is durable in the journal (and its callbacks ran)."""
+        while self._committing or self._batch is not None:
             idle = asyncio.get_running_loop().create_future()
             self._idle_waiters.append(idle)
             if not self._committing:
                 self._start_commit()
             await idle
 
+    # --- checkpoints (the write cache into LMDB) ------------------------------------------------
+
+    def _flush_tick(self) -> None:
+        self._flush_timer = None
+        if self._closed:
+            return
+        if self._flushing is None and (self._cache or self._dirty or self._deleting):
+            self._start_flush()
+        elif self._flushing is not None and self._flushing.error is not None:
+            self._retry_flush()
+        if self._flush_interval > 0 and (self._cache or self._dirty or self._flushing is not None
+                                         or self._batch is not None or self._committing):
+            loop = self._loop
+            assert loop is not None
+            self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
+
+    def _ensure_flush_thread(self) -> None:
+        if self._flush_thread is None:
+            loop = self._loop = self._loop or asyncio.get_running_loop()
+            thread = threading.Thread(target=self._flush_thread_main, args=(loop,), name="bookie-flush",
+                                      daemon=True)
+            thread.start()
+            self._flush_thread = thread
+
+    def _start_flush(self) -> None:
+        """Swap the cache for an empty one and hand it to the flush thread (on the loop)."""
+        assert self._flushing is None
+        self._ensure_flush_thread()
+        state = self._state
+        records = [(ledger_prefix(lid), st.record()) for lid in self._dirty if (st := state.get(lid)) is not None]
+        self._dirty = set()
+        job = _Flush(self._cache, records, set(self._deleting), self._synced)
+        job.waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
+        self._flushing = job
+        self._flushing_bytes = self.cache_bytes
+        self._cache = {}
+        self.cache_bytes = 0
+        self._flush_jobs.put(job)
+        if self._throttled:
+            self._release_throttled()
+
+    def _retry_flush(self) -> None:
+        job = self._flushing
+        assert job is not None and job.error is not None
+        job.error = None
+        state = self._state
+        job.records.extend((ledger_prefix(lid), st.record()) for lid in self._dirty
+                           if (st := state.get(lid)) is not None)
+        self._dirty = set()
+        self._flush_jobs.put(job)
+
+    def _flush_thread_main(self, loop: asyncio.AbstractEventLoop) -> None:
+        jobs = self._flush_jobs
+        while True:
+            job = jobs.get()
+            if job is None:
+                return
+            error: BaseException | None = None
+            t0 = time.perf_counter()
+            try:
+                self._write_checkpoint(job)
+            except BaseException as exc:
+                error = exc
+            job.seconds = time.perf_counter() - t0
+            try:
+                loop.call_soon_threadsafe(self._flush_done, job, error)
+            except RuntimeError:
+                log.error("checkpoint finished after its event loop closed")
+                return
+
+    def _write_checkpoint(self, job: _Flush) -> None:
+        """On the flush thread: one synced LMDB transaction, then the journal files before it go."""
+        grouped = _group_by_ledger(job.cache, job.deletes)
+        with self._env.begin(write=True) as txn:
+            for lid in job.deletes:
+                self._store.delete_ledger(txn, lid)
+                txn.delete(ledger_prefix(lid), db=self._ledgers)
+            self._store.write(txn, grouped)
+            if job.records:
+                txn.cursor(db=self._ledgers).putmulti(job.records)
+            txn.put(_CHECKPOINT_KEY, _POSITION.pack(*job.position), db=self._meta)
+        for file_id in journal.journal_files(self.journal_dir):
+            if file_id >= job.position.file_id:
+                break
+            try:
+                (self.journal_dir / journal.file_name(file_id)).unlink()
+            except OSError as exc:
+                log.warning("could not delete journal file %s: %s", journal.file_name(file_id), exc)
+
+    def _flush_done(self, job: _Flush, cause: BaseException | None) -> None:
+        if cause is not None:
+            reason, no_space = describe_commit_error(cause, self.path)
+            log.error("checkpoint of %d entries failed (kept in memory, retried): %s", len(job.cache), reason)
+            job.error = BookieServerError(f"checkpoint failed: {reason}")
+            self._report_error(reason, no_space)
+            if self._closing:  # nobody retries: the journal keeps the entries for the next start
+                self._fail_checkpoint_waiters(job)
+            return
+        self._flushing = None
+        self._flushing_bytes = 0
+        self._deleting -= job.deletes
+        self.checkpoints += 1
+        if self.on_checkpoint is not None:
+            try:
+                self.on_checkpoint(len(job.cache), job.seconds)
+            except Exception:
+                log.exception("entry storage on_checkpoint hook raised")
+        for fut in job.waiters:
+            if not fut.done():
+                fut.set_result(None)
+        if self._checkpoint_waiters or self.cache_bytes >= self._half_cache or self._deleting:
+            self._start_flush()
+        elif self._throttled:
+            self._release_throttled()
+
+    def _fail_checkpoint_waiters(self, job: _Flush) -> None:
+        for fut in [*job.waiters, *self._checkpoint_waiters]:
+            if not fut.done():
+                fut.set_exception(job.error or BookieServerError("checkpoint failed"))
+        job.waiters = []
+        self._checkpoint_waiters = []
+
+    async def checkpoint(self) -> None:
+        """Write everything synced so far into LMDB (and apply pending deletes); a failure raises."""
+        await self.flush()
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._checkpoint_waiters.append(fut)
+        if self._flushing is None:
+            self._start_flush()
+        elif self._flushing.error is not None:
+            self._fail_checkpoint_waiters(self._flushing)
+        await fut
+
     async def close(self) -> None:
-        """Refuse new writes, wait for the commits in flight, close the environment."""
+        """Refuse new writes, wait for the journal, checkpoint, close (a failed checkpoint is logged)."""
         if self._closed:
             return
         self._closing = True
         await self.flush()
+        try:
+            await self.checkpoint()
+        except BKError as exc:
+            log.error("final checkpoint failed; the journal keeps the entries for the next start: %s", exc)
         self._closed = True
-        if self._thread is not None:
-            self._jobs.put(None)  # the thread is idle (nothing in flight): it ends at once
-            self._thread.join()
-            self._thread = None
+        for timer in (self._flush_timer, self._throttle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._flush_timer = self._throttle_timer = None
+        for thread, jobs in ((self._thread, self._jobs), (self._flush_thread, self._flush_jobs)):
+            if thread is not None:
+                jobs.put(None)
+                thread.join()
+        self._thread = self._flush_thread = None
+        self._writer.close()
         self._env.close()
 
     @property
@@ -653,31 +998,47 @@ class EntryStorage:
 
     def corrupt_entry_for_test(self, ledger_id: int, entry_id: int) -> None:
         """Flip the last byte of a stored entry (test hook: the client must detect it)."""
-        with self._env.begin(write=True, db=self._entries) as txn:
-            _flip_last_byte(txn, self._entries, ledger_id, entry_id)
+        key = entry_key(ledger_id, entry_id)
+        for cache in (self._cache, self._flushing.cache if self._flushing is not None else {}):
+            payload = cache.get(key)
+            if payload:
+                cache[key] = payload[:-1] + bytes([payload[-1] ^ 0xFF])
+                return
+        with self._env.begin(write=True) as txn:
+            if not self._store.corrupt(txn, ledger_id, entry_id):
+                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
 
 
-def corrupt_stored_entry(path: str | os.PathLike[str], ledger_id: int, entry_id: int) -> None:
+def _settle(fut: asyncio.Future[None]) -> Done:
+    def done(exc: BaseException | None) -> None:
+        if not fut.done():
+            if exc is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(exc)
+    return done
+
+
+def corrupt_stored_entry(path: str | os.PathLike[str], ledger_id: int, entry_id: int, *,
+                         timeout: float = 10.0) -> None:
     """Flip the last byte of a stored entry in the storage at ``path`` (test hook).
 
     Safe while a bookie process uses the directory (LMDB serialises writers
-    across processes). Raises ``NoSuchEntryError`` when the entry is absent.
+    across processes). A live bookie keeps new entries in its write cache
+    until its next checkpoint (``flush_interval``), so this waits up to
+    ``timeout`` seconds for the entry to reach LMDB; ``NoSuchEntryError``
+    when it does not.
     """
-    env = lmdb.open(str(path), max_dbs=2, sync=True, lock=True, create=False)
+    env = lmdb.open(str(path), max_dbs=4, sync=True, lock=True, create=False)
     try:
-        db = env.open_db(b"entries")
-        with env.begin(write=True, db=db) as txn:
-            _flip_last_byte(txn, db, ledger_id, entry_id)
+        store = SegmentStore(env)
+        deadline = time.monotonic() + timeout
+        while True:
+            with env.begin(write=True) as txn:
+                if store.corrupt(txn, ledger_id, entry_id):
+                    return
+            if time.monotonic() >= deadline:
+                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
+            time.sleep(0.05)  # another process's checkpoint: nothing here to wait on
     finally:
         env.close()
-
-
-def _flip_last_byte(txn: lmdb.Transaction, db: Any, ledger_id: int, entry_id: int) -> None:
-    key = entry_key(ledger_id, entry_id)
-    found = txn.get(key, db=db)
-    if found is None:
-        raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
-    payload = bytes(found)
-    if not payload:
-        raise BadRequestError(f"entry {ledger_id}:{entry_id} is empty")
-    txn.put(key, payload[:-1] + bytes([payload[-1] ^ 0xFF]), db=db)

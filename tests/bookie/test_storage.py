@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import multiprocessing
 import os
 import signal
@@ -140,15 +141,40 @@ async def test_bad_ids_and_closing(tmp_path: Path) -> None:
         await s.add_entry(1, 1, KEY, b"x")
 
 
-async def test_commit_failure_reaches_every_waiter(tmp_path: Path) -> None:
-    s = EntryStorage(tmp_path / "s", map_size=1 << 20)  # 1 MiB: the map fills up
+async def test_failing_checkpoint_fills_the_cache_then_adds_fail_clearly(tmp_path: Path) -> None:
+    # 1 MiB map: the checkpoint fails (map full); a 64 KiB cache then fills and adds wait, then fail
+    s = EntryStorage(tmp_path / "s", map_size=1 << 20, write_cache_max_size=64 << 10, max_throttle=0.2)
+    errors_seen: list[tuple[str, bool]] = []
+    s.on_commit_error = lambda reason, no_space: errors_seen.append((reason, no_space))
     try:
-        results = await asyncio.gather(*(s.add_entry(1, i, KEY, b"x" * 4000) for i in range(400)),
-                                       return_exceptions=True)
-        assert any(isinstance(r, BookieServerError) for r in results)
-        assert all(r is None or isinstance(r, BookieServerError) for r in results)
+        results: list[BaseException | None] = []
+        for wave in range(40):  # waves of 20 adds until the full cache refuses some
+            results += await asyncio.gather(*(s.add_entry(1, wave * 20 + i, KEY, b"x" * 4000) for i in range(20)),
+                                            return_exceptions=True)
+            if any(results):
+                break
+        failed = [r for r in results if isinstance(r, BookieServerError)]
+        assert failed and all(r is None or isinstance(r, BookieServerError) for r in results)
+        assert "write cache full" in str(failed[0]) and "map full" in str(failed[0])
+        assert errors_seen and "map full" in errors_seen[0][0]
+        # what was acknowledged stays readable (from memory) while the checkpoint keeps failing
+        ok = [i for i, r in enumerate(results) if r is None]
+        assert ok and all(s.read_entry(1, i)[1] == b"x" * 4000 for i in ok)
     finally:
         await s.close()
+
+
+async def test_journal_write_failure_reaches_every_waiter(storage: EntryStorage,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    def disk_full(data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage._writer, "append", disk_full)
+    results = await asyncio.gather(*(storage.add_entry(1, i, KEY, b"x") for i in range(50)),
+                                   return_exceptions=True)
+    assert all(isinstance(r, BookieServerError) and "journal write failed" in str(r) for r in results)
+    with pytest.raises(NoSuchLedgerError if storage.ledger_info(1) is None else NoSuchEntryError):
+        storage.read_entry(1, 0)
 
 
 async def test_corrupt_hooks_flip_a_byte(storage: EntryStorage, tmp_path: Path) -> None:
