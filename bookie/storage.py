@@ -622,10 +622,12 @@ class EntryStorage:
         return state.lac
 
     def map_usage(self) -> tuple[int, int]:
-        """``(used, size)`` bytes of the LMDB map: its high-water page mark, and how far it may grow."""
+        """``(used, size)`` bytes of the LMDB map: its high-water page mark plus what the write cache
+        will add at the next checkpoint, and how far it may grow."""
         info = self._env.info()
         psize = int(self._env.stat()["psize"])
-        return (int(info["last_pgno"]) + 1) * psize, int(info["map_size"])
+        pending = self.cache_bytes + self._flushing_bytes
+        return (int(info["last_pgno"]) + 1) * psize + pending, int(info["map_size"])
 
     def entry_count(self) -> int:
         """Durable entries in the storage, all ledgers (scans LMDB: for tools and tests)."""

@@ -41,7 +41,8 @@ def test_commit_errors_are_named() -> None:
 
 
 async def test_map_full_commit_is_named_and_reported(tmp_path: Path) -> None:
-    storage = EntryStorage(tmp_path / "s", map_size=1 << 20)
+    # the checkpoint into a 1 MiB map fails; the 1 MiB write cache then fills and adds fail, naming why
+    storage = EntryStorage(tmp_path / "s", map_size=1 << 20, write_cache_max_size=1 << 20, max_throttle=0.2)
     reported: list[tuple[str, bool]] = []
     storage.on_commit_error = lambda reason, no_space: reported.append((reason, no_space))
     try:
@@ -64,6 +65,7 @@ async def test_monitor_counts_written_bytes_and_sees_the_map(tmp_path: Path) -> 
         assert monitor.note_written(6000) is True
         for i in range(150):
             await storage.add_entry(1, i, KEY, bytes(16384))
+        await storage.checkpoint()  # the entries reach the map
         usage, changed = monitor.check()
         assert changed and monitor.read_only and usage.total == 4 << 20 and usage.used_fraction >= 0.5
         assert monitor.note_written(1) is False  # a check starts the count again

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -118,13 +119,20 @@ async def test_failed_checkpoint_reaches_every_callback_once(tmp_path: Path) -> 
     s = EntryStorage(tmp_path / "s", map_size=1 << 20, write_cache_max_size=64 << 10, max_throttle=0.2)
     try:
         results: dict[int, list[BaseException | None]] = {i: [] for i in range(400)}
+        all_done = asyncio.Event()
+
+        def record(i: int) -> Callable[[BaseException | None], None]:
+            def done(exc: BaseException | None) -> None:
+                results[i].append(exc)
+                if all(results.values()):
+                    all_done.set()
+            return done
+
         for i in range(400):
-            s.submit_add(1, i, KEY, b"x" * 4000, -1, results[i].append)
+            s.submit_add(1, i, KEY, b"x" * 4000, -1, record(i))
             if i % 20 == 19:
                 await s.flush()  # waves: the first fills the cache, later ones find it full
-        async with asyncio.timeout(10):
-            while not all(results.values()):
-                await asyncio.sleep(0.05)  # the throttled adds fail on a timer of the storage's
+        await asyncio.wait_for(all_done.wait(), 10)  # the throttled adds fail on the storage's timer
         assert all(len(r) == 1 for r in results.values())
         outcomes = [r[0] for r in results.values()]
         assert any(isinstance(o, BookieServerError) for o in outcomes)
