@@ -2,7 +2,7 @@
 
     store = SegmentStore(env)                     # opens its databases in an open environment
     with env.begin(write=True) as txn:
-        store.write(txn, {ledger_id: {entry_id: payload, ...}})   # merged with what is stored
+        store.write(txn, {key: payload, ...})      # 16-byte storage keys; merged with what is stored
         store.delete_ledger(txn, ledger_id)
     with env.begin(buffers=True) as txn:
         store.read(txn, ledger_id, entry_id)       # bytes or None
@@ -15,12 +15,14 @@ interval (5 ms): per-entry puts from the flush thread would crawl under
 load. So a checkpoint writes one LMDB value per run of a ledger's entries, a
 *segment*: database ``segments``, key ``ledger_id (8 bytes BE) + first
 entry id (8 bytes BE)`` (the storage key of its first entry), value
-``count (4 bytes BE) | count x (entry id 8 bytes BE, end offset 4 bytes BE) |
-payloads``. A segment holds at most ``SEGMENT_ENTRIES`` entries and about
-``SEGMENT_BYTES``; its entry ids ascend but need not be consecutive (a
-bookie holds only the entries of its write sets). The segments of one
-ledger never overlap: a write whose ids fall inside stored segments merges
-with them (the new payload of an id wins) and rewrites them.
+``count (4 bytes BE) | count x storage key (16 bytes) | count x end offset
+(4 bytes BE) | payloads``, built without a Python step per entry (sorted
+keys, ``b"".join``, ``accumulate``). A segment holds at most
+``SEGMENT_ENTRIES`` entries and about ``SEGMENT_BYTES``; its entry ids
+ascend but need not be consecutive (a bookie holds only the entries of its
+write sets). The segments of one ledger never overlap: a write whose ids
+fall inside stored segments merges with them (the new payload of an id
+wins) and rewrites them.
 
 Data written before the journal existed is in database ``entries``, one
 value per entry (key = the storage key); it is still read and deleted.
@@ -28,8 +30,10 @@ value per entry (key = the storage key); it is still read and deleted.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import lmdb
@@ -40,73 +44,55 @@ SEGMENT_ENTRIES = 1024
 SEGMENT_BYTES = 1 << 20
 _KEY = struct.Struct(">QQ")
 _COUNT = struct.Struct(">I")
-_SLOT = struct.Struct(">qI")
+_END = struct.Struct(">I")
 _MAX_ID = (1 << 63) - 1
 
 
-def encode_segment(items: list[tuple[int, bytes]]) -> bytes:
-    """A segment value from ``(entry_id, payload)`` pairs in ascending id order."""
-    slots = bytearray(_COUNT.pack(len(items)))
-    end = 0
-    for entry_id, payload in items:
-        end += len(payload)
-        slots += _SLOT.pack(entry_id, end)
-    return bytes(slots) + b"".join(p for _, p in items)
+def encode_segment(keys: list[bytes], payloads: list[bytes]) -> bytes:
+    """A segment value from storage keys in ascending order and their payloads."""
+    n = len(keys)
+    ends = struct.pack(f">{n}I", *itertools.accumulate(map(len, payloads)))
+    return b"".join((_COUNT.pack(n), *keys, ends, *payloads))
 
 
-def decode_segment(value: Any) -> list[tuple[int, bytes]]:
-    """Every ``(entry_id, payload)`` of a segment value (bytes or an LMDB buffer)."""
-    (count,) = _COUNT.unpack_from(value, 0)
-    base = _COUNT.size + count * _SLOT.size
+def decode_segment(value: Any) -> list[tuple[bytes, bytes]]:
+    """Every ``(storage key, payload)`` of a segment value (bytes or an LMDB buffer)."""
+    (n,) = _COUNT.unpack_from(value, 0)
+    ends = struct.unpack_from(f">{n}I", value, 4 + 16 * n)
+    base = 4 + 20 * n
     out = []
     start = 0
-    for i in range(count):
-        entry_id, end = _SLOT.unpack_from(value, _COUNT.size + i * _SLOT.size)
-        out.append((entry_id, bytes(value[base + start:base + end])))
-        start = end
+    for i in range(n):
+        out.append((bytes(value[4 + 16 * i:20 + 16 * i]), bytes(value[base + start:base + ends[i]])))
+        start = ends[i]
     return out
 
 
-def _bounds(value: Any) -> tuple[int, int]:
-    """First and last entry id of a segment value."""
-    (count,) = _COUNT.unpack_from(value, 0)
-    first = _SLOT.unpack_from(value, _COUNT.size)[0]
-    last = _SLOT.unpack_from(value, _COUNT.size + (count - 1) * _SLOT.size)[0]
-    return first, last
+def _last_key(value: Any) -> bytes:
+    (n,) = _COUNT.unpack_from(value, 0)
+    return bytes(value[4 + 16 * (n - 1):4 + 16 * n])
 
 
-def _find(value: Any, entry_id: int) -> bytes | None:
-    """The payload of ``entry_id`` in a segment value, or ``None`` (binary search over its slots)."""
-    (count,) = _COUNT.unpack_from(value, 0)
-    lo, hi = 0, count
-    unpack = _SLOT.unpack_from
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if unpack(value, _COUNT.size + mid * _SLOT.size)[0] < entry_id:
-            lo = mid + 1
-        else:
-            hi = mid
-    if lo == count:
-        return None
-    found, end = unpack(value, _COUNT.size + lo * _SLOT.size)
-    if found != entry_id:
-        return None
-    start = unpack(value, _COUNT.size + (lo - 1) * _SLOT.size)[1] if lo else 0
-    base = _COUNT.size + count * _SLOT.size
+def _payload(value: Any, n: int, i: int) -> bytes:
+    start = _END.unpack_from(value, 4 + 16 * n + 4 * (i - 1))[0] if i else 0
+    end = _END.unpack_from(value, 4 + 16 * n + 4 * i)[0]
+    base = 4 + 20 * n
     return bytes(value[base + start:base + end])
 
 
-def _chunks(items: list[tuple[int, bytes]]) -> Iterable[list[tuple[int, bytes]]]:
-    chunk: list[tuple[int, bytes]] = []
-    size = 0
-    for item in items:
-        if chunk and (len(chunk) >= SEGMENT_ENTRIES or size + len(item[1]) > SEGMENT_BYTES):
-            yield chunk
-            chunk, size = [], 0
-        chunk.append(item)
-        size += len(item[1])
-    if chunk:
-        yield chunk
+def _find(value: Any, key: bytes) -> bytes | None:
+    """The payload stored under ``key`` in a segment value, or ``None`` (binary search over its keys)."""
+    (n,) = _COUNT.unpack_from(value, 0)
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes(value[4 + 16 * mid:20 + 16 * mid]) < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo == n or bytes(value[4 + 16 * lo:20 + 16 * lo]) != key:
+        return None
+    return _payload(value, n, lo)
 
 
 class SegmentStore:
@@ -119,9 +105,8 @@ class SegmentStore:
 
     # --- reads ----------------------------------------------------------------------------------
 
-    def _covering(self, cur: lmdb.Cursor, ledger_id: int, entry_id: int) -> Any | None:
-        """The value of the segment of ``ledger_id`` whose id range holds ``entry_id`` (cursor on it)."""
-        key = _KEY.pack(ledger_id, entry_id)
+    def _covering(self, cur: lmdb.Cursor, key: bytes) -> Any | None:
+        """The value of the segment whose key range holds ``key`` (same ledger), or ``None``."""
         if cur.set_range(key):
             if bytes(cur.key()) == key:
                 return cur.value()
@@ -129,20 +114,20 @@ class SegmentStore:
                 return None
         elif not cur.last():
             return None
-        k = bytes(cur.key())
-        if int.from_bytes(k[:8], "big") != ledger_id:
+        if bytes(cur.key())[:8] != key[:8]:
             return None
         value = cur.value()
-        return value if _bounds(value)[1] >= entry_id else None
+        return value if _last_key(value) >= key else None
 
     def read(self, txn: lmdb.Transaction, ledger_id: int, entry_id: int) -> bytes | None:
         """The stored payload of one entry, or ``None``."""
-        value = self._covering(txn.cursor(db=self.segments), ledger_id, entry_id)
+        key = _KEY.pack(ledger_id, entry_id)
+        value = self._covering(txn.cursor(db=self.segments), key)
         if value is not None:
-            found = _find(value, entry_id)
+            found = _find(value, key)
             if found is not None:
                 return found
-        legacy = txn.get(_KEY.pack(ledger_id, entry_id), db=self.legacy)
+        legacy = txn.get(key, db=self.legacy)
         return None if legacy is None else bytes(legacy)
 
     def _last_in(self, txn: lmdb.Transaction, db: Any, ledger_id: int) -> tuple[bytes, Any] | None:
@@ -160,8 +145,9 @@ class SegmentStore:
         best: tuple[int, bytes] | None = None
         seg = self._last_in(txn, self.segments, ledger_id)
         if seg is not None:
-            items = decode_segment(seg[1])
-            best = items[-1]
+            value = seg[1]
+            (n,) = _COUNT.unpack_from(value, 0)
+            best = (int.from_bytes(_last_key(value)[8:], "big"), _payload(value, n, n - 1))
         old = self._last_in(txn, self.legacy, ledger_id)
         if old is not None:
             entry_id = int.from_bytes(old[0][8:], "big")
@@ -178,41 +164,57 @@ class SegmentStore:
 
     # --- writes ---------------------------------------------------------------------------------
 
-    def write(self, txn: lmdb.Transaction, ledgers: Mapping[int, Mapping[int, bytes]]) -> None:
-        """Store the entries (``ledger_id -> {entry_id: payload}``), merged with the stored segments."""
-        for ledger_id, entries in ledgers.items():
-            if entries:
-                self._write_ledger(txn, ledger_id, dict(entries))
+    def write(self, txn: lmdb.Transaction, entries: Mapping[bytes, bytes], skip: Collection[int] = ()) -> None:
+        """Store the entries (storage key -> payload), merged with the stored segments.
 
-    def _write_ledger(self, txn: lmdb.Transaction, ledger_id: int, entries: dict[int, bytes]) -> None:
-        lo, hi = min(entries), max(entries)
+        Ledgers in ``skip`` are left out (deleted meanwhile).
+        """
+        keys = sorted(entries)
+        if skip:
+            keys = [k for k in keys if int.from_bytes(k[:8], "big") not in skip]
+        values = list(map(entries.__getitem__, keys))
+        i, n = 0, len(keys)
+        while i < n:
+            ledger_id = int.from_bytes(keys[i][:8], "big")
+            j = bisect.bisect_left(keys, _KEY.pack(ledger_id + 1, 0), i) if ledger_id < _MAX_ID else n
+            self._write_run(txn, keys[i:j], values[i:j])
+            i = j
+
+    def _write_run(self, txn: lmdb.Transaction, keys: list[bytes], values: list[bytes]) -> None:
+        """One ledger's entries (sorted keys): merge with overlapping segments, then put in chunks."""
+        lo, hi = keys[0], keys[-1]
         cur = txn.cursor(db=self.segments)
         stale: list[bytes] = []
-        # the segment starting before lo may reach into [lo, hi]
-        if cur.set_range(_KEY.pack(ledger_id, lo)):
-            moved = cur.prev()
-        else:
-            moved = cur.last()
-        if moved:
+        moved = cur.prev() if cur.set_range(lo) else cur.last()
+        if moved:  # the segment starting before lo may reach into [lo, hi]
             key = bytes(cur.key())
-            if int.from_bytes(key[:8], "big") == ledger_id and _bounds(cur.value())[1] >= lo:
+            if key[:8] == lo[:8] and key < lo and _last_key(cur.value()) >= lo:
                 stale.append(key)
-        # segments starting inside [lo, hi]
-        if cur.set_range(_KEY.pack(ledger_id, lo)):
+        if cur.set_range(lo):  # segments starting inside [lo, hi]
             while True:
                 key = bytes(cur.key())
-                lid, first = _KEY.unpack(key)
-                if lid != ledger_id or first > hi:
+                if key > hi:
                     break
                 stale.append(key)
                 if not cur.next():
                     break
-        for key in stale:
-            for entry_id, payload in decode_segment(txn.get(key, db=self.segments)):
-                entries.setdefault(entry_id, payload)  # the new payload of an id wins
-            txn.delete(key, db=self.segments)
-        items = sorted(entries.items())
-        puts = [(_KEY.pack(ledger_id, chunk[0][0]), encode_segment(chunk)) for chunk in _chunks(items)]
+        if stale:
+            merged = dict(zip(keys, values, strict=True))
+            for key in stale:
+                for k, payload in decode_segment(txn.get(key, db=self.segments)):
+                    merged.setdefault(k, payload)  # the new payload of a key wins
+                txn.delete(key, db=self.segments)
+            keys = sorted(merged)
+            values = list(map(merged.__getitem__, keys))
+        sizes = list(itertools.accumulate(map(len, values)))
+        puts = []
+        start, base, n = 0, 0, len(keys)
+        while start < n:
+            end = bisect.bisect_right(sizes, base + SEGMENT_BYTES, start, min(start + SEGMENT_ENTRIES, n))
+            end = max(end, start + 1)
+            puts.append((keys[start], encode_segment(keys[start:end], values[start:end])))
+            base = sizes[end - 1]
+            start = end
         txn.cursor(db=self.segments).putmulti(puts)
 
     def delete_ledger(self, txn: lmdb.Transaction, ledger_id: int) -> None:
@@ -227,15 +229,16 @@ class SegmentStore:
 
     def corrupt(self, txn: lmdb.Transaction, ledger_id: int, entry_id: int) -> bool:
         """Flip the last byte of a stored entry's payload (test hook); False when it is not stored."""
-        value = self._covering(txn.cursor(db=self.segments), ledger_id, entry_id)
+        key = _KEY.pack(ledger_id, entry_id)
+        value = self._covering(txn.cursor(db=self.segments), key)
         if value is not None:
             items = decode_segment(value)
-            for i, (eid, payload) in enumerate(items):
-                if eid == entry_id and payload:
-                    items[i] = (eid, payload[:-1] + bytes([payload[-1] ^ 0xFF]))
-                    txn.put(_KEY.pack(ledger_id, items[0][0]), encode_segment(items), db=self.segments)
+            for i, (k, payload) in enumerate(items):
+                if k == key and payload:
+                    items[i] = (k, payload[:-1] + bytes([payload[-1] ^ 0xFF]))
+                    txn.put(items[0][0], encode_segment([k for k, _ in items], [p for _, p in items]),
+                            db=self.segments)
                     return True
-        key = _KEY.pack(ledger_id, entry_id)
         found = txn.get(key, db=self.legacy)
         if found is None or not len(found):
             return False

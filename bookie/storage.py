@@ -157,15 +157,16 @@ class _Batch:
 
     Entries are two parallel lists (keys, payloads) rather than a tuple per
     add: the hot path allocates no object the cyclic GC has to track.
-    ``meta`` holds encoded journal records (ledger, fence, explicit LAC);
-    ``dirty`` the ledgers whose LAC rose (one LAC record each). ``waiters``
-    are the ``done`` callbacks, ``futures`` those of the coroutine API; both
-    are completed in order, callbacks first. The journal thread sets
-    ``position``, ``last`` (highest entry id per ledger prefix), ``nbytes``
-    and ``sync_seconds``; ``error`` once the write failed.
+    ``parts`` holds the encoded journal records in order (adds, ledger
+    records, fences, explicit LACs); ``dirty`` the ledgers whose LAC rose
+    (one LAC record each, added when the group is handed over); ``last``
+    the highest entry id per ledger. ``waiters`` are the ``done`` callbacks,
+    ``futures`` those of the coroutine API; both are completed in order,
+    callbacks first. The journal thread sets ``position``, ``nbytes`` and
+    ``sync_seconds``; ``error`` once the write failed.
     """
 
-    __slots__ = ("dirty", "error", "futures", "keys", "last", "meta", "nbytes", "position", "started",
+    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "position", "started",
                  "sync_seconds", "values", "waiters")
 
     def __init__(self) -> None:
@@ -173,9 +174,9 @@ class _Batch:
         self.values: list[bytes] = []
         self.waiters: list[Done] = []
         self.futures: list[asyncio.Future[None]] = []
-        self.meta: list[bytes] = []
+        self.parts: list[bytes] = []
         self.dirty: set[int] = set()
-        self.last: dict[bytes, bytes] = {}
+        self.last: dict[int, int] = {}
         self.error: BaseException | None = None
         self.position: Position | None = None
         self.started = time.perf_counter()
@@ -204,19 +205,6 @@ def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
         raise BadRequestError(f"ledger id {ledger_id} out of range")
     if entry_id is not None and not 0 <= entry_id <= _MAX_ID:
         raise BadRequestError(f"entry id {entry_id} out of range")
-
-
-def _group_by_ledger(cache: dict[bytes, bytes], deleted: set[int]) -> dict[int, dict[int, bytes]]:
-    out: dict[int, dict[int, bytes]] = {}
-    for key, payload in cache.items():
-        lid, eid = _ENTRY_KEY.unpack(key)
-        if lid in deleted:
-            continue
-        entries = out.get(lid)
-        if entries is None:
-            entries = out[lid] = {}
-        entries[eid] = payload
-    return out
 
 
 def _open_env(path: Path, map_size: int) -> lmdb.Environment:
@@ -317,7 +305,7 @@ class EntryStorage:
         if not files:
             return max(start.file_id + 1, 1)
         t0 = time.perf_counter()
-        entries: dict[int, dict[int, bytes]] = {}
+        entries: dict[bytes, bytes] = {}
         states: dict[int, _LedgerState] = {}
 
         def state_of(ledger_id: int, master_key: bytes = b"") -> _LedgerState:
@@ -332,7 +320,7 @@ class EntryStorage:
             n += 1
             if rec.kind == journal.ADD:
                 state_of(rec.ledger_id)
-                entries.setdefault(rec.ledger_id, {})[rec.entry_id] = rec.value
+                entries[_pack_key(rec.ledger_id, rec.entry_id)] = rec.value
             elif rec.kind == journal.LEDGER:
                 st = state_of(rec.ledger_id, rec.value)
                 if not st.master_key:
@@ -351,7 +339,7 @@ class EntryStorage:
         self._state.clear()
         for file_id in files:
             (self.journal_dir / journal.file_name(file_id)).unlink(missing_ok=True)
-        self.replayed = sum(len(e) for e in entries.values())
+        self.replayed = len(entries)
         if n:
             log.info("replayed %d journal records (%d entries of %d ledgers) from %s in %.3f s", n, self.replayed,
                      len(states), self.journal_dir, time.perf_counter() - t0)
@@ -390,7 +378,7 @@ class EntryStorage:
     def _new_ledger(self, ledger_id: int, master_key: bytes, batch: _Batch) -> _LedgerState:
         state = self._state[ledger_id] = _LedgerState(master_key)
         self._deleting.discard(ledger_id)
-        batch.meta.append(journal.encode_ledger(ledger_id, master_key))
+        batch.parts.append(journal.encode_ledger(ledger_id, master_key))
         batch.dirty.add(ledger_id)
         return state
 
@@ -424,12 +412,23 @@ class EntryStorage:
             batch.dirty.add(ledger_id)
             if self.on_lac is not None:
                 self.on_lac(ledger_id, lac)
+        key = _pack_key(ledger_id, entry_id)
         if self._throttled or (self._flushing is not None and self.cache_bytes >= self._half_cache):
-            self._throttle(_pack_key(ledger_id, entry_id), payload, done, ledger_id)
+            self._throttle(key, payload, done, ledger_id)
             return
-        batch.keys.append(_pack_key(ledger_id, entry_id))
+        # the journal record, encoded here: the journal thread then needs the GIL only to join and
+        # hand back (a thread waiting for the GIL behind a busy loop waits a switch interval)
+        head = _ADD_KIND + key
+        parts = batch.parts
+        parts.append(_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))))
+        parts.append(head)
+        parts.append(payload)
+        batch.keys.append(key)
         batch.values.append(payload)
         batch.waiters.append(done)
+        last = batch.last
+        if entry_id > last.get(ledger_id, -1):
+            last[ledger_id] = entry_id
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
                   lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
@@ -481,7 +480,7 @@ class EntryStorage:
         elif state.master_key != master_key:
             raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
         state.fenced = True
-        batch.meta.append(journal.encode_fence(ledger_id))
+        batch.parts.append(journal.encode_fence(ledger_id))
         batch.dirty.add(ledger_id)
         return batch
 
@@ -569,9 +568,14 @@ class EntryStorage:
             return
         batch = self._batch or self._open_batch()
         for key, payload, done, fut, ledger_id, _ in throttled:
+            head = _ADD_KIND + key
+            batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
             batch.keys.append(key)
             batch.values.append(payload)
             batch.dirty.add(ledger_id)
+            entry_id = int.from_bytes(key[8:], "big")
+            if entry_id > batch.last.get(ledger_id, -1):
+                batch.last[ledger_id] = entry_id
             if fut is None:
                 batch.waiters.append(done)
             else:  # futures complete after the callbacks: keep the order with a callback of its own
@@ -677,7 +681,7 @@ class EntryStorage:
             self._thread = thread
         if batch.dirty:
             state = self._state
-            batch.meta.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
+            batch.parts.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
                               if (st := state.get(lid)) is not None and st.lac >= 0)
             self._dirty |= batch.dirty
         self._batch = None
@@ -686,12 +690,10 @@ class EntryStorage:
         return True
 
     def _journal_thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The journal thread: encode each group handed over, write and sync it, report it on the loop."""
+        """The journal thread: write each group handed over (one synchronous write), report it on the loop."""
         jobs = self._jobs
         done = self._commit_done
         writer = self._writer
-        pack = _HEADER_PACK
-        kind = _ADD_KIND
         clock = time.perf_counter
         while True:
             batch = jobs.get()
@@ -699,22 +701,12 @@ class EntryStorage:
                 return
             error: BaseException | None = None
             try:
-                parts = batch.meta
-                append = parts.append
-                last = batch.last
-                for key, payload in zip(batch.keys, batch.values, strict=True):
-                    head = kind + key
-                    append(pack(17 + len(payload), crc32c(payload, crc32c(head))))
-                    append(head)
-                    append(payload)
-                    prefix = key[:8]
-                    if key > last.get(prefix, b""):
-                        last[prefix] = key
+                parts = batch.parts
                 t0 = clock()
                 batch.position = writer.append(b"".join(parts)) if parts else writer.position
                 batch.sync_seconds = clock() - t0
                 batch.nbytes = sum(map(len, batch.values))
-                batch.meta = []
+                batch.parts = []
             except BaseException as exc:  # reported to every waiter of the group
                 error = exc
             try:
@@ -741,12 +733,10 @@ class EntryStorage:
             cache.update(zip(batch.keys, batch.values, strict=True))
             self.cache_bytes += batch.nbytes
             state = self._state
-            for prefix, key in batch.last.items():
-                st = state.get(int.from_bytes(prefix, "big"))
-                if st is not None:
-                    eid = int.from_bytes(key[8:], "big")
-                    if eid > st.last:
-                        st.last = eid
+            for lid, eid in batch.last.items():
+                st = state.get(lid)
+                if st is not None and eid > st.last:
+                    st.last = eid
             self.commits += 1
             self.entries_committed += n
             self.last_commit_bytes = batch.nbytes
@@ -908,12 +898,11 @@ class EntryStorage:
 
     def _write_checkpoint(self, job: _Flush) -> None:
         """On the flush thread: one synced LMDB transaction, then the journal files before it go."""
-        grouped = _group_by_ledger(job.cache, job.deletes)
         with self._env.begin(write=True) as txn:
             for lid in job.deletes:
                 self._store.delete_ledger(txn, lid)
                 txn.delete(ledger_prefix(lid), db=self._ledgers)
-            self._store.write(txn, grouped)
+            self._store.write(txn, job.cache, job.deletes)
             if job.records:
                 txn.cursor(db=self._ledgers).putmulti(job.records)
             txn.put(_CHECKPOINT_KEY, _POSITION.pack(*job.position), db=self._meta)
