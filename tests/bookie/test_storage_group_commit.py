@@ -118,21 +118,25 @@ async def test_failed_checkpoint_reaches_every_callback_once(tmp_path: Path) -> 
     # 1 MiB map and a 64 KiB cache: the checkpoint fails, the cache fills, throttled adds fail after 0.2 s
     s = EntryStorage(tmp_path / "s", map_size=1 << 20, write_cache_max_size=64 << 10, max_throttle=0.2)
     try:
-        results: dict[int, list[BaseException | None]] = {i: [] for i in range(400)}
+        results: dict[int, list[BaseException | None]] = {}
         all_done = asyncio.Event()
 
         def record(i: int) -> Callable[[BaseException | None], None]:
+            results[i] = []
+
             def done(exc: BaseException | None) -> None:
                 results[i].append(exc)
                 if all(results.values()):
                     all_done.set()
             return done
 
-        for i in range(400):
-            s.submit_add(1, i, KEY, b"x" * 4000, -1, record(i))
-            if i % 20 == 19:
-                await s.flush()  # waves: the first fills the cache, later ones find it full
-        await asyncio.wait_for(all_done.wait(), 10)  # the throttled adds fail on the storage's timer
+        for wave in range(100):  # waves of 20 until the full cache refuses some
+            for i in range(wave * 20, wave * 20 + 20):
+                s.submit_add(1, i, KEY, b"x" * 4000, -1, record(i))
+            all_done.clear()
+            await asyncio.wait_for(all_done.wait(), 10)  # throttled adds fail on the storage's timer
+            if any(r[0] is not None for r in results.values()):
+                break
         assert all(len(r) == 1 for r in results.values())
         outcomes = [r[0] for r in results.values()]
         assert any(isinstance(o, BookieServerError) for o in outcomes)
