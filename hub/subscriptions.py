@@ -14,8 +14,13 @@ new subscription starts after the topic's last message. A second attach of a
 subscriber attached elsewhere closes the first (it gets a
 SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
 refused with ``TOPIC_BUSY``. Consume pointers are persisted every
-``consume_interval`` consumes and whenever a subscription is closed,
-unsubscribed or its connection drops.
+``consume_interval`` consumes (``persist_soon``) and whenever a subscription
+is closed, unsubscribed or its connection drops (``persist``). A
+subscription has at most one pointer write in flight: persists asked for
+meanwhile coalesce into one write of the newest pointer once it is done,
+and a write that finds the record changed (``BadVersionError``) reads it
+again and never writes a pointer older than the stored one. The writes of
+one subscription (pointer and preferences) never overlap.
 
 Failure: metastore errors propagate as ``hub.errors`` classes; a bad
 server filter raises ``InvalidMessageFilterError`` and nothing is stored.
@@ -24,6 +29,7 @@ server filter raises ``InvalidMessageFilterError`` and nothing is stored.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from typing import Any, Protocol
 
@@ -34,6 +40,7 @@ from hub.filters import load_server_filter, safe_uninitialize
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+from metastore.cas import cas_retry
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +72,8 @@ class SubState:
         self.conn: Attachment | None = None
         self.delivery: Delivery | None = None
         self.filter: Any = None
+        self.persisting: asyncio.Task[None] | None = None   # the one pointer write loop in flight
+        self.writing = asyncio.Lock()     # the subscription's record: one write at a time
 
 
 class TopicSubscriptions:
@@ -137,16 +146,54 @@ class TopicSubscriptions:
         return state.prefs
 
     async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
-        try:
-            version: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data,
-                                                                        state.version)
-            return version
-        except errors.BadVersionError:
-            got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
-            if got is None:
-                raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
-            version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, got[1])
-            return version
+        """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
+        version = state.version
+
+        async def step() -> Version:
+            nonlocal version
+            try:
+                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
+                return new
+            except errors.BadVersionError:
+                version = await self._current_version(state)
+                raise
+
+        async with state.writing:
+            return await cas_retry(step, retry_on=(errors.BadVersionError,))
+
+    async def _current_version(self, state: SubState) -> Version:
+        got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
+        if got is None:
+            raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
+        current: Version = got[1]
+        return current
+
+    async def _write_pointer(self, state: SubState, target: int) -> None:
+        """CAS-write consume pointer ``target``, unless the stored pointer is already at or past it."""
+        data = pb.SubscriptionData()
+        data.state.msgId.localComponent = target
+        version = state.version
+
+        async def step() -> Version:
+            nonlocal version
+            try:
+                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
+                return new
+            except errors.BadVersionError:
+                got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
+                if got is None:
+                    raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
+                stored: int = got[0].state.msgId.localComponent
+                current: Version = got[1]
+                version = current
+                if stored >= target:
+                    log.info("consume pointer of %r/%r: stored %d is not older than %d; kept",
+                             self.topic, state.subscriber, stored, target)
+                    return current
+                raise
+
+        async with state.writing:
+            state.version = await cas_retry(step, retry_on=(errors.BadVersionError,))
 
     def attached(self, conn: Attachment, sub: bytes) -> SubState:
         state = self.subs.get(sub)
@@ -192,16 +239,51 @@ class TopicSubscriptions:
             self.on_consumed(self.topic)
         return state.consumes_since_persist >= self.conf.consume_interval
 
-    async def persist(self, sub: bytes) -> None:
+    def persist_soon(self, sub: bytes) -> asyncio.Task[None] | None:
+        """Persist ``sub``'s pointer in the background; the write loop in flight (None: nothing to write).
+
+        A failure is logged (the task's exception is always retrieved); the
+        pointer is written again at the next ``consume_interval`` or detach.
+        """
         state = self.subs.get(sub)
         if state is None or state.consumed <= state.persisted:
+            return None
+        return self._persister(state)
+
+    async def persist(self, sub: bytes) -> None:
+        """Persist ``sub``'s pointer as it is now; returns once it is stored. Metastore errors propagate."""
+        state = self.subs.get(sub)
+        if state is None:
             return
-        data = pb.SubscriptionData()
-        data.state.msgId.localComponent = state.consumed
-        target = state.consumed
-        state.consumes_since_persist = 0
-        state.version = await self._write(state, data)
-        state.persisted = max(state.persisted, target)
+        if state.persisting is not None:       # a write in flight: it may be of an older pointer
+            await asyncio.shield(state.persisting)
+        while state.consumed > state.persisted:
+            await asyncio.shield(self._persister(state))
+
+    def _persister(self, state: SubState) -> asyncio.Task[None]:
+        task = state.persisting
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._persist_loop(state))
+            state.persisting = task
+            task.add_done_callback(functools.partial(self._persist_done, state))
+        return task
+
+    async def _persist_loop(self, state: SubState) -> None:
+        """Write the newest pointer until the stored one has caught up with ``state.consumed``."""
+        while state.consumed > state.persisted:
+            target = state.consumed
+            state.consumes_since_persist = 0
+            await self._write_pointer(state, target)
+            state.persisted = max(state.persisted, target)
+
+    def _persist_done(self, state: SubState, task: asyncio.Task[None]) -> None:
+        if state.persisting is task:
+            state.persisting = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
 
     async def _detach(self, state: SubState) -> None:
         if state.delivery is not None:

@@ -1,0 +1,147 @@
+"""hub.subscriptions' consume-pointer persists against a real (lmdb) metastore: one write in flight, never backwards."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hub import errors
+from hub.conf import load_hub_conf
+from hub.metadata import SubscriptionDataManager
+from hub.proto import pubsub_pb2 as pb
+from hub.subscriptions import TopicSubscriptions
+from metastore import Version, open_metastore
+
+TIMEOUT = 5.0
+TOPIC, SUB = b"topic", b"sub"
+
+
+class GatedManager(SubscriptionDataManager):
+    """Counts the pointer writes in flight; holds them at ``gate`` while it is set; may fail them."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.written: list[int] = []
+        self.fail: Exception | None = None
+
+    async def update_subscription_data(self, topic: bytes, subscriber: bytes, data: pb.SubscriptionData,
+                                       version: Version) -> Version:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            self.entered.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail is not None:
+                raise self.fail
+            got = await super().update_subscription_data(topic, subscriber, data, version)
+            if data.HasField("state"):
+                self.written.append(data.state.msgId.localComponent)
+            return got
+        finally:
+            self.in_flight -= 1
+
+
+class Conn:
+    writable = asyncio.Event()
+
+    def send_delivery(self, topic: bytes, subscriber: bytes, message: Any) -> None: ...
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
+
+    def attached(self, topic: bytes, subscriber: bytes, state: Any) -> None: ...
+
+
+@pytest.fixture
+async def subs(tmp_path: Path) -> AsyncIterator[tuple[TopicSubscriptions, GatedManager]]:
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    mgr = GatedManager(store)
+    await mgr.create_subscription_data(TOPIC, SUB, pb.SubscriptionData())
+    s = TopicSubscriptions(TOPIC, mgr, load_hub_conf(None, {"consume_interval": 1}), last_seq=lambda: 1000)
+    await s.load()
+    try:
+        yield s, mgr
+    finally:
+        await store.close()
+
+
+async def stored(mgr: GatedManager) -> int:
+    got = await mgr.read_subscription_data(TOPIC, SUB)
+    assert got is not None
+    return got[0].state.msgId.localComponent
+
+
+async def test_persists_of_one_subscription_never_overlap_and_coalesce(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    mgr.gate = asyncio.Event()
+    assert s.consume(conn, SUB, 10)
+    first = asyncio.ensure_future(s.persist(SUB))
+    await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)          # pointer 10 is being written
+    later = []
+    for seq in (20, 30, 40):                                     # more consume intervals meanwhile
+        assert s.consume(conn, SUB, seq)
+        later.append(asyncio.ensure_future(s.persist(SUB)))
+    mgr.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), TIMEOUT)
+    assert mgr.most_in_flight == 1                               # old code: four CAS writes at once
+    assert mgr.written == [10, 40]                               # the newest, once
+    assert await stored(mgr) == 40
+    assert s.persist_soon(SUB) is None                           # nothing left to write
+
+
+async def test_a_conflicting_write_never_moves_the_pointer_backwards(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    assert s.consume(conn, SUB, 10)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)
+    newer = pb.SubscriptionData()                                # someone else stored 50 (version moves on)
+    newer.state.msgId.localComponent = 50
+    _, version = await mgr.read_subscription_data(TOPIC, SUB) or (None, Version.ANY)
+    await SubscriptionDataManager.update_subscription_data(mgr, TOPIC, SUB, newer, version)
+    assert s.consume(conn, SUB, 40)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)              # BadVersionError, read again: 50 >= 40
+    assert await stored(mgr) == 50                               # old code: the retry wrote 40 over 50
+    assert s.consume(conn, SUB, 60)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)
+    assert await stored(mgr) == 60
+
+
+async def test_a_failed_background_persist_is_logged_and_retried(
+        subs: tuple[TopicSubscriptions, GatedManager], caplog: pytest.LogCaptureFixture) -> None:
+    s, mgr = subs
+    conn = Conn()
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    try:
+        mgr.fail = errors.ServiceDownError("metastore down")
+        assert s.consume(conn, SUB, 10)
+        task = s.persist_soon(SUB)
+        assert task is not None
+        with caplog.at_level(logging.WARNING, logger="hub.subscriptions"):
+            await asyncio.wait_for(asyncio.wait([task]), TIMEOUT)
+        assert "could not persist consume pointer" in caplog.text
+        del task
+        gc.collect()
+        assert unhandled == []                                   # the exception was retrieved
+        mgr.fail = None
+        assert s.consume(conn, SUB, 20)
+        task = s.persist_soon(SUB)
+        assert task is not None
+        await asyncio.wait_for(task, TIMEOUT)
+        assert await stored(mgr) == 20
+    finally:
+        loop.set_exception_handler(None)
