@@ -106,8 +106,9 @@ class TopicSubscriptions:
         if not prefs.messageFilter:
             return None
         p = SubscriptionPreferences.from_proto(prefs)
-        return load_server_filter(prefs.messageFilter, {}, self.topic, sub, p,
-                                  filter_class_path=self.conf.filter_class_path)
+        return load_server_filter(prefs.messageFilter, self.conf.filter_conf(), self.topic, sub, p,
+                                  filter_class_path=self.conf.filter_class_path,
+                                  allowlist=self.conf.server_filter_allowlist)
 
     async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
         mode = req.createOrAttach

@@ -239,6 +239,9 @@ async def test_server_filter_and_bad_filters(cluster: LocalCluster) -> None:
             await c.subscribe(topic, b"bad", message_filter="tests.hub.sample_filter.BadInit")
         with pytest.raises(errors.InvalidMessageFilterError):
             await c.subscribe(topic, b"bad", message_filter="tests.hub.sample_filter.NoSuchClass")
+        for not_allowed in ("socket.socket", "multiprocessing.pool.ThreadPool", "hub.server.HubServer"):
+            with pytest.raises(errors.InvalidMessageFilterError, match="not an allowed filter class"):
+                await c.subscribe(topic, b"bad", message_filter=not_allowed)
         # a filter that raises closes that subscription; the hub and the others carry on
         await c.subscribe(topic, b"x", message_filter="tests.hub.sample_filter.Exploding")
         await c.start_delivery(topic, b"x", Collector())

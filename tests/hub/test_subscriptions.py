@@ -52,6 +52,22 @@ class GatedManager(SubscriptionDataManager):
             self.in_flight -= 1
 
 
+class ConfRecorder:
+    """A server filter that keeps the conf its ``initialize`` got."""
+
+    seen: list[dict[str, str]] = []
+
+    def initialize(self, conf: dict[str, str]) -> None:
+        ConfRecorder.seen.append(conf)
+
+    def set_subscription_preferences(self, topic: bytes, subscriber_id: bytes, preferences: Any) -> None: ...
+
+    def test_message(self, message: Any) -> bool:
+        return True
+
+    def uninitialize(self) -> None: ...
+
+
 class Conn:
     writable = asyncio.Event()
 
@@ -67,7 +83,9 @@ async def subs(tmp_path: Path) -> AsyncIterator[tuple[TopicSubscriptions, GatedM
     store = await open_metastore(f"lmdb://{tmp_path}/meta")
     mgr = GatedManager(store)
     await mgr.create_subscription_data(TOPIC, SUB, pb.SubscriptionData())
-    s = TopicSubscriptions(TOPIC, mgr, load_hub_conf(None, {"consume_interval": 1}), last_seq=lambda: 1000)
+    conf = load_hub_conf(None, {"consume_interval": 1, "server_filter_allowlist": f"{__name__}.ConfRecorder",
+                                "password": "secret", "region": "here"})
+    s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 1000)
     await s.load()
     try:
         yield s, mgr
@@ -145,3 +163,18 @@ async def test_a_failed_background_persist_is_logged_and_retried(
         assert await stored(mgr) == 20
     finally:
         loop.set_exception_handler(None)
+
+
+async def test_a_server_filter_is_initialized_with_the_hubs_conf(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, _ = subs
+    ConfRecorder.seen = []
+    req = pb.SubscribeRequest(subscriberId=b"filtered", createOrAttach=pb.SubscribeRequest.CREATE)
+    req.preferences.messageFilter = f"{__name__}.ConfRecorder"
+    await s.subscribe(Conn(), b"filtered", req)
+    [conf] = ConfRecorder.seen                                   # old code: {}
+    assert conf["consume_interval"] == "1" and conf["region"] == "here"
+    assert conf["server_filter_allowlist"] == f"{__name__}.ConfRecorder"
+    assert conf["readahead_enabled"] == "true" and conf["max_message_size"] == "1258291"
+    assert "password" not in conf                                # the certificate's password stays in the hub
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in conf.items())
