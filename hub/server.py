@@ -448,7 +448,8 @@ class HubServer:
             raise _Redirect(owner)
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted)
-            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed)
+            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
+                                      track=self.track)
             await subs.load()
         except BaseException as exc:
             await self.ownership.release(topic)

@@ -13,7 +13,9 @@ given at subscribe replace the stored ones and come back in the response. A
 new subscription starts after the topic's last message. A second attach of a
 subscriber attached elsewhere closes the first (it gets a
 SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
-refused with ``TOPIC_BUSY``. Consume pointers are persisted every
+refused with ``TOPIC_BUSY``. Messages a server filter skips count as
+consumed once the delivered ones before them are (``Delivery.on_filtered``).
+Consume pointers are persisted every
 ``consume_interval`` consumes (``persist_soon``) and whenever a subscription
 is closed, unsubscribed or its connection drops (``persist``). A
 subscription has at most one pointer write in flight: persists asked for
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hub import errors
@@ -80,8 +83,9 @@ class TopicSubscriptions:
     """See the module docstring."""
 
     def __init__(self, topic: bytes, manager: Any, conf: HubConf, last_seq: Any,
-                 on_consumed: Any = None) -> None:
+                 on_consumed: Any = None, track: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
         self.topic = topic
+        self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
         self.conf = conf
         self.last_seq = last_seq
@@ -212,10 +216,16 @@ class TopicSubscriptions:
             if isinstance(exc, errors.InvalidMessageFilterError) and state.conn is conn:
                 conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
 
+        def filtered(seq: int) -> None:   # messages the filter skipped count as consumed
+            if self.subs.get(sub) is state and self._advance(state, seq):
+                task = self.persist_soon(sub)
+                if task is not None and self.track is not None:
+                    self.track(task)
+
         state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
                                   send=conn.send_delivery, writable=conn.writable, window=window,
                                   message_bound=state.prefs.messageBound, server_filter=state.filter,
-                                  on_error=failed)
+                                  on_error=failed, on_filtered=filtered)
         state.delivery.start()
 
     async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:
@@ -229,7 +239,9 @@ class TopicSubscriptions:
         state = self.subs.get(sub)
         if state is None:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
-        seq = min(seq, int(self.last_seq()))
+        return self._advance(state, min(seq, int(self.last_seq())))
+
+    def _advance(self, state: SubState, seq: int) -> bool:
         if seq <= state.consumed:
             return False
         state.consumed = seq

@@ -13,6 +13,7 @@ import pytest
 
 from hub import errors
 from hub.conf import load_hub_conf
+from hub.message import Message, MessageId
 from hub.metadata import SubscriptionDataManager
 from hub.proto import pubsub_pb2 as pb
 from hub.subscriptions import TopicSubscriptions
@@ -68,10 +69,28 @@ class ConfRecorder:
     def uninitialize(self) -> None: ...
 
 
-class Conn:
-    writable = asyncio.Event()
+class OnlySome:
+    """A server filter passing the seq ids in its ``pass`` option (comma separated)."""
 
-    def send_delivery(self, topic: bytes, subscriber: bytes, message: Any) -> None: ...
+    def initialize(self, conf: dict[str, str]) -> None: ...
+
+    def set_subscription_preferences(self, topic: bytes, subscriber_id: bytes, preferences: Any) -> None:
+        self.passing = {int(x) for x in preferences.options["pass"].split(b",")}
+
+    def test_message(self, message: Any) -> bool:
+        return message.seq_id in self.passing
+
+    def uninitialize(self) -> None: ...
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.sent: list[int] = []
+
+    def send_delivery(self, topic: bytes, subscriber: bytes, message: Any) -> None:
+        self.sent.append(message.seq_id)
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
 
@@ -178,3 +197,52 @@ async def test_a_server_filter_is_initialized_with_the_hubs_conf(
     assert conf["readahead_enabled"] == "true" and conf["max_message_size"] == "1258291"
     assert "password" not in conf                                # the certificate's password stays in the hub
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in conf.items())
+
+
+class Cache:
+    """Messages 1..n, all cached (what Delivery reads through)."""
+
+    def __init__(self, n: int) -> None:
+        self.msgs = {s: Message(body=b"m", msg_id=MessageId(s)) for s in range(1, n + 1)}
+
+    def cached(self, topic: bytes, seq: int) -> Message | None:
+        return self.msgs.get(seq)
+
+    async def scan_single(self, topic: bytes, seq: int) -> Message:
+        return self.msgs[seq]
+
+
+async def test_messages_a_filter_skips_advance_the_consume_pointer(tmp_path: Path) -> None:
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    moved = asyncio.Event()
+    try:
+        mgr = SubscriptionDataManager(store)
+        conf = load_hub_conf(None, {"consume_interval": 1, "server_filter_allowlist": f"{__name__}.OnlySome"})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 10, on_consumed=lambda topic: moved.set())
+        conn = Conn()
+        req = pb.SubscribeRequest(subscriberId=SUB, createOrAttach=pb.SubscribeRequest.CREATE)
+        req.preferences.messageFilter = f"{__name__}.OnlySome"
+        req.preferences.options.entries.add(key="pass", value=b"3,6")
+        s.last_seq = lambda: 0                                   # a new subscription starts after seq id 0
+        await s.subscribe(conn, SUB, req)
+        s.last_seq = lambda: 10
+        state = s.subs[SUB]
+
+        async def pointer_at(seq: int) -> None:
+            async with asyncio.timeout(TIMEOUT):
+                while state.consumed != seq:
+                    moved.clear()
+                    await moved.wait()
+
+        s.start_delivery(conn, SUB, Cache(10))
+        await pointer_at(2)                                      # 1 and 2 skipped, 3 delivered: old code stayed at 0
+        assert conn.sent == [3, 6]
+        s.consume(conn, SUB, 3)                                  # 4 and 5 skipped, 6 delivered and unconsumed
+        await pointer_at(5)
+        s.consume(conn, SUB, 6)                                  # 7..10 skipped: everything is consumed
+        await pointer_at(10)
+        await s.close(conn, SUB)
+        assert await stored(mgr) == 10                           # persisted (old code: 6)
+        assert s.min_consumed() == 10
+    finally:
+        await store.close()
