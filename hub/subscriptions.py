@@ -152,7 +152,7 @@ class TopicSubscriptions:
 
     async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
         """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
-        version = state.version
+        version: Version = Version.ANY   # set under the lock: the version the last write left
 
         async def step() -> Version:
             nonlocal version
@@ -164,6 +164,7 @@ class TopicSubscriptions:
                 raise
 
         async with state.writing:
+            version = state.version
             return await cas_retry(step, retry_on=(errors.BadVersionError,))
 
     async def _current_version(self, state: SubState) -> Version:
@@ -177,7 +178,7 @@ class TopicSubscriptions:
         """CAS-write consume pointer ``target``, unless the stored pointer is already at or past it."""
         data = pb.SubscriptionData()
         data.state.msgId.localComponent = target
-        version = state.version
+        version: Version = Version.ANY   # set under the lock: the version the last write left
 
         async def step() -> Version:
             nonlocal version
@@ -198,6 +199,7 @@ class TopicSubscriptions:
                 raise
 
         async with state.writing:
+            version = state.version
             state.version = await cas_retry(step, retry_on=(errors.BadVersionError,))
 
     def attached(self, conn: Attachment, sub: bytes) -> SubState:
@@ -330,6 +332,8 @@ class TopicSubscriptions:
         if state.conn is not None:
             state.conn.attached(self.topic, sub, None)
             state.conn = None
+        if state.persisting is not None:   # let a pointer write in flight land before the record goes
+            await asyncio.gather(state.persisting, return_exceptions=True)
         await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)
         self.subs.pop(sub, None)
         if state.filter is not None:
