@@ -100,8 +100,9 @@ def _add_class_path(filter_class_path: Sequence[str]) -> None:
         importlib.invalidate_caches()
 
 
-#: The hub's own server filters, always allowed (dotted form).
-BUILTIN_FILTERS: frozenset[str] = frozenset({"hub.filters.HeaderMatchFilter"})
+#: The hub's own server filters, always allowed (dotted form): the book-store example and the filter
+#: of the hub subscribers that carry messages between regions (``hub.regions``).
+BUILTIN_FILTERS: frozenset[str] = frozenset({"hub.filters.HeaderMatchFilter", "hub.regions.RegionFilter"})
 
 #: Quire's own packages: never loaded as filters from ``filter_class_path`` (only by ``server_filter_allowlist``).
 _OWN_PACKAGES = frozenset({"hub", "bookie", "metastore", "placement", "tools"})

@@ -313,6 +313,8 @@ def test_allow_listed_prefixes_load_at_dot_boundaries_only(imports: list[str]) -
             load("tests.hub.sample_filter.HeaderFilter", allow=allow)
     assert imports == []
     assert isinstance(load("hub.filters.HeaderMatchFilter", allow=()), HeaderMatchFilter)   # the hub's own
+    region = load("hub.regions:RegionFilter", allow=(), prefs=SubscriptionPreferences(options={"quire.region": b"r"}))
+    assert type(region).__name__ == "RegionFilter"
 
 
 def test_a_module_in_a_filter_class_path_package_loads(tmp_path: Path, isolated_sys_path: list[str]) -> None:
