@@ -270,10 +270,18 @@ class TopicSubscriptions:
         state = self.subs.get(sub)
         if state is None:
             return
-        if state.persisting is not None:       # a write in flight: it may be of an older pointer
-            await asyncio.shield(state.persisting)
-        while state.consumed > state.persisted:
-            await asyncio.shield(self._persister(state))
+        while True:
+            task = state.persisting            # a write in flight may be of an older pointer: wait for it
+            if task is None or task.done():
+                if state.consumed <= state.persisted:
+                    return
+                task = self._persister(state)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise                      # this caller was cancelled
+                # the background write was cancelled (the server is stopping): write from here
 
     def _persister(self, state: SubState) -> asyncio.Task[None]:
         task = state.persisting

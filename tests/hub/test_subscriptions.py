@@ -138,6 +138,22 @@ async def test_persists_of_one_subscription_never_overlap_and_coalesce(
     assert s.persist_soon(SUB) is None                           # nothing left to write
 
 
+async def test_a_detach_persists_even_when_the_background_write_was_cancelled(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    mgr.gate = asyncio.Event()
+    assert s.consume(conn, SUB, 10)
+    task = s.persist_soon(SUB)
+    assert task is not None
+    await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
+    task.cancel()                                                # what the server's stop does to its tasks
+    mgr.gate.set()
+    await asyncio.wait_for(s.detach(SUB), TIMEOUT)               # then it releases the topic: persists again
+    assert task.cancelled()
+    assert await stored(mgr) == 10
+
+
 async def test_a_conflicting_write_never_moves_the_pointer_backwards(
         subs: tuple[TopicSubscriptions, GatedManager]) -> None:
     s, mgr = subs
