@@ -35,6 +35,10 @@ is unreachable. A request in flight when its connection drops fails with
 failure or a topic move and resumes delivery, skipping messages it already
 handled.
 
+A topic or subscriber id the hub would refuse (``hub.protocol.name_problem``:
+empty, not UTF-8, holding NUL, over 255 bytes) raises
+``MalformedRequestError`` naming the limit before anything is sent.
+
 Errors are ``hub.errors.PubSubError`` subclasses carrying the status name.
 """
 
@@ -56,11 +60,14 @@ from hub.conf import ClientConf, client_conf
 from hub.message import Message, MessageId, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
+    MAX_SUBSCRIBER_BYTES,
+    MAX_TOPIC_BYTES,
     ClientConnection,
     ConnectionBroken,
     DeliveryReceived,
     ResponseReceived,
     SubscriptionEventReceived,
+    name_problem,
     status_name,
 )
 
@@ -376,6 +383,7 @@ class HedwigClient:
     async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
         """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``."""
         self._check_open()
+        self._check_names(topic)
         if len(body) > self.conf.max_message_size:
             raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
                                               f"{self.conf.max_message_size}")
@@ -407,6 +415,7 @@ class HedwigClient:
         ``synchronous``: the hub answers only once its remote-region subscriptions are made (or
         fails with their error); ``hub_subscriber`` marks a hub subscribing for its region."""
         self._check_open()
+        self._check_names(topic, subscriber_id)
         if create_or_attach not in _MODES:
             raise ValueError(f"create_or_attach must be one of {sorted(_MODES)}")
         sreq = pb.SubscribeRequest(topic=topic, subscriberId=subscriber_id, createOrAttach=_MODES[create_or_attach],
@@ -596,6 +605,7 @@ class HedwigClient:
 
     async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None:
         """Remove the subscription; ``ClientNotSubscribedError`` when it does not exist."""
+        self._check_names(topic, subscriber_id)
         s = self.subs.pop((topic, subscriber_id), None)
         if s is not None:
             s.closed = True
@@ -608,6 +618,15 @@ class HedwigClient:
     def _check_open(self) -> None:
         if self.closed:
             raise errors.PubSubError("client is closed", status="CLIENT_CLOSED")
+
+    @staticmethod
+    def _check_names(topic: bytes, subscriber_id: bytes | None = None) -> None:
+        """``MalformedRequestError`` (naming the limit) for a name the hub would refuse; nothing is sent."""
+        problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
+        if problem is None and subscriber_id is not None:
+            problem = name_problem(subscriber_id, "subscriber id", MAX_SUBSCRIBER_BYTES)
+        if problem is not None:
+            raise errors.MalformedRequestError(problem)
 
     async def close(self) -> None:
         """Flush buffered consumes, close every subscription and connection."""

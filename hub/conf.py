@@ -13,7 +13,7 @@ prints it and exits with status 2.
 Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
-``batch_flush_bytes``, ``filter_class_path``, ``server_host``,
+``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
@@ -26,11 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metastore.conf import ConfError, load_conf, parse_conf, require, setting
+from metastore.conf import ConfError, conf_values, load_conf, parse_conf, require, setting
 
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
+SECRET_KEYS = frozenset({"password"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,10 @@ class HubConf:
                                      "they hold this many bytes (0: at once)", min=0)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
-    filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")
+    filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path whose modules may be loaded "
+                                                 "as server message filters")
+    server_filter_allowlist: tuple[str, ...] = setting((), "dotted prefixes of other server message filter classes "
+                                                       "hubs may load, space or comma separated (empty: none)")
     # --- ZooKeeper ---
     zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is empty)")
     zk_timeout: int = setting(2000, "ms of the metastore session (ownership and liveness leases)", min=100)
@@ -109,6 +113,16 @@ class HubConf:
         if self.metastore_uri:
             return self.metastore_uri
         return f"zk://{self.zk_host}{self.zk_prefix}"
+
+    def filter_conf(self) -> dict[str, str]:
+        """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.
+
+        Secrets (``password``, of the TLS certificate) are left out.
+        """
+        values = conf_values(self)
+        for key in SECRET_KEYS:
+            values.pop(key, None)
+        return values
 
     @property
     def max_frame_size(self) -> int:

@@ -12,6 +12,12 @@ Delivery starts after the subscription's consume pointer, or, with a
 are delivered and unconsumed at once. A server-side filter that rejects a
 message skips it; one that raises ends the delivery with
 ``InvalidMessageFilterError`` reported through ``on_error``.
+
+Skipped messages count as consumed (the client never sees them, so it
+never consumes them): once every delivered message before them is
+consumed, ``on_filtered(seq)`` moves the subscription's pointer through
+them (reported when delivery pauses, before the next delivered message,
+at a consume, and every so often during a long run).
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ class Delivery:
     def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: Any,
                  last_seq: Callable[[], int], send: Callable[[bytes, bytes, Message], None],
                  writable: asyncio.Event, window: int, message_bound: int = 0, server_filter: Any = None,
-                 on_error: Callable[[Exception], None] | None = None) -> None:
+                 on_error: Callable[[Exception], None] | None = None,
+                 on_filtered: Callable[[int], None] | None = None) -> None:
         self.topic = topic
         self.subscriber = subscriber
         self.cache = cache
@@ -49,6 +56,8 @@ class Delivery:
         self.window = window
         self.filter = server_filter
         self.on_error = on_error
+        self.on_filtered = on_filtered
+        self._filtered = 0                # the newest seq id the filter rejected
         nxt = start_after + 1
         if message_bound:
             nxt = max(nxt, last_seq() - message_bound + 1)
@@ -69,7 +78,18 @@ class Delivery:
             self.consumed = seq
         while self.outstanding and self.outstanding[0] <= self.consumed:
             self.outstanding.popleft()
+        self._skip_through(self.next_seq - 1)
         self._wake.set()
+
+    def _skip_through(self, upto: int) -> None:
+        """Count the filtered messages up to ``upto`` as consumed once no delivered one before them is pending."""
+        if self._filtered <= self.consumed:
+            return
+        through = min(upto, self.outstanding[0] - 1) if self.outstanding else upto
+        if through > self.consumed:
+            self.consumed = through          # first, so the callback's consumed_up_to is a no-op
+            if self.on_filtered is not None:
+                self.on_filtered(through)
 
     @property
     def running(self) -> bool:
@@ -85,6 +105,7 @@ class Delivery:
         try:
             while True:
                 while not self._ready():
+                    self._skip_through(self.next_seq - 1)
                     self._wake.clear()
                     await self._wake.wait()
                 if not self.writable.is_set():
@@ -98,10 +119,13 @@ class Delivery:
                     run += 1
                     if run >= _YIELD_EVERY:   # a long run of cache hits: let the loop breathe
                         run = 0
+                        self._skip_through(seq - 1)
                         await asyncio.sleep(0)
                 self.next_seq = seq + 1
                 if self.filter is not None and not safe_test(self.filter, msg):
+                    self._filtered = seq
                     continue
+                self._skip_through(seq - 1)
                 self.outstanding.append(seq)
                 self.send(self.topic, self.subscriber, msg)
         except asyncio.CancelledError:

@@ -5,28 +5,36 @@ Seeds ``message-filter-design.txt`` and ``hedwig-docs-and-metastore.txt``
 preferences (``message_filter``); the owner hub loads it for the
 subscription and delivers only the messages it passes::
 
-    flt = load_server_filter("hub.filters:HeaderMatchFilter", conf={},
+    flt = load_server_filter("hub.filters:HeaderMatchFilter", conf=conf.filter_conf(),
                              topic=b"BookStore", subscriber_id=b"userA",
                              preferences=SubscriptionPreferences(
                                  options={"filter.header": b"type", "filter.value": b"History"}),
-                             filter_class_path=conf.filter_class_path)
+                             filter_class_path=conf.filter_class_path,
+                             allowlist=conf.server_filter_allowlist)
     if safe_test(flt, message):      # InvalidMessageFilterError if the filter raised
         deliver(message)
     safe_uninitialize(flt)           # when the subscription ends
 
-Loading is ``importlib`` by ``"pkg.mod.Class"`` or ``"pkg.mod:Class"``
-(the entries of ``filter_class_path`` are appended to ``sys.path`` first),
-then the class is constructed with no arguments, ``initialize(conf)`` (it
-may return the filter to use, or ``None`` for itself), then
+Only classes the operator allowed are loaded (``filter_allowed``, checked
+before anything is imported): the hub's own filters (``BUILTIN_FILTERS``),
+modules that live in a ``filter_class_path`` directory, and names under a
+dotted prefix of ``server_filter_allowlist`` (``allowlist=``). Anything else
+(the standard library, installed packages, the hub's own code, whatever
+else is on ``sys.path``) is refused. Loading is ``importlib`` by
+``"pkg.mod.Class"`` or ``"pkg.mod:Class"`` (the entries of
+``filter_class_path`` are appended to ``sys.path`` first), then the
+class is constructed with no arguments, ``initialize(conf)`` (the hub's
+configuration, ``HubConf.filter_conf()``; it may return the filter to use,
+or ``None`` for itself), then
 ``set_subscription_preferences(topic, subscriber_id, preferences)``.
 
 A client filter has only ``set_subscription_preferences`` and
 ``test_message`` and is handed to ``HedwigClient.start_delivery``; it gets
 the stored preferences from the subscribe response.
 
-Failure: anything going wrong while loading (bad path, no such module or
-class, a constructor, ``initialize`` or ``set_subscription_preferences``
-that raises) gives ``InvalidMessageFilterError`` naming the path and the
+Failure: anything going wrong while loading (bad path, a class not
+allowed, no such module or class, a constructor, ``initialize`` or
+``set_subscription_preferences`` that raises) gives ``InvalidMessageFilterError`` naming the path and the
 reason, never anything else; a filter whose ``test_message`` raises makes
 ``safe_test`` log it and raise ``InvalidMessageFilterError`` (hub-core then
 closes that subscription with ``INVALID_MESSAGE_FILTER``). The hub keeps
@@ -36,9 +44,11 @@ serving either way.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from hub.errors import InvalidMessageFilterError
@@ -48,6 +58,7 @@ __all__ = [
     "ClientMessageFilter",
     "HeaderMatchFilter",
     "ServerMessageFilter",
+    "filter_allowed",
     "load_server_filter",
     "safe_test",
     "safe_uninitialize",
@@ -89,8 +100,19 @@ def _add_class_path(filter_class_path: Sequence[str]) -> None:
         importlib.invalidate_caches()
 
 
-def _import_class(path: str) -> type:
-    """The class named by ``"pkg.mod.Class"`` / ``"pkg.mod:Outer.Inner"``; raises ``ValueError``."""
+#: The hub's own server filters, always allowed (dotted form): the book-store example and the filter
+#: of the hub subscribers that carry messages between regions (``hub.regions``).
+BUILTIN_FILTERS: frozenset[str] = frozenset({"hub.filters.HeaderMatchFilter", "hub.regions.RegionFilter"})
+
+#: Quire's own packages: never loaded as filters from ``filter_class_path`` (only by ``server_filter_allowlist``).
+_OWN_PACKAGES = frozenset({"hub", "bookie", "metastore", "placement", "tools"})
+
+NOT_ALLOWED = ("not an allowed filter class (allowed: the hub's own filters, modules in a filter_class_path "
+               "directory, dotted prefixes in server_filter_allowlist)")
+
+
+def _candidates(path: str) -> list[tuple[str, str]]:
+    """``(module, qualname)`` splits of ``"pkg.mod.Class"`` / ``"pkg.mod:Outer.Inner"``; raises ``ValueError``."""
     if ":" in path:
         module_name, _, qualname = path.partition(":")
         candidates = [(module_name, qualname)]
@@ -100,6 +122,57 @@ def _import_class(path: str) -> type:
     names = [n for m, q in candidates for n in (*m.split("."), *q.split("."))]
     if not candidates or not all(n.isidentifier() for n in names):
         raise ValueError("not a dotted path of the form pkg.mod.Class or pkg.mod:Class")
+    return candidates
+
+
+def _in_class_path(top: str, filter_class_path: Sequence[str]) -> bool:
+    """Whether importing module ``top`` would load it from a ``filter_class_path`` directory.
+
+    Found with ``importlib.util.find_spec`` (no module code runs). The
+    standard library, built-in modules and Quire's own packages never
+    count, even when a directory holds a file of that name.
+    """
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names or top in _OWN_PACKAGES:
+        return False
+    roots = [Path(d).resolve() for d in filter_class_path if d]
+    if not roots:
+        return False
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return False
+    if spec is None:
+        return False
+    places = [spec.origin] if spec.has_location and spec.origin else []
+    places += list(spec.submodule_search_locations or [])
+    if not places:
+        return False
+    resolved = [Path(p).resolve() for p in places]
+    return all(any(p.is_relative_to(root) for root in roots) for p in resolved)
+
+
+def filter_allowed(path: str, filter_class_path: Sequence[str] = (), allowlist: Sequence[str] = ()) -> bool:
+    """Whether the operator allowed the filter class ``path`` (checked before anything is imported).
+
+    Allowed: ``BUILTIN_FILTERS``; a path equal to, or under (at a dot), a
+    dotted prefix of ``allowlist`` (``server_filter_allowlist``); a module
+    whose top-level package lives in a ``filter_class_path`` directory
+    (those directories must already be on ``sys.path``). ``path`` must be
+    well formed (see ``load_server_filter``).
+    """
+    dotted = path.strip().replace(":", ".")
+    if dotted in BUILTIN_FILTERS:
+        return True
+    for entry in allowlist:
+        prefix = entry.strip().replace(":", ".").strip(".")
+        if prefix and (dotted == prefix or dotted.startswith(prefix + ".")):
+            return True
+    return _in_class_path(dotted.split(".", 1)[0], filter_class_path)
+
+
+def _import_class(path: str) -> type:
+    """The class named by ``"pkg.mod.Class"`` / ``"pkg.mod:Outer.Inner"``; raises ``ValueError``."""
+    candidates = _candidates(path)
     missing: ModuleNotFoundError | None = None
     for module_name, qualname in candidates:
         try:
@@ -128,12 +201,15 @@ def _import_class(path: str) -> type:
 
 def load_server_filter(path: str, conf: Mapping[str, str], topic: bytes, subscriber_id: bytes,
                        preferences: SubscriptionPreferences,
-                       filter_class_path: Sequence[str] = ()) -> ServerMessageFilter:
+                       filter_class_path: Sequence[str] = (), allowlist: Sequence[str] = ()) -> ServerMessageFilter:
     """Load, construct, initialize and attach the server filter class named by ``path``.
 
+    Only a class ``filter_allowed`` accepts is imported: the hub's own
+    filters, modules in a ``filter_class_path`` directory, and dotted
+    prefixes in ``allowlist`` (the hub passes ``server_filter_allowlist``).
     Raises ``InvalidMessageFilterError`` naming ``path`` and the reason for any
-    failure (a filter whose ``set_subscription_preferences`` raises is
-    uninitialized again first).
+    failure, a refused class included (a filter whose
+    ``set_subscription_preferences`` raises is uninitialized again first).
     """
     def invalid(reason: str) -> InvalidMessageFilterError:
         log.warning("message filter %r for %r/%r: %s", path, topic, subscriber_id, reason)
@@ -142,6 +218,12 @@ def load_server_filter(path: str, conf: Mapping[str, str], topic: bytes, subscri
     if not isinstance(path, str) or not path.strip():
         raise invalid("empty class path")
     _add_class_path(filter_class_path)
+    try:
+        _candidates(path.strip())
+    except ValueError as exc:
+        raise invalid(str(exc)) from exc
+    if not filter_allowed(path, filter_class_path, allowlist):
+        raise invalid(NOT_ALLOWED)
     try:
         cls = _import_class(path.strip())
     except ValueError as exc:

@@ -31,6 +31,13 @@ completes its publishes first and only then goes to ``on_persisted`` (the
 read-ahead cache and delivery), so publishers are answered before the
 deliveries of the same messages are built.
 
+Reads of the current ledger, and of one being closed, go through its
+writer (its LAC follows the acknowledgements). Other ledgers are read
+through cached read handles; a handle opened while its ledger was still
+open (its LAC one entry short: the last entry's LAC travels with the next
+add or the close) is replaced by one on the closed metadata once the range
+records its end, and is reopened when a scan needs an entry past its LAC.
+
 Failure: a failed add fails its batch and every publish queued behind it
 with ``ServiceDownError``; the ledger is closed at its last acknowledged
 entry (so the failed batch never surfaces) and the next publish starts a
@@ -124,7 +131,8 @@ class TopicLog:
         self._index: dict[int, list[int]] = {}      # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
-        self._readers: dict[int, Any] = {}
+        self._readers: dict[int, Any] = {}           # read-only handles on ledgers that are not current
+        self._closing: Any = None         # the writer handle being closed (reads go through it meanwhile)
         self._queue: collections.deque[tuple[pb.Message, Done]] = collections.deque()
         self._queued_bytes = 0
         self._inflight: collections.deque[_Add] = collections.deque()   # sent, in entry order
@@ -203,6 +211,13 @@ class TopicLog:
         lh, self.lh = self.lh, None
         if lh is None:
             return
+        self._closing = lh   # until its end is recorded, reads use the writer's LAC, not a half-closed ledger's
+        try:
+            await self._record_close(lh)
+        finally:
+            self._closing = None
+
+    async def _record_close(self, lh: Any) -> None:
         await lh.close()
         rs = self.ranges.ranges
         ranges = pb.LedgerRanges()
@@ -418,14 +433,36 @@ class TopicLog:
                 return r
         return None
 
-    async def _reader(self, ledger_id: int) -> Any:
-        if self.lh is not None and self.lh.ledger_id == ledger_id:
-            return self.lh
-        rh = self._readers.get(ledger_id)
+    async def _reader(self, r: pb.LedgerRange, *, reopen: bool = False) -> Any:
+        """A read handle on ``r``'s ledger: the writer's while it is current or closing, else a cached reader.
+
+        A cached reader opened while its ledger was still open knows a LAC
+        that may stop short of the ledger's end (the last entry's LAC travels
+        with the next add or the close). Once the range records its end the
+        ledger is closed, so such a reader is replaced by one opened on the
+        closed metadata; ``reopen`` replaces it regardless (a scan that found
+        it short).
+        """
+        lid = r.ledgerId
+        for writer in (self.lh, self._closing):
+            if writer is not None and writer.ledger_id == lid:
+                return writer
+        rh = self._readers.get(lid)
+        if rh is not None and not rh.is_closed and (reopen or r.HasField("endSeqIdIncluded")):
+            del self._readers[lid]
+            await self._close_quietly(rh)
+            rh = None
         if rh is None:
-            rh = await self.bk.open_ledger_no_recovery(ledger_id)
-            self._readers[ledger_id] = rh
+            rh = await self.bk.open_ledger_no_recovery(lid)
+            if self._readers.get(lid) is not None:   # another scan opened it meanwhile: keep one
+                await self._close_quietly(rh)
+                return self._readers[lid]
+            self._readers[lid] = rh
         return rh
+
+    def _may_be_short(self, rh: Any) -> bool:
+        """``rh`` is a reader whose LAC may lag its ledger (not a writer's, not on closed metadata)."""
+        return rh is not self.lh and rh is not self._closing and not rh.is_closed
 
     def _learn(self, ledger_id: int, entry_id: int, first_seq: int) -> None:
         """Remember where an entry of a ledger we did not write starts (narrows later searches)."""
@@ -493,14 +530,19 @@ class TopicLog:
         out: list[Message] = []
         size = 0
         seq = start
+        reopened: set[int] = set()
         while seq <= self.last_seq and len(out) < max_messages and (not out or size < max_bytes):
             r = self._range_for(seq)
             if r is None:
                 if out:
                     break
                 raise errors.NoTopicPersistenceInfoError(f"seq id {seq} of {self.topic!r} was deleted")
-            rh = await self._reader(r.ledgerId)
+            rh = await self._reader(r)
             entry = await self._entry_of(rh, seq)
+            if entry > rh.last_add_confirmed and self._may_be_short(rh) and r.ledgerId not in reopened:
+                reopened.add(r.ledgerId)   # a stale LAC: look again (once per scan; the read-ahead retries)
+                rh = await self._reader(r, reopen=True)
+                entry = await self._entry_of(rh, seq)
             last_entry = rh.last_add_confirmed
             if entry > last_entry:
                 break

@@ -37,6 +37,8 @@ from bookie.protocol import LENGTH_PREFIX, FrameDecoder, encode_frame
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = [
+    "MAX_SUBSCRIBER_BYTES",
+    "MAX_TOPIC_BYTES",
     "OPS",
     "ClientConnection",
     "ConnectionBroken",
@@ -48,6 +50,7 @@ __all__ = [
     "ServerConnection",
     "SubscriptionEventReceived",
     "encode",
+    "name_problem",
     "request_topic",
     "response",
     "status_name",
@@ -104,15 +107,36 @@ def subscriber_of(request: pb.PubSubRequest) -> bytes:
     return bytes(getattr(request, which).subscriberId)
 
 
+MAX_TOPIC_BYTES = 255
+MAX_SUBSCRIBER_BYTES = 255
+"""Longest topic and subscriber id in UTF-8 bytes. Both are metastore keys: a subscription's key is
+topic, NUL, subscriber id, which must fit the smallest backend's key limit (LMDB: 511 bytes), so
+every topic that can be published to can also be subscribed to."""
+
+
+def name_problem(name: bytes, what: str, limit: int) -> str | None:
+    """Why ``name`` cannot be a topic or subscriber id (``what`` says which), or None when it can.
+
+    A name must be non-empty UTF-8 of at most ``limit`` bytes without NUL
+    (the metastore key separator). The reason names the limit and never
+    echoes an over-long name.
+    """
+    if len(name) > limit:
+        return f"{what} of {len(name)} bytes is over the limit of {limit} bytes"
+    return _short_name_problem(bytes(name), what, limit)
+
+
 @functools.lru_cache(maxsize=1 << 16)
-def _valid_name(name: bytes) -> bool:
+def _short_name_problem(name: bytes, what: str, limit: int) -> str | None:
     if not name:
-        return False
+        return f"{what} must be non-empty UTF-8 of at most {limit} bytes"
     try:
         name.decode("utf-8")
     except UnicodeDecodeError:
-        return False
-    return True
+        return f"{what} must be UTF-8 (of at most {limit} bytes)"
+    if b"\x00" in name:
+        return f"{what} must not contain NUL (\\x00)"
+    return None
 
 
 # --- server side ----------------------------------------------------------------------------------
@@ -149,8 +173,10 @@ class ServerConnection:
     Decisions: a frame over ``max_frame_size`` breaks the connection (its body
     is never buffered); a frame that is not a PubSubRequest is answered
     MALFORMED_REQUEST (txn 0); an operation this hub does not serve,
-    UNKNOWN_OPERATION; a missing body, an empty or non-UTF-8 topic or
-    subscriber id, MALFORMED_REQUEST; a message body over
+    UNKNOWN_OPERATION; a missing body, a topic or subscriber id that
+    ``name_problem`` refuses (empty, not UTF-8, NUL, over
+    ``MAX_TOPIC_BYTES`` / ``MAX_SUBSCRIBER_BYTES``), MALFORMED_REQUEST naming
+    the limit; a message body over
     ``max_message_size``, MESSAGE_TOO_LARGE. CONSUME is one-way: it gets a
     response only when rejected.
     """
@@ -186,8 +212,10 @@ class ServerConnection:
             return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                               f"needs a {body}"))
         topic = request_topic(req)
-        if not _valid_name(topic):
-            return Reject(response(txn, pb.MALFORMED_REQUEST, "topic must be non-empty UTF-8", topic=topic))
+        problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
+        if problem is not None:   # an over-long topic is not echoed back
+            return Reject(response(txn, pb.MALFORMED_REQUEST, problem,
+                                   topic=topic if len(topic) <= MAX_TOPIC_BYTES else b""))
         if op == pb.PUBLISH:
             size = len(req.publishRequest.msg.body)
             if size > self.max_message_size:
@@ -196,8 +224,9 @@ class ServerConnection:
                                        topic=topic))
             return RequestReceived(req, topic, b"")
         sub = subscriber_of(req)
-        if not _valid_name(sub):
-            return Reject(response(txn, pb.MALFORMED_REQUEST, "subscriber id must be non-empty UTF-8", topic=topic))
+        problem = name_problem(sub, "subscriber id", MAX_SUBSCRIBER_BYTES)
+        if problem is not None:
+            return Reject(response(txn, pb.MALFORMED_REQUEST, problem, topic=topic))
         if op == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)

@@ -263,7 +263,9 @@ class HubConnection(asyncio.Protocol):
                 raise errors.ClientNotSubscribedError(f"{ev.subscriber!r} not attached to {ev.topic!r}")
             self.server.stats.incr("consumes")
             if t.subs.consume(self, ev.subscriber, ev.request.consumeRequest.msgId.localComponent):
-                self.server.spawn(t.subs.persist(ev.subscriber))
+                task = t.subs.persist_soon(ev.subscriber)   # one write in flight per subscription
+                if task is not None:
+                    self.server.track(task)
             self.server.stats.observe("consume", time.perf_counter() - t0)
         except errors.PubSubError as exc:
             self._fail(ev.request, exc)
@@ -446,7 +448,8 @@ class HubServer:
             raise _Redirect(owner)
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted)
-            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed)
+            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
+                                      track=self.track)
             await subs.load()
         except BaseException as exc:
             await self.ownership.release(topic)

@@ -13,9 +13,16 @@ given at subscribe replace the stored ones and come back in the response. A
 new subscription starts after the topic's last message. A second attach of a
 subscriber attached elsewhere closes the first (it gets a
 SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
-refused with ``TOPIC_BUSY``. Consume pointers are persisted every
-``consume_interval`` consumes and whenever a subscription is closed,
-unsubscribed or its connection drops.
+refused with ``TOPIC_BUSY``. Messages a server filter skips count as
+consumed once the delivered ones before them are (``Delivery.on_filtered``).
+Consume pointers are persisted every
+``consume_interval`` consumes (``persist_soon``) and whenever a subscription
+is closed, unsubscribed or its connection drops (``persist``). A
+subscription has at most one pointer write in flight: persists asked for
+meanwhile coalesce into one write of the newest pointer once it is done,
+and a write that finds the record changed (``BadVersionError``) reads it
+again and never writes a pointer older than the stored one. The writes of
+one subscription (pointer and preferences) never overlap.
 
 Failure: metastore errors propagate as ``hub.errors`` classes; a bad
 server filter raises ``InvalidMessageFilterError`` and nothing is stored.
@@ -24,7 +31,9 @@ server filter raises ``InvalidMessageFilterError`` and nothing is stored.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from hub import errors
@@ -34,6 +43,7 @@ from hub.filters import load_server_filter, safe_uninitialize
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+from metastore.cas import cas_retry
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +75,17 @@ class SubState:
         self.conn: Attachment | None = None
         self.delivery: Delivery | None = None
         self.filter: Any = None
+        self.persisting: asyncio.Task[None] | None = None   # the one pointer write loop in flight
+        self.writing = asyncio.Lock()     # the subscription's record: one write at a time
 
 
 class TopicSubscriptions:
     """See the module docstring."""
 
     def __init__(self, topic: bytes, manager: Any, conf: HubConf, last_seq: Any,
-                 on_consumed: Any = None) -> None:
+                 on_consumed: Any = None, track: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
         self.topic = topic
+        self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
         self.conf = conf
         self.last_seq = last_seq
@@ -97,8 +110,9 @@ class TopicSubscriptions:
         if not prefs.messageFilter:
             return None
         p = SubscriptionPreferences.from_proto(prefs)
-        return load_server_filter(prefs.messageFilter, {}, self.topic, sub, p,
-                                  filter_class_path=self.conf.filter_class_path)
+        return load_server_filter(prefs.messageFilter, self.conf.filter_conf(), self.topic, sub, p,
+                                  filter_class_path=self.conf.filter_class_path,
+                                  allowlist=self.conf.server_filter_allowlist)
 
     async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
         mode = req.createOrAttach
@@ -137,16 +151,56 @@ class TopicSubscriptions:
         return state.prefs
 
     async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
-        try:
-            version: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data,
-                                                                        state.version)
-            return version
-        except errors.BadVersionError:
-            got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
-            if got is None:
-                raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
-            version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, got[1])
-            return version
+        """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
+        version: Version = Version.ANY   # set under the lock: the version the last write left
+
+        async def step() -> Version:
+            nonlocal version
+            try:
+                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
+                return new
+            except errors.BadVersionError:
+                version = await self._current_version(state)
+                raise
+
+        async with state.writing:
+            version = state.version
+            return await cas_retry(step, retry_on=(errors.BadVersionError,))
+
+    async def _current_version(self, state: SubState) -> Version:
+        got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
+        if got is None:
+            raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
+        current: Version = got[1]
+        return current
+
+    async def _write_pointer(self, state: SubState, target: int) -> None:
+        """CAS-write consume pointer ``target``, unless the stored pointer is already at or past it."""
+        data = pb.SubscriptionData()
+        data.state.msgId.localComponent = target
+        version: Version = Version.ANY   # set under the lock: the version the last write left
+
+        async def step() -> Version:
+            nonlocal version
+            try:
+                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
+                return new
+            except errors.BadVersionError:
+                got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
+                if got is None:
+                    raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
+                stored: int = got[0].state.msgId.localComponent
+                current: Version = got[1]
+                version = current
+                if stored >= target:
+                    log.info("consume pointer of %r/%r: stored %d is not older than %d; kept",
+                             self.topic, state.subscriber, stored, target)
+                    return current
+                raise
+
+        async with state.writing:
+            version = state.version
+            state.version = await cas_retry(step, retry_on=(errors.BadVersionError,))
 
     def attached(self, conn: Attachment, sub: bytes) -> SubState:
         state = self.subs.get(sub)
@@ -164,10 +218,16 @@ class TopicSubscriptions:
             if isinstance(exc, errors.InvalidMessageFilterError) and state.conn is conn:
                 conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
 
+        def filtered(seq: int) -> None:   # messages the filter skipped count as consumed
+            if self.subs.get(sub) is state and self._advance(state, seq):
+                task = self.persist_soon(sub)
+                if task is not None and self.track is not None:
+                    self.track(task)
+
         state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
                                   send=conn.send_delivery, writable=conn.writable, window=window,
                                   message_bound=state.prefs.messageBound, server_filter=state.filter,
-                                  on_error=failed)
+                                  on_error=failed, on_filtered=filtered)
         state.delivery.start()
 
     async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:
@@ -181,7 +241,9 @@ class TopicSubscriptions:
         state = self.subs.get(sub)
         if state is None:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
-        seq = min(seq, int(self.last_seq()))
+        return self._advance(state, min(seq, int(self.last_seq())))
+
+    def _advance(self, state: SubState, seq: int) -> bool:
         if seq <= state.consumed:
             return False
         state.consumed = seq
@@ -192,16 +254,59 @@ class TopicSubscriptions:
             self.on_consumed(self.topic)
         return state.consumes_since_persist >= self.conf.consume_interval
 
-    async def persist(self, sub: bytes) -> None:
+    def persist_soon(self, sub: bytes) -> asyncio.Task[None] | None:
+        """Persist ``sub``'s pointer in the background; the write loop in flight (None: nothing to write).
+
+        A failure is logged (the task's exception is always retrieved); the
+        pointer is written again at the next ``consume_interval`` or detach.
+        """
         state = self.subs.get(sub)
         if state is None or state.consumed <= state.persisted:
+            return None
+        return self._persister(state)
+
+    async def persist(self, sub: bytes) -> None:
+        """Persist ``sub``'s pointer as it is now; returns once it is stored. Metastore errors propagate."""
+        state = self.subs.get(sub)
+        if state is None:
             return
-        data = pb.SubscriptionData()
-        data.state.msgId.localComponent = state.consumed
-        target = state.consumed
-        state.consumes_since_persist = 0
-        state.version = await self._write(state, data)
-        state.persisted = max(state.persisted, target)
+        while True:
+            task = state.persisting            # a write in flight may be of an older pointer: wait for it
+            if task is None or task.done():
+                if state.consumed <= state.persisted:
+                    return
+                task = self._persister(state)
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise                      # this caller was cancelled
+                # the background write was cancelled (the server is stopping): write from here
+
+    def _persister(self, state: SubState) -> asyncio.Task[None]:
+        task = state.persisting
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._persist_loop(state))
+            state.persisting = task
+            task.add_done_callback(functools.partial(self._persist_done, state))
+        return task
+
+    async def _persist_loop(self, state: SubState) -> None:
+        """Write the newest pointer until the stored one has caught up with ``state.consumed``."""
+        while state.consumed > state.persisted:
+            target = state.consumed
+            state.consumes_since_persist = 0
+            await self._write_pointer(state, target)
+            state.persisted = max(state.persisted, target)
+
+    def _persist_done(self, state: SubState, task: asyncio.Task[None]) -> None:
+        if state.persisting is task:
+            state.persisting = None
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
 
     async def _detach(self, state: SubState) -> None:
         if state.delivery is not None:
@@ -235,6 +340,8 @@ class TopicSubscriptions:
         if state.conn is not None:
             state.conn.attached(self.topic, sub, None)
             state.conn = None
+        if state.persisting is not None:   # let a pointer write in flight land before the record goes
+            await asyncio.gather(state.persisting, return_exceptions=True)
         await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)
         self.subs.pop(sub, None)
         if state.filter is not None:

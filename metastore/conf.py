@@ -324,6 +324,11 @@ def check_conf_file(cls: type, path: str | os.PathLike[str], *,
     return problems
 
 
+def conf_values(conf: Any) -> dict[str, str]:
+    """Every key of the configuration dataclass instance ``conf`` with its value as a ``.conf`` file writes it."""
+    return {name: _format(getattr(conf, name)) for name in conf_keys(type(conf))}
+
+
 def describe_keys(cls: type) -> list[tuple[str, str, str]]:
     """``(key, default as written in a .conf file, comment)`` for every key (for docs and ``--help``)."""
     return [(n, _format(f.default), str(f.metadata.get("doc", ""))) for n, f in conf_keys(cls).items()]

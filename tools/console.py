@@ -363,7 +363,8 @@ class HedwigConsole:
                     continue
         self.say(f"Removed {removed} subscriptions.")
 
-    async def _consumed_seq_id(self, topic: bytes, sub: bytes) -> int:
+    async def _stored_subscription(self, topic: bytes, sub: bytes) -> Any:
+        """The subscription's stored ``SubscriptionData`` (pointer and preferences); CLIENT_NOT_SUBSCRIBED if none."""
         from hub.metadata import SubscriptionDataManager
         mgr = SubscriptionDataManager(await self.store())
         await mgr.start()
@@ -371,13 +372,26 @@ class HedwigConsole:
         if found is None:
             raise CommandError(f"CLIENT_NOT_SUBSCRIBED: {sub.decode(errors='replace')} has no subscription "
                                f"to {topic.decode(errors='replace')}")
-        return int(found[0].state.msgId.localComponent)
+        return found[0]
 
-    async def _consume_to(self, topic: bytes, sub: bytes, seq_id: int) -> None:
+    async def _consume_to(self, topic: bytes, sub: bytes, seq_id: int, stored: Any = None) -> None:
+        """Consume up to ``seq_id``; a subscription not attached here is attached with its stored preferences.
+
+        (A subscribe replaces the stored preferences with the ones it
+        carries, so attaching with none would wipe its filter, bound and
+        window.)
+        """
+        from hub.message import SubscriptionPreferences
         client = await self.client()
         attached_here = (topic, sub) in self._subscribed
         if not attached_here:
-            await self._op(client.subscribe(topic, sub, create_or_attach="ATTACH"))
+            if stored is None:
+                stored = await self._stored_subscription(topic, sub)
+            prefs = SubscriptionPreferences.from_proto(stored.preferences)
+            await self._op(client.subscribe(topic, sub, create_or_attach="ATTACH",
+                                            message_bound=prefs.message_bound,
+                                            message_window_size=prefs.message_window_size,
+                                            options=prefs.options, message_filter=prefs.message_filter or None))
         try:
             await self._op(client.consume(topic, sub, seq_id))
         finally:
@@ -392,8 +406,9 @@ class HedwigConsole:
         except ValueError:
             raise CommandError(f"num_messages_to_consume must be an integer, not {args[2]!r}") from None
         topic, sub = args[0].encode(), args[1].encode()
-        target = await self._consumed_seq_id(topic, sub) + count
-        await self._consume_to(topic, sub, target)
+        stored = await self._stored_subscription(topic, sub)
+        target = int(stored.state.msgId.localComponent) + count
+        await self._consume_to(topic, sub, target, stored)
         self.say(f"Consumed up to {format_msg_id(target)}.")
 
     async def cmd_consumeto(self, args: list[str]) -> None:

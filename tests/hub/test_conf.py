@@ -20,7 +20,7 @@ SEED_SERVER_KEYS = {
     "messages_consumed_thread_run_interval", "bk_ensemble_size", "bk_write_quorum_size", "bk_ack_quorum_size",
     "max_entries_per_ledger", "zk_host", "zk_timeout", "zk_prefix", "metadata_manager_based_topic_manager_enabled",
     "metastore_uri", "stats_http_port", "max_batch_bytes", "max_batch_messages", "filter_class_path",
-    "retry_remote_subscribe_thread_run_interval",
+    "retry_remote_subscribe_thread_run_interval", "server_filter_allowlist",
 }
 
 
@@ -69,3 +69,13 @@ def test_quire_hub_exits_with_one_line(tmp_path: Path, line: str, key: str) -> N
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and key in lines[0], proc.stderr
+
+
+def test_filter_keys_parse_and_the_filter_conf_leaves_secrets_out() -> None:
+    c = load_hub_conf(None, {"server_filter_allowlist": "acme.filters, other.pkg:Cls", "filter_class_path": "/a /b",
+                             "password": "pkcs12-secret"})
+    assert c.server_filter_allowlist == ("acme.filters", "other.pkg:Cls") and c.filter_class_path == ("/a", "/b")
+    assert HubConf().server_filter_allowlist == ()                       # nothing but the hub's own by default
+    given = c.filter_conf()
+    assert given["server_filter_allowlist"] == "acme.filters other.pkg:Cls" and given["consume_interval"] == "50"
+    assert "password" not in given and set(given) == set(conf_keys(HubConf)) - {"password"}

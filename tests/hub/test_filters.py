@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import uuid
 from pathlib import Path
@@ -87,9 +88,14 @@ class NoTestMessage:
 NOT_A_CLASS = 42
 
 
+# what these tests allow-list (server_filter_allowlist): this module, and the names whose failures they test
+ALLOW = (HERE, "no_such_module_xyz", "hub.no_such_module_xyz", "hub.message.Message")
+
+
 def load(path: str, prefs: SubscriptionPreferences = BOOKS, conf: dict[str, str] | None = None,
-         class_path: tuple[str, ...] = ()) -> ServerMessageFilter:
-    return load_server_filter(path, conf or {}, b"BookStore", b"userA", prefs, filter_class_path=class_path)
+         class_path: tuple[str, ...] = (), allow: tuple[str, ...] = ALLOW) -> ServerMessageFilter:
+    return load_server_filter(path, conf or {}, b"BookStore", b"userA", prefs, filter_class_path=class_path,
+                              allowlist=allow)
 
 
 # -- tests ------------------------------------------------------------------------------------------
@@ -197,8 +203,8 @@ def test_filter_class_path_entries_are_importable(tmp_path: Path, isolated_sys_p
         "    def uninitialize(self):\n"
         "        pass\n")
     try:
-        with pytest.raises(InvalidMessageFilterError, match="cannot import"):
-            load(f"{name}.EvenOnly")                        # not on sys.path yet
+        with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class"):
+            load(f"{name}.EvenOnly")                        # not in a filter_class_path directory
         flt = load(f"{name}.EvenOnly", class_path=(str(tmp_path),))
         assert str(tmp_path) in isolated_sys_path
         assert safe_test(flt, book(b"x", 4)) and not safe_test(flt, book(b"x", 5))
@@ -224,3 +230,110 @@ def test_module_raising_on_import_is_invalid(tmp_path: Path, isolated_sys_path: 
 
 def test_invalid_filter_error_is_a_pubsub_error() -> None:
     assert issubclass(InvalidMessageFilterError, PubSubError)
+
+
+# -- the allow-list (issue 20) ----------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def imports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The module names the loader imports (it imports with ``importlib.import_module``)."""
+    seen: list[str] = []
+    real = importlib.import_module
+
+    def recording(name: str, package: str | None = None) -> object:
+        seen.append(name)
+        return real(name, package)
+
+    monkeypatch.setattr(importlib, "import_module", recording)
+    return seen
+
+
+@pytest.mark.parametrize("path", [
+    "multiprocessing.pool.ThreadPool",      # started a thread pool in the hub
+    "socket.socket",                        # opened a socket
+    "socket:socket",
+    "tabnanny.NannyNag",                    # a stdlib module nobody has imported
+    "hub.server.HubServer",                 # the hub's own code, not a filter
+    "hub.readahead:ReadAheadCache",
+    "hub.filters.ServerMessageFilter",      # in hub.filters, but not one of its filters
+    "tests.hub.sample_filter.HeaderFilter",  # importable, but not allow-listed
+    "pytest.Class",                         # an installed package
+])
+def test_classes_not_allowed_are_refused_before_import(path: str, imports: list[str]) -> None:
+    before = set(sys.modules)
+    with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class") as info:
+        load(path, allow=())
+    assert info.value.status == "INVALID_MESSAGE_FILTER" and repr(path) in str(info.value)
+    assert imports == []                                       # nothing was imported
+    assert set(sys.modules) == before
+    assert "tabnanny" not in sys.modules
+
+
+def test_the_hubs_own_code_is_refused_even_from_a_class_path_directory(imports: list[str]) -> None:
+    for path in ("hub.server.HubServer", "bookie.client.BookKeeper", "tools.console.main"):
+        with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class"):
+            load(path, allow=(), class_path=(str(ROOT),))      # the repository itself on the class path
+    assert imports == []
+
+
+def test_a_module_elsewhere_on_sys_path_never_runs(tmp_path: Path, isolated_sys_path: list[str],
+                                                    imports: list[str]) -> None:
+    name = f"quire_test_side_effect_{uuid.uuid4().hex}"
+    marker = tmp_path / "imported"
+    (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass F: pass\n")
+    isolated_sys_path.append(str(tmp_path))                    # importable, but not a filter_class_path directory
+    elsewhere = tmp_path / "other"
+    elsewhere.mkdir()
+    for class_path in ((), (str(elsewhere),)):
+        with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class"):
+            load(f"{name}.F", allow=(), class_path=class_path)
+    assert imports == [] and not marker.exists() and name not in sys.modules
+
+
+def test_a_class_path_file_shadowing_the_stdlib_is_refused(tmp_path: Path, isolated_sys_path: list[str],
+                                                           imports: list[str]) -> None:
+    (tmp_path / "json.py").write_text("class JSONDecoder: pass\n")
+    with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class"):
+        load("json.JSONDecoder", allow=(), class_path=(str(tmp_path),))
+    assert imports == []
+
+
+def test_allow_listed_prefixes_load_at_dot_boundaries_only(imports: list[str]) -> None:
+    flt = load("tests.hub.sample_filter.HeaderFilter", allow=("tests.hub.sample_filter",),
+               prefs=SubscriptionPreferences(options={"want": b"red"}))
+    assert type(flt).__name__ == "HeaderFilter"
+    assert safe_test(flt, Message(body=b"", properties={"type": b"red"}, msg_id=MessageId(1)))
+    assert load("tests.hub.sample_filter:HeaderFilter", allow=("tests.hub",)) is not None   # a package prefix
+    imports.clear()
+    for allow in (("tests.hub.sample",), ("tests.hub.sample_filter.HeaderFilterX",), ("",)):
+        with pytest.raises(InvalidMessageFilterError, match="not an allowed filter class"):
+            load("tests.hub.sample_filter.HeaderFilter", allow=allow)
+    assert imports == []
+    assert isinstance(load("hub.filters.HeaderMatchFilter", allow=()), HeaderMatchFilter)   # the hub's own
+    region = load("hub.regions:RegionFilter", allow=(), prefs=SubscriptionPreferences(options={"quire.region": b"r"}))
+    assert type(region).__name__ == "RegionFilter"
+
+
+def test_a_module_in_a_filter_class_path_package_loads(tmp_path: Path, isolated_sys_path: list[str]) -> None:
+    pkg = f"quire_test_pkg_{uuid.uuid4().hex}"
+    (tmp_path / pkg).mkdir()
+    (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / pkg / "filters.py").write_text(
+        "class Odd:\n"
+        "    def initialize(self, conf):\n"
+        "        return None\n"
+        "    def set_subscription_preferences(self, topic, subscriber_id, preferences):\n"
+        "        pass\n"
+        "    def test_message(self, message):\n"
+        "        return message.seq_id % 2 == 1\n"
+        "    def uninitialize(self):\n"
+        "        pass\n")
+    try:
+        flt = load(f"{pkg}.filters:Odd", allow=(), class_path=(str(tmp_path),))
+        assert safe_test(flt, book(b"x", 3)) and not safe_test(flt, book(b"x", 4))
+    finally:
+        sys.modules.pop(f"{pkg}.filters", None)
+        sys.modules.pop(pkg, None)

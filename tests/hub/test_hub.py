@@ -185,6 +185,34 @@ async def test_bad_input_gets_statuses_and_the_hub_keeps_serving(cluster: LocalC
         assert await c.publish(name(), b"still serving") == 1
 
 
+async def test_bad_names_fail_at_once_naming_the_limit(cluster: LocalCluster) -> None:
+    addr = cluster.hub_addresses[0]
+    sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=2, topic=b"t" * 600, shouldClaim=True)
+    sub.subscribeRequest.topic, sub.subscribeRequest.subscriberId = b"t" * 600, b"s"
+    long_sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=3, topic=name(), shouldClaim=True)
+    long_sub.subscribeRequest.topic, long_sub.subscribeRequest.subscriberId = long_sub.topic, b"s" * 300
+    got = await raw_exchange(addr, publish_req(b"a\x00" + name(), b"x", 1) + encode(sub) + encode(long_sub), 3)
+    assert [r.statusCode for r in got] == [pb.MALFORMED_REQUEST] * 3   # were SERVICE_DOWN, UNEXPECTED_CONDITION
+    assert "NUL" in got[0].statusMsg
+    assert "topic of 600 bytes is over the limit of 255 bytes" in got[1].statusMsg and got[1].topic == b""
+    assert "subscriber id of 300 bytes is over the limit of 255 bytes" in got[2].statusMsg
+    async with await HedwigClient.connect(addr) as c:
+        t0 = asyncio.get_running_loop().time()
+        with pytest.raises(errors.MalformedRequestError, match="NUL"):       # not 5 s of SERVICE_DOWN retries
+            await c.publish(b"a\x00" + name(), b"x")
+        with pytest.raises(errors.MalformedRequestError, match="topic of 1300000 bytes"):
+            await c.publish(b"t" * 1_300_000, b"x")                           # was a reset connection
+        assert asyncio.get_running_loop().time() - t0 < 2.0
+        # the longest names: a topic that can be published to can be subscribed to
+        topic, subscriber = name() + b"t" * 245, b"s" * 255
+        await c.subscribe(topic, subscriber)
+        col = Collector()
+        await c.start_delivery(topic, subscriber, col)
+        assert await c.publish(topic, b"longest") == 1
+        await col.wait(lambda g: len(g) == 1)
+        assert col.got[0].body == b"longest"
+
+
 def rss_bytes(pid: int) -> int:
     for line in open(f"/proc/{pid}/status").read().splitlines():
         if line.startswith("VmRSS:"):
@@ -239,6 +267,9 @@ async def test_server_filter_and_bad_filters(cluster: LocalCluster) -> None:
             await c.subscribe(topic, b"bad", message_filter="tests.hub.sample_filter.BadInit")
         with pytest.raises(errors.InvalidMessageFilterError):
             await c.subscribe(topic, b"bad", message_filter="tests.hub.sample_filter.NoSuchClass")
+        for not_allowed in ("socket.socket", "multiprocessing.pool.ThreadPool", "hub.server.HubServer"):
+            with pytest.raises(errors.InvalidMessageFilterError, match="not an allowed filter class"):
+                await c.subscribe(topic, b"bad", message_filter=not_allowed)
         # a filter that raises closes that subscription; the hub and the others carry on
         await c.subscribe(topic, b"x", message_filter="tests.hub.sample_filter.Exploding")
         await c.start_delivery(topic, b"x", Collector())

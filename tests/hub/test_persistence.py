@@ -15,10 +15,13 @@ from hub.conf import load_hub_conf
 from hub.metadata import TopicPersistenceManager
 from hub.persistence import TopicLog, decode_batch
 from hub.proto import pubsub_pb2 as pb
+from hub.readahead import ReadAheadCache
 from metastore import open_metastore
 from tools.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+TIMEOUT = 5.0
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -86,3 +89,60 @@ async def test_new_owner_recovers_and_reads_back_across_ledgers(env: tuple[Any, 
     assert [r.startSeqIdIncluded for r in second.ranges.ranges] == [22, 29, 31]
     assert [m.seq_id for m in await second.scan(22, 3, 1 << 20)] == [22, 23, 24]
     await second.release()
+
+
+async def test_subscriber_reads_past_a_ledger_that_was_closing_when_first_read(env: tuple[Any, Any]) -> None:
+    """Issue 17: a reader opened while the owner closed the ledger cached a LAC one short, forever."""
+    bk, pm = env
+    conf = load_hub_conf(None, {"bk_ensemble_size": 2, "max_entries_per_ledger": 3, "scan_backoff_ms": 20})
+    log = await TopicLog.acquire(b"closing", bk, pm, conf)
+    for i in range(3):                            # one entry each: the ledger is full
+        assert await log.publish(msg(i)) == i + 1
+    full = log.lh
+    closing, go = asyncio.Event(), asyncio.Event()
+    real_close = full.close
+
+    async def held_close() -> None:               # the roll's close, held after the writer is let go
+        closing.set()
+        await go.wait()
+        await real_close()
+
+    full.close = held_close
+    fourth = asyncio.ensure_future(log.publish(msg(3)))     # rolls: closes the full ledger first
+    await asyncio.wait_for(closing.wait(), TIMEOUT)
+    assert log.lh is None and not full.metadata.is_closed
+
+    async def scanner(topic: bytes, start: int, n: int, size: int) -> list[Any]:
+        return await log.scan(start, n, size)
+
+    cache = ReadAheadCache(conf, scanner, last_seq=lambda topic: log.last_seq)
+    got = [await asyncio.wait_for(cache.scan_single(b"closing", s), TIMEOUT) for s in (1, 2)]
+    go.set()                                      # the close completes, the roll goes on
+    assert await asyncio.wait_for(fourth, TIMEOUT) == 4
+    for i in range(4, 10):
+        assert await log.publish(msg(i)) == i + 1
+    for s in range(3, 11):                        # the old code's reader stopped at seq id 2 for good
+        got.append(await asyncio.wait_for(cache.scan_single(b"closing", s), TIMEOUT))
+    assert [m.seq_id for m in got] == list(range(1, 11))
+    assert [m.body for m in got] == [b"m%d" % i for i in range(10)]
+    assert [m.seq_id for m in await log.scan(1, 20, 1 << 20)] == list(range(1, 11))
+    await cache.close()
+    await log.release()
+
+
+async def test_a_reader_cached_before_its_ledger_closed_is_not_kept(env: tuple[Any, Any]) -> None:
+    """White box: a reader whose open raced the close (LAC one short) is reopened on the closed metadata."""
+    bk, pm = env
+    conf = load_hub_conf(None, {"bk_ensemble_size": 2, "max_entries_per_ledger": 3})
+    log = await TopicLog.acquire(b"stale-reader", bk, pm, conf)
+    for i in range(3):
+        assert await log.publish(msg(i)) == i + 1
+    lid = log.lh.ledger_id
+    stale = await bk.open_ledger_no_recovery(lid)     # the ledger is still open: its last entry's LAC is unknown
+    assert stale.last_add_confirmed == 1
+    assert await log.publish(msg(3)) == 4             # the roll closes the ledger at entry 2
+    log._readers[lid] = stale                         # as if a scan had opened it while the close ran
+    assert [m.seq_id for m in await log.scan(1, 10, 1 << 20)] == [1, 2, 3, 4]
+    assert [m.seq_id for m in await log.scan(3, 10, 1 << 20)] == [3, 4]
+    assert log._readers[lid] is not stale and log._readers[lid].is_closed
+    await log.release()

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
+    MAX_SUBSCRIBER_BYTES,
+    MAX_TOPIC_BYTES,
     ClientConnection,
     ConnectionBroken,
     DeliveryReceived,
@@ -166,3 +168,71 @@ def test_message_from_proto_is_the_message_to_proto_came_from(body: bytes, props
     assert kept == msg and kept.wire == msg.wire
     with pytest.raises(dataclasses.FrozenInstanceError):
         back.body = b"changed"  # type: ignore[misc]
+
+
+def subscribe(topic: bytes = b"t", sub: bytes = b"s", txn: int = 1) -> pb.PubSubRequest:
+    req = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=txn, topic=topic)
+    req.subscribeRequest.topic = topic
+    req.subscribeRequest.subscriberId = sub
+    return req
+
+
+def reject_of(req: pb.PubSubRequest, conn: ServerConnection | None = None) -> pb.PubSubResponse:
+    (event,) = (conn or server()).receive_data(encode(req))
+    assert isinstance(event, Reject), event
+    assert event.response.txnId == req.txnId
+    return event.response
+
+
+@pytest.mark.parametrize(("req", "says"), [
+    (publish(topic=b"a\x00b"), "topic must not contain NUL"),
+    (subscribe(topic=b"a\x00b"), "topic must not contain NUL"),
+    (subscribe(sub=b"\x00"), "subscriber id must not contain NUL"),
+    (publish(topic=b"t" * (MAX_TOPIC_BYTES + 1)), f"topic of 256 bytes is over the limit of {MAX_TOPIC_BYTES} bytes"),
+    (publish(topic="é".encode() * 128), "topic of 256 bytes is over the limit of 255 bytes"),   # bytes, not chars
+    (subscribe(sub=b"s" * (MAX_SUBSCRIBER_BYTES + 1)), "subscriber id of 256 bytes is over the limit of 255"),
+    (subscribe(topic=b""), "topic must be non-empty UTF-8 of at most 255 bytes"),
+    (subscribe(sub=b"\xff"), "subscriber id must be UTF-8"),
+])
+def test_bad_names_are_malformed_naming_the_limit(req: pb.PubSubRequest, says: str) -> None:
+    resp = reject_of(req)
+    assert resp.statusCode == pb.MALFORMED_REQUEST      # old code: NUL and over-long names were dispatched
+    assert says in resp.statusMsg
+    assert len(resp.statusMsg) < 100 and len(resp.topic) <= MAX_TOPIC_BYTES   # the name is not echoed
+
+
+def test_a_huge_topic_is_answered_not_a_broken_connection() -> None:
+    conn = ServerConnection(max_frame_size=4 << 20, max_message_size=1258291)
+    huge = b"t" * 1_300_000
+    resp = reject_of(publish(topic=huge), conn)
+    assert resp.statusCode == pb.MALFORMED_REQUEST and "1300000 bytes" in resp.statusMsg
+    assert resp.topic == b"" and len(resp.SerializeToString()) < 200
+    assert [type(e) for e in conn.receive_data(encode(publish(txn=2)))] == [RequestReceived]   # still serving
+
+
+def test_names_at_the_limits_fit_a_subscription_key() -> None:
+    from hub.metadata import SEPARATOR
+    from metastore.backends.lmdb import MAX_KEY_BYTES
+
+    topic, sub = "é".encode() * 127 + b"t", b"s" * MAX_SUBSCRIBER_BYTES
+    assert len(topic) == MAX_TOPIC_BYTES
+    (event,) = server().receive_data(encode(subscribe(topic, sub)))
+    assert isinstance(event, RequestReceived) and (event.topic, event.subscriber) == (topic, sub)
+    assert len(topic) + len(SEPARATOR) + len(sub) <= MAX_KEY_BYTES   # the smallest backend's key limit
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_accepted_names_are_exactly_the_valid_ones(topic: bytes, sub: bytes) -> None:
+    def valid(name: bytes, limit: int) -> bool:
+        try:
+            name.decode("utf-8")
+        except UnicodeDecodeError:
+            return False
+        return 0 < len(name) <= limit and b"\x00" not in name
+
+    (event,) = server().receive_data(encode(subscribe(topic, sub)))
+    ok = valid(topic, MAX_TOPIC_BYTES) and valid(sub, MAX_SUBSCRIBER_BYTES)
+    assert isinstance(event, RequestReceived) == ok
+    if not ok:
+        assert isinstance(event, Reject) and event.response.statusCode == pb.MALFORMED_REQUEST

@@ -84,6 +84,33 @@ async def test_consume_moves_the_pointer_and_readtopic_starts_after_it(cluster: 
     assert "Subscriber psub : consumeSeqId: local:3" in second
 
 
+async def test_consume_and_consumeto_keep_the_stored_preferences(cluster: LocalCluster) -> None:
+    from hub.client import HedwigClient
+    from hub.message import SubscriptionPreferences
+    from hub.metadata import SubscriptionDataManager
+    from metastore import open_metastore
+
+    options = {"filter.header": b"type", "filter.value": b"History"}
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(b"kptopic", b"kpsub", message_bound=7, message_window_size=3, options=options,
+                          message_filter="hub.filters.HeaderMatchFilter")
+        await c.close_subscription(b"kptopic", b"kpsub")
+        for i in range(5):
+            await c.publish(b"kptopic", b"m%d" % i, properties={"type": b"History"})
+    res = await _run(cluster, "consume kptopic kpsub 2", "consumeto kptopic kpsub 4")
+    assert res.returncode == 0, res.stdout + res.stderr
+    ms = await open_metastore(cluster.metastore_uri)
+    try:
+        found = await SubscriptionDataManager(ms).read_subscription_data(b"kptopic", b"kpsub")
+    finally:
+        await ms.close()
+    assert found is not None
+    data = found[0]
+    assert data.state.msgId.localComponent == 4
+    assert SubscriptionPreferences.from_proto(data.preferences) == SubscriptionPreferences(   # old code: wiped
+        options=options, message_bound=7, message_filter="hub.filters.HeaderMatchFilter", message_window_size=3)
+
+
 async def test_pubsub_and_sub_prints_deliveries(cluster: LocalCluster) -> None:
     res = await _run(cluster, "pubsub stopic tsub- 20 availability check", "sub dtopic dsub",
                      "pub dtopic delivered body", "set")

@@ -1,0 +1,264 @@
+"""hub.subscriptions' consume-pointer persists against a real (lmdb) metastore: one write in flight, never backwards."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hub import errors
+from hub.conf import load_hub_conf
+from hub.message import Message, MessageId
+from hub.metadata import SubscriptionDataManager
+from hub.proto import pubsub_pb2 as pb
+from hub.subscriptions import TopicSubscriptions
+from metastore import Version, open_metastore
+
+TIMEOUT = 5.0
+TOPIC, SUB = b"topic", b"sub"
+
+
+class GatedManager(SubscriptionDataManager):
+    """Counts the pointer writes in flight; holds them at ``gate`` while it is set; may fail them."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.gate: asyncio.Event | None = None
+        self.entered = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.written: list[int] = []
+        self.fail: Exception | None = None
+
+    async def update_subscription_data(self, topic: bytes, subscriber: bytes, data: pb.SubscriptionData,
+                                       version: Version) -> Version:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            self.entered.set()
+            if self.gate is not None:
+                await self.gate.wait()
+            if self.fail is not None:
+                raise self.fail
+            got = await super().update_subscription_data(topic, subscriber, data, version)
+            if data.HasField("state"):
+                self.written.append(data.state.msgId.localComponent)
+            return got
+        finally:
+            self.in_flight -= 1
+
+
+class ConfRecorder:
+    """A server filter that keeps the conf its ``initialize`` got."""
+
+    seen: list[dict[str, str]] = []
+
+    def initialize(self, conf: dict[str, str]) -> None:
+        ConfRecorder.seen.append(conf)
+
+    def set_subscription_preferences(self, topic: bytes, subscriber_id: bytes, preferences: Any) -> None: ...
+
+    def test_message(self, message: Any) -> bool:
+        return True
+
+    def uninitialize(self) -> None: ...
+
+
+class OnlySome:
+    """A server filter passing the seq ids in its ``pass`` option (comma separated)."""
+
+    def initialize(self, conf: dict[str, str]) -> None: ...
+
+    def set_subscription_preferences(self, topic: bytes, subscriber_id: bytes, preferences: Any) -> None:
+        self.passing = {int(x) for x in preferences.options["pass"].split(b",")}
+
+    def test_message(self, message: Any) -> bool:
+        return message.seq_id in self.passing
+
+    def uninitialize(self) -> None: ...
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.sent: list[int] = []
+
+    def send_delivery(self, topic: bytes, subscriber: bytes, message: Any) -> None:
+        self.sent.append(message.seq_id)
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
+
+    def attached(self, topic: bytes, subscriber: bytes, state: Any) -> None: ...
+
+
+@pytest.fixture
+async def subs(tmp_path: Path) -> AsyncIterator[tuple[TopicSubscriptions, GatedManager]]:
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    mgr = GatedManager(store)
+    await mgr.create_subscription_data(TOPIC, SUB, pb.SubscriptionData())
+    conf = load_hub_conf(None, {"consume_interval": 1, "server_filter_allowlist": f"{__name__}.ConfRecorder",
+                                "password": "secret", "region": "here"})
+    s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 1000)
+    await s.load()
+    try:
+        yield s, mgr
+    finally:
+        await store.close()
+
+
+async def stored(mgr: GatedManager) -> int:
+    got = await mgr.read_subscription_data(TOPIC, SUB)
+    assert got is not None
+    return got[0].state.msgId.localComponent
+
+
+async def test_persists_of_one_subscription_never_overlap_and_coalesce(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    mgr.gate = asyncio.Event()
+    assert s.consume(conn, SUB, 10)
+    first = asyncio.ensure_future(s.persist(SUB))
+    await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)          # pointer 10 is being written
+    later = []
+    for seq in (20, 30, 40):                                     # more consume intervals meanwhile
+        assert s.consume(conn, SUB, seq)
+        later.append(asyncio.ensure_future(s.persist(SUB)))
+    mgr.gate.set()
+    await asyncio.wait_for(asyncio.gather(first, *later), TIMEOUT)
+    assert mgr.most_in_flight == 1                               # old code: four CAS writes at once
+    assert mgr.written == [10, 40]                               # the newest, once
+    assert await stored(mgr) == 40
+    assert s.persist_soon(SUB) is None                           # nothing left to write
+
+
+async def test_a_detach_persists_even_when_the_background_write_was_cancelled(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    mgr.gate = asyncio.Event()
+    assert s.consume(conn, SUB, 10)
+    task = s.persist_soon(SUB)
+    assert task is not None
+    await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
+    task.cancel()                                                # what the server's stop does to its tasks
+    mgr.gate.set()
+    await asyncio.wait_for(s.detach(SUB), TIMEOUT)               # then it releases the topic: persists again
+    assert task.cancelled()
+    assert await stored(mgr) == 10
+
+
+async def test_a_conflicting_write_never_moves_the_pointer_backwards(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, mgr = subs
+    conn = Conn()
+    assert s.consume(conn, SUB, 10)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)
+    newer = pb.SubscriptionData()                                # someone else stored 50 (version moves on)
+    newer.state.msgId.localComponent = 50
+    _, version = await mgr.read_subscription_data(TOPIC, SUB) or (None, Version.ANY)
+    await SubscriptionDataManager.update_subscription_data(mgr, TOPIC, SUB, newer, version)
+    assert s.consume(conn, SUB, 40)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)              # BadVersionError, read again: 50 >= 40
+    assert await stored(mgr) == 50                               # old code: the retry wrote 40 over 50
+    assert s.consume(conn, SUB, 60)
+    await asyncio.wait_for(s.persist(SUB), TIMEOUT)
+    assert await stored(mgr) == 60
+
+
+async def test_a_failed_background_persist_is_logged_and_retried(
+        subs: tuple[TopicSubscriptions, GatedManager], caplog: pytest.LogCaptureFixture) -> None:
+    s, mgr = subs
+    conn = Conn()
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, ctx: unhandled.append(ctx))
+    try:
+        mgr.fail = errors.ServiceDownError("metastore down")
+        assert s.consume(conn, SUB, 10)
+        task = s.persist_soon(SUB)
+        assert task is not None
+        with caplog.at_level(logging.WARNING, logger="hub.subscriptions"):
+            await asyncio.wait_for(asyncio.wait([task]), TIMEOUT)
+        assert "could not persist consume pointer" in caplog.text
+        del task
+        gc.collect()
+        assert unhandled == []                                   # the exception was retrieved
+        mgr.fail = None
+        assert s.consume(conn, SUB, 20)
+        task = s.persist_soon(SUB)
+        assert task is not None
+        await asyncio.wait_for(task, TIMEOUT)
+        assert await stored(mgr) == 20
+    finally:
+        loop.set_exception_handler(None)
+
+
+async def test_a_server_filter_is_initialized_with_the_hubs_conf(
+        subs: tuple[TopicSubscriptions, GatedManager]) -> None:
+    s, _ = subs
+    ConfRecorder.seen = []
+    req = pb.SubscribeRequest(subscriberId=b"filtered", createOrAttach=pb.SubscribeRequest.CREATE)
+    req.preferences.messageFilter = f"{__name__}.ConfRecorder"
+    await s.subscribe(Conn(), b"filtered", req)
+    [conf] = ConfRecorder.seen                                   # old code: {}
+    assert conf["consume_interval"] == "1" and conf["region"] == "here"
+    assert conf["server_filter_allowlist"] == f"{__name__}.ConfRecorder"
+    assert conf["readahead_enabled"] == "true" and conf["max_message_size"] == "1258291"
+    assert "password" not in conf                                # the certificate's password stays in the hub
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in conf.items())
+
+
+class Cache:
+    """Messages 1..n, all cached (what Delivery reads through)."""
+
+    def __init__(self, n: int) -> None:
+        self.msgs = {s: Message(body=b"m", msg_id=MessageId(s)) for s in range(1, n + 1)}
+
+    def cached(self, topic: bytes, seq: int) -> Message | None:
+        return self.msgs.get(seq)
+
+    async def scan_single(self, topic: bytes, seq: int) -> Message:
+        return self.msgs[seq]
+
+
+async def test_messages_a_filter_skips_advance_the_consume_pointer(tmp_path: Path) -> None:
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    moved = asyncio.Event()
+    try:
+        mgr = SubscriptionDataManager(store)
+        conf = load_hub_conf(None, {"consume_interval": 1, "server_filter_allowlist": f"{__name__}.OnlySome"})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 10, on_consumed=lambda topic: moved.set())
+        conn = Conn()
+        req = pb.SubscribeRequest(subscriberId=SUB, createOrAttach=pb.SubscribeRequest.CREATE)
+        req.preferences.messageFilter = f"{__name__}.OnlySome"
+        req.preferences.options.entries.add(key="pass", value=b"3,6")
+        s.last_seq = lambda: 0                                   # a new subscription starts after seq id 0
+        await s.subscribe(conn, SUB, req)
+        s.last_seq = lambda: 10
+        state = s.subs[SUB]
+
+        async def pointer_at(seq: int) -> None:
+            async with asyncio.timeout(TIMEOUT):
+                while state.consumed != seq:
+                    moved.clear()
+                    await moved.wait()
+
+        s.start_delivery(conn, SUB, Cache(10))
+        await pointer_at(2)                                      # 1 and 2 skipped, 3 delivered: old code stayed at 0
+        assert conn.sent == [3, 6]
+        s.consume(conn, SUB, 3)                                  # 4 and 5 skipped, 6 delivered and unconsumed
+        await pointer_at(5)
+        s.consume(conn, SUB, 6)                                  # 7..10 skipped: everything is consumed
+        await pointer_at(10)
+        await s.close(conn, SUB)
+        assert await stored(mgr) == 10                           # persisted (old code: 6)
+        assert s.min_consumed() == 10
+    finally:
+        await store.close()
