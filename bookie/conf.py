@@ -60,7 +60,8 @@ class BookieConf:
         8 * _MiB, "Bytes of responses queued on one connection (read by the client too slowly) before the "
                    "bookie stops reading its requests.", min=65536)
     max_long_poll_reads_per_connection: int = setting(
-        1000, "Long-poll READ_LACs one connection may park at once; more are refused with TOO_MANY_REQUESTS.",
+        1000, "Long-poll READ_LACs one connection may park at once (at most half of max_pending_requests); "
+              "more are refused with TOO_MANY_REQUESTS.",
         min=1)
     max_long_poll_reads_per_ledger: int = setting(
         16, "Long-poll READ_LACs one connection may park on one ledger at once.", min=1)

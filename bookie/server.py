@@ -241,8 +241,11 @@ class BookieServer:
         self.stats = BookieStats(read_only=lambda: self.read_only, connections=lambda: len(self.connections),
                                  disk_usage=lambda: self.last_disk_usage)
         self.budget = proto.FrameBudget(conf.max_partial_frame_bytes)
+        # parked reads count as in flight: at most half of max_pending_requests, so they alone never
+        # stop a connection from being read (the in-flight hold lifts at half)
         self.long_polls: proto.LongPolls[BookieServerProtocol] = proto.LongPolls(
-            conf.max_long_poll_reads_per_connection, conf.max_long_poll_reads_per_ledger)
+            max(1, min(conf.max_long_poll_reads_per_connection, conf.max_pending_requests // 2)),
+            conf.max_long_poll_reads_per_ledger)
         self._lac_risen: dict[int, None] = {}  # ledgers with parked reads whose LAC rose this loop turn
         self.last_disk_usage: DiskUsage | None = None
         self.stats_url: str | None = None
