@@ -214,7 +214,10 @@ class LedgerReader:
                         return best
             finally:
                 for t in polls:
-                    t.cancel()
+                    if not t.done():
+                        t.cancel()  # its bookie answers at its own timeout; the late answer is ignored
+                    elif not t.cancelled():
+                        t.exception()  # retrieved: a failure after the winner is not logged as lost
             left = deadline - loop.time()
             if left <= 0:
                 return best

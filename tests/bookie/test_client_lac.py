@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 
 import pytest
@@ -16,10 +17,11 @@ import pytest_asyncio
 
 from bookie import protocol
 from bookie.client import BookKeeper
-from tests.bookie.clusterutil import FAST_CLIENT
+from tests.bookie.clusterutil import FAST_CLIENT, wait_for
 from tools.cluster import LocalCluster
 
 INTERVAL_MS = 100
+PER_LEDGER = 2  # long polls one connection may park per ledger on each bookie
 WAIT = 10.0
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
@@ -28,7 +30,8 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     async with LocalCluster(bookies=3, hubs=0, data_dir=tmp_path_factory.mktemp("lac"),
-                            conf_overrides={"session_timeout": "1000", "gc_wait_time": "600000"}) as c:
+                            conf_overrides={"session_timeout": "1000", "gc_wait_time": "600000",
+                                            "max_long_poll_reads_per_ledger": str(PER_LEDGER)}) as c:
         yield c
 
 
@@ -130,4 +133,39 @@ async def test_waiting_past_anything_written_returns_the_known_lac_at_the_timeou
     lac = await rh.wait_last_add_confirmed(after=5, timeout=0.5)
     assert time.monotonic() - started >= 0.49
     assert lac == 1 and rh.last_add_confirmed == 1   # the explicit LAC came; nothing passes 5
+    await lh.close()
+
+
+async def _refusals(cluster: LocalCluster) -> int:
+    """TOO_MANY_REQUESTS answers to READ_LAC so far, over every bookie (their /metrics)."""
+    def fetch() -> int:
+        total = 0
+        for url in cluster.stats_urls:
+            with urllib.request.urlopen(url, timeout=WAIT) as resp:
+                text = resp.read().decode()
+            total += sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                         if line.startswith('bookie_requests_total{op="READ_LAC",status="TOO_MANY_REQUESTS"}'))
+        return total
+    return await asyncio.to_thread(fetch)
+
+
+async def test_waits_over_the_bookies_limit_retry_and_still_return_on_the_next_add(
+        piggyback_only: BookKeeper, cluster: LocalCluster) -> None:
+    assert len(cluster.stats_urls) == 3
+    lh = await piggyback_only.create_ledger(3, 2, 2)
+    for data in (b"a", b"b"):
+        await lh.add_entry(data)
+    readers = [await piggyback_only.open_ledger_no_recovery(lh.ledger_id) for _ in range(PER_LEDGER + 1)]
+    before = await _refusals(cluster)
+    # one client, one connection per bookie: one wait is refused (TOO_MANY_REQUESTS) by every bookie
+    # and retries after a back-off; none raises
+    waits = [asyncio.create_task(rh.wait_last_add_confirmed(after=0, timeout=60)) for rh in readers]
+
+    async def every_bookie_refused_one() -> bool:
+        return await _refusals(cluster) - before >= 3
+
+    await wait_for(every_bookie_refused_one, timeout=WAIT)
+    assert not any(w.done() for w in waits)
+    await lh.add_entry(b"c")
+    assert await asyncio.wait_for(asyncio.gather(*waits), WAIT) == [1] * (PER_LEDGER + 1)
     await lh.close()
