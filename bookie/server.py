@@ -115,11 +115,11 @@ class BookieServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
-        self._server.drop_long_polls(self)
         self._server.budget.release(self.key)
         self.state.decoder.clear()
         self.outbox.detach()
         self.transport = None
+        self._server.drop_long_polls(self)  # after: nothing is resumed or written for them
 
     def pause_writing(self) -> None:
         self.state.writing_paused()
@@ -527,7 +527,7 @@ class BookieServer:
         conn.started()
 
     def _on_lac(self, ledger_id: int, lac: int) -> None:
-        """The storage's ``on_lac``: answer the reads parked on ``ledger_id`` at the end of this loop turn."""
+        """The storage's ``on_lac``: answer the reads parked on ``ledger_id`` on the next loop turn (once per turn)."""
         if not self.long_polls.watched(ledger_id):
             return
         risen = self._lac_risen
