@@ -136,17 +136,38 @@ async def test_waiting_past_anything_written_returns_the_known_lac_at_the_timeou
     await lh.close()
 
 
-async def _refusals(cluster: LocalCluster) -> int:
-    """TOO_MANY_REQUESTS answers to READ_LAC so far, over every bookie (their /metrics)."""
+async def _answered(cluster: LocalCluster, op: str, status: str) -> int:
+    """Requests of ``op`` answered with ``status`` so far, over every bookie (their /metrics)."""
+    sample = f'bookie_requests_total{{op="{op}",status="{status}"}}'
+
     def fetch() -> int:
         total = 0
         for url in cluster.stats_urls:
             with urllib.request.urlopen(url, timeout=WAIT) as resp:
                 text = resp.read().decode()
             total += sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-                         if line.startswith('bookie_requests_total{op="READ_LAC",status="TOO_MANY_REQUESTS"}'))
+                         if line.startswith(sample))
         return total
     return await asyncio.to_thread(fetch)
+
+
+async def _refusals(cluster: LocalCluster) -> int:
+    return await _answered(cluster, "READ_LAC", "TOO_MANY_REQUESTS")
+
+
+async def test_an_idle_writer_sends_its_lac_once_to_the_write_set(tailing: BookKeeper,
+                                                                  cluster: LocalCluster) -> None:
+    before = await _answered(cluster, "WRITE_LAC", "OK")
+    lh = await tailing.create_ledger(3, 2, 2)
+    await lh.add_entries([b"a", b"b", b"c"])   # pipelined: each carries LAC -1
+    rh = await tailing.open_ledger_no_recovery(lh.ledger_id)
+    assert await rh.wait_last_add_confirmed(after=1, timeout=WAIT) == 2
+    # five more intervals of idleness (a long poll that must time out: nothing passes 2)
+    started = time.monotonic()
+    assert await rh.wait_last_add_confirmed(after=2, timeout=5 * INTERVAL_MS / 1000) == 2
+    assert time.monotonic() - started >= 0.49
+    assert await _answered(cluster, "WRITE_LAC", "OK") - before == 2   # W bookies, one WRITE_LAC each
+    await lh.close()
 
 
 async def test_waits_over_the_bookies_limit_retry_and_still_return_on_the_next_add(
