@@ -59,6 +59,9 @@ class ClientConf:
         protocol.DEFAULT_MAX_FRAME_SIZE - ADD_REQUEST_HEADROOM,
         "Largest entry body an add accepts, in bytes; larger adds fail with EntryTooLargeError "
         "(keep it under the bookies' max_frame_size less 1024).", min=1)
+    explicit_lac_interval: int = setting(
+        1000, "Milliseconds without an add after which a ledger writer sends its LAC to the bookies, so tailing "
+              "readers see its last entry (BookKeeper's explicitLacInterval); 0 disables.", min=0)
     failure_half_life_s: float = setting(
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)
 

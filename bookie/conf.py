@@ -59,6 +59,12 @@ class BookieConf:
     max_pending_response_bytes: int = setting(
         8 * _MiB, "Bytes of responses queued on one connection (read by the client too slowly) before the "
                    "bookie stops reading its requests.", min=65536)
+    max_long_poll_reads_per_connection: int = setting(
+        1000, "Long-poll READ_LACs one connection may park at once (at most half of max_pending_requests); "
+              "more are refused with TOO_MANY_REQUESTS.",
+        min=1)
+    max_long_poll_reads_per_ledger: int = setting(
+        16, "Long-poll READ_LACs one connection may park on one ledger at once.", min=1)
     max_partial_frame_bytes: int = setting(
         128 * _MiB, "Bytes all connections together may hold in incomplete frames; over it the newest "
                     "offending connection is closed.", min=1024)

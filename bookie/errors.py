@@ -121,6 +121,12 @@ class UnknownOpError(BKError):
     code = "ProtocolVersionException"
 
 
+class TooManyRequestsError(BKError):
+    """The bookie refused a long-poll READ_LAC: the connection already parks as many as it may."""
+
+    code = "TooManyRequestsException"
+
+
 class BookieServerError(BKError):
     """The bookie answered with an internal error (storage failure, shutting down)."""
 
@@ -196,6 +202,7 @@ __all__ = [
     "ProtocolError",
     "TimeoutError",
     "TooLargeError",
+    "TooManyRequestsError",
     "UnauthorizedError",
     "UnknownOpError",
 ]

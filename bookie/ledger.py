@@ -7,6 +7,10 @@
     async for e in lh.read(0, lh.last_add_confirmed): e.entry_id, e.data
     await lh.close()
 
+    rh = await bk.open_ledger_no_recovery(ledger_id)   # a reader's handle tailing an open ledger
+    lac = await rh.read_last_add_confirmed()           # the larger of piggybacked and explicit LAC
+    lac = await rh.wait_last_add_confirmed(after=lac, timeout=10.0)   # long poll: returns once it passes lac
+
 The handle joins a ``LedgerWriter`` (``bookie.writer``: adds, ensemble
 change, close) and a ``LedgerReader`` (``bookie.reader``: replica reads,
 LAC reads) over the same metadata. A reader's handle (``open_ledger*``) has
@@ -120,7 +124,12 @@ class LedgerHandle:
 
     # --- reading ----------------------------------------------------------------------------------
     async def read_last_add_confirmed(self) -> int:
-        """Ask the last ensemble's bookies for their LAC; update and return ``last_add_confirmed``."""
+        """Ask the last ensemble's bookies for their LAC; update and return ``last_add_confirmed``.
+
+        Each bookie serves the larger of the LAC piggybacked on the adds it
+        stored and the one the writer sent explicitly; the highest wins.
+        ``BookieUnavailableError`` when no bookie answers.
+        """
         md = self.metadata
         if md.is_closed:
             if self._writer is None:
@@ -130,6 +139,41 @@ class LedgerHandle:
         if self._writer is None:
             self._lac = max(self._lac, lac)
         return self.last_add_confirmed
+
+    async def wait_last_add_confirmed(self, after: int, timeout: float) -> int:
+        """Wait until the LAC passes ``after``; return it, or the LAC known when ``timeout`` seconds end.
+
+        Returns at once when ``last_add_confirmed`` is already above
+        ``after`` or the ledger is closed (its last entry). Otherwise
+        long-polls the last ensemble's bookies (long-poll READ_LAC): the first
+        answer above ``after`` wins, so a new add, or the writer's explicit
+        LAC after ``explicit_lac_interval`` ms without one, ends the wait.
+        Never raises for a timeout or unreachable bookies: the result is then
+        the highest LAC known (``last_add_confirmed`` is updated with it).
+        """
+        known = self.last_add_confirmed
+        md = self.metadata
+        if md.is_closed:
+            return self._learn_lac(md.last_entry_id)
+        if known > after:
+            return known
+        return self._learn_lac(await self._reader.wait_lac(after, timeout))
+
+    def _learn_lac(self, lac: int) -> int:
+        if self._writer is None:
+            self._lac = max(self._lac, lac)
+            return self._lac
+        return max(lac, self._writer.last_add_confirmed)
+
+    @property
+    def last_entry_seen(self) -> int:
+        """The highest entry id a bookie reported storing in this handle's LAC reads (-1: none).
+
+        Entries after ``last_add_confirmed`` up to it were written but are not
+        known to be confirmed (yet): a tailing reader may wait for them with
+        ``wait_last_add_confirmed(after=last_entry_seen - 1, ...)``.
+        """
+        return self._reader.last_entry_seen
 
     async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
         """Yield entries ``first..last`` in order (reads pipelined, each from the best replica).

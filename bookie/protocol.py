@@ -16,6 +16,10 @@ this module; everything here is testable with byte strings alone::
     transport.pause_reading() if not conn.reading else transport.resume_reading()
     status_of(exc); add_header(request); add_response(txn_id, ledger_id, entry_id, exc)
 
+    polls = LongPolls(max_per_connection, max_per_ledger)   # parked long-poll READ_LACs (server side)
+    parked = polls.park(conn, request, now)     # None: over a limit, answer TOO_MANY_REQUESTS
+    polls.lac_rose(ledger_id, lac); polls.expire(parked); polls.drop(conn); polls.take_all()
+
     pending = PendingRequests()                 # client side
     req = add_request(pending.next_txn_id(), ledger_id, entry_id, key, payload)
     pending.add(req, future)
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
 from google.protobuf.message import Message as ProtoMessage
@@ -51,7 +55,8 @@ ADD_ENTRY = pb.ADD_ENTRY
 READ_ENTRY = pb.READ_ENTRY
 READ_LAC = pb.READ_LAC
 GET_BOOKIE_INFO = pb.GET_BOOKIE_INFO
-OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO})
+WRITE_LAC = pb.WRITE_LAC
+OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC})
 
 OK = pb.OK
 NO_ENTRY = pb.NO_ENTRY
@@ -63,6 +68,7 @@ READ_ONLY = pb.READ_ONLY
 TOO_LARGE = pb.TOO_LARGE
 UNKNOWN_OP = pb.UNKNOWN_OP
 ERROR = pb.ERROR
+TOO_MANY_REQUESTS = pb.TOO_MANY_REQUESTS
 
 LAST_ENTRY = -1
 """``entry_id`` of a READ_ENTRY that asks for the last entry the bookie stores."""
@@ -85,6 +91,7 @@ STATUS_ERRORS: dict[pb.StatusCode, type[errors.BKError]] = {
     TOO_LARGE: errors.TooLargeError,
     UNKNOWN_OP: errors.UnknownOpError,
     ERROR: errors.BookieServerError,
+    TOO_MANY_REQUESTS: errors.TooManyRequestsError,
 }
 """The ``BKError`` subclass a client raises for each non-OK status."""
 
@@ -215,8 +222,26 @@ def read_request(txn_id: int, ledger_id: int, entry_id: int, *, fence: bool = Fa
                    fence=fence, master_key=master_key)
 
 
-def read_lac_request(txn_id: int, ledger_id: int) -> Request:
-    return Request(txn_id=txn_id, op=READ_LAC, ledger_id=ledger_id)
+def read_lac_request(txn_id: int, ledger_id: int, *, previous_lac: int = -1, timeout_ms: int = 0) -> Request:
+    """READ_LAC; with ``timeout_ms > 0`` a long poll: answered once the LAC exceeds ``previous_lac``.
+
+    ``ValueError`` for a ``timeout_ms`` outside 0 .. ``MAX_LONG_POLL_TIMEOUT_MS``.
+    """
+    if not 0 <= timeout_ms <= MAX_LONG_POLL_TIMEOUT_MS:
+        raise ValueError(f"timeout_ms must be 0..{MAX_LONG_POLL_TIMEOUT_MS}, not {timeout_ms}")
+    if not timeout_ms:
+        return Request(txn_id=txn_id, op=READ_LAC, ledger_id=ledger_id)
+    return Request(txn_id=txn_id, op=READ_LAC, ledger_id=ledger_id, previous_lac=previous_lac,
+                   timeout_ms=timeout_ms)
+
+
+def write_lac_request(txn_id: int, ledger_id: int, master_key: bytes, lac: int) -> Request:
+    """WRITE_LAC: the writer tells a bookie its last-add-confirmed (explicit LAC)."""
+    return Request(txn_id=txn_id, op=WRITE_LAC, ledger_id=ledger_id, master_key=master_key, lac=lac)
+
+
+MAX_LONG_POLL_TIMEOUT_MS = 0xFFFFFFFF
+"""The largest ``timeout_ms`` a long-poll READ_LAC can carry (a ``uint32``: about 49 days)."""
 
 
 def bookie_info_request(txn_id: int) -> Request:
@@ -293,6 +318,19 @@ def add_header(request: Request) -> tuple[int, int, int]:
     if ledger_id != request.ledger_id or entry_id != request.entry_id:
         raise errors.BadRequestError(f"payload is of entry {ledger_id}:{entry_id}")
     return ledger_id, entry_id, lac
+
+
+def is_long_poll(request: Request) -> bool:
+    """A READ_LAC that waits (``timeout_ms > 0``) rather than answering at once."""
+    return request.timeout_ms > 0
+
+
+def lac_response(request: Request, lac: int, last_entry: int) -> Response:
+    """The OK answer to a READ_LAC (plain or long poll): the ledger's LAC and last entry stored."""
+    resp = response_to(request)
+    resp.lac = lac
+    resp.entry_id = last_entry
+    return resp
 
 
 def add_response(txn_id: int, ledger_id: int, entry_id: int, exc: BaseException | None = None) -> Response:
@@ -464,6 +502,147 @@ class ServerConnection:
     def close_now(self) -> bool:
         """A broken connection has answered every request read before the bad frame."""
         return self.broken and self.in_flight == 0
+
+
+K = TypeVar("K")
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class ParkedRead(Generic[K]):
+    """A long-poll READ_LAC waiting at the bookie: its connection, request and deadline (loop time).
+
+    ``timer`` is the shell's to use (the handle of the call that answers it at
+    the deadline).
+    """
+
+    __slots__ = ("conn", "deadline", "request", "timer")
+
+    def __init__(self, conn: K, request: Request, deadline: float) -> None:
+        self.conn = conn
+        self.request = request
+        self.deadline = deadline
+        self.timer: Cancellable | None = None
+
+    @property
+    def ledger_id(self) -> int:
+        return self.request.ledger_id
+
+    def __repr__(self) -> str:
+        return (f"<ParkedRead ledger={self.request.ledger_id} after={self.request.previous_lac} "
+                f"deadline={self.deadline:.3f}>")
+
+
+DEFAULT_MAX_LONG_POLLS_PER_CONNECTION = 1000
+DEFAULT_MAX_LONG_POLLS_PER_LEDGER = 16
+
+
+class LongPolls(Generic[K]):
+    """The bookie's parked long-poll READ_LACs, without I/O; ``K`` is whatever names a connection.
+
+    ``park(conn, request, now)`` parks a request (its deadline is ``now`` plus
+    its ``timeout_ms``) and returns the ``ParkedRead``, or ``None`` when the
+    connection already parks ``max_per_connection`` requests, or
+    ``max_per_ledger`` for that ledger (the shell answers TOO_MANY_REQUESTS).
+    ``lac_rose(ledger_id, lac)`` removes and returns the reads of that ledger
+    that waited for a LAC below ``lac`` (answer them); ``expire(parked)`` removes
+    one at its deadline (True: it was still parked, answer it); ``drop(conn)``
+    forgets a lost connection's reads; ``take_all()`` empties the set
+    (shutdown). Each request parked counts as in flight on its connection
+    until one of those returns it (the shell's ``request_started`` and
+    ``request_finished``).
+    """
+
+    __slots__ = ("_by_conn", "_by_ledger", "_per_conn_ledger", "max_per_connection", "max_per_ledger")
+
+    def __init__(self, max_per_connection: int = DEFAULT_MAX_LONG_POLLS_PER_CONNECTION,
+                 max_per_ledger: int = DEFAULT_MAX_LONG_POLLS_PER_LEDGER) -> None:
+        if max_per_connection <= 0 or max_per_ledger <= 0:
+            raise ValueError("long-poll limits must be positive")
+        self.max_per_connection = max_per_connection
+        self.max_per_ledger = max_per_ledger
+        self._by_ledger: dict[int, dict[ParkedRead[K], None]] = {}
+        self._by_conn: dict[K, dict[ParkedRead[K], None]] = {}
+        self._per_conn_ledger: dict[tuple[K, int], int] = {}
+
+    def __len__(self) -> int:
+        return sum(len(reads) for reads in self._by_conn.values())
+
+    def watched(self, ledger_id: int) -> bool:
+        """Whether a read waits on ``ledger_id`` (the shell's cheap test on every LAC rise)."""
+        return ledger_id in self._by_ledger
+
+    def parked_by(self, conn: K) -> int:
+        return len(self._by_conn.get(conn, ()))
+
+    def park(self, conn: K, request: Request, now: float) -> ParkedRead[K] | None:
+        """Park ``request``; ``None`` when ``conn`` is at a limit (nothing parked)."""
+        ledger_id = request.ledger_id
+        mine = self._by_conn.get(conn)
+        if mine is not None and len(mine) >= self.max_per_connection:
+            return None
+        key = (conn, ledger_id)
+        if self._per_conn_ledger.get(key, 0) >= self.max_per_ledger:
+            return None
+        parked = ParkedRead(conn, request, now + request.timeout_ms / 1000.0)
+        if mine is None:
+            mine = self._by_conn[conn] = {}
+        mine[parked] = None
+        self._by_ledger.setdefault(ledger_id, {})[parked] = None
+        self._per_conn_ledger[key] = self._per_conn_ledger.get(key, 0) + 1
+        return parked
+
+    def lac_rose(self, ledger_id: int, lac: int) -> list[ParkedRead[K]]:
+        """Remove and return the reads of ``ledger_id`` waiting for a LAC above theirs, now below ``lac``."""
+        waiting = self._by_ledger.get(ledger_id)
+        if not waiting:
+            return []
+        due = [p for p in waiting if p.request.previous_lac < lac]
+        for p in due:
+            self._forget(p)
+        return due
+
+    def expire(self, parked: ParkedRead[K]) -> bool:
+        """Remove ``parked`` (its deadline passed); False when it was answered or dropped already."""
+        waiting = self._by_ledger.get(parked.ledger_id)
+        if waiting is None or parked not in waiting:
+            return False
+        self._forget(parked)
+        return True
+
+    def drop(self, conn: K) -> list[ParkedRead[K]]:
+        """Forget every read of ``conn`` (the connection is gone) and return them."""
+        reads = list(self._by_conn.get(conn, ()))
+        for p in reads:
+            self._forget(p)
+        return reads
+
+    def take_all(self) -> list[ParkedRead[K]]:
+        """Remove and return every parked read (the bookie is stopping: answer them)."""
+        reads = [p for waiting in self._by_ledger.values() for p in waiting]
+        self._by_ledger.clear()
+        self._by_conn.clear()
+        self._per_conn_ledger.clear()
+        return reads
+
+    def _forget(self, p: ParkedRead[K]) -> None:
+        ledger_id = p.ledger_id
+        waiting = self._by_ledger[ledger_id]
+        del waiting[p]
+        if not waiting:
+            del self._by_ledger[ledger_id]
+        mine = self._by_conn[p.conn]
+        del mine[p]
+        if not mine:
+            del self._by_conn[p.conn]
+        key = (p.conn, ledger_id)
+        left = self._per_conn_ledger[key] - 1
+        if left:
+            self._per_conn_ledger[key] = left
+        else:
+            del self._per_conn_ledger[key]
 
 
 class FrameBudget:

@@ -5,6 +5,7 @@
     async for e in reader.read_range(0, 99): ...       # pipelined, ``read_window`` at a time
     payload = await reader.read_from(addr, 7)          # one replica, digest verified
     lac = await reader.read_lac()                      # highest LAC the last ensemble knows of
+    lac = await reader.wait_lac(after=lac, timeout=10)  # long poll: the first LAC above ``after``
     lac = await reader.fence(master_key)               # fencing read of every bookie of the last ensemble
 
 An entry is asked of its write set in the placement policy's read order
@@ -12,6 +13,14 @@ An entry is asked of its write set in the placement policy's read order
 history); after ``speculative_read_timeout_ms`` without an answer the next
 replica is asked too, and the first verified payload wins. Every payload is
 checked against its digest; a bad one counts as a failure of that bookie.
+
+LAC reads ask every bookie of the last ensemble; each answers the larger of
+the LAC piggybacked on the adds it stored and the one the writer sent
+explicitly (WRITE_LAC), and the highest entry it stores (``last_entry_seen``
+keeps the highest seen). ``wait_lac`` long-polls the same bookies (READ_LAC
+with ``previous_lac``/``timeout_ms``): the first answer above ``after``
+wins; when every bookie answered without one before the time is up (refused,
+unreachable), it asks again after a short back-off.
 
 Failure: when no replica serves the entry the most telling error is raised:
 ``UnauthorizedError``, then ``DigestMismatchError`` (every replica bad),
@@ -69,6 +78,8 @@ class LedgerReader:
         self._password = bytes(password)
         self._metadata_of = metadata_of
         self._digest = digests.digest_type_of(metadata_of().digest)
+        self.last_entry_seen = -1
+        """The highest entry id a bookie said it stores, in any LAC read so far (-1: none)."""
 
     def decode(self, payload: bytes, entry_id: int | None = None) -> digests.Entry:
         """Verify and split a payload of this ledger (``DigestMismatchError``)."""
@@ -150,7 +161,7 @@ class LedgerReader:
         return bytes(resp.body)
 
     async def read_lac(self) -> int:
-        """The highest LAC the bookies of the last ensemble know of (-1 for none).
+        """The highest LAC the bookies of the last ensemble know of, piggybacked or explicit (-1 for none).
 
         ``BookieUnavailableError`` when none of them answers.
         """
@@ -161,14 +172,58 @@ class LedgerReader:
             raise BookieUnavailableError(f"no bookie answered READ_LAC for ledger {self.ledger_id}")
         return max(lacs)
 
-    async def _read_lac(self, addr: str) -> int:
+    async def _read_lac(self, addr: str, after: int = -1, timeout: float = 0.0) -> int:
+        """One bookie's LAC (-1 when it has no record); with ``timeout`` a long poll for one above ``after``."""
         conn = await self._ctx.pool.get(addr)
-        resp = await conn.request(protocol.read_lac_request(conn.next_txn_id(), self.ledger_id),
-                                  self._ctx.conf.read_entry_timeout)
+        wait_ms = min(max(1, round(timeout * 1000)), protocol.MAX_LONG_POLL_TIMEOUT_MS) if timeout > 0 else 0
+        req = protocol.read_lac_request(conn.next_txn_id(), self.ledger_id, previous_lac=after, timeout_ms=wait_ms)
+        resp = await conn.request(req, self._ctx.conf.read_entry_timeout + wait_ms / 1000.0)
         if resp.status in (protocol.NO_LEDGER, protocol.NO_ENTRY):
             return -1
         protocol.raise_for_status(resp)
+        if resp.entry_id > self.last_entry_seen:
+            self.last_entry_seen = int(resp.entry_id)
         return int(resp.lac)
+
+    async def wait_lac(self, after: int, timeout: float) -> int:
+        """The first LAC above ``after`` a bookie of the last ensemble reports, or the best seen by ``timeout``.
+
+        Long-polls every bookie of the last ensemble; returns as soon as one
+        answers a LAC above ``after``. When the time is up, returns the
+        highest LAC any bookie answered (-1 when none answered at all). Never
+        raises for refusing or unreachable bookies: while time is left they
+        are asked again after a short back-off.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, timeout)
+        best = -1
+        backoff = _RETRY_BACKOFF
+        while True:
+            left = deadline - loop.time()
+            ensemble = self._metadata_of().current_ensemble
+            polls = [loop.create_task(self._read_lac(a, after, left)) for a in ensemble] if left > 0 else []
+            try:
+                for next_done in asyncio.as_completed(polls):
+                    try:
+                        lac = await next_done
+                    except (BKError, TimeoutError) as exc:
+                        log.debug("ledger %d: long-poll READ_LAC failed: %s", self.ledger_id, exc)
+                        continue
+                    best = max(best, lac)
+                    if lac > after:
+                        return best
+            finally:
+                for t in polls:
+                    if not t.done():
+                        t.cancel()  # its bookie answers at its own timeout; the late answer is ignored
+                    elif not t.cancelled():
+                        t.exception()  # retrieved: a failure after the winner is not logged as lost
+            left = deadline - loop.time()
+            if left <= 0:
+                return best
+            # every bookie answered without progress early (refused or unreachable): ask again shortly
+            await asyncio.sleep(min(backoff, left))
+            backoff = min(backoff * 2, _MAX_RETRY_BACKOFF)
 
     async def fence(self, master_key: bytes) -> list[int | BaseException]:
         """Fence the ledger on every bookie of the last ensemble, by a fencing read of its last entry.
@@ -194,6 +249,10 @@ class LedgerReader:
             log.warning("fencing ledger %d: bad last entry on %s: %s", self.ledger_id, addr, exc)
             return -1
         return max(entry.lac, -1)
+
+
+_RETRY_BACKOFF = 0.05
+_MAX_RETRY_BACKOFF = 1.0
 
 
 def best_error(errs: list[BaseException], ledger_id: int, entry_id: int) -> BKError:

@@ -21,6 +21,15 @@ read while its transport's write buffer is over the high-water mark, while
 connections together hold at most ``max_partial_frame_bytes`` of
 incomplete frames (over it, the newest offender is closed, with a log line).
 
+Long-poll READ_LACs (``timeout_ms > 0``) that cannot be answered at once are
+parked (``protocol.LongPolls``) until the ledger's LAC rises past their
+``previous_lac`` (the storage's ``on_lac`` hook, from adds and WRITE_LACs)
+or their timeout ends; each counts as a request in flight on its
+connection. A connection parks at most ``max_long_poll_reads_per_connection``
+(``max_long_poll_reads_per_ledger`` per ledger); more get TOO_MANY_REQUESTS.
+A lost connection's parked reads are dropped; ``stop`` answers the rest with
+the LAC the bookie has.
+
 Background duties, each a task of its own: the disk check
 (``bookie.disk``; adds get ``READ_ONLY`` on a read-only bookie, reads go on;
 the registration follows), the registration watchdog (re-registers if the
@@ -119,6 +128,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self.state.decoder.clear()
         self.outbox.detach()
         self.transport = None
+        self._server.drop_long_polls(self)  # after: nothing is resumed or written for them
 
     def pause_writing(self) -> None:
         self.state.writing_paused()
@@ -241,6 +251,12 @@ class BookieServer:
                                  disk_usage=lambda: self.last_disk_usage,
                                  write_cache_bytes=lambda: self._storage.cache_bytes if self._storage else 0)
         self.budget = proto.FrameBudget(conf.max_partial_frame_bytes)
+        # parked reads count as in flight: at most half of max_pending_requests, so they alone never
+        # stop a connection from being read (the in-flight hold lifts at half)
+        self.long_polls: proto.LongPolls[BookieServerProtocol] = proto.LongPolls(
+            max(1, min(conf.max_long_poll_reads_per_connection, conf.max_pending_requests // 2)),
+            conf.max_long_poll_reads_per_ledger)
+        self._lac_risen: dict[int, None] = {}  # ledgers with parked reads whose LAC rose this loop turn
         self.last_disk_usage: DiskUsage | None = None
         self.stats_url: str | None = None
         self._ms = metastore
@@ -310,6 +326,7 @@ class BookieServer:
             storage.on_commit = self._on_commit
             storage.on_checkpoint = self.stats.on_checkpoint
             storage.on_commit_error = self._on_commit_error
+            storage.on_lac = self._on_lac
             self._disk.map_usage = storage.map_usage
             usage, _ = self._disk.check()
             self.last_disk_usage = usage
@@ -380,6 +397,7 @@ class BookieServer:
         self.draining = True
         for conn in list(self.connections):
             conn.drain()
+        self._answer_all_long_polls()
         if self._storage is not None:
             await self._storage.close()
         for conn in list(self.connections):
@@ -430,10 +448,14 @@ class BookieServer:
             elif op == proto.READ_ENTRY:
                 self._read(req, conn)
             elif op == proto.READ_LAC:
-                resp = proto.response_to(req)
-                resp.lac = self.storage.read_lac(req.ledger_id)
-                resp.entry_id = self.storage.last_entry_id(req.ledger_id)
-                conn.send(resp)
+                if req.timeout_ms:
+                    self._long_poll(req, conn)
+                else:
+                    storage = self.storage
+                    conn.send(proto.lac_response(req, storage.read_lac(req.ledger_id),
+                                                 storage.last_entry_id(req.ledger_id)))
+            elif op == proto.WRITE_LAC:
+                self._write_lac(req, conn)
             elif op == proto.GET_BOOKIE_INFO:
                 conn.send(self._info(req))
             else:
@@ -483,6 +505,106 @@ class BookieServer:
         resp.entry_id = entry_id
         resp.body = payload
         return resp
+
+    def _write_lac(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        if self._disk.read_only:
+            conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
+            return
+
+        def done(exc: BaseException | None) -> None:
+            if exc is None:
+                resp = proto.response_to(req)
+                resp.lac = req.lac
+            else:
+                resp = proto.response_to(req, status_of(exc), str(exc))
+            conn.send_later(resp)
+            conn.finished()
+
+        # UnauthorizedError, BadRequestError, BookieServerError: answered by ``handle``
+        self.storage.submit_write_lac(req.ledger_id, req.master_key, req.lac, done)
+        conn.started()
+
+    # --- long-poll READ_LAC ---------------------------------------------------------------------
+
+    def _long_poll(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        storage = self.storage
+        try:
+            lac: int | None = storage.read_lac(req.ledger_id)  # BadRequestError: answered by ``handle``
+        except errors.NoSuchLedgerError:
+            lac = None  # not here yet: the ledger's first adds may still come
+        if lac is not None and lac > req.previous_lac:
+            conn.send(proto.lac_response(req, lac, storage.last_entry_id(req.ledger_id)))
+            return
+        loop = self.loop
+        parked = self.long_polls.park(conn, req, loop.time())
+        if parked is None:
+            conn.send(proto.response_to(
+                req, proto.TOO_MANY_REQUESTS,
+                f"this connection already parks {self.long_polls.parked_by(conn)} long-poll reads (limits "
+                f"{self.long_polls.max_per_connection}, {self.long_polls.max_per_ledger} per ledger)"))
+            return
+        parked.timer = loop.call_at(parked.deadline, self._long_poll_expired, parked)
+        conn.started()
+
+    def _on_lac(self, ledger_id: int, lac: int) -> None:
+        """The storage's ``on_lac``: answer the reads parked on ``ledger_id`` on the next loop turn (once per turn)."""
+        if not self.long_polls.watched(ledger_id):
+            return
+        risen = self._lac_risen
+        if not risen:
+            self.loop.call_soon(self._answer_risen)
+        risen[ledger_id] = None
+
+    def _answer_risen(self) -> None:
+        risen = list(self._lac_risen)
+        self._lac_risen.clear()
+        polls = self.long_polls
+        for ledger_id in risen:
+            if not polls.watched(ledger_id):
+                continue
+            try:
+                lac = self.storage.read_lac(ledger_id)
+            except errors.BKError:
+                continue
+            for parked in polls.lac_rose(ledger_id, lac):
+                self._answer_parked(parked)
+
+    def _long_poll_expired(self, parked: proto.ParkedRead[BookieServerProtocol]) -> None:
+        if self.long_polls.expire(parked):
+            parked.timer = None
+            self._answer_parked(parked)
+
+    def _answer_parked(self, parked: proto.ParkedRead[BookieServerProtocol]) -> None:
+        """Answer a read taken out of ``long_polls`` with the ledger's LAC now (NO_LEDGER if still unknown)."""
+        if parked.timer is not None:
+            parked.timer.cancel()
+        req = parked.request
+        storage = self.storage
+        try:
+            resp = proto.lac_response(req, storage.read_lac(req.ledger_id), storage.last_entry_id(req.ledger_id))
+        except errors.BKError as exc:
+            resp = proto.response_to(req, status_of(exc), str(exc))
+        except Exception as exc:  # the storage failed: say so, the loop goes on
+            log.exception("error answering a long-poll READ_LAC of ledger %d", req.ledger_id)
+            resp = proto.response_to(req, proto.ERROR, f"internal error: {exc}")
+        conn = parked.conn
+        conn.send_later(resp)
+        conn.finished()
+
+    def drop_long_polls(self, conn: BookieServerProtocol) -> None:
+        """Forget the long-poll reads ``conn`` parked (it is gone: nobody to answer)."""
+        for parked in self.long_polls.drop(conn):
+            if parked.timer is not None:
+                parked.timer.cancel()
+            conn.finished()
+
+    def _answer_all_long_polls(self) -> None:
+        """Stopping: answer every parked read with the LAC the bookie has (storage still open)."""
+        if self._storage is None:
+            self.long_polls.take_all()
+            return
+        for parked in self.long_polls.take_all():
+            self._answer_parked(parked)
 
     def _info(self, req: proto.Request) -> proto.Response:
         usage = self._disk.sample()

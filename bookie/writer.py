@@ -29,6 +29,16 @@ re-sent. Adds fail only when no replacement exists
 every pending and later add then fails with that error. An entry larger
 than ``max_entry_size`` is refused up front (``EntryTooLargeError``) and
 the writer stays usable.
+
+Explicit LAC (BookKeeper's ``explicitLacInterval``): every add carries the
+LAC of its time, so the bookies learn of an entry's confirmation only from
+a later add. After ``explicit_lac_interval`` ms without an add, if the LAC
+advanced past the last one sent (piggybacked or explicit), the writer sends
+it in a WRITE_LAC to the write set of that entry in the current ensemble, so
+tailing readers (``LedgerHandle.wait_last_add_confirmed``) see the last
+entry of an idle ledger. One timer per writer, armed by adds, checks this;
+a failed WRITE_LAC is only logged (the next add carries the LAC anyway).
+Recovery writers send none; close and failure stop the timer.
 """
 
 from __future__ import annotations
@@ -116,6 +126,10 @@ class LedgerWriter:
         self._error: BKError | None = None
         self._closing = False
         self._loop = asyncio.get_running_loop()
+        self._lac_interval = 0.0 if recovery else ctx.conf.explicit_lac_interval / 1000.0
+        self._lac_sent = last_add_confirmed  # the highest LAC the bookies were sent (piggybacked or explicit)
+        self._last_add_at = 0.0               # loop time of the last add submitted
+        self._lac_timer: asyncio.TimerHandle | None = None
         self._use_ensemble()
 
     # --- state ------------------------------------------------------------------------------------
@@ -175,10 +189,12 @@ class LedgerWriter:
         entry_id = self.next_entry_id
         self.next_entry_id = entry_id + 1
         length = self.length = self.length + size
-        payload = digests.encode_entry(self.ledger_id, entry_id, self.last_add_confirmed, length, data,
-                                       self._digest, self._password)
-        self._enqueue(_PendingAdd(entry_id, payload, length, size, self._loop.time() + self._timeout,
-                                  future, callback))
+        lac = self._lac_sent = self.last_add_confirmed  # piggybacked on this add
+        payload = digests.encode_entry(self.ledger_id, entry_id, lac, length, data, self._digest, self._password)
+        now = self._last_add_at = self._loop.time()
+        if self._lac_timer is None and self._lac_interval:
+            self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
+        self._enqueue(_PendingAdd(entry_id, payload, length, size, now + self._timeout, future, callback))
         return entry_id
 
     def add(self, data: bytes) -> asyncio.Future[int]:
@@ -325,6 +341,51 @@ class LedgerWriter:
         for addr in slow:
             self._bookie_failed(addr, errors.BKTimeoutError(f"add to ledger {self.ledger_id} timed out on {addr}"))
 
+    # --- explicit LAC -----------------------------------------------------------------------------
+    def _on_lac_timer(self) -> None:
+        self._lac_timer = None
+        if self._error is not None or self._closing or self.metadata.is_closed:
+            return
+        now = self._loop.time()
+        due = self._last_add_at + self._lac_interval
+        if now < due:  # an add since: the interval starts again from it
+            self._lac_timer = self._loop.call_at(due, self._on_lac_timer)
+            return
+        if self.last_add_confirmed > self._lac_sent:
+            self.send_lac(self.last_add_confirmed)
+        if self._pending:  # their acknowledgements may advance the LAC without another add
+            self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
+
+    def send_lac(self, lac: int) -> None:
+        """Send a WRITE_LAC of ``lac`` to the write set of entry ``lac`` in the current ensemble (no waiting).
+
+        Bookies without an open connection, or being replaced, are skipped;
+        failures are logged only.
+        """
+        self._lac_sent = max(self._lac_sent, lac)
+        conns = self._conns
+        for idx in self._write_sets[lac % len(conns)]:
+            if self._blocked >> idx & 1:
+                continue
+            addr = self._ensemble[idx]
+            conn = conns[idx]
+            if conn is None or conn.is_closed:
+                conn = conns[idx] = self._ctx.pool.connected(addr)
+                if conn is None:
+                    continue
+            conn.submit(protocol.write_lac_request(0, self.ledger_id, self._master_key, lac),
+                        functools.partial(self._on_lac_written, addr, lac))
+
+    def _on_lac_written(self, addr: str, lac: int, result: protocol.Response | BKError) -> None:
+        err = result if isinstance(result, BKError) else protocol.error_for(result)
+        if err is not None:
+            log.info("ledger %d: explicit LAC %d not recorded by %s: %s", self.ledger_id, lac, addr, err)
+
+    def _stop_lac_timer(self) -> None:
+        if self._lac_timer is not None:
+            self._lac_timer.cancel()
+            self._lac_timer = None
+
     # --- ensemble change --------------------------------------------------------------------------
     def _bookie_failed(self, addr: str, exc: BaseException | None) -> None:
         if self._error is not None or addr in self._replacing or addr in self._to_replace:
@@ -407,6 +468,7 @@ class LedgerWriter:
         """Fail every pending add with ``exc``; later adds raise it."""
         if self._error is None:
             self._error = exc
+        self._stop_lac_timer()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -440,6 +502,7 @@ class LedgerWriter:
         if self.metadata.is_closed:
             return self.metadata, self.version
         self._closing = True
+        self._stop_lac_timer()
         await self.drain()
         for task in list(self._connecting.values()):
             task.cancel()

@@ -16,9 +16,12 @@ hub through ``hub.client.HedwigClient``; ``show``, ``describe`` and
 ``readtopic`` read the metastore (and the topic's ledgers) directly, so what
 they show of subscriptions may lag behind the hub, which persists consume
 pointers lazily (every ``consume_interval`` consumes). ``readtopic`` shows
-each ledger up to its last-add-confirmed, as BookKeeper readers do: the
-newest entry of a topic's open ledger shows once the next add confirms it
-(or the ledger is closed).
+each ledger up to its last-add-confirmed, as BookKeeper readers do. The
+hub's ledger writer sends its LAC explicitly after ``explicit_lac_interval``
+(1 s) without an add, so when the bookies hold entries of the topic's open
+ledger past its LAC, ``readtopic`` long-polls the LAC for up to
+``READTOPIC_TAIL_WAIT`` seconds until it covers them: every acknowledged
+publish shows, the newest about a second after it was made.
 
 Where to connect: ``--server HOST:PORT`` (default: the hub conf's
 ``server_port`` on 127.0.0.1, else 127.0.0.1:4080) and ``--metastore URI``
@@ -544,17 +547,25 @@ class HedwigConsole:
             self.say()
             self.say(f">>>>> Ledger {r.ledgerId} [ {_range_text(r)}] <<<<<")
             self.say()
-            for message in await read_ledger_messages(bk, r.ledgerId):
+            tail_wait = 0.0 if r.HasField("endSeqIdIncluded") else min(READTOPIC_TAIL_WAIT, self.settings.timeout)
+            for message in await read_ledger_messages(bk, r.ledgerId, tail_wait=tail_wait):
                 if message.seq_id >= start:
                     self.say(format_message(message))
 
 
-async def read_ledger_messages(bk: Any, ledger_id: int) -> list[Any]:
-    """Every message of one topic ledger (each entry is a batch), without fencing or recovering it."""
+async def read_ledger_messages(bk: Any, ledger_id: int, tail_wait: float = 0.0) -> list[Any]:
+    """Every confirmed message of one topic ledger (each entry is a batch), without fencing or recovering it.
+
+    With ``tail_wait`` > 0, an open ledger whose bookies hold entries past its
+    LAC is long-polled (``wait_last_add_confirmed``) for up to that many
+    seconds until its LAC covers them; what is still unconfirmed then is left out.
+    """
     from hub.message import Message
     from hub.persistence import decode_batch
     lh = await bk.open_ledger_no_recovery(ledger_id)
     try:
+        if tail_wait > 0 and not lh.is_closed and lh.last_entry_seen > lh.last_add_confirmed:
+            await lh.wait_last_add_confirmed(after=lh.last_entry_seen - 1, timeout=tail_wait)
         out: list[Any] = []
         if lh.last_add_confirmed >= 0:
             async for entry in lh.read(0, lh.last_add_confirmed):
@@ -562,6 +573,11 @@ async def read_ledger_messages(bk: Any, ledger_id: int) -> list[Any]:
         return out
     finally:
         await lh.close()
+
+
+READTOPIC_TAIL_WAIT = 3.0
+"""Seconds ``readtopic`` waits for the LAC of a topic's open ledger to cover the entries its bookies
+hold (three times the ledger client's default ``explicit_lac_interval``; at most the console's timeout)."""
 
 
 class UsageError(Exception):

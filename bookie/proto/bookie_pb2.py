@@ -24,25 +24,25 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x0cquire.bookie\"\xaa\x01\n\x07Request\x12\x0e\n\x06txn_id\x18\x01 \x01(\x04\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.quire.bookie.OperationType\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\x03\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\r\n\x05\x66\x65nce\x18\x07 \x01(\x08\x12\x10\n\x08recovery\x18\x08 \x01(\x08\"\xf8\x01\n\x08Response\x12\x0e\n\x06txn_id\x18\x01 \x01(\x04\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.quire.bookie.OperationType\x12(\n\x06status\x18\x03 \x01(\x0e\x32\x18.quire.bookie.StatusCode\x12\x11\n\tledger_id\x18\x04 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x05 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\x0b\n\x03lac\x18\x07 \x01(\x03\x12\x11\n\tfree_disk\x18\x08 \x01(\x04\x12\x12\n\ntotal_disk\x18\t \x01(\x04\x12\x11\n\tread_only\x18\n \x01(\x08\x12\x0f\n\x07message\x18\x0b \x01(\t\"\xe6\x01\n\x18\x42ookieRegistrationRecord\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x18\n\x10network_location\x18\x02 \x01(\t\x12;\n\x05state\x18\x03 \x01(\x0e\x32,.quire.bookie.BookieRegistrationRecord.State\x12\x11\n\tfree_disk\x18\x04 \x01(\x04\x12\x12\n\ntotal_disk\x18\x05 \x01(\x04\x12\x15\n\rregistered_ms\x18\x06 \x01(\x03\"$\n\x05State\x12\x0c\n\x08WRITABLE\x10\x00\x12\r\n\tREAD_ONLY\x10\x01\"D\n\x11LedgerIndexRecord\x12\x12\n\nmaster_key\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66\x65nced\x18\x02 \x01(\x08\x12\x0b\n\x03lac\x18\x03 \x01(\x03*e\n\rOperationType\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tADD_ENTRY\x10\x01\x12\x0e\n\nREAD_ENTRY\x10\x02\x12\x0c\n\x08READ_LAC\x10\x03\x12\x13\n\x0fGET_BOOKIE_INFO\x10\x04*\x99\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x0c\n\x08NO_ENTRY\x10\x01\x12\r\n\tNO_LEDGER\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\r\n\tREAD_ONLY\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0e\n\nUNKNOWN_OP\x10\x08\x12\t\n\x05\x45RROR\x10\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\x0cquire.bookie\"\xe1\x01\n\x07Request\x12\x0e\n\x06txn_id\x18\x01 \x01(\x04\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.quire.bookie.OperationType\x12\x11\n\tledger_id\x18\x03 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\x03\x12\x12\n\nmaster_key\x18\x05 \x01(\x0c\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\r\n\x05\x66\x65nce\x18\x07 \x01(\x08\x12\x10\n\x08recovery\x18\x08 \x01(\x08\x12\x0b\n\x03lac\x18\t \x01(\x03\x12\x14\n\x0cprevious_lac\x18\n \x01(\x03\x12\x12\n\ntimeout_ms\x18\x0b \x01(\r\"\xf8\x01\n\x08Response\x12\x0e\n\x06txn_id\x18\x01 \x01(\x04\x12\'\n\x02op\x18\x02 \x01(\x0e\x32\x1b.quire.bookie.OperationType\x12(\n\x06status\x18\x03 \x01(\x0e\x32\x18.quire.bookie.StatusCode\x12\x11\n\tledger_id\x18\x04 \x01(\x03\x12\x10\n\x08\x65ntry_id\x18\x05 \x01(\x03\x12\x0c\n\x04\x62ody\x18\x06 \x01(\x0c\x12\x0b\n\x03lac\x18\x07 \x01(\x03\x12\x11\n\tfree_disk\x18\x08 \x01(\x04\x12\x12\n\ntotal_disk\x18\t \x01(\x04\x12\x11\n\tread_only\x18\n \x01(\x08\x12\x0f\n\x07message\x18\x0b \x01(\t\"\xe6\x01\n\x18\x42ookieRegistrationRecord\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x18\n\x10network_location\x18\x02 \x01(\t\x12;\n\x05state\x18\x03 \x01(\x0e\x32,.quire.bookie.BookieRegistrationRecord.State\x12\x11\n\tfree_disk\x18\x04 \x01(\x04\x12\x12\n\ntotal_disk\x18\x05 \x01(\x04\x12\x15\n\rregistered_ms\x18\x06 \x01(\x03\"$\n\x05State\x12\x0c\n\x08WRITABLE\x10\x00\x12\r\n\tREAD_ONLY\x10\x01\"D\n\x11LedgerIndexRecord\x12\x12\n\nmaster_key\x18\x01 \x01(\x0c\x12\x0e\n\x06\x66\x65nced\x18\x02 \x01(\x08\x12\x0b\n\x03lac\x18\x03 \x01(\x03*t\n\rOperationType\x12\x12\n\x0eOP_UNSPECIFIED\x10\x00\x12\r\n\tADD_ENTRY\x10\x01\x12\x0e\n\nREAD_ENTRY\x10\x02\x12\x0c\n\x08READ_LAC\x10\x03\x12\x13\n\x0fGET_BOOKIE_INFO\x10\x04\x12\r\n\tWRITE_LAC\x10\x05*\xb0\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x0c\n\x08NO_ENTRY\x10\x01\x12\r\n\tNO_LEDGER\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cUNAUTHORIZED\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\r\n\tREAD_ONLY\x10\x06\x12\r\n\tTOO_LARGE\x10\x07\x12\x0e\n\nUNKNOWN_OP\x10\x08\x12\t\n\x05\x45RROR\x10\t\x12\x15\n\x11TOO_MANY_REQUESTS\x10\nb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPERATIONTYPE']._serialized_start=757
-  _globals['_OPERATIONTYPE']._serialized_end=858
-  _globals['_STATUSCODE']._serialized_start=861
-  _globals['_STATUSCODE']._serialized_end=1014
+  _globals['_OPERATIONTYPE']._serialized_start=812
+  _globals['_OPERATIONTYPE']._serialized_end=928
+  _globals['_STATUSCODE']._serialized_start=931
+  _globals['_STATUSCODE']._serialized_end=1107
   _globals['_REQUEST']._serialized_start=31
-  _globals['_REQUEST']._serialized_end=201
-  _globals['_RESPONSE']._serialized_start=204
-  _globals['_RESPONSE']._serialized_end=452
-  _globals['_BOOKIEREGISTRATIONRECORD']._serialized_start=455
-  _globals['_BOOKIEREGISTRATIONRECORD']._serialized_end=685
-  _globals['_BOOKIEREGISTRATIONRECORD_STATE']._serialized_start=649
-  _globals['_BOOKIEREGISTRATIONRECORD_STATE']._serialized_end=685
-  _globals['_LEDGERINDEXRECORD']._serialized_start=687
-  _globals['_LEDGERINDEXRECORD']._serialized_end=755
+  _globals['_REQUEST']._serialized_end=256
+  _globals['_RESPONSE']._serialized_start=259
+  _globals['_RESPONSE']._serialized_end=507
+  _globals['_BOOKIEREGISTRATIONRECORD']._serialized_start=510
+  _globals['_BOOKIEREGISTRATIONRECORD']._serialized_end=740
+  _globals['_BOOKIEREGISTRATIONRECORD_STATE']._serialized_start=704
+  _globals['_BOOKIEREGISTRATIONRECORD_STATE']._serialized_end=740
+  _globals['_LEDGERINDEXRECORD']._serialized_start=742
+  _globals['_LEDGERINDEXRECORD']._serialized_end=810
 # @@protoc_insertion_point(module_scope)

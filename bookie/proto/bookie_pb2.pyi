@@ -12,6 +12,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_ENTRY: _ClassVar[OperationType]
     READ_LAC: _ClassVar[OperationType]
     GET_BOOKIE_INFO: _ClassVar[OperationType]
+    WRITE_LAC: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -25,11 +26,13 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_LARGE: _ClassVar[StatusCode]
     UNKNOWN_OP: _ClassVar[StatusCode]
     ERROR: _ClassVar[StatusCode]
+    TOO_MANY_REQUESTS: _ClassVar[StatusCode]
 OP_UNSPECIFIED: OperationType
 ADD_ENTRY: OperationType
 READ_ENTRY: OperationType
 READ_LAC: OperationType
 GET_BOOKIE_INFO: OperationType
+WRITE_LAC: OperationType
 OK: StatusCode
 NO_ENTRY: StatusCode
 NO_LEDGER: StatusCode
@@ -40,9 +43,10 @@ READ_ONLY: StatusCode
 TOO_LARGE: StatusCode
 UNKNOWN_OP: StatusCode
 ERROR: StatusCode
+TOO_MANY_REQUESTS: StatusCode
 
 class Request(_message.Message):
-    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery")
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -51,6 +55,9 @@ class Request(_message.Message):
     BODY_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    LAC_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     ledger_id: int
@@ -59,7 +66,10 @@ class Request(_message.Message):
     body: bytes
     fence: bool
     recovery: bool
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ...) -> None: ...
+    lac: int
+    previous_lac: int
+    timeout_ms: int
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message")

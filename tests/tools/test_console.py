@@ -60,14 +60,23 @@ async def test_publish_describe_readtopic(cluster: LocalCluster) -> None:
     # five messages, three entries per ledger (one message per entry when published one at a time)
     assert re.search(r"Ledger \d+ \[ 1 ~ 3 \]", out), out
     assert "Subscriber csub : consumeSeqId: local:0" in out
-    # readtopic shows a ledger up to its last-add-confirmed: message 5, the newest entry of the open ledger,
-    # is not confirmed until the next add
-    assert "MSGID=LOCAL(5)" not in out
-    for i in range(1, 5):
+    # readtopic shows every acknowledged publish: message 5, the newest entry of the open ledger, once the
+    # hub's writer sent its LAC explicitly (explicit_lac_interval after the publish)
+    for i in range(1, 6):
         assert f"---------- MSGID=LOCAL({i}) ----------\nMsgId:     LOCAL({i})\nSrcRegion: standalone\n" \
                f"Message:\n\nhello {i}\n" in out
     assert "Topic List:\n[" in out and "ctopic" in out.split("Topic List:")[1]
     assert re.search(rf"Available Hub Servers:\n\s+{re.escape(hub)}:\d+ :\s+\d+", out)
+
+
+async def test_readtopic_shows_the_last_publish_of_an_idle_topic(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "pub ltopic first", "pub ltopic second", "readtopic ltopic 1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    read = res.stdout.split(">>>>> Ledger", 1)[1]
+    assert "Message:\n\nfirst\n" in read
+    assert "---------- MSGID=LOCAL(2) ----------" in read and "Message:\n\nsecond\n" in read
+    waited = float(re.findall(r"Finished (\d+\.\d+) s\.", res.stdout)[-1])
+    assert waited < 2.5, f"readtopic took {waited} s"   # about explicit_lac_interval (1 s), not the 3 s bound
 
 
 async def test_consume_moves_the_pointer_and_readtopic_starts_after_it(cluster: LocalCluster) -> None:
