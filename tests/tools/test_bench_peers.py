@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.bench.peers import NatsPeer, PeerNotInstalled, PeerStartError, RedisPeer
+from tools.bench.peers import NatsPeer, PeerNotInstalled, PeerStartError, RedisPeer, redis_capacity
 from tools.bench.publish import Runner, closed_loop, ratio_lines, redis_publishers
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
@@ -27,6 +27,25 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+@needs_redis
+def test_redis_capacity_runs_redis_benchmark_with_the_same_load(tmp_path: Path) -> None:
+    aioredis = pytest.importorskip("redis.asyncio", reason="redis-py missing: make bench-deps")
+
+    async def measure(peer: RedisPeer) -> tuple[dict[str, float], int, bytes]:
+        got = await redis_capacity(peer, clients=2, pipeline=16, count=2000, size=100)
+        r = aioredis.from_url(peer.url)
+        try:
+            entries = await r.xrange("bench:capacity", count=1)
+            return got, await r.xlen("bench:capacity"), entries[0][1][b"body"]
+        finally:
+            await r.aclose()
+
+    with RedisPeer(tmp_path) as peer:
+        got, length, body = asyncio.run(asyncio.wait_for(measure(peer), 60))
+    assert got["ops_per_sec"] > 0 and got["p99_ms"] >= got["p50_ms"] > 0
+    assert length == 2000 and body == b"x" * 100  # every XADD of the count, at the body size asked
 
 
 @needs_redis

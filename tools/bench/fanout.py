@@ -50,6 +50,9 @@ from tools.bench.publish import (
 
 STAMP = struct.Struct("<d")
 
+TARGET_FANOUT_RATIO = 1.3
+"""Quire's delivered msg/s over Redis consumer groups' (issue 16: with 1 subscriber, in 8 of 10 runs)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subscribers", type=int, action="append", default=None,
@@ -218,4 +221,4 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                         yield lines[-1]
         finally:
             loop.run(cluster.stop())
-    yield from ratio_lines("fanout", lines, ("subscribers",))
+    yield from ratio_lines("fanout", lines, ("subscribers",), target=TARGET_FANOUT_RATIO)

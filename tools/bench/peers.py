@@ -22,6 +22,8 @@ or did not answer within ``timeout``; the message holds its log tail).
 
 from __future__ import annotations
 
+import asyncio
+import csv
 import json
 import logging
 import os
@@ -32,7 +34,7 @@ import subprocess
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from tools.zookeeper import free_port
 
@@ -164,6 +166,29 @@ class RedisPeer(Peer):
         with socket.create_connection((HOST, self.port), timeout=1.0) as s:
             s.sendall(b"PING\r\n")
             return s.recv(64).startswith(b"+PONG")
+
+
+async def redis_capacity(peer: RedisPeer, clients: int, pipeline: int, count: int, size: int) -> dict[str, Any]:
+    """The redis-server's own XADD capacity: ``redis-benchmark`` (the C client shipped with it).
+
+    Same connections (``-c``), in-flight depth per connection (``-P``), body
+    size and count as the Python peer; returns ``ops_per_sec`` and latency
+    percentiles in ms, or ``skipped`` when ``redis-benchmark`` is missing.
+    """
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        return {"skipped": "redis-benchmark is not installed (Debian package redis-tools)"}
+    proc = await asyncio.create_subprocess_exec(
+        exe, "-h", HOST, "-p", str(peer.port), "-c", str(clients), "-P", str(pipeline), "-n", str(count),
+        "--csv", "XADD", "bench:capacity", "*", "body", "x" * size,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await proc.communicate()
+    rows = list(csv.reader(out.decode().splitlines()))
+    if proc.returncode != 0 or len(rows) < 2:
+        return {"skipped": f"redis-benchmark failed: {err.decode().strip()[:200]}"}
+    row = dict(zip(rows[0], rows[1], strict=False))
+    return {"ops_per_sec": float(row["rps"]), "p50_ms": float(row["p50_latency_ms"]),
+            "p99_ms": float(row["p99_latency_ms"])}
 
 
 class NatsPeer(Peer):
