@@ -11,8 +11,9 @@ value raises ``ConfError`` (``bookie.errors.ConfError``, a subclass of
 ``quire bookie`` prints it and exits non-zero.
 
 Times are in milliseconds and sizes in bytes, as in BookKeeper's
-``bk_server.conf``. ``metastore_uri`` names the metastore; without it,
-``zk_host`` (+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``.
+``bk_server.conf``. ``metastore_uri`` names the metastore (by default
+``lmdb://data/metastore``, the standalone cluster's); set empty, ``zk_host``
+(+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from bookie.errors import ConfError
 from metastore import conf as _conf
-from metastore.conf import read_properties, setting
+from metastore.conf import EMBEDDED_METASTORE_URI, read_properties, setting
 from placement import DEFAULT_RACK
 
 __all__ = ["DEFAULT_RACK", "BookieConf", "read_properties"]
@@ -44,10 +45,11 @@ class BookieConf:
     advertised_address: str = setting("", "Host the bookie registers as (clients connect to it); "
                                           "empty = bookie_host.")
     ledger_directories: str = setting("data/bookie", "The one directory that holds the entry storage (LMDB).")
-    metastore_uri: str = setting("", "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
-                                     "required unless zk_host is set.")
+    metastore_uri: str = setting(EMBEDDED_METASTORE_URI,
+                                 "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
+                                 "the default is the standalone cluster's (relative to the working directory).")
     zk_host: str = setting("", "ZooKeeper servers (host:port[,host:port]), used as zk://<zk_host><zk_prefix> "
-                               "when metastore_uri is empty.")
+                               "when metastore_uri is set empty.")
     zk_prefix: str = setting("/quire", "Path prefix under which Quire's tables live in ZooKeeper.")
     session_timeout: int = setting(2000, "Registration session timeout (ms): the registration vanishes this "
                                          "long after the bookie dies.", min=1)

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metastore.conf import ConfError, load_conf, parse_conf, require, setting
+from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, load_conf, parse_conf, require, setting
 
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
@@ -82,7 +82,7 @@ class HubConf:
                                        min=1024)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")
     # --- ZooKeeper ---
-    zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is empty)")
+    zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is set empty)")
     zk_timeout: int = setting(2000, "ms of the metastore session (ownership and liveness leases)", min=100)
     # --- BookKeeper ---
     bk_ensemble_size: int = setting(3, "bookies per topic ledger", min=1)
@@ -90,11 +90,12 @@ class HubConf:
     bk_ack_quorum_size: int = setting(2, "acknowledgements before a publish succeeds", min=1)
     max_entries_per_ledger: int = setting(0, "entries before a topic rolls to a new ledger (0: unlimited)", min=0)
     # --- metadata ---
-    zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
+    zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is set empty)")
     metadata_manager_based_topic_manager_enabled: bool = setting(
         False, "claim topics by CAS + hub lease instead of ephemeral keys")
     metadata_manager_factory_class: str = setting("", "accepted for compatibility; Quire uses the MetaStore")
-    metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...)")
+    metastore_uri: str = setting(EMBEDDED_METASTORE_URI, "metastore URI (lmdb:///path, zk://host:port/prefix, "
+                                 "hbase://...); the default is the standalone cluster's; empty: zk_host")
     stats_http_port: int = setting(0, "Prometheus stats port (0: off, -1: pick a free port)", min=-1, max=65535)
 
     def __post_init__(self) -> None:

@@ -60,6 +60,7 @@ from urllib.parse import parse_qsl
 from metastore.errors import IllegalOpError
 
 __all__ = [
+    "EMBEDDED_METASTORE_URI",
     "ConfError",
     "check_conf_file",
     "conf_keys",
@@ -74,6 +75,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+EMBEDDED_METASTORE_URI = "lmdb://data/metastore"
+"""The standalone cluster's metastore (``quire standalone --data data``), relative to the working
+directory: the default ``metastore_uri`` of the shipped bookie and hub confs, so they join it."""
 
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})

@@ -25,9 +25,9 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from metastore import MetaStore, open_metastore
+from metastore import MetaStore, open_existing_metastore
 from metastore.conf import read_properties
-from metastore.errors import IllegalOpError, MetastoreError
+from metastore.errors import IllegalOpError, MetastoreError, StoreNotFoundError
 
 __all__ = [
     "BadMetastoreURIError",
@@ -73,12 +73,15 @@ def metastore_from_args(metastore: str | None, conf: str | None,
 
 
 async def open_tool_metastore(uri: str, timeout: float | None = None) -> MetaStore:
-    """Open ``uri`` within ``timeout`` seconds (``None`` or 0: no bound).
+    """Open the existing store ``uri`` within ``timeout`` seconds (``None`` or 0: no bound); never creates one.
 
-    Raises ``BadMetastoreURIError`` or ``MetastoreUnreachableError`` (see the module docstring).
+    Raises ``BadMetastoreURIError`` or ``MetastoreUnreachableError`` (see the module docstring);
+    a missing lmdb store is ``no lmdb metastore at PATH (...)``.
     """
     try:
-        return await asyncio.wait_for(open_metastore(uri), timeout or None)
+        return await asyncio.wait_for(open_existing_metastore(uri), timeout or None)
+    except StoreNotFoundError as exc:
+        raise MetastoreUnreachableError(str(exc)) from None
     except TimeoutError:
         raise MetastoreUnreachableError(f"metastore {uri} did not answer within {timeout:g} s") from None
     except IllegalOpError as exc:

@@ -45,7 +45,7 @@ from typing import Any, TextIO
 Handler = Callable[[argparse.Namespace], int]
 
 EXAMPLE = """example:
-  quire console --server 127.0.0.1:4080 --metastore lmdb://$PWD/data/meta
+  quire console --server 127.0.0.1:4080 --metastore lmdb://data/metastore
   quire console -c "pub mytopic hello" -c "describe topic mytopic"
 """
 

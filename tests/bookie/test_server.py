@@ -352,7 +352,7 @@ def test_bad_configuration_exits_nonzero_with_one_line(tmp_path: Path, line: str
 
 
 def test_missing_metastore_is_a_configuration_error(tmp_path: Path) -> None:
-    res = run_cli("--data", str(tmp_path / "d"))
+    res = run_cli("--data", str(tmp_path / "d"), "--set", "metastore_uri=")
     assert res.returncode == 2
     assert "metastore_uri" in res.stderr
 

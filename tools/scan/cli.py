@@ -1,6 +1,6 @@
 """``quire scan REPORT``: run a Spark report over the metastore, print it, optionally write it.
 
-    quire scan ledgers-per-bookie --metastore lmdb:///var/lib/quire/meta
+    quire scan ledgers-per-bookie --metastore lmdb://data/metastore
     quire scan orphan-ledgers --metastore zk://127.0.0.1:2181/quire --min-age 2h \\
         --master spark://127.0.0.1:7077 --out orphans.parquet
 
@@ -29,7 +29,7 @@ _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 EXAMPLE = """example:
-  quire scan {name} --metastore lmdb:///var/lib/quire/meta
+  quire scan {name} --metastore lmdb://data/metastore
   quire scan {name} --metastore zk://127.0.0.1:2181/quire --master spark://127.0.0.1:7077 --out {out}
 """
 

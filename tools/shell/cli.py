@@ -14,9 +14,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import NoReturn, TextIO
-from urllib.parse import unquote, urlsplit
 
 from bookie.errors import BKError
 from bookie.errors import ConfError as BookieConfError
@@ -38,7 +36,7 @@ from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
 Command = Callable[[BookieOps, argparse.Namespace, TextIO], Awaitable[int]]
 
 DEFAULT_TIMEOUT = 10.0
-EXAMPLE_URI = "lmdb:///var/lib/quire/metastore"
+EXAMPLE_URI = "lmdb://data/metastore"
 
 
 class ShellArgumentParser(argparse.ArgumentParser):
@@ -232,13 +230,9 @@ async def open_store(uri: str, timeout: float) -> MetaStore:
     creates a fresh, empty metastore by mistake.
     """
     try:
-        scheme = scheme_of(uri)
+        scheme_of(uri)
     except IllegalOpError as exc:
         raise UsageError(str(exc)) from None
-    if scheme == "lmdb":
-        path = Path(unquote(urlsplit(uri).path))
-        if not path.is_dir():
-            raise MetastoreUnavailableError(f"no lmdb metastore at {path} (no such directory)")
     try:
         return await open_tool_metastore(uri, timeout)
     except BadMetastoreURIError as exc:
