@@ -71,7 +71,8 @@ async def test_bad_bookie_conf_fails_start_with_the_reason(tmp_path: Path) -> No
 
 
 async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
-    async with quire_standalone("--bookies", "2", "--data", str(tmp_path / "sa"), stop_within=30) as lines:
+    async with quire_standalone("--bookies", "2", "--hub-port", "0", "--data", str(tmp_path / "sa"),
+                                stop_within=30) as lines:
         uri = lines[0].split()[1]
         assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
         bk = await BookKeeper.connect(uri)
