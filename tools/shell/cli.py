@@ -3,7 +3,8 @@
 Every command takes ``--metastore URI`` or ``--conf FILE`` (a properties
 file with ``metastore_uri``, or ``zk_host`` and ``zk_prefix``; its placement
 keys choose the placement policy) and ``--timeout SECONDS`` (bounds opening
-the metastore and each bookie request). A bad argument or configuration
+the metastore and each bookie request), before or after the command;
+``QUIRE_METASTORE`` and ``QUIRE_CONF`` are the defaults. A bad argument or configuration
 prints one line and exits 2; an unreachable metastore or a failed command
 prints one line and exits 1.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import NoReturn, TextIO
@@ -23,8 +25,11 @@ from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
 from metastore.registry import scheme_of
 from tools.cli_common import (
+    CONF_ENV,
+    METASTORE_ENV,
     BadMetastoreURIError,
     MetastoreOpenError,
+    add_common_options,
     metastore_from_args,
     open_tool_metastore,
     quiet_logging,
@@ -86,17 +91,6 @@ def non_negative_float(text: str) -> float:
 
 def password(text: str) -> bytes:
     return text.encode("utf-8")
-
-
-def _common() -> ShellArgumentParser:
-    common = ShellArgumentParser(add_help=False)
-    where = common.add_argument_group("metastore")
-    where.add_argument("--metastore", metavar="URI", help="metastore URI (lmdb:///path, zk://host:port/prefix, ...)")
-    where.add_argument("--conf", metavar="FILE",
-                       help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
-    where.add_argument("--timeout", metavar="SECONDS", type=non_negative_float, default=DEFAULT_TIMEOUT,
-                       help=f"bound for opening the metastore and each bookie request (default {DEFAULT_TIMEOUT:g})")
-    return common
 
 
 def _password_option(p: argparse.ArgumentParser) -> None:
@@ -193,12 +187,15 @@ _register("decommission", commands.decommission,
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Fill the ``quire shell`` sub-parser; returns the handler."""
     parser.description = "Ledger and bookie administration."
-    common = _common()
+    add_common_options(parser, timeout=DEFAULT_TIMEOUT,
+                       conf_help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
     sub = parser.add_subparsers(dest="shell_command", metavar="COMMAND", parser_class=ShellArgumentParser)
     for name, (_, help_text, example, options) in COMMANDS.items():
         epilog = f"example:\n  quire shell {name} --metastore {EXAMPLE_URI}" + (f" {example}" if example else "")
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, epilog=epilog,
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_common_options(p, timeout=DEFAULT_TIMEOUT, in_command=True,
+                           conf_help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
         options(p)
     parser.epilog = f"example:\n  quire shell listbookies --metastore {EXAMPLE_URI}"
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -217,8 +214,10 @@ def resolve_metastore(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     except ConfError as exc:
         raise UsageError(str(exc)) from None
     if not uri:
-        where = f"{args.conf} has no metastore_uri (nor zk_host)" if args.conf else "no metastore given"
-        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri")
+        conf_file = args.conf or os.environ.get(CONF_ENV)
+        where = f"{conf_file} has no metastore_uri (nor zk_host)" if conf_file else "no metastore given"
+        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri "
+                         f"(or set {METASTORE_ENV})")
     return uri, conf
 
 
