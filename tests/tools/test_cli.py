@@ -131,3 +131,17 @@ def test_log_level_is_validated_and_json_logs_are_json(tmp_path: Path) -> None:
     assert [(r["level"], r["logger"], r["message"]) for r in records] == [("WARNING", "quire.test", "hello there")]
     out = subprocess.run([sys.executable, "-c", script, "debug"], capture_output=True, text=True, timeout=60)
     assert "library chatter" in out.stderr   # asked for DEBUG: libraries too
+
+
+@pytest.mark.parametrize("argv", [
+    ["scan", "--metastore", "{missing}", "orphan-ledgers"],
+    ["scan", "orphan-ledgers", "--metastore", "{missing}", "--timeout", "5"],
+    ["console", "--metastore", "{missing}", "-c", "show topics"],
+])
+def test_scan_and_console_take_the_common_options_too(tmp_path: Path, argv: list[str]) -> None:
+    missing = tmp_path / "typo"
+    out = quire(*[a.format(missing=f"lmdb://{missing}") for a in argv])
+    assert out.returncode == 1
+    said = out.stdout + out.stderr   # the console reports a failed command on stdout, as Hedwig's
+    assert f"no lmdb metastore at {missing}" in said and "invalid choice" not in said
+    assert not missing.exists()
