@@ -40,10 +40,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tools.bench:configure", "run a benchmark; prints JSON lines"),
     "bookie": ("tools.launch:configure_bookie", "run one bookie process"),
     "hub": ("tools.launch:configure_hub", "run one hub process"),
-    "standalone": ("tools.standalone:configure", "run the standalone cluster (lmdb metastore, bookies)"),
+    "standalone": ("tools.standalone:configure", "run the standalone cluster (lmdb metastore, bookies, a hub)"),
     "scan": ("tools.scan.cli:configure", "Spark reports over the metastore tables (ledgers per bookie, backlog, ...)"),
     "shell": ("tools.shell:configure", "ledger and bookie administration (listbookies, recover, ...)"),
     "console": ("tools.console:configure", "the Hedwig console: publish, subscribe, inspect topics"),
+    "client": ("tools.client:configure", "produce and consume messages (like pulsar-client)"),
 }
 
 

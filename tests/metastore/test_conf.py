@@ -118,7 +118,7 @@ def test_mutable_default_is_refused() -> None:
 
 
 def test_properties_follow_java_rules(tmp_path: Path) -> None:
-    """Before: `metastore_uri lmdb:///x` cut at the ':' (key 'metastore_uri lmdb'); continuations and escapes ignored."""
+    """Before: `metastore_uri lmdb:///x` was cut at the ':' (key 'metastore_uri lmdb'); no continuations, escapes."""
     path = tmp_path / "java.conf"
     path.write_text("# comment\n! also a comment\nmetastore_uri lmdb:///x\nzk_host: a:2181,\\\n"
                     "          b:2181\nkey\\ with\\ space = v\nregions=west=10.0.0.2:4080\nu=caf\\u00e9\n"
