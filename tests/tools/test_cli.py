@@ -145,3 +145,19 @@ def test_scan_and_console_take_the_common_options_too(tmp_path: Path, argv: list
     said = out.stdout + out.stderr   # the console reports a failed command on stdout, as Hedwig's
     assert f"no lmdb metastore at {missing}" in said and "invalid choice" not in said
     assert not missing.exists()
+
+
+def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
+    """`make run` used to install the test and Spark extras (pyspark alone is hundreds of MB)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def plan(target: str) -> str:
+        out = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}", "PYTHON=python3"], cwd=root,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run = plan("run")
+    assert "pip install -q -e .\n" in run and "[test" not in run and "scan" not in run
+    assert "quire standalone --data data" in run
+    assert "pip install -q -e '.[test,scan]'" in plan("setup")
