@@ -197,10 +197,24 @@ async def test_recover_refuses_bad_destinations(setup: Setup) -> None:
     on_src = (await shell("listledgers", "--bookie", src, *setup.ms())).lines
     assert str(setup.closed) in on_src and str(setup.open) in on_src
     r = await shell("recover", src, "--dry-run", "--password", "pw", *setup.ms())
-    assert r.rc == 0, r.err
-    assert r.lines[-1] == f"dry run: {len(on_src)} ledgers on {src}; nothing changed"
     assert [line.split()[1] for line in r.lines[:-1]] == on_src
-    assert any(line.startswith(f"ledger {setup.open} (OPEN): would recovery-close it") for line in r.lines)
+    assert r.err.startswith(f"note: {src} is running (registered and answering)"), r.err   # says it is live
+    # the E3 ledgers span all three writable bookies: no bookie can take src's fragments, so the real
+    # run would fail them, and the dry run says so and exits 1 (it used to exit 0)
+    failing = [line for line in r.lines[:-1] if ": would fail: " in line]
+    assert any(line.startswith(f"ledger {setup.closed} (CLOSED): would fail: copy") and "-> nothing (" in line
+               for line in failing), r.out
+    assert r.rc == 1
+    assert r.lines[-1] == (f"dry run: {len(on_src)} ledgers on {src}, {len(failing)} would fail or be skipped; "
+                           f"nothing changed")
+    # without the password too
+    nopw = await shell("recover", src, "--dry-run", *setup.ms())
+    assert nopw.rc == 1
+    assert any(line.startswith(f"ledger {setup.closed} (CLOSED): would fail: none of the passwords")
+               for line in nopw.lines), nopw.out
+    assert " would fail or be skipped; nothing changed" in nopw.lines[-1]
+    assert any(line.startswith(f"ledger {setup.open} (OPEN): would") and "recovery-close it" in line
+               for line in r.lines)
     after = await shell("ledgermetadata", str(setup.open), *setup.ms())
     assert "state: OPEN" in after.lines, "a dry run changes nothing"
 
