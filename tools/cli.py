@@ -10,7 +10,8 @@ Every command shares one logging setup (``setup_logging``): ``--log-level``
 (validated; default ``$QUIRE_LOG_LEVEL`` or INFO), ``--log-format text|json``
 (one JSON object per line, python-json-logger), libraries (kazoo, happybase,
 thriftpy2, py4j, asyncio) at WARNING unless the level asked for is DEBUG.
-Output cut short by a closed pipe (``quire shell listledgers | head``) ends
+``quire --print-completion bash|zsh|tcsh`` prints a shell completion
+script of every command and option (shtab). Output cut short by a closed pipe (``quire shell listledgers | head``) ends
 the command quietly with status 141, as a process killed by SIGPIPE would.
 """
 
@@ -64,6 +65,11 @@ def _configure(name: str, parser: argparse.ArgumentParser) -> Handler | None:
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quire", description="Quire: replicated log and pub/sub")
     parser.add_argument("--version", action="version", version=f"quire {__version__}")
+    import shtab
+
+    shtab.add_argument_to(parser, ["--print-completion"],
+                          help="print a bash, zsh or tcsh completion script (bash: quire --print-completion bash "
+                               "> ~/.local/share/bash-completion/completions/quire)")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                         default=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
                         help=f"{', '.join(LOG_LEVELS)} (default ${LOG_LEVEL_ENV}, else INFO)")
@@ -104,7 +110,7 @@ def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
 
 def _command_index(argv: list[str]) -> str | None:
     """The subcommand named in ``argv`` (skipping the top-level options and their values)."""
-    takes_value = {"--log-level", "--log-format"}
+    takes_value = {"--log-level", "--log-format", "--print-completion"}
     skip = False
     for arg in argv:
         if skip:

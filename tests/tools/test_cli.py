@@ -161,3 +161,18 @@ def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
     assert "pip install -q -e .\n" in run and "[test" not in run and "scan" not in run
     assert "quire standalone --data data" in run
     assert "pip install -q -e '.[test,scan]'" in plan("setup")
+
+
+def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
+    out = quire("--print-completion", "bash")
+    assert out.returncode == 0, out.stderr
+    script = tmp_path / "quire.bash"
+    script.write_text(out.stdout)
+    probe = (f"source {script}\n"
+             "complete_words() { COMP_WORDS=(\"$@\"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _shtab_quire; "
+             "echo \"${COMPREPLY[*]}\"; }\n"
+             "complete_words quire sh\ncomplete_words quire shell rec\ncomplete_words quire shell recover --dry\n"
+             "complete_words quire client pro\n")
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["shell", "recover", "--dry-run", "produce"]

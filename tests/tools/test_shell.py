@@ -154,6 +154,29 @@ async def test_readledger_ranges_hex_and_open_ledgers(setup: Setup) -> None:
     one_line_error(await shell("readledger", str(setup.closed), *setup.ms()), "password")
 
 
+async def test_ledger_password_from_a_file_or_the_environment(setup: Setup, tmp_path: Path) -> None:
+    """Not only --password (which every user sees in ps)."""
+    secret = tmp_path / "ledger.pw"
+    secret.write_text("pw\n")
+    want = [f"{i}\tentry-{i}" for i in (0, 1)]
+    r = await shell("readledger", str(setup.closed), "0", "1", "--password-file", str(secret), *setup.ms())
+    assert (r.rc, r.lines) == (0, want), r.err
+    r = await shell("readledger", str(setup.closed), "0", "1", *setup.ms(), env={"QUIRE_LEDGER_PASSWORD": "pw"})
+    assert (r.rc, r.lines) == (0, want), r.err
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("nope\n")
+    one_line_error(await shell("readledger", str(setup.closed), "--password-file", str(wrong), *setup.ms(),
+                               env={"QUIRE_LEDGER_PASSWORD": "pw"}), "password")   # the file wins
+    missing = await shell("readledger", str(setup.closed), "--password-file", str(tmp_path / "none"), *setup.ms())
+    one_line_error(missing, "cannot read password file")
+    assert missing.rc == 2
+    # recover tries every line of its password files: the closed ledger no longer "would fail" on it
+    passwords = tmp_path / "all.pw"
+    passwords.write_text("other\npw\n")
+    r = await shell("recover", setup.writable[0], "--dry-run", "--password-file", str(passwords), *setup.ms())
+    assert not any("none of the passwords" in line for line in r.lines), r.out
+
+
 async def test_simpletest_writes_reads_back_and_cleans_up(setup: Setup) -> None:
     r = await shell("simpletest", "--ensemble", "3", "--write-quorum", "2", "--ack-quorum", "2", "--entries", "20",
                     *setup.ms())

@@ -15,7 +15,8 @@ import argparse
 import asyncio
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import NoReturn, TextIO
 
 from bookie.errors import BKError
@@ -93,14 +94,23 @@ def password(text: str) -> bytes:
     return text.encode("utf-8")
 
 
+PASSWORD_ENV = "QUIRE_LEDGER_PASSWORD"
+
+
 def _password_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--password", type=password, default=b"", metavar="TEXT",
-                   help="the ledgers' password (default empty)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--password", type=password, default=None, metavar="TEXT",
+                        help=f"the ledgers' password (default ${PASSWORD_ENV}, else empty; visible in ps: "
+                             f"prefer --password-file or the variable)")
+    secret.add_argument("--password-file", metavar="FILE", help="read the password from FILE's first line")
 
 
 def _recovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", type=password, action="append", default=[], dest="passwords", metavar="TEXT",
-                   help="a ledger password; repeat for ledgers with different ones (the empty one is always tried)")
+                   help="a ledger password; repeat for ledgers with different ones (the empty one is always tried; "
+                        f"${PASSWORD_ENV} is tried too)")
+    p.add_argument("--password-file", action="append", default=[], dest="password_files", metavar="FILE",
+                   help="ledger passwords, one per line (repeatable)")
     p.add_argument("--skip-open", action="store_true",
                    help="leave open ledgers alone (default: recovery-close them first, fencing their writer)")
     p.add_argument("--parallel", type=positive, default=4, metavar="N", help="ledgers recovered at once (default 4)")
@@ -261,6 +271,39 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
         await store.close()
 
 
+def _secret_lines(path: str) -> list[bytes]:
+    """The non-empty lines of a secret file (trailing newline and carriage return dropped); ``UsageError``."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read password file {path}: {exc.strerror or exc}") from None
+    return [line.rstrip(b"\r") for line in text.split(b"\n") if line.rstrip(b"\r")]
+
+
+def resolve_passwords(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> None:
+    """Fill ``args.password`` / ``args.passwords`` from ``--password-file`` and ``$QUIRE_LEDGER_PASSWORD``.
+
+    A password on the command line is visible to every user in ``ps``; a file
+    or the variable is not. ``--password`` wins, then ``--password-file``, then
+    the variable. Raises ``UsageError`` for an unreadable or empty file.
+    """
+    env = os.environ if env is None else env
+    from_env = env.get(PASSWORD_ENV)
+    if hasattr(args, "password_file"):
+        if args.password is None and args.password_file:
+            lines = _secret_lines(args.password_file)
+            if not lines:
+                raise UsageError(f"password file {args.password_file} is empty")
+            args.password = lines[0]
+        if args.password is None:
+            args.password = from_env.encode() if from_env else b""
+    if hasattr(args, "password_files"):
+        for path in args.password_files:
+            args.passwords.extend(_secret_lines(path))
+        if from_env:
+            args.passwords.append(from_env.encode())
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the chosen shell command; returns its exit status (errors printed as one line on stderr)."""
     name = getattr(args, "shell_command", None)
@@ -269,6 +312,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     quiet_logging(args, "kazoo")  # kazoo's reconnects: errors only
     try:
+        resolve_passwords(args)
         return asyncio.run(_main(args, out if out is not None else sys.stdout))
     except ShellError as exc:
         sys.stderr.write(f"quire shell {name}: {exc}\n")
