@@ -50,7 +50,8 @@ def die_with_parent(env: dict[str, str] | None = None) -> None:
     (it died between starting us and this call) the SIGTERM is sent at once.
     Elsewhere than Linux, only that check is made.
     """
-    value = (os.environ if env is None else env).get(PARENT_PID_ENV, "")
+    # taken out of the environment: a process this role starts must not compare itself with our parent
+    value = (os.environ.pop(PARENT_PID_ENV, "") if env is None else env.get(PARENT_PID_ENV, ""))
     if not value.isdigit():
         return
     libc_name = ctypes.util.find_library("c")
