@@ -11,9 +11,10 @@ value raises ``ConfError`` (``bookie.errors.ConfError``, a subclass of
 ``quire bookie`` prints it and exits non-zero.
 
 Times are in milliseconds and sizes in bytes, as in BookKeeper's
-``bk_server.conf``. ``metastore_uri`` names the metastore (by default
-``lmdb://data/metastore``, the standalone cluster's); set empty, ``zk_host``
-(+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``.
+``bk_server.conf``. ``metastore_uri`` names the metastore; without it,
+``zk_host`` (+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``, and without
+either the bookie joins the standalone cluster's embedded metastore
+(``lmdb://data/metastore``).
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class BookieConf:
     advertised_address: str = setting("", "Host the bookie registers as (clients connect to it); "
                                           "empty = bookie_host.")
     ledger_directories: str = setting("data/bookie", "The one directory that holds the entry storage (LMDB).")
-    metastore_uri: str = setting(EMBEDDED_METASTORE_URI,
-                                 "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
-                                 "the default is the standalone cluster's (relative to the working directory).")
+    metastore_uri: str = setting("", "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
+                                     "empty: zk://<zk_host><zk_prefix> when zk_host is set, else "
+                                     "lmdb://data/metastore (the standalone cluster's, relative to the working "
+                                     "directory).")
     zk_host: str = setting("", "ZooKeeper servers (host:port[,host:port]), used as zk://<zk_host><zk_prefix> "
-                               "when metastore_uri is set empty.")
+                               "when metastore_uri is empty.")
     zk_prefix: str = setting("/quire", "Path prefix under which Quire's tables live in ZooKeeper.")
     session_timeout: int = setting(2000, "Registration session timeout (ms): the registration vanishes this "
                                          "long after the bookie dies.", min=1)
@@ -133,12 +135,13 @@ class BookieConf:
 
     @property
     def metastore(self) -> str:
-        """The metastore URI to open; ``ConfError`` when none is configured."""
+        """The metastore URI to open: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>``, else the
+        standalone cluster's embedded one (``lmdb://data/metastore``)."""
         if self.metastore_uri:
             return self.metastore_uri
         if self.zk_host:
             return f"zk://{self.zk_host}{self.zk_prefix}"
-        raise ConfError("no metastore configured: set metastore_uri (or zk_host)")
+        return EMBEDDED_METASTORE_URI
 
     @property
     def data_dir(self) -> Path:

@@ -82,7 +82,8 @@ class HubConf:
                                        min=1024)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path for server message filters")
     # --- ZooKeeper ---
-    zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is set empty)")
+    zk_host: str = setting("", "ZooKeeper servers, e.g. localhost:2181 (used when metastore_uri is empty; "
+                               "empty: no ZooKeeper)")
     zk_timeout: int = setting(2000, "ms of the metastore session (ownership and liveness leases)", min=100)
     # --- BookKeeper ---
     bk_ensemble_size: int = setting(3, "bookies per topic ledger", min=1)
@@ -90,12 +91,13 @@ class HubConf:
     bk_ack_quorum_size: int = setting(2, "acknowledgements before a publish succeeds", min=1)
     max_entries_per_ledger: int = setting(0, "entries before a topic rolls to a new ledger (0: unlimited)", min=0)
     # --- metadata ---
-    zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is set empty)")
+    zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
     metadata_manager_based_topic_manager_enabled: bool = setting(
         False, "claim topics by CAS + hub lease instead of ephemeral keys")
     metadata_manager_factory_class: str = setting("", "accepted for compatibility; Quire uses the MetaStore")
-    metastore_uri: str = setting(EMBEDDED_METASTORE_URI, "metastore URI (lmdb:///path, zk://host:port/prefix, "
-                                 "hbase://...); the default is the standalone cluster's; empty: zk_host")
+    metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...); empty: "
+                                     "zk://<zk_host><zk_prefix> when zk_host is set, else lmdb://data/metastore "
+                                     "(the standalone cluster's)")
     stats_http_port: int = setting(0, "Prometheus stats port (0: off, -1: pick a free port)", min=-1, max=65535)
 
     def __post_init__(self) -> None:
@@ -106,10 +108,13 @@ class HubConf:
 
     @property
     def metastore(self) -> str:
-        """The metastore URI: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>``."""
+        """The metastore URI: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>`` when ``zk_host`` is set,
+        else the standalone cluster's embedded one (``lmdb://data/metastore``)."""
         if self.metastore_uri:
             return self.metastore_uri
-        return f"zk://{self.zk_host}{self.zk_prefix}"
+        if self.zk_host:
+            return f"zk://{self.zk_host}{self.zk_prefix}"
+        return EMBEDDED_METASTORE_URI
 
     @property
     def max_frame_size(self) -> int:

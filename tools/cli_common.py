@@ -10,7 +10,9 @@
 The URI is ``--metastore``, else the conf file's ``metastore_uri``, else
 ``zk://<zk_host><zk_prefix>`` when the file sets ``zk_host`` (``zk_prefix``
 defaulting as the reading role's conf does: ``/quire`` for bookies and their
-tools, ``/hedwig`` for hub confs). Without either option, the environment
+tools, ``/hedwig`` for hub confs), else — a conf file that names no metastore,
+as the shipped ones — the store a bookie or hub would run on with it, the
+standalone cluster's ``lmdb://data/metastore``. Without either option, the environment
 variables ``QUIRE_METASTORE`` and ``QUIRE_CONF`` stand in for them (an
 option given on the command line always wins over both).
 
@@ -31,7 +33,7 @@ import os
 from collections.abc import Mapping
 
 from metastore import MetaStore, open_existing_metastore
-from metastore.conf import read_properties
+from metastore.conf import EMBEDDED_METASTORE_URI, read_properties
 from metastore.errors import IllegalOpError, MetastoreError, StoreNotFoundError
 
 __all__ = [
@@ -110,15 +112,20 @@ def metastore_from_args(metastore: str | None, conf: str | None, default_zk_pref
     """The metastore URI (``None`` when nothing names one) and the keys of the conf file (``{}`` without one).
 
     ``--metastore``, else ``--conf``'s, else ``$QUIRE_METASTORE``, else
-    ``$QUIRE_CONF``'s; the conf file is ``--conf``, else ``$QUIRE_CONF``.
-    Raises ``metastore.conf.ConfError`` when the conf file cannot be read.
+    ``$QUIRE_CONF``'s; the conf file is ``--conf``, else ``$QUIRE_CONF``. A
+    conf file that names no metastore means what the roles make of it, the
+    embedded ``lmdb://data/metastore``. Raises ``metastore.conf.ConfError``
+    when the conf file cannot be read.
     """
     env = os.environ if env is None else env
-    conf = conf or env.get(CONF_ENV) or None
-    props = read_properties(conf) if conf is not None else {}
-    explicit = metastore or (metastore_uri_of(props, default_zk_prefix) if conf and conf != env.get(CONF_ENV)
-                             else None)
-    return explicit or env.get(METASTORE_ENV) or metastore_uri_of(props, default_zk_prefix), props
+    conf_file = conf or env.get(CONF_ENV) or None
+    props = read_properties(conf_file) if conf_file is not None else {}
+    of_conf = (metastore_uri_of(props, default_zk_prefix) or EMBEDDED_METASTORE_URI) if conf_file else None
+    if metastore:
+        return metastore, props
+    if conf:
+        return of_conf, props
+    return env.get(METASTORE_ENV) or of_conf, props
 
 
 async def open_tool_metastore(uri: str, timeout: float | None = None) -> MetaStore:

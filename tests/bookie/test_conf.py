@@ -41,5 +41,6 @@ def test_typed_values_and_derived_properties() -> None:
     conf = msconf.parse_conf(BookieConf, {"gc_wait_time": 1500, "disk_check_interval": "250"})
     assert (conf.gc_wait_time_s, conf.disk_check_interval_s) == (1.5, 0.25)
     assert conf.metastore == "lmdb://data/metastore"  # the standalone cluster's, so stock confs join it
-    with pytest.raises(ConfError, match="no metastore configured"):
-        _ = msconf.parse_conf(BookieConf, {"metastore_uri": ""}).metastore
+    assert msconf.parse_conf(BookieConf, {"zk_host": "zk1:2181"}).metastore == "zk://zk1:2181/quire"
+    assert msconf.parse_conf(BookieConf, {"zk_host": "zk1:2181", "metastore_uri": "lmdb:///m"}).metastore == \
+        "lmdb:///m"
