@@ -75,6 +75,11 @@ async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
                                 stop_within=30) as lines:
         uri = lines[0].split()[1]
         assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
+        for line in lines[1:-1]:   # every process: address, metrics URL, log file, pid
+            role, address, metrics, logf, pid = line.split()
+            assert role in ("bookie", "hub") and address.startswith("127.0.0.1:")
+            assert metrics.startswith("metrics=http://127.0.0.1:") and metrics.endswith("/metrics")
+            assert Path(logf.removeprefix("log=")).is_file() and pid.removeprefix("pid=").isdigit()
         bk = await BookKeeper.connect(uri)
         lh = await bk.create_ledger(2, 2, 2)
         assert await lh.add_entry(b"hello") == 0
