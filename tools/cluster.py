@@ -195,6 +195,23 @@ class LocalCluster:
                for role in [*self._bookies, *self._hubs]]
         return own + [p for c in self.region_clusters.values() if c is not self for p in c.processes()]
 
+    @staticmethod
+    def running_pid(data_dir: str | os.PathLike[str]) -> int | None:
+        """The pid of the process running a cluster on ``data_dir`` now, or ``None``."""
+        path = Path(data_dir) / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)  # also drops the shared lock if we got it
+        return None
+
     def _lock(self) -> None:
         """Take ``DATA_DIR/cluster.lock`` (released when this process exits, however it exits)."""
         path = self.data_dir / LOCK_NAME

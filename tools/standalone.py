@@ -23,6 +23,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 
 from tools.cluster import LocalCluster
 from tools.launch import STOP_SIGNALS
@@ -61,6 +62,10 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
 
 
 def run(args: argparse.Namespace) -> int:
+    running = LocalCluster.running_pid(args.data)   # before the port: a second `make run` holds 4080 too
+    if running is not None:
+        sys.stderr.write(f"quire standalone: already running (pid {running}) on {Path(args.data).resolve()}\n")
+        return 1
     if args.hubs and args.hub_port and not _port_free(args.hub_port):
         sys.stderr.write(f"quire standalone: hub port {args.hub_port} is in use "
                          f"(stop what holds it, or pass --hub-port 0 for any free port)\n")

@@ -90,8 +90,9 @@ async def test_report_lock_and_no_orphans_after_sigkill(tmp_path: Path) -> None:
         for p in procs:
             assert p["address"].startswith("127.0.0.1:") and p["metrics_url"].endswith("/metrics")
             assert Path(p["log_path"]).is_file() and isinstance(p["pid"], int)
-        # a second standalone on the same data directory refuses, naming the first
-        second = await asyncio.to_thread(quire, "standalone", "--hub-port", "0", "--data", str(data))
+        # a second standalone on the same data directory (and so the same hub port) refuses, naming the first
+        hub_port = procs[1]["address"].rsplit(":", 1)[1]
+        second = await asyncio.to_thread(quire, "standalone", "--hub-port", hub_port, "--data", str(data))
         assert second.returncode == 1
         assert second.stderr.strip().splitlines() == [
             f"quire standalone: already running (pid {proc.pid}) on {data}"]
