@@ -48,6 +48,7 @@ __all__ = [
     "open_tool_metastore",
     "probe_metastore",
     "quiet_logging",
+    "seconds",
 ]
 
 
