@@ -565,7 +565,9 @@ def _range_text(r: Any) -> str:
 def configure(parser: argparse.ArgumentParser) -> Handler:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EXAMPLE
-    parser.add_argument("--server", metavar="HOST:PORT", help="hub server to connect to (default 127.0.0.1:4080)")
+    parser.add_argument("--server", metavar="HOST:PORT",
+                        help="hub server to connect to (default $QUIRE_SERVER, else the --conf's server_port on "
+                             "127.0.0.1, else 127.0.0.1:4080)")
     from tools.cli_common import add_common_options
 
     add_common_options(parser, timeout=10.0, conf_help="hub server conf (hw_server.conf: metastore_uri, "
@@ -591,7 +593,7 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
         from hub.conf import HubConf
         from metastore.conf import parse_conf
         parse_conf(HubConf, server_conf, source=os.path.basename(server_conf_path))  # one-line error if bad
-    server = args.server or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
+    server = args.server or os.environ.get("QUIRE_SERVER") or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
     console = HedwigConsole(server=server, metastore_uri=metastore_uri,
                             region=server_conf.get("region", "standalone"), client_conf=client_conf)
     if getattr(args, "timeout", None):

@@ -176,3 +176,10 @@ def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
     res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == ["shell", "recover", "--dry-run", "produce"]
+
+
+def test_console_finds_its_hub_in_quire_server() -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "console", "--timeout", "3", "-c", "pub t hello"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "QUIRE_SERVER": "127.0.0.1:1"})
+    assert out.returncode == 1
+    assert "cannot connect to hub server 127.0.0.1:1" in out.stdout + out.stderr
