@@ -28,7 +28,10 @@ friends in that region), ``stats_urls`` of every region.
 
 Every role process dies with the process that started it (``PR_SET_PDEATHSIG``:
 it gets SIGTERM when its parent dies, even by SIGKILL), so a killed test run or
-``quire standalone`` leaves no orphans. After its ready line a role's stdout is
+``quire standalone`` leaves no orphans. (Linux ties that to the thread that
+started the process: run the cluster's event loop on a thread that lives as
+long as the cluster. A ZooKeeper server or HBase emulator started for
+``metastore="zookeeper"``/``"hbase"`` is not covered.) After its ready line a role's stdout is
 copied into its log file (``processes()`` lists every process's address,
 metrics URL, log file and pid). One data directory runs one cluster at a time:
 ``start`` takes ``DATA_DIR/cluster.lock`` and raises ``ClusterRunningError``
