@@ -10,7 +10,7 @@ Every command shares one logging setup (``setup_logging``): ``--log-level``
 (validated; default ``$QUIRE_LOG_LEVEL`` or INFO), ``--log-format text|json``
 (one JSON object per line, python-json-logger), libraries (kazoo, happybase,
 thriftpy2, py4j, asyncio) at WARNING unless the level asked for is DEBUG.
-``quire --print-completion bash|zsh|tcsh`` prints a shell completion
+``quire --print-completion bash|zsh|...`` prints a shell completion
 script of every command and option (shtab). Output cut short by a closed pipe (``quire shell listledgers | head``) ends
 the command quietly with status 141, as a process killed by SIGPIPE would.
 """
@@ -68,7 +68,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     import shtab
 
     shtab.add_argument_to(parser, ["--print-completion"],
-                          help="print a bash, zsh or tcsh completion script (bash: quire --print-completion bash "
+                          help="print a shell completion script (bash: quire --print-completion bash "
                                "> ~/.local/share/bash-completion/completions/quire)")
     parser.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
                         default=os.environ.get(LOG_LEVEL_ENV, "INFO").upper(),
