@@ -3,6 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.quire-installed
+RUN_STAMP := $(VENV)/.quire-run-installed
 BENCH_STAMP := $(VENV)/.quire-bench-installed
 DATA   ?= data
 PROTOS := $(wildcard metastore/proto/*.proto bookie/proto/*.proto hub/proto/*.proto)
@@ -21,6 +22,12 @@ $(STAMP): pyproject.toml tests/plugin_example/pyproject.toml | $(PY)
 	touch $@
 
 setup: $(STAMP)
+
+# `make run` needs only the runtime dependencies: no test tools, no Spark.
+$(RUN_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
 
 # Real components the tests need: Java 17 (on the machine) and Debian's ZooKeeper.
 system-deps:
@@ -50,7 +57,7 @@ $(BENCH_STAMP): $(STAMP)
 # Peers and clients for `quire bench publish|fanout`: Debian redis-server and nats-server, redis-py and nats-py.
 bench-deps: system-deps $(BENCH_STAMP)
 
-run: setup
+run: $(RUN_STAMP)
 	$(VENV)/bin/quire standalone --data $(DATA)
 
 lint: setup

@@ -1,6 +1,6 @@
 """The ledger client: create, write, read, recover, close and delete replicated ledgers.
 
-    bk = await BookKeeper.connect("lmdb:///var/lib/quire/meta")        # rack-aware placement
+    bk = await BookKeeper.connect("lmdb://data/metastore")        # rack-aware placement
     lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2,
                                 digest="crc32c", password=b"secret")
     eid = await lh.add_entry(b"payload")          # 0, 1, 2, ... completed in entry-id order
@@ -52,7 +52,7 @@ from bookie.metadata import LedgerMetadata, LedgerMetadataManager, check_passwor
 from bookie.recovery import recover_ledger
 from bookie.registration import BOOKIES_TABLE
 from bookie.watcher import BookieWatcher
-from metastore import MetaStore, Version, open_metastore
+from metastore import MetaStore, Version, open_existing_metastore
 from placement import EnsemblePlacementPolicy, StaticMapping, client_policy
 from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
@@ -102,15 +102,19 @@ class BookKeeper:
                       conf: Mapping[str, Any] | None = None) -> BookKeeper:
         """Open the metastore (a URI or an open store), read the bookie registrations, start watching.
 
+        A URI is opened with ``open_existing_metastore``: a client never creates
+        a store, so ``lmdb:///typo`` fails at once naming the path.
+
         Raises ``ConfError`` naming a bad key of ``conf``, and
-        ``metastore.errors.ServiceDownError`` when the metastore is unreachable.
+        ``metastore.errors.ServiceDownError`` when the metastore is unreachable
+        (``StoreNotFoundError``, a subclass, when it does not exist).
         """
         cconf = ClientConf.from_mapping(conf)
         mapping: StaticMapping | None = None
         if placement_policy is None:
             placement_policy, mapping = client_policy(conf)
         owns = isinstance(metastore, str)
-        store = await open_metastore(metastore) if isinstance(metastore, str) else metastore
+        store = await open_existing_metastore(metastore) if isinstance(metastore, str) else metastore
         try:
             manager = await LedgerMetadataManager.open(store)
             await store.create_scannable_table(BOOKIES_TABLE)

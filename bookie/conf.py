@@ -12,7 +12,9 @@ value raises ``ConfError`` (``bookie.errors.ConfError``, a subclass of
 
 Times are in milliseconds and sizes in bytes, as in BookKeeper's
 ``bk_server.conf``. ``metastore_uri`` names the metastore; without it,
-``zk_host`` (+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``.
+``zk_host`` (+ ``zk_prefix``) means ``zk://<zk_host><zk_prefix>``, and without
+either the bookie joins the standalone cluster's embedded metastore
+(``lmdb://data/metastore``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 from bookie.errors import ConfError
 from metastore import conf as _conf
-from metastore.conf import read_properties, setting
+from metastore.conf import EMBEDDED_METASTORE_URI, read_properties, setting
 from placement import DEFAULT_RACK
 
 __all__ = ["DEFAULT_RACK", "BookieConf", "read_properties"]
@@ -45,7 +47,9 @@ class BookieConf:
                                           "empty = bookie_host.")
     ledger_directories: str = setting("data/bookie", "The one directory that holds the entry storage (LMDB).")
     metastore_uri: str = setting("", "Metastore URI (lmdb:///path, zk://host:port/prefix, hbase://host:port/prefix); "
-                                     "required unless zk_host is set.")
+                                     "empty: zk://<zk_host><zk_prefix> when zk_host is set, else "
+                                     "lmdb://data/metastore (the standalone cluster's, relative to the working "
+                                     "directory).")
     zk_host: str = setting("", "ZooKeeper servers (host:port[,host:port]), used as zk://<zk_host><zk_prefix> "
                                "when metastore_uri is empty.")
     zk_prefix: str = setting("/quire", "Path prefix under which Quire's tables live in ZooKeeper.")
@@ -149,12 +153,13 @@ class BookieConf:
 
     @property
     def metastore(self) -> str:
-        """The metastore URI to open; ``ConfError`` when none is configured."""
+        """The metastore URI to open: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>``, else the
+        standalone cluster's embedded one (``lmdb://data/metastore``)."""
         if self.metastore_uri:
             return self.metastore_uri
         if self.zk_host:
             return f"zk://{self.zk_host}{self.zk_prefix}"
-        raise ConfError("no metastore configured: set metastore_uri (or zk_host)")
+        return EMBEDDED_METASTORE_URI
 
     @property
     def data_dir(self) -> Path:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metastore.conf import ConfError, conf_values, load_conf, parse_conf, require, setting
+from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_conf, parse_conf, require, setting
 
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
@@ -86,7 +86,8 @@ class HubConf:
     server_filter_allowlist: tuple[str, ...] = setting((), "dotted prefixes of other server message filter classes "
                                                        "hubs may load, space or comma separated (empty: none)")
     # --- ZooKeeper ---
-    zk_host: str = setting("localhost:2181", "ZooKeeper servers (used when metastore_uri is empty)")
+    zk_host: str = setting("", "ZooKeeper servers, e.g. localhost:2181 (used when metastore_uri is empty; "
+                               "empty: no ZooKeeper)")
     zk_timeout: int = setting(2000, "ms of the metastore session (ownership and liveness leases)", min=100)
     # --- BookKeeper ---
     bk_ensemble_size: int = setting(3, "bookies per topic ledger", min=1)
@@ -98,7 +99,9 @@ class HubConf:
     metadata_manager_based_topic_manager_enabled: bool = setting(
         False, "claim topics by CAS + hub lease instead of ephemeral keys")
     metadata_manager_factory_class: str = setting("", "accepted for compatibility; Quire uses the MetaStore")
-    metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...)")
+    metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...); empty: "
+                                     "zk://<zk_host><zk_prefix> when zk_host is set, else lmdb://data/metastore "
+                                     "(the standalone cluster's)")
     stats_http_port: int = setting(0, "Prometheus stats port (0: off, -1: pick a free port)", min=-1, max=65535)
 
     def __post_init__(self) -> None:
@@ -109,10 +112,13 @@ class HubConf:
 
     @property
     def metastore(self) -> str:
-        """The metastore URI: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>``."""
+        """The metastore URI: ``metastore_uri``, else ``zk://<zk_host><zk_prefix>`` when ``zk_host`` is set,
+        else the standalone cluster's embedded one (``lmdb://data/metastore``)."""
         if self.metastore_uri:
             return self.metastore_uri
-        return f"zk://{self.zk_host}{self.zk_prefix}"
+        if self.zk_host:
+            return f"zk://{self.zk_host}{self.zk_prefix}"
+        return EMBEDDED_METASTORE_URI
 
     def filter_conf(self) -> dict[str, str]:
         """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.

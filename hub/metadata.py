@@ -4,7 +4,7 @@ Hedwig's ``TopicOwnershipManager``, ``TopicPersistenceManager`` and
 ``SubscriptionDataManager`` (seed ``hedwig-docs-and-metastore.txt``, "Metadata
 management"), plus the registry of live hubs and their load::
 
-    ms = await open_metastore("lmdb:///var/lib/quire/meta")
+    ms = await open_metastore("lmdb://data/metastore")
     owners = TopicOwnershipManager(ms)
     await owners.start()                                   # creates/opens ``topic_owners``
     session = await ms.session(timeout=2.0)

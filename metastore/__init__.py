@@ -1,7 +1,7 @@
 """Quire's pluggable metadata store.
 
     from metastore import open_metastore, Value, Version, ALL_FIELDS, Order
-    ms = await open_metastore("lmdb:///var/lib/quire/meta")
+    ms = await open_metastore("lmdb://data/metastore")
 
 See ``metastore.api`` for the contract and ``metastore.sync`` for the
 blocking facade.
@@ -21,7 +21,7 @@ from metastore.api import (
     Versioned,
     WatchEvent,
 )
-from metastore.registry import open_metastore
+from metastore.registry import open_existing_metastore, open_metastore
 
 __all__ = [
     "ALL_FIELDS",
@@ -36,5 +36,6 @@ __all__ = [
     "Version",
     "Versioned",
     "WatchEvent",
+    "open_existing_metastore",
     "open_metastore",
 ]

@@ -3,7 +3,7 @@
 This mirrors BookKeeper's ``MetaStore`` / ``MetastoreTable`` /
 ``MetastoreScannableTable`` / ``MetastoreCursor`` in asyncio form::
 
-    ms = await open_metastore("lmdb:///var/lib/quire/meta")
+    ms = await open_metastore("lmdb://data/metastore")
     t = await ms.create_table("topics")
     v = await t.put("k", Value({"owner": b"hub1"}), Version.NEW)   # create
     got = await t.get("k")                                          # Versioned

@@ -49,6 +49,7 @@ callers parse it here.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -60,6 +61,7 @@ from urllib.parse import parse_qsl
 from metastore.errors import IllegalOpError
 
 __all__ = [
+    "EMBEDDED_METASTORE_URI",
     "ConfError",
     "check_conf_file",
     "conf_keys",
@@ -74,6 +76,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+EMBEDDED_METASTORE_URI = "lmdb://data/metastore"
+"""The standalone cluster's metastore (``quire standalone --data data``), relative to the working
+directory: the default ``metastore_uri`` of the shipped bookie and hub confs, so they join it."""
 
 _TRUE = frozenset({"true", "yes", "on", "1"})
 _FALSE = frozenset({"false", "no", "off", "0"})
@@ -205,7 +211,7 @@ def parse_conf(cls: type[T], values: Mapping[str, Any] | Iterable[tuple[str, Any
     for key, raw in items:
         f = known.get(key)
         if f is None:
-            raise ConfError(f"{source}: unknown key {key!r}")
+            raise _unknown_key(source, key, known)
         tp = hints[key]
         try:
             value = _convert(key, raw, tp)
@@ -224,31 +230,41 @@ def parse_conf(cls: type[T], values: Mapping[str, Any] | Iterable[tuple[str, Any
 
 
 def read_properties(path: str | os.PathLike[str]) -> dict[str, str]:
-    """Parse a Java-style properties file into ``{key: value}`` (strings, stripped).
+    """Parse a Java properties file into ``{key: value}`` (strings, stripped), by Java's rules (jproperties).
 
-    ``#`` and ``!`` start comment lines; ``key=value``, ``key: value`` and
-    ``key value`` are accepted; a repeated key keeps its last value. Raises
-    ``ConfError`` when the file cannot be read or a line has no key.
+    ``#`` and ``!`` start comment lines; the key ends at the first unescaped
+    ``=``, ``:`` or whitespace (``key=value``, ``key: value`` and ``key value``
+    alike, so ``metastore_uri lmdb:///x`` is the key ``metastore_uri``); a
+    line ending in an odd number of backslashes continues on the next line;
+    ``\\t``, ``\\n``, ``\\uXXXX``, ``\\=``, ``\\:``, ``\\ `` and ``\\\\`` are
+    escapes. A repeated key keeps its last value. Raises ``ConfError`` when
+    the file cannot be read or parsed, or a line has no key.
     """
+    from jproperties import Properties
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise ConfError(f"cannot read configuration file {path}: {exc.strerror or exc}") from None
-    out: dict[str, str] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-        if cut < 0:
-            key, _, value = line.partition(" ")
-        else:
-            key, value = line[:cut], line[cut + 1:]
-        key, value = key.strip(), value.strip()
-        if not key:
-            raise ConfError(f"{path}:{lineno}: line has no key: {raw.strip()!r}")
-        out[key] = value
+    props = Properties()
+    try:
+        props.load(data, "utf-8")
+    except Exception as exc:  # jproperties raises its ParseError, UnicodeDecodeError, ValueError
+        raise ConfError(f"cannot parse configuration file {path}: {exc}") from None
+    out = {str(k).strip(): str(v).strip() for k, v in props.properties.items()}
+    if "" in out:
+        text = data.decode("utf-8", errors="replace").splitlines()
+        lineno, raw = next(((i, line) for i, line in enumerate(text, 1) if line.strip()[:1] in ("=", ":")),
+                           (0, ""))
+        raise ConfError(f"{path}:{lineno}: line has no key: {raw.strip()!r}")
     return out
+
+
+def _unknown_key(source: str, key: str, known: Iterable[str]) -> ConfError:
+    """``unknown key 'x'``, with the closest known key when one is close (``did you mean 'y'?``)."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfError(f"{source}: unknown key {key!r}{hint}")
 
 
 def load_conf(cls: type[T], path: str | os.PathLike[str] | None = None,

@@ -47,6 +47,11 @@ class ServiceDownError(MetastoreError):
     code = "ServiceDown"
 
 
+class StoreNotFoundError(ServiceDownError):
+    """The store the URI names does not exist (an lmdb directory without a store), and the caller
+    asked not to create one (``open_existing_metastore``: clients and tools)."""
+
+
 class IllegalOpError(MetastoreError):
     """The call is not valid: bad argument, closed store, unsupported operation,
     unknown URI scheme, a value over the backend's size limit."""

@@ -8,6 +8,13 @@ group ``quire.metastore``::
 
 ``open_metastore("myscheme://...")`` then loads ``MyMetaStore`` and awaits
 ``MyMetaStore.open(uri, **conf)``.
+
+Servers (bookies, hubs, ``quire standalone``) open with ``open_metastore``,
+which creates an embedded store that is missing; clients and tools open with
+``open_existing_metastore``, so ``lmdb:///typo`` fails naming the path instead
+of creating an empty store. A backend that would create a missing store sets
+the class attribute ``creates_missing_store = True`` and accepts the option
+``create=False``.
 """
 
 from __future__ import annotations
@@ -61,3 +68,16 @@ async def open_metastore(uri: str, **conf: Any) -> MetaStore:
     store = await cls.open(uri, **conf)
     log.debug("opened metastore %s (%s v%s)", uri, store.name, store.version)
     return store
+
+
+async def open_existing_metastore(uri: str, **conf: Any) -> MetaStore:
+    """``open_metastore`` for clients and tools: never creates a store that does not exist yet.
+
+    Raises ``StoreNotFoundError`` (a ``ServiceDownError``) naming the path when
+    the backend would have created one (an lmdb directory without a store),
+    else as ``open_metastore``.
+    """
+    cls = backend_class(scheme_of(uri))
+    if getattr(cls, "creates_missing_store", False):
+        conf.setdefault("create", False)
+    return await open_metastore(uri, **conf)

@@ -1,7 +1,7 @@
 """A blocking facade over any MetaStore, for tools, scripts and Spark executors.
 
     from metastore import sync, Value, Version
-    ms = sync.open_metastore("lmdb:///var/lib/quire/meta")
+    ms = sync.open_metastore("lmdb://data/metastore")
     t = ms.create_table("topics")
     v = t.put("k", Value({"owner": b"hub1"}), Version.NEW)
     cur = t.open_cursor()

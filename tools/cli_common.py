@@ -1,5 +1,7 @@
-"""What every ``quire`` tool does with ``--metastore URI`` / ``--conf FILE``.
+"""What every ``quire`` tool does with ``--metastore URI`` / ``--conf FILE`` / ``--timeout SECONDS``.
 
+    add_common_options(tool_parser, timeout=10.0)                 # before the command: quire shell --metastore U ls
+    add_common_options(command_parser, timeout=10.0, in_command=True)  # and after it: quire shell ls --metastore U
     uri, props = metastore_from_args(args.metastore, args.conf)   # props: the --conf file's keys
     if uri is None: ...                                           # each tool words its own usage error
     store = await open_tool_metastore(uri, timeout=10.0)          # or probe_metastore(uri) without a loop
@@ -8,7 +10,11 @@
 The URI is ``--metastore``, else the conf file's ``metastore_uri``, else
 ``zk://<zk_host><zk_prefix>`` when the file sets ``zk_host`` (``zk_prefix``
 defaulting as the reading role's conf does: ``/quire`` for bookies and their
-tools, ``/hedwig`` for hub confs).
+tools, ``/hedwig`` for hub confs), else — a conf file that names no metastore,
+as the shipped ones — the store a bookie or hub would run on with it, the
+standalone cluster's ``lmdb://data/metastore``. Without either option, the environment
+variables ``QUIRE_METASTORE`` and ``QUIRE_CONF`` stand in for them (an
+option given on the command line always wins over both).
 
 Failure: a conf file that cannot be read raises ``metastore.conf.ConfError``;
 a metastore that cannot be opened raises a ``MetastoreOpenError`` whose
@@ -23,22 +29,62 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from collections.abc import Mapping
 
-from metastore import MetaStore, open_metastore
-from metastore.conf import read_properties
-from metastore.errors import IllegalOpError, MetastoreError
+from metastore import MetaStore, open_existing_metastore
+from metastore.conf import EMBEDDED_METASTORE_URI, read_properties
+from metastore.errors import IllegalOpError, MetastoreError, StoreNotFoundError
 
 __all__ = [
+    "CONF_ENV",
+    "METASTORE_ENV",
     "BadMetastoreURIError",
     "MetastoreOpenError",
     "MetastoreUnreachableError",
+    "add_common_options",
     "metastore_from_args",
     "metastore_uri_of",
     "open_tool_metastore",
     "probe_metastore",
     "quiet_logging",
+    "seconds",
 ]
+
+
+METASTORE_ENV = "QUIRE_METASTORE"
+CONF_ENV = "QUIRE_CONF"
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
+    return value
+
+
+def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_command: bool = False,
+                       conf_help: str = "properties file with metastore_uri (or zk_host/zk_prefix)") -> None:
+    """``--metastore``, ``--conf``, ``--timeout`` on a tool's parser, or (``in_command``) on one command's.
+
+    Add them to both so they are accepted before and after the command: the
+    command's copies default to "not given" (``argparse.SUPPRESS``), so a value
+    given before the command is kept. ``--metastore``/``--conf`` default to
+    ``None``: ``metastore_from_args`` then reads ``QUIRE_METASTORE``/``QUIRE_CONF``.
+    """
+    group = parser.add_argument_group("metastore")
+    unset: object = argparse.SUPPRESS
+    group.add_argument("--metastore", metavar="URI", default=unset if in_command else None,
+                       help=f"metastore URI (lmdb://data/metastore, zk://host:port/prefix, ...); "
+                            f"default ${METASTORE_ENV}")
+    group.add_argument("--conf", metavar="FILE", default=unset if in_command else None,
+                       help=f"{conf_help}; default ${CONF_ENV}")
+    group.add_argument("--timeout", metavar="SECONDS", type=seconds, default=unset if in_command else timeout,
+                       help=f"bound for opening the metastore and each request (default {timeout:g})")
 
 
 class MetastoreOpenError(Exception):
@@ -62,23 +108,37 @@ def metastore_uri_of(props: Mapping[str, str], default_zk_prefix: str = "/quire"
     return None
 
 
-def metastore_from_args(metastore: str | None, conf: str | None,
-                        default_zk_prefix: str = "/quire") -> tuple[str | None, dict[str, str]]:
-    """The metastore URI (``None`` when neither names one) and the keys of the ``conf`` file (``{}`` without one).
+def metastore_from_args(metastore: str | None, conf: str | None, default_zk_prefix: str = "/quire",
+                        env: Mapping[str, str] | None = None) -> tuple[str | None, dict[str, str]]:
+    """The metastore URI (``None`` when nothing names one) and the keys of the conf file (``{}`` without one).
 
-    Raises ``metastore.conf.ConfError`` when ``conf`` cannot be read.
+    ``--metastore``, else ``--conf``'s, else ``$QUIRE_METASTORE``, else
+    ``$QUIRE_CONF``'s; the conf file is ``--conf``, else ``$QUIRE_CONF``. A
+    conf file that names no metastore means what the roles make of it, the
+    embedded ``lmdb://data/metastore``. Raises ``metastore.conf.ConfError``
+    when the conf file cannot be read.
     """
-    props = read_properties(conf) if conf is not None else {}
-    return metastore or metastore_uri_of(props, default_zk_prefix), props
+    env = os.environ if env is None else env
+    conf_file = conf or env.get(CONF_ENV) or None
+    props = read_properties(conf_file) if conf_file is not None else {}
+    of_conf = (metastore_uri_of(props, default_zk_prefix) or EMBEDDED_METASTORE_URI) if conf_file else None
+    if metastore:
+        return metastore, props
+    if conf:
+        return of_conf, props
+    return env.get(METASTORE_ENV) or of_conf, props
 
 
 async def open_tool_metastore(uri: str, timeout: float | None = None) -> MetaStore:
-    """Open ``uri`` within ``timeout`` seconds (``None`` or 0: no bound).
+    """Open the existing store ``uri`` within ``timeout`` seconds (``None`` or 0: no bound); never creates one.
 
-    Raises ``BadMetastoreURIError`` or ``MetastoreUnreachableError`` (see the module docstring).
+    Raises ``BadMetastoreURIError`` or ``MetastoreUnreachableError`` (see the module docstring);
+    a missing lmdb store is ``no lmdb metastore at PATH (...)``.
     """
     try:
-        return await asyncio.wait_for(open_metastore(uri), timeout or None)
+        return await asyncio.wait_for(open_existing_metastore(uri), timeout or None)
+    except StoreNotFoundError as exc:
+        raise MetastoreUnreachableError(str(exc)) from None
     except TimeoutError:
         raise MetastoreUnreachableError(f"metastore {uri} did not answer within {timeout:g} s") from None
     except IllegalOpError as exc:

@@ -25,11 +25,24 @@ live under ``data_dir/region-NAME``), wired through each region's
 has ``ssl_enabled=true``) and the hubs' ``regions``:
 ``hub_addresses_by_region``, ``region_clusters[name]`` (for ``kill_hub`` and
 friends in that region), ``stats_urls`` of every region.
+
+Every role process dies with the process that started it (``PR_SET_PDEATHSIG``:
+it gets SIGTERM when its parent dies, even by SIGKILL), so a killed test run or
+``quire standalone`` leaves no orphans. (Linux ties that to the thread that
+started the process: run the cluster's event loop on a thread that lives as
+long as the cluster. A ZooKeeper server or HBase emulator started for
+``metastore="zookeeper"``/``"hbase"`` is not covered.) After its ready line a role's stdout is
+copied into its log file (``processes()`` lists every process's address,
+metrics URL, log file and pid). One data directory runs one cluster at a time:
+``start`` takes ``DATA_DIR/cluster.lock`` and raises ``ClusterRunningError``
+("already running (pid N)") while another process holds it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
 import os
 import shutil
@@ -43,11 +56,29 @@ from pathlib import Path
 from typing import Any
 
 from bookie.testing import READY_PREFIX, bookie_command, parse_ready_line, write_conf
+from tools.launch import PARENT_PID_ENV  # in every role's environment: the role dies with this process
 
 log = logging.getLogger(__name__)
 
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
+LOCK_NAME = "cluster.lock"
+
+
+class ClusterRunningError(RuntimeError):
+    """Another process already runs a cluster on this data directory; the message names its pid."""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """One role process of a running cluster, as ``quire standalone`` prints it."""
+
+    role: str           # "bookie" or "hub"
+    name: str           # "bookie-0", "hub-0"
+    address: str        # host:port it serves
+    metrics_url: str    # http://127.0.0.1:PORT/metrics ("" when off)
+    log_path: str
+    pid: int | None     # None once it has exited
 
 
 @dataclass
@@ -62,6 +93,7 @@ class _Role:
     ssl_address: str = ""
     proc: asyncio.subprocess.Process | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    drain: asyncio.Task[None] | None = None
 
     @property
     def alive(self) -> bool:
@@ -119,6 +151,7 @@ class LocalCluster:
         self._zk: Any = None
         self._emulator: asyncio.subprocess.Process | None = None
         self._started = False
+        self._lock_fd: int | None = None
         # the other regions: independent clusters (own metastore, bookies, hubs) under our data dir
         self.region_clusters: dict[str, LocalCluster] = {region: self}
         for name in (regions or [])[1:]:
@@ -158,9 +191,60 @@ class LocalCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def processes(self) -> list[ProcessInfo]:
+        """Every role process of this cluster (bookies, then hubs), then of the other regions."""
+        own = [ProcessInfo(role.name.split("-")[0], role.name, role.address, role.stats_url, str(role.log_path),
+                           role.proc.pid if role.alive and role.proc is not None else None)
+               for role in [*self._bookies, *self._hubs]]
+        return own + [p for c in self.region_clusters.values() if c is not self for p in c.processes()]
+
+    @staticmethod
+    def running_pid(data_dir: str | os.PathLike[str]) -> int | None:
+        """The pid of the process running a cluster on ``data_dir`` now, or ``None``."""
+        path = Path(data_dir) / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)  # also drops the shared lock if we got it
+        return None
+
+    def _lock(self) -> None:
+        """Take ``DATA_DIR/cluster.lock`` (released when this process exits, however it exits)."""
+        path = self.data_dir / LOCK_NAME
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ClusterRunningError(f"already running (pid {holder}) on {self.data_dir}") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def _unlock(self) -> None:
+        if getattr(self, "_lock_fd", None) is not None:
+            assert self._lock_fd is not None
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
     async def start(self) -> None:
-        """Start the metastore (if it is ours) and every bookie; return once all are registered."""
+        """Start the metastore (if it is ours) and every bookie; return once all are registered.
+
+        Raises ``ClusterRunningError`` when another process runs a cluster on ``data_dir``,
+        ``RuntimeError`` naming the role (with its log tail) when one fails to start.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock()
         others = [c for c in self.region_clusters.values() if c is not self]
         try:
             if others:
@@ -278,6 +362,7 @@ class LocalCluster:
     @staticmethod
     def _child_env() -> dict[str, str]:
         env = dict(os.environ)
+        env[PARENT_PID_ENV] = str(os.getpid())
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -294,10 +379,33 @@ class LocalCluster:
                                            f"ready; log tail:\n{self._tail(role.log_path)}")
                     line = raw.decode().strip()
                     if line.startswith(prefix):
+                        # from now on its stdout goes to its log: a full pipe would block the role
+                        role.drain = asyncio.create_task(self._drain(role.proc.stdout, role.log_path))
                         return line
         except TimeoutError:
             raise RuntimeError(f"{role.name} not ready after {START_TIMEOUT}s; log tail:\n"
                                f"{self._tail(role.log_path)}") from None
+
+    @staticmethod
+    async def _drain(stream: asyncio.StreamReader, log_path: Path) -> None:
+        """Copy what a role writes to stdout after its ready line into its log, until it exits."""
+        with open(log_path, "ab") as logf:
+            while chunk := await stream.read(1 << 16):
+                logf.write(chunk)
+                logf.flush()
+
+    @staticmethod
+    async def _end_drain(role: _Role) -> None:
+        """Let the drain of an exited role reach end of file (bounded), else cancel it."""
+        task, role.drain = role.drain, None
+        if task is None:
+            return
+        try:
+            await asyncio.wait_for(task, STOP_TIMEOUT)
+        except (TimeoutError, asyncio.CancelledError):
+            task.cancel()
+        except OSError as exc:
+            log.warning("%s: copying its stdout to %s failed: %s", role.name, role.log_path, exc)
 
     @staticmethod
     def _tail(path: Path, n: int = 4000) -> str:
@@ -319,6 +427,7 @@ class LocalCluster:
         role = self._bookies[i]
         if role.alive:
             raise RuntimeError(f"{role.name} is still running")
+        await self._end_drain(role)
         await self._start_bookie(role)
 
     def set_bookie_conf(self, i: int, **values: str) -> None:
@@ -346,6 +455,7 @@ class LocalCluster:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+        await self._end_drain(role)
 
     async def supervise(self, stop: asyncio.Event, interval: float = 1.0) -> None:
         """Restart any bookie or hub that exits on its own until ``stop`` is set (``quire standalone``)."""
@@ -440,6 +550,7 @@ class LocalCluster:
         role = self._hubs[i]
         if role.alive:
             raise RuntimeError(f"{role.name} is still running")
+        await self._end_drain(role)
         await self._start_hub(role)
 
     def set_hub_conf(self, i: int, **values: str) -> None:
@@ -467,5 +578,8 @@ class LocalCluster:
                 self._emulator.kill()
                 await self._emulator.wait()
             self._emulator = None
+        for role in [*getattr(self, "_hubs", []), *self._bookies]:
+            await self._end_drain(role)
+        self._unlock()
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)

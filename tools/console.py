@@ -48,7 +48,7 @@ from typing import Any, TextIO
 Handler = Callable[[argparse.Namespace], int]
 
 EXAMPLE = """example:
-  quire console --server 127.0.0.1:4080 --metastore lmdb://$PWD/data/meta
+  quire console --server 127.0.0.1:4080 --metastore lmdb://data/metastore
   quire console -c "pub mytopic hello" -c "describe topic mytopic"
 """
 
@@ -167,7 +167,7 @@ class HedwigConsole:
                 raise CommandError("no metastore: pass --metastore URI or --conf FILE with metastore_uri")
             from tools.cli_common import MetastoreOpenError, open_tool_metastore
             try:
-                self._store = await open_tool_metastore(self.metastore_uri)
+                self._store = await open_tool_metastore(self.metastore_uri, self.settings.timeout)
             except MetastoreOpenError as exc:
                 raise CommandError(str(exc)) from None
         return self._store
@@ -596,10 +596,13 @@ def _range_text(r: Any) -> str:
 def configure(parser: argparse.ArgumentParser) -> Handler:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EXAMPLE
-    parser.add_argument("--server", metavar="HOST:PORT", help="hub server to connect to (default 127.0.0.1:4080)")
-    parser.add_argument("--metastore", metavar="URI", help="metastore URI for show/describe/readtopic")
-    parser.add_argument("--conf", metavar="FILE", help="hub server conf (hw_server.conf); "
-                        "default $HEDWIG_CONSOLE_SERVER_CONF")
+    parser.add_argument("--server", metavar="HOST:PORT",
+                        help="hub server to connect to (default $QUIRE_SERVER, else the --conf's server_port on "
+                             "127.0.0.1, else 127.0.0.1:4080)")
+    from tools.cli_common import add_common_options
+
+    add_common_options(parser, timeout=10.0, conf_help="hub server conf (hw_server.conf: metastore_uri, "
+                       "server_port, region); default $HEDWIG_CONSOLE_SERVER_CONF, then")
     parser.add_argument("--client-conf", metavar="FILE", help="client conf (hw_client.conf); "
                         "default $HEDWIG_CONSOLE_CLIENT_CONF")
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
@@ -621,9 +624,12 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
         from hub.conf import HubConf
         from metastore.conf import parse_conf
         parse_conf(HubConf, server_conf, source=os.path.basename(server_conf_path))  # one-line error if bad
-    server = args.server or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
-    return HedwigConsole(server=server, metastore_uri=metastore_uri,
-                         region=server_conf.get("region", "standalone"), client_conf=client_conf)
+    server = args.server or os.environ.get("QUIRE_SERVER") or f"127.0.0.1:{server_conf.get('server_port', '4080')}"
+    console = HedwigConsole(server=server, metastore_uri=metastore_uri,
+                            region=server_conf.get("region", "standalone"), client_conf=client_conf)
+    if getattr(args, "timeout", None):
+        console.settings.timeout = args.timeout
+    return console
 
 
 async def _interactive(console: HedwigConsole) -> None:

@@ -4,17 +4,25 @@
 
 The bookie prints exactly one line to stdout once it serves and is
 registered, ``bookie ready HOST:PORT`` (followed by ``stats=URL`` when the
-stats endpoint is on), then runs until SIGTERM/SIGINT and stops cleanly
+stats endpoint is on), then runs until SIGTERM/SIGINT/SIGHUP and stops cleanly
 (in-flight commits finish, the registration is removed). A bad
 configuration exits with status 2 and a one-line reason on stderr; a start
 failure (port in use, metastore unreachable) with status 1.
+
+Started by ``tools.cluster.LocalCluster`` (``quire standalone``), a role
+finds ``QUIRE_PARENT_PID`` in its environment and dies with that process
+(``die_with_parent``): SIGTERM, so it still stops cleanly.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
+import ctypes.util
 import gc
+import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -26,6 +34,34 @@ from metastore.conf import ConfError
 
 if TYPE_CHECKING:
     from hub.conf import HubConf
+
+log = logging.getLogger(__name__)
+
+PARENT_PID_ENV = "QUIRE_PARENT_PID"
+_PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""A role stops cleanly on each (SIGHUP: its terminal or its supervisor went away)."""
+
+
+def die_with_parent(env: dict[str, str] | None = None) -> None:
+    """Get SIGTERM when the process named by ``QUIRE_PARENT_PID`` dies (Linux ``PR_SET_PDEATHSIG``).
+
+    Nothing happens without the variable. When that process is already gone
+    (it died between starting us and this call) the SIGTERM is sent at once.
+    Elsewhere than Linux, only that check is made.
+    """
+    # taken out of the environment: a process this role starts must not compare itself with our parent
+    value = (os.environ.pop(PARENT_PID_ENV, "") if env is None else env.get(PARENT_PID_ENV, ""))
+    if not value.isdigit():
+        return
+    libc_name = ctypes.util.find_library("c")
+    if sys.platform.startswith("linux") and libc_name:
+        libc = ctypes.CDLL(libc_name, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed: %s", os.strerror(ctypes.get_errno()))
+    if os.getppid() != int(value):
+        os.kill(os.getpid(), signal.SIGTERM)
+
 
 # --set and these options become configuration overrides: option dest -> configuration key per role
 _BOOKIE_OPTIONS = {"port": "bookie_port", "data": "ledger_directories", "metastore": "metastore_uri"}
@@ -78,7 +114,7 @@ async def _serve(role: str, server: _Server, ready_line: Callable[[], str],
     """
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     try:
         await server.start()
@@ -126,6 +162,7 @@ def run_bookie_command(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
+    die_with_parent()
     sys.setswitchinterval(0.0005)
     return int(uvloop.run(_serve_bookie(conf)))
 
@@ -170,6 +207,7 @@ def run_hub_command(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
+    die_with_parent()
     return int(uvloop.run(_serve_hub(conf)))
 
 

@@ -1,12 +1,16 @@
 """``quire standalone``: the embedded default cluster — lmdb metastore, N bookie processes and one hub, supervised.
 
-    quire standalone --bookies 3 --data data
+    quire standalone --bookies 3 --data data [--hub-port 4080] [--json]
 
-Prints one line per role when everything is up (``metastore lmdb://...``,
-``bookie 127.0.0.1:PORT``, ``hub 127.0.0.1:4080``), restarts a bookie or hub
-that dies, and stops every process cleanly on SIGINT/SIGTERM. The hub
-listens on ``--hub-port`` (default 4080, Hedwig's) so clients find it at
-``localhost:4080``.
+Once everything is up it prints the metastore, then one line per process
+(``bookie 127.0.0.1:PORT metrics=URL log=FILE pid=N``, ``hub ...``) and
+``standalone ready ...`` (with ``--json``: one JSON document instead). It
+restarts a bookie or hub that dies, and stops every process cleanly on
+SIGINT, SIGTERM or SIGHUP; killed outright (SIGKILL), its processes get
+SIGTERM from the kernel (``tools.launch.die_with_parent``). The hub listens
+on ``--hub-port`` (default 4080, Hedwig's; 0 picks a free one): a port in use
+is an error, never a silent move. A second standalone on the same data
+directory exits with ``already running (pid N)``.
 """
 
 from __future__ import annotations
@@ -14,33 +18,67 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
+import json
+import socket
 import sys
 from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
 
 from tools.cluster import LocalCluster
+from tools.launch import STOP_SIGNALS
+
+
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a number >= {least}, not {text!r}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _count(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port (0-65535), not {text!r}")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.add_argument("--bookies", type=int, default=3, help="number of bookie processes (default 3)")
+    parser.add_argument("--bookies", type=_count(1), default=3, help="number of bookie processes (default 3)")
     parser.add_argument("--data", default="data", help="data directory, kept across runs (default ./data)")
     parser.add_argument("--metastore", default="lmdb", help="lmdb (default), zookeeper, hbase or a URI")
-    parser.add_argument("--hubs", type=int, default=1, help="number of hub processes (default 1)")
-    parser.add_argument("--hub-port", type=int, default=4080, help="port of the first hub (default 4080; 0: any)")
+    parser.add_argument("--hubs", type=_count(0), default=1, help="number of hub processes (default 1)")
+    parser.add_argument("--hub-port", type=_port, default=4080,
+                        help="port of the first hub (default 4080; 0: any free port); a port in use is an error")
+    parser.add_argument("--json", action="store_true",
+                        help="on ready, print one JSON document (metastore, processes) instead of lines")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
+    running = LocalCluster.running_pid(args.data)   # before the port: a second `make run` holds 4080 too
+    if running is not None:
+        sys.stderr.write(f"quire standalone: already running (pid {running}) on {Path(args.data).resolve()}\n")
+        return 1
+    if args.hubs and args.hub_port and not _port_free(args.hub_port):
+        sys.stderr.write(f"quire standalone: hub port {args.hub_port} is in use "
+                         f"(stop what holds it, or pass --hub-port 0 for any free port)\n")
+        return 1
     try:
         return asyncio.run(_run(args))
     except RuntimeError as exc:
-        sys.stderr.write(f"quire standalone: {exc}\n")
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        sys.stderr.write(f"quire standalone: {first}\n")
         return 1
 
 
 def _port_free(port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", port))
@@ -49,24 +87,35 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def ready_report(cluster: LocalCluster) -> dict[str, object]:
+    """What ``--json`` prints: the metastore, the data directory and every process."""
+    return {"metastore": cluster.metastore_uri, "data": str(cluster.data_dir),
+            "processes": [asdict(p) for p in cluster.processes()]}
+
+
 async def _run(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
     cluster = LocalCluster(bookies=args.bookies, hubs=args.hubs, metastore=args.metastore, data_dir=args.data)
-    if args.hubs and args.hub_port and _port_free(args.hub_port):
-        cluster.set_hub_conf(0, server_port=str(args.hub_port))   # else: any free port (printed below)
+    if args.hubs and args.hub_port:   # 0: the port it had on this data dir, else any free one
+        cluster.set_hub_conf(0, server_port=str(args.hub_port))
     await cluster.start()
     try:
-        print(f"metastore {cluster.metastore_uri}", flush=True)
-        for addr in cluster.bookie_addresses:
-            print(f"bookie {addr}", flush=True)
-        for addr in cluster.hub_addresses:
-            print(f"hub {addr}", flush=True)
-        print("standalone ready (Ctrl-C stops it)", flush=True)
+        if args.json:
+            print(json.dumps(ready_report(cluster)), flush=True)
+        else:
+            print(f"metastore {cluster.metastore_uri}", flush=True)
+            for p in cluster.processes():
+                metrics = f" metrics={p.metrics_url}" if p.metrics_url else ""
+                print(f"{p.role} {p.address}{metrics} log={p.log_path} pid={p.pid}", flush=True)
+            print("standalone ready (Ctrl-C stops it)", flush=True)
         await cluster.supervise(stop)
     finally:
         with contextlib.suppress(Exception):
             await cluster.stop()
     return 0
+
+
+__all__ = ["configure", "ready_report", "run"]

@@ -1,6 +1,6 @@
 """The embedded default backend: one LMDB environment per store directory.
 
-    ms = await open_metastore("lmdb:///var/lib/quire/meta")
+    ms = await open_metastore("lmdb://data/metastore")
 
 * Each table is a named LMDB database ``t:<name>``; keys are the UTF-8 bytes
   of the ``str`` key, so LMDB's byte order is Python ``str`` order and every
@@ -25,8 +25,12 @@
   the stored bytes, so another process's write is always seen.
 * Sessions are leases and watches are polled (``metastore.lease``).
 
+``create=false`` (what ``open_existing_metastore`` passes for clients and
+tools) opens only an existing store: a directory without one raises
+``StoreNotFoundError`` naming the path instead of creating an empty store.
+
 Options (``LmdbOptions``; ``open_metastore(uri, **options)`` or the URI's query
-string such as ``lmdb:///data/meta?map_size=1073741824``; strings accepted; an
+string such as ``lmdb://data/metastore?map_size=1073741824``; strings accepted; an
 unknown key or a bad value is an ``IllegalOpError`` naming it; every key with
 its default is in ``conf/metastore-lmdb.conf``). ``write_mode=inline`` commits
 on the caller's thread, blocking its event loop for each synced commit and for
@@ -83,6 +87,7 @@ from metastore.errors import (
     MetastoreError,
     NoKeyError,
     ServiceDownError,
+    StoreNotFoundError,
 )
 from metastore.lease import LEASE_FIELD, LeaseBackedMetaStore, LeasedScannableTable, LeasedTable, LeaseOptions
 from metastore.proto.metastore_pb2 import Record
@@ -110,6 +115,8 @@ class LmdbOptions(LeaseOptions):
     max_value_size: int = setting(DEFAULT_MAX_VALUE_SIZE, "largest field value in bytes", min=1)
     max_tables: int = setting(DEFAULT_MAX_TABLES, "tables one process may have open (the store holds any number)",
                               min=2, max=1 << 20)
+    create: bool = setting(True, "create the store when the directory holds none (servers); false: fail "
+                           "naming the path (clients and tools, through open_existing_metastore)")
     write_mode: str = setting("thread", "thread: commit on a writer thread with group commit; "
                               "inline: on the caller's thread (tools only)", choices=("thread", "inline"))
 
@@ -543,6 +550,7 @@ class LmdbMetaStore(LeaseBackedMetaStore):
 
     name = "lmdb"
     version = 1
+    creates_missing_store = True
     table_class = _FastGet
     scannable_table_class = _FastGetScannable
 
@@ -560,6 +568,14 @@ class LmdbMetaStore(LeaseBackedMetaStore):
             raise ServiceDownError(f"cannot open lmdb store at {path}: {exc}") from exc
         self._write_lock = asyncio.Lock()
 
+    @staticmethod
+    def _check_exists(path: str) -> None:
+        """``StoreNotFoundError`` naming ``path`` unless it holds an LMDB store."""
+        if not os.path.isdir(path):
+            raise StoreNotFoundError(f"no lmdb metastore at {path} (no such directory)")
+        if not os.path.isfile(os.path.join(path, "data.mdb")):
+            raise StoreNotFoundError(f"no lmdb metastore at {path} (the directory holds no data.mdb)")
+
     @classmethod
     async def open(cls, uri: str, **conf: Any) -> LmdbMetaStore:
         parts = urlsplit(uri)
@@ -569,7 +585,10 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         if not path:
             raise IllegalOpError(f"lmdb URI {uri!r} names no directory (use lmdb:///abs/path)")
         options = store_options(LmdbOptions, parts.query, conf, source="lmdb metastore options")
-        return cls(os.path.abspath(path), options)
+        path = os.path.abspath(path)
+        if not options.create:
+            cls._check_exists(path)
+        return cls(path, options)
 
     def commit_counts(self) -> tuple[int, int]:
         """``(write transactions, writes they carried)`` of this directory's writer thread so far.

@@ -146,3 +146,14 @@ async def test_metadata_cas_update_close_and_ids(tmp_path: Path) -> None:
             await mgr.update(7, always_conflict)
     finally:
         await store.close()
+
+
+async def test_connect_to_a_missing_lmdb_store_fails_naming_the_path(tmp_path: Path) -> None:
+    """``BookKeeper.connect("lmdb:///typo")`` used to create an empty store, then fail with 'need 3 bookies'."""
+    from bookie.client import BookKeeper
+    from metastore.errors import ServiceDownError
+
+    typo = tmp_path / "typo"
+    with pytest.raises(ServiceDownError, match=f"no lmdb metastore at {typo}"):
+        await BookKeeper.connect(f"lmdb://{typo}")
+    assert not typo.exists()

@@ -40,5 +40,7 @@ def test_out_of_range_values_name_the_key(key: str, value: str) -> None:
 def test_typed_values_and_derived_properties() -> None:
     conf = msconf.parse_conf(BookieConf, {"gc_wait_time": 1500, "disk_check_interval": "250"})
     assert (conf.gc_wait_time_s, conf.disk_check_interval_s) == (1.5, 0.25)
-    with pytest.raises(ConfError, match="no metastore configured"):
-        _ = conf.metastore
+    assert conf.metastore == "lmdb://data/metastore"  # the standalone cluster's, so stock confs join it
+    assert msconf.parse_conf(BookieConf, {"zk_host": "zk1:2181"}).metastore == "zk://zk1:2181/quire"
+    assert msconf.parse_conf(BookieConf, {"zk_host": "zk1:2181", "metastore_uri": "lmdb:///m"}).metastore == \
+        "lmdb:///m"

@@ -351,8 +351,9 @@ def test_bad_configuration_exits_nonzero_with_one_line(tmp_path: Path, line: str
     assert len(lines) == 1 and needle in lines[0], res.stderr
 
 
-def test_missing_metastore_is_a_configuration_error(tmp_path: Path) -> None:
-    res = run_cli("--data", str(tmp_path / "d"))
+def test_bad_metastore_uri_is_a_configuration_error(tmp_path: Path) -> None:
+    # (no metastore at all is no longer an error: the bookie joins the embedded lmdb://data/metastore)
+    res = run_cli("--data", str(tmp_path / "d"), "--metastore", "data/metastore")
     assert res.returncode == 2
     assert "metastore_uri" in res.stderr
 

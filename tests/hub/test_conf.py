@@ -56,7 +56,8 @@ def test_bad_values_name_the_key(tmp_path: Path) -> None:
         load_hub_conf(None, {"bk_ack_quorum_size": "3"})
     with pytest.raises(ConfError, match="server_port"):
         load_hub_conf(None, {"server_port": "http"})
-    assert load_hub_conf(None, {"metastore_uri": ""}).metastore == "zk://localhost:2181/hedwig"
+    assert load_hub_conf(None, {"metastore_uri": ""}).metastore == "lmdb://data/metastore"   # the standalone's
+    assert load_hub_conf(None, {"zk_host": "localhost:2181"}).metastore == "zk://localhost:2181/hedwig"
 
 
 @pytest.mark.parametrize(("line", "key"), [("no_such_key=1", "no_such_key"), ("consume_interval=often",

@@ -13,6 +13,7 @@ from metastore.conf import (
     describe_keys,
     load_conf,
     parse_conf,
+    read_properties,
     render_conf,
     require,
     setting,
@@ -114,3 +115,25 @@ def test_check_reports_each_disagreement(tmp_path: Path) -> None:
 def test_mutable_default_is_refused() -> None:
     with pytest.raises(TypeError):
         setting([], "no")
+
+
+def test_properties_follow_java_rules(tmp_path: Path) -> None:
+    """Before: `metastore_uri lmdb:///x` was cut at the ':' (key 'metastore_uri lmdb'); no continuations, escapes."""
+    path = tmp_path / "java.conf"
+    path.write_text("# comment\n! also a comment\nmetastore_uri lmdb:///x\nzk_host: a:2181,\\\n"
+                    "          b:2181\nkey\\ with\\ space = v\nregions=west=10.0.0.2:4080\nu=caf\\u00e9\n"
+                    "tab\tv\ndup=1\ndup=2\n")
+    assert read_properties(path) == {"metastore_uri": "lmdb:///x", "zk_host": "a:2181,b:2181",
+                                     "key with space": "v", "regions": "west=10.0.0.2:4080", "u": "café",
+                                     "tab": "v", "dup": "2"}
+    path.write_text("a=1\n= orphan\n")
+    with pytest.raises(ConfError, match=r"java.conf:2: line has no key"):
+        read_properties(path)
+
+
+def test_unknown_key_suggests_the_closest_one() -> None:
+    with pytest.raises(ConfError, match=r"unknown key 'prot' \(did you mean 'port'\?\)"):
+        parse_conf(Sample, {"prot": "1"})
+    with pytest.raises(ConfError) as err:
+        parse_conf(Sample, {"zzzzzz": "1"})
+    assert "did you mean" not in str(err.value)

@@ -264,3 +264,33 @@ def test_any_range_in_either_order_matches_the_contract(tmp_path: Path) -> None:
         check()
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("make_dir", [False, True])
+async def test_opening_an_existing_store_never_creates_one(tmp_path: Path, make_dir: bool) -> None:
+    """Clients and tools (``open_existing_metastore``, ``create=false``) fail naming the path; servers create."""
+    from metastore import open_existing_metastore
+    from metastore.errors import StoreNotFoundError
+
+    path = tmp_path / "typo"
+    if make_dir:
+        path.mkdir()
+    for opener in (open_existing_metastore(f"lmdb://{path}"), open_metastore(f"lmdb://{path}?create=false")):
+        with pytest.raises(StoreNotFoundError, match=f"no lmdb metastore at {path}") as err:
+            await opener
+        assert isinstance(err.value, ServiceDownError) and len(str(err.value).splitlines()) == 1
+    assert path.is_dir() == make_dir and not (path / "data.mdb").exists()
+    ms = await open_metastore(f"lmdb://{path}")          # a server: creates it
+    await (await ms.create_table("t")).put("k", Value({"a": b"1"}), Version.NEW)
+    await ms.close()
+    again = await open_existing_metastore(f"lmdb://{path}")
+    assert (await (await again.create_table("t")).get("k")).value == {"a": b"1"}
+    await again.close()
+
+
+async def test_relative_lmdb_uri_is_relative_to_the_working_directory(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    ms = await open_metastore("lmdb://data/metastore")   # the stock confs' metastore_uri
+    await ms.close()
+    assert (tmp_path / "data" / "metastore" / "data.mdb").is_file()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from dataclasses import dataclass
 
@@ -18,9 +19,11 @@ class Shell:
         return self.out.splitlines()
 
 
-async def shell(*args: str, timeout: float = 60.0) -> Shell:
-    """Run ``quire shell ARGS`` as a process; its exit status, stdout and stderr."""
+async def shell(*args: str, timeout: float = 60.0, env: dict[str, str] | None = None,
+                cwd: str | None = None) -> Shell:
+    """Run ``quire shell ARGS`` as a process (``env``: variables added to ours); its exit status, stdout and stderr."""
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tools.cli", "shell", *args,
+                                                env={**os.environ, **(env or {})}, cwd=cwd,
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     out, err = await asyncio.wait_for(proc.communicate(), timeout)
     assert proc.returncode is not None

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from tools import __version__
 
@@ -46,3 +52,134 @@ def test_metastore_bench_prints_json_lines(tmp_path: object) -> None:
     cases = {(r["case"], r["client"].split()[0]) for r in rows}
     assert {("cas_put", "quire"), ("get", "quire"), ("cursor_scan", "quire"), ("get", "raw")} <= cases
     assert all(r["ops_per_sec"] > 0 for r in rows if "ops_per_sec" in r)
+
+
+def _store_with_ledgers(path: Path, count: int) -> str:
+    """An lmdb metastore holding ``count`` ledgers' metadata (no bookies needed to list them)."""
+    from bookie.metadata import LedgerMetadata, LedgerMetadataManager
+    from metastore import open_metastore
+
+    async def fill() -> None:
+        ms = await open_metastore(f"lmdb://{path}")
+        manager = await LedgerMetadataManager.open(ms)
+        await asyncio.gather(*(manager.create(i, LedgerMetadata(1, 1, 1, [(0, ["127.0.0.1:1"])]))
+                               for i in range(1, count + 1)))
+        await ms.close()
+
+    asyncio.run(fill())
+    return f"lmdb://{path}"
+
+
+@pytest.fixture(scope="module")
+def ledgers_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _store_with_ledgers(tmp_path_factory.mktemp("cli") / "meta", 3000)
+
+
+@pytest.mark.parametrize("argv", [
+    ["shell", "--metastore", "{uri}", "listledgers"],                    # "invalid choice" before
+    ["shell", "listledgers", "--metastore", "{uri}"],
+    ["shell", "--timeout", "5", "listledgers", "--metastore", "{uri}"],
+])
+def test_common_options_before_or_after_the_command(ledgers_uri: str, argv: list[str]) -> None:
+    out = quire(*[a.format(uri=ledgers_uri) for a in argv])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[:3] == ["1", "2", "3"] and len(out.stdout.split()) == 3000
+
+
+def test_environment_names_the_metastore_and_an_option_wins(ledgers_uri: str, tmp_path: Path) -> None:
+    env = {**os.environ, "QUIRE_METASTORE": ledgers_uri}
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "listledgers"], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and len(out.stdout.split()) == 3000, out.stderr
+    conf = tmp_path / "tool.conf"
+    conf.write_text(f"metastore_uri {ledgers_uri}\n")   # Java's `key value` form
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "listledgers"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "QUIRE_CONF": str(conf)})
+    assert out.returncode == 0 and len(out.stdout.split()) == 3000, out.stderr
+    missing = f"lmdb://{tmp_path / 'typo'}"
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "listledgers", "--metastore", missing],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [f"quire shell listledgers: no lmdb metastore at {tmp_path / 'typo'} "
+                                       f"(no such directory)"]
+    assert not (tmp_path / "typo").exists()
+
+
+def test_output_into_a_closed_pipe_ends_quietly(ledgers_uri: str) -> None:
+    """`quire shell listledgers | head -1`: before, a BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "tools.cli", "shell", "listledgers", "--metastore", ledgers_uri],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"1\n"
+    proc.stdout.close()                                    # what `head -1` does after one line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert err == ""
+
+
+def test_log_level_is_validated_and_json_logs_are_json(tmp_path: Path) -> None:
+    out = quire("--log-level", "BOGUS", "shell", "listbookies")
+    assert out.returncode == 2 and "invalid choice: 'BOGUS'" in out.stderr
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "shell", "listbookies"], capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "QUIRE_LOG_LEVEL": "LOUD"})
+    assert out.returncode == 2 and "QUIRE_LOG_LEVEL='LOUD' is not a log level" in out.stderr
+    script = ("import logging, sys\nfrom tools.cli import setup_logging\nsetup_logging(sys.argv[1], 'json')\n"
+              "logging.getLogger('quire.test').warning('hello %s', 'there')\n"
+              "logging.getLogger('kazoo.client').info('library chatter')\n")
+    out = subprocess.run([sys.executable, "-c", script, "INFO"], capture_output=True, text=True, timeout=60)
+    records = [json.loads(line) for line in out.stderr.splitlines()]
+    assert [(r["level"], r["logger"], r["message"]) for r in records] == [("WARNING", "quire.test", "hello there")]
+    out = subprocess.run([sys.executable, "-c", script, "debug"], capture_output=True, text=True, timeout=60)
+    assert "library chatter" in out.stderr   # asked for DEBUG: libraries too
+
+
+@pytest.mark.parametrize("argv", [
+    ["scan", "--metastore", "{missing}", "orphan-ledgers"],
+    ["scan", "orphan-ledgers", "--metastore", "{missing}", "--timeout", "5"],
+    ["console", "--metastore", "{missing}", "-c", "show topics"],
+])
+def test_scan_and_console_take_the_common_options_too(tmp_path: Path, argv: list[str]) -> None:
+    missing = tmp_path / "typo"
+    out = quire(*[a.format(missing=f"lmdb://{missing}") for a in argv])
+    assert out.returncode == 1
+    said = out.stdout + out.stderr   # the console reports a failed command on stdout, as Hedwig's
+    assert f"no lmdb metastore at {missing}" in said and "invalid choice" not in said
+    assert not missing.exists()
+
+
+def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
+    """`make run` used to install the test and Spark extras (pyspark alone is hundreds of MB)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def plan(target: str) -> str:
+        out = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}", "PYTHON=python3"], cwd=root,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    run = plan("run")
+    assert "pip install -q -e .\n" in run and "[test" not in run and "scan" not in run
+    assert "quire standalone --data data" in run
+    assert "pip install -q -e '.[test,scan]'" in plan("setup")
+
+
+def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
+    out = quire("--print-completion", "bash")
+    assert out.returncode == 0, out.stderr
+    script = tmp_path / "quire.bash"
+    script.write_text(out.stdout)
+    probe = (f"source {script}\n"
+             "complete_words() { COMP_WORDS=(\"$@\"); COMP_CWORD=$(($# - 1)); COMPREPLY=(); _shtab_quire; "
+             "echo \"${COMPREPLY[*]}\"; }\n"
+             "complete_words quire sh\ncomplete_words quire shell rec\ncomplete_words quire shell recover --dry\n"
+             "complete_words quire client pro\n")
+    res = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == ["shell", "recover", "--dry-run", "produce"]
+
+
+def test_console_finds_its_hub_in_quire_server() -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "console", "--timeout", "3", "-c", "pub t hello"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "QUIRE_SERVER": "127.0.0.1:1"})
+    assert out.returncode == 1
+    assert "cannot connect to hub server 127.0.0.1:1" in out.stdout + out.stderr

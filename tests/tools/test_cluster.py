@@ -71,9 +71,15 @@ async def test_bad_bookie_conf_fails_start_with_the_reason(tmp_path: Path) -> No
 
 
 async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
-    async with quire_standalone("--bookies", "2", "--data", str(tmp_path / "sa"), stop_within=30) as lines:
+    async with quire_standalone("--bookies", "2", "--hub-port", "0", "--data", str(tmp_path / "sa"),
+                                stop_within=30) as lines:
         uri = lines[0].split()[1]
         assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
+        for line in lines[1:-1]:   # every process: address, metrics URL, log file, pid
+            role, address, metrics, logf, pid = line.split()
+            assert role in ("bookie", "hub") and address.startswith("127.0.0.1:")
+            assert metrics.startswith("metrics=http://127.0.0.1:") and metrics.endswith("/metrics")
+            assert Path(logf.removeprefix("log=")).is_file() and pid.removeprefix("pid=").isdigit()
         bk = await BookKeeper.connect(uri)
         lh = await bk.create_ledger(2, 2, 2)
         assert await lh.add_entry(b"hello") == 0

@@ -154,6 +154,29 @@ async def test_readledger_ranges_hex_and_open_ledgers(setup: Setup) -> None:
     one_line_error(await shell("readledger", str(setup.closed), *setup.ms()), "password")
 
 
+async def test_ledger_password_from_a_file_or_the_environment(setup: Setup, tmp_path: Path) -> None:
+    """Not only --password (which every user sees in ps)."""
+    secret = tmp_path / "ledger.pw"
+    secret.write_text("pw\n")
+    want = [f"{i}\tentry-{i}" for i in (0, 1)]
+    r = await shell("readledger", str(setup.closed), "0", "1", "--password-file", str(secret), *setup.ms())
+    assert (r.rc, r.lines) == (0, want), r.err
+    r = await shell("readledger", str(setup.closed), "0", "1", *setup.ms(), env={"QUIRE_LEDGER_PASSWORD": "pw"})
+    assert (r.rc, r.lines) == (0, want), r.err
+    wrong = tmp_path / "wrong.pw"
+    wrong.write_text("nope\n")
+    one_line_error(await shell("readledger", str(setup.closed), "--password-file", str(wrong), *setup.ms(),
+                               env={"QUIRE_LEDGER_PASSWORD": "pw"}), "password")   # the file wins
+    missing = await shell("readledger", str(setup.closed), "--password-file", str(tmp_path / "none"), *setup.ms())
+    one_line_error(missing, "cannot read password file")
+    assert missing.rc == 2
+    # recover tries every line of its password files: the closed ledger no longer "would fail" on it
+    passwords = tmp_path / "all.pw"
+    passwords.write_text("other\npw\n")
+    r = await shell("recover", setup.writable[0], "--dry-run", "--password-file", str(passwords), *setup.ms())
+    assert not any("none of the passwords" in line for line in r.lines), r.out
+
+
 async def test_simpletest_writes_reads_back_and_cleans_up(setup: Setup) -> None:
     r = await shell("simpletest", "--ensemble", "3", "--write-quorum", "2", "--ack-quorum", "2", "--entries", "20",
                     *setup.ms())
@@ -197,10 +220,24 @@ async def test_recover_refuses_bad_destinations(setup: Setup) -> None:
     on_src = (await shell("listledgers", "--bookie", src, *setup.ms())).lines
     assert str(setup.closed) in on_src and str(setup.open) in on_src
     r = await shell("recover", src, "--dry-run", "--password", "pw", *setup.ms())
-    assert r.rc == 0, r.err
-    assert r.lines[-1] == f"dry run: {len(on_src)} ledgers on {src}; nothing changed"
     assert [line.split()[1] for line in r.lines[:-1]] == on_src
-    assert any(line.startswith(f"ledger {setup.open} (OPEN): would recovery-close it") for line in r.lines)
+    assert r.err.startswith(f"note: {src} is running (registered and answering)"), r.err   # says it is live
+    # the E3 ledgers span all three writable bookies: no bookie can take src's fragments, so the real
+    # run would fail them, and the dry run says so and exits 1 (it used to exit 0)
+    failing = [line for line in r.lines[:-1] if ": would fail: " in line]
+    assert any(line.startswith(f"ledger {setup.closed} (CLOSED): would fail: copy") and "-> nothing (" in line
+               for line in failing), r.out
+    assert r.rc == 1
+    assert r.lines[-1] == (f"dry run: {len(on_src)} ledgers on {src}, {len(failing)} would fail or be skipped; "
+                           f"nothing changed")
+    # without the password too
+    nopw = await shell("recover", src, "--dry-run", *setup.ms())
+    assert nopw.rc == 1
+    assert any(line.startswith(f"ledger {setup.closed} (CLOSED): would fail: none of the passwords")
+               for line in nopw.lines), nopw.out
+    assert " would fail or be skipped; nothing changed" in nopw.lines[-1]
+    assert any(line.startswith(f"ledger {setup.open} (OPEN): would") and "recovery-close it" in line
+               for line in r.lines)
     after = await shell("ledgermetadata", str(setup.open), *setup.ms())
     assert "state: OPEN" in after.lines, "a dry run changes nothing"
 
@@ -213,7 +250,11 @@ async def test_metastore_from_conf_file(setup: Setup, tmp_path: Path) -> None:
     assert len(r.lines) == 3
     nometa = tmp_path / "nometa.conf"
     nometa.write_text("bookie_port=3181\n")
-    one_line_error(await shell("listbookies", "--conf", str(nometa)), "has no metastore_uri")
+    # a conf naming no metastore (as the shipped ones) means the roles' default, lmdb://data/metastore,
+    # which is not created by a tool
+    one_line_error(await shell("listbookies", "--conf", str(nometa), cwd=str(tmp_path)),
+                   f"no lmdb metastore at {tmp_path / 'data' / 'metastore'}")
+    assert not (tmp_path / "data").exists()
     one_line_error(await shell("listbookies", "--conf", str(tmp_path / "missing.conf")), "cannot read")
     badpolicy = tmp_path / "badpolicy.conf"
     badpolicy.write_text(f"metastore_uri={setup.uri}\nensemble_placement_policy=nosuch\n")

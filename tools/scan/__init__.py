@@ -5,7 +5,7 @@
     spark = SparkSession.builder.master("local[*]").getOrCreate()
     register_datasource(spark)
     ledgers = (spark.read.format("quire-metastore")
-               .option("uri", "lmdb:///var/lib/quire/meta").option("table", "ledgers").load())
+               .option("uri", "lmdb://data/metastore").option("table", "ledgers").load())
     ledgers.groupBy("state").count().show()
 
 ``tools.scan.datasource`` is the DataSource (key-range partitions, cursor

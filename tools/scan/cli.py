@@ -1,6 +1,6 @@
 """``quire scan REPORT``: run a Spark report over the metastore, print it, optionally write it.
 
-    quire scan ledgers-per-bookie --metastore lmdb:///var/lib/quire/meta
+    quire scan ledgers-per-bookie --metastore lmdb://data/metastore
     quire scan orphan-ledgers --metastore zk://127.0.0.1:2181/quire --min-age 2h \\
         --master spark://127.0.0.1:7077 --out orphans.parquet
 
@@ -12,6 +12,7 @@ argument, a missing lmdb store or an unreachable metastore prints one line
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -19,17 +20,25 @@ from pathlib import Path
 from typing import Any
 
 from metastore.conf import ConfError
-from tools.cli_common import MetastoreOpenError, metastore_from_args, probe_metastore
+from tools.cli_common import (
+    CONF_ENV,
+    METASTORE_ENV,
+    MetastoreOpenError,
+    add_common_options,
+    metastore_from_args,
+    probe_metastore,
+)
 from tools.scan.errors import ScanError
 from tools.scan.reports import REPORTS
 
 OUT_FORMATS = (".csv", ".parquet")
+DEFAULT_TIMEOUT = 30.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 _ERROR_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$")
 
 EXAMPLE = """example:
-  quire scan {name} --metastore lmdb:///var/lib/quire/meta
+  quire scan {name} --metastore lmdb://data/metastore
   quire scan {name} --metastore zk://127.0.0.1:2181/quire --master spark://127.0.0.1:7077 --out {out}
 """
 
@@ -55,15 +64,13 @@ def _positive(text: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EXAMPLE.format(name="ledgers-per-bookie", out="per-bookie.parquet")
+    add_common_options(parser, timeout=DEFAULT_TIMEOUT)
     sub = parser.add_subparsers(dest="report", metavar="REPORT", required=True)
     for name, (_, help_text) in REPORTS.items():
         p = sub.add_parser(name, help=help_text, description=help_text,
                            epilog=EXAMPLE.format(name=name, out=f"{name}.csv"),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        where = p.add_mutually_exclusive_group(required=True)
-        where.add_argument("--metastore", metavar="URI",
-                           help="metastore URI (lmdb:///path, zk://host:port/prefix, ...)")
-        where.add_argument("--conf", metavar="FILE", help="a .conf file with metastore_uri (or zk_host + zk_prefix)")
+        add_common_options(p, timeout=DEFAULT_TIMEOUT, in_command=True)
         p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
         p.add_argument("--out", metavar="PATH", help="also write the result to PATH.csv or PATH.parquet")
         p.add_argument("--partitions", type=_positive, help="key ranges per scanned table (default 2 x CPUs)")
@@ -78,17 +85,20 @@ def metastore_uri(args: argparse.Namespace) -> str:
     """The URI from ``--metastore`` or from ``--conf`` (``ConfError`` when the file names none)."""
     uri, _ = metastore_from_args(args.metastore, args.conf)
     if uri is None:
-        raise ConfError(f"{args.conf}: no metastore configured: set metastore_uri (or zk_host)")
+        conf = args.conf or os.environ.get(CONF_ENV)
+        if conf:
+            raise ConfError(f"{conf}: no metastore configured: set metastore_uri (or zk_host)")
+        raise ConfError(f"no metastore given: pass --metastore URI or --conf FILE (or set {METASTORE_ENV})")
     return uri
 
 
-def check_metastore(uri: str) -> None:
-    """Open and close ``uri`` from this process; raises ``ScanError`` with the reason."""
+def check_metastore(uri: str, timeout: float | None = DEFAULT_TIMEOUT) -> None:
+    """Open and close ``uri`` from this process within ``timeout`` s; raises ``ScanError`` with the reason."""
     from tools.scan.datasource import check_visible
 
     check_visible(uri, "this")
     try:
-        probe_metastore(uri)
+        probe_metastore(uri, timeout)
     except MetastoreOpenError as exc:
         raise ScanError(str(exc)) from None
 
@@ -136,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
         if args.out and not Path(args.out).resolve().parent.is_dir():
             raise ScanError(f"--out {args.out}: directory {Path(args.out).resolve().parent} does not exist")
         uri = metastore_uri(args)
-        check_metastore(uri)
+        check_metastore(uri, args.timeout)
         kwargs: dict[str, Any] = {"partitions": args.partitions}
         if args.report == "orphan-ledgers":
             kwargs["min_age_s"] = args.min_age

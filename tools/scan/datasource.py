@@ -3,7 +3,7 @@
     from tools.scan import register_datasource
     register_datasource(spark)
     df = (spark.read.format("quire-metastore")
-          .option("uri", "lmdb:///var/lib/quire/meta")    # any metastore URI
+          .option("uri", "lmdb://data/metastore")    # any metastore URI
           .option("table", "ledgers")
           .option("partitions", 8)                         # optional; default 2 x driver CPUs
           .load())

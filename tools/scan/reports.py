@@ -3,7 +3,7 @@
     from tools.scan.session import spark_session
     from tools.scan.reports import REPORTS, ledgers_per_bookie
     spark = spark_session("local[*]")
-    ledgers_per_bookie(spark, "lmdb:///var/lib/quire/meta").show()
+    ledgers_per_bookie(spark, "lmdb://data/metastore").show()
 
 Every report reads tables through the ``quire-metastore`` DataSource and
 returns flat columns (strings and numbers) so it can be written as CSV or

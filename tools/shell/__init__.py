@@ -1,6 +1,6 @@
 """``quire shell``: ledger and bookie administration.
 
-    quire shell listbookies --metastore lmdb:///var/lib/quire/metastore
+    quire shell listbookies --metastore lmdb://data/metastore
     quire shell listledgers --bookie 127.0.0.1:3181 --conf conf/bk_server.conf
     quire shell ledgermetadata 42 --metastore ...
     quire shell readledger 42 0 9 --metastore ...

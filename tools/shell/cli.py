@@ -3,7 +3,8 @@
 Every command takes ``--metastore URI`` or ``--conf FILE`` (a properties
 file with ``metastore_uri``, or ``zk_host`` and ``zk_prefix``; its placement
 keys choose the placement policy) and ``--timeout SECONDS`` (bounds opening
-the metastore and each bookie request). A bad argument or configuration
+the metastore and each bookie request), before or after the command;
+``QUIRE_METASTORE`` and ``QUIRE_CONF`` are the defaults. A bad argument or configuration
 prints one line and exits 2; an unreachable metastore or a failed command
 prints one line and exits 1.
 """
@@ -12,11 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import NoReturn, TextIO
-from urllib.parse import unquote, urlsplit
 
 from bookie.errors import BKError
 from bookie.errors import ConfError as BookieConfError
@@ -25,8 +26,11 @@ from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
 from metastore.registry import scheme_of
 from tools.cli_common import (
+    CONF_ENV,
+    METASTORE_ENV,
     BadMetastoreURIError,
     MetastoreOpenError,
+    add_common_options,
     metastore_from_args,
     open_tool_metastore,
     quiet_logging,
@@ -38,7 +42,7 @@ from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
 Command = Callable[[BookieOps, argparse.Namespace, TextIO], Awaitable[int]]
 
 DEFAULT_TIMEOUT = 10.0
-EXAMPLE_URI = "lmdb:///var/lib/quire/metastore"
+EXAMPLE_URI = "lmdb://data/metastore"
 
 
 class ShellArgumentParser(argparse.ArgumentParser):
@@ -90,25 +94,23 @@ def password(text: str) -> bytes:
     return text.encode("utf-8")
 
 
-def _common() -> ShellArgumentParser:
-    common = ShellArgumentParser(add_help=False)
-    where = common.add_argument_group("metastore")
-    where.add_argument("--metastore", metavar="URI", help="metastore URI (lmdb:///path, zk://host:port/prefix, ...)")
-    where.add_argument("--conf", metavar="FILE",
-                       help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
-    where.add_argument("--timeout", metavar="SECONDS", type=non_negative_float, default=DEFAULT_TIMEOUT,
-                       help=f"bound for opening the metastore and each bookie request (default {DEFAULT_TIMEOUT:g})")
-    return common
+PASSWORD_ENV = "QUIRE_LEDGER_PASSWORD"
 
 
 def _password_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--password", type=password, default=b"", metavar="TEXT",
-                   help="the ledgers' password (default empty)")
+    secret = p.add_mutually_exclusive_group()
+    secret.add_argument("--password", type=password, default=None, metavar="TEXT",
+                        help=f"the ledgers' password (default ${PASSWORD_ENV}, else empty; visible in ps: "
+                             f"prefer --password-file or the variable)")
+    secret.add_argument("--password-file", metavar="FILE", help="read the password from FILE's first line")
 
 
 def _recovery_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--password", type=password, action="append", default=[], dest="passwords", metavar="TEXT",
-                   help="a ledger password; repeat for ledgers with different ones (the empty one is always tried)")
+                   help="a ledger password; repeat for ledgers with different ones (the empty one is always tried; "
+                        f"${PASSWORD_ENV} is tried too)")
+    p.add_argument("--password-file", action="append", default=[], dest="password_files", metavar="FILE",
+                   help="ledger passwords, one per line (repeatable)")
     p.add_argument("--skip-open", action="store_true",
                    help="leave open ledgers alone (default: recovery-close them first, fencing their writer)")
     p.add_argument("--parallel", type=positive, default=4, metavar="N", help="ledgers recovered at once (default 4)")
@@ -195,12 +197,15 @@ _register("decommission", commands.decommission,
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Fill the ``quire shell`` sub-parser; returns the handler."""
     parser.description = "Ledger and bookie administration."
-    common = _common()
+    add_common_options(parser, timeout=DEFAULT_TIMEOUT,
+                       conf_help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
     sub = parser.add_subparsers(dest="shell_command", metavar="COMMAND", parser_class=ShellArgumentParser)
     for name, (_, help_text, example, options) in COMMANDS.items():
         epilog = f"example:\n  quire shell {name} --metastore {EXAMPLE_URI}" + (f" {example}" if example else "")
-        p = sub.add_parser(name, parents=[common], help=help_text, description=help_text, epilog=epilog,
+        p = sub.add_parser(name, help=help_text, description=help_text, epilog=epilog,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_common_options(p, timeout=DEFAULT_TIMEOUT, in_command=True,
+                           conf_help="properties file with metastore_uri (or zk_host/zk_prefix) and placement keys")
         options(p)
     parser.epilog = f"example:\n  quire shell listbookies --metastore {EXAMPLE_URI}"
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -219,8 +224,10 @@ def resolve_metastore(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     except ConfError as exc:
         raise UsageError(str(exc)) from None
     if not uri:
-        where = f"{args.conf} has no metastore_uri (nor zk_host)" if args.conf else "no metastore given"
-        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri")
+        conf_file = args.conf or os.environ.get(CONF_ENV)
+        where = f"{conf_file} has no metastore_uri (nor zk_host)" if conf_file else "no metastore given"
+        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri "
+                         f"(or set {METASTORE_ENV})")
     return uri, conf
 
 
@@ -232,13 +239,9 @@ async def open_store(uri: str, timeout: float) -> MetaStore:
     creates a fresh, empty metastore by mistake.
     """
     try:
-        scheme = scheme_of(uri)
+        scheme_of(uri)
     except IllegalOpError as exc:
         raise UsageError(str(exc)) from None
-    if scheme == "lmdb":
-        path = Path(unquote(urlsplit(uri).path))
-        if not path.is_dir():
-            raise MetastoreUnavailableError(f"no lmdb metastore at {path} (no such directory)")
     try:
         return await open_tool_metastore(uri, timeout)
     except BadMetastoreURIError as exc:
@@ -268,6 +271,39 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
         await store.close()
 
 
+def _secret_lines(path: str) -> list[bytes]:
+    """The non-empty lines of a secret file (trailing newline and carriage return dropped); ``UsageError``."""
+    try:
+        text = Path(path).read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read password file {path}: {exc.strerror or exc}") from None
+    return [line.rstrip(b"\r") for line in text.split(b"\n") if line.rstrip(b"\r")]
+
+
+def resolve_passwords(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> None:
+    """Fill ``args.password`` / ``args.passwords`` from ``--password-file`` and ``$QUIRE_LEDGER_PASSWORD``.
+
+    A password on the command line is visible to every user in ``ps``; a file
+    or the variable is not. ``--password`` wins, then ``--password-file``, then
+    the variable. Raises ``UsageError`` for an unreadable or empty file.
+    """
+    env = os.environ if env is None else env
+    from_env = env.get(PASSWORD_ENV)
+    if hasattr(args, "password_file"):
+        if args.password is None and args.password_file:
+            lines = _secret_lines(args.password_file)
+            if not lines:
+                raise UsageError(f"password file {args.password_file} is empty")
+            args.password = lines[0]
+        if args.password is None:
+            args.password = from_env.encode() if from_env else b""
+    if hasattr(args, "password_files"):
+        for path in args.password_files:
+            args.passwords.extend(_secret_lines(path))
+        if from_env:
+            args.passwords.append(from_env.encode())
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Run the chosen shell command; returns its exit status (errors printed as one line on stderr)."""
     name = getattr(args, "shell_command", None)
@@ -276,6 +312,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 2
     quiet_logging(args, "kazoo")  # kazoo's reconnects: errors only
     try:
+        resolve_passwords(args)
         return asyncio.run(_main(args, out if out is not None else sys.stdout))
     except ShellError as exc:
         sys.stderr.write(f"quire shell {name}: {exc}\n")

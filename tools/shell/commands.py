@@ -212,13 +212,30 @@ async def recover(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
     """Re-replicate every fragment of SRC (onto DEST, or where the placement policy says)."""
     recovery = _recovery(ops, args, args.source, args.dest)
     if args.dry_run:
-        lines = await recovery.plan()
-        for line in lines:
-            out.write(line + "\n")
-        out.write(f"dry run: {len(lines)} ledgers on {args.source}; nothing changed\n")
-        return 0
+        if await _is_running(ops, args.source):
+            sys.stderr.write(f"note: {args.source} is running (registered and answering): recover copies its "
+                             f"fragments to other bookies while it keeps serving; to retire it, stop it and "
+                             f"use decommission\n")
+        planned = await recovery.plan_ledgers()
+        for p in planned:
+            out.write(p.text + "\n")
+        stuck = sum(not p.completes for p in planned)
+        verdict = f"{stuck} would fail or be skipped" if stuck else "all would be done"
+        out.write(f"dry run: {len(planned)} ledgers on {args.source}, {verdict}; nothing changed\n")
+        return 1 if stuck else 0
     summary = await _run_recovery(recovery, args, out)
     return 1 if summary.failed or summary.count("skipped") else 0
+
+
+async def _is_running(ops: BookieOps, address: str) -> bool:
+    """Whether ``address`` is registered and answers a bookie-info request."""
+    if address not in await ops.registrations():
+        return False
+    try:
+        await ops.bookie_info(address)
+    except BKError:
+        return False
+    return True
 
 
 async def decommission(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:

@@ -107,6 +107,16 @@ def fragments_of(ledger_id: int, md: LedgerMetadata, bookie: str) -> list[Fragme
     return out
 
 
+@dataclass(frozen=True)
+class PlannedLedger:
+    """One ``--dry-run`` line: what would happen to a ledger, and whether it would be done (not failed or
+    skipped: a real run exits 1 when any ledger is not)."""
+
+    ledger_id: int
+    text: str
+    completes: bool
+
+
 @dataclass
 class LedgerOutcome:
     """What happened to one ledger."""
@@ -231,33 +241,45 @@ class BookieRecovery:
 
     async def plan(self) -> list[str]:
         """What ``run`` would do, one line per ledger (``--dry-run``); changes nothing."""
+        return [p.text for p in await self.plan_ledgers()]
+
+    async def plan_ledgers(self) -> list[PlannedLedger]:
+        """``plan`` with, for each ledger, whether the run would fail or skip it (its exit status 1)."""
         await self._check_dest()
-        lines: list[str] = []
+        planned: list[PlannedLedger] = []
         for lid, md in await self.ledgers_to_recover():
             head = f"ledger {lid} ({md.state.value}): would "
             if self._password_for(md) is None:
-                lines.append(head + "fail: none of the passwords given is the ledger's (give it with --password)")
+                planned.append(PlannedLedger(lid, head + "fail: none of the passwords given is the ledger's "
+                                                          "(give it with --password)", False))
                 continue
             if not md.is_closed and self.skip_open:
-                lines.append(head + "skip it (open, --skip-open)")
+                planned.append(PlannedLedger(lid, head + "skip it (open, --skip-open)", False))
                 continue
             actions = [] if md.is_closed else ["recovery-close it"]
+            ok = True
             for frag in fragments_of(lid, md, self.source):
                 if not md.is_closed and frag.first_entry == md.ensembles[-1][0]:
                     what = f"the segment from entry {frag.first_entry} (its end is known once closed)"
                 else:
                     what = f"{frag.span()} ({len(frag.entries(md))} entries on it)"
-                actions.append(f"copy {what} {self.source} -> {self._describe_target(md, frag)}")
-            lines.append(head + ", then ".join(actions))
-        return lines
+                target, found = self._describe_target(md, frag)
+                ok = ok and found
+                actions.append(f"copy {what} {self.source} -> {target}")
+            text = head + ", then ".join(actions)
+            planned.append(PlannedLedger(lid, text if ok else text.replace(": would ", ": would fail: ", 1), ok))
+        return planned
 
-    def _describe_target(self, md: LedgerMetadata, frag: Fragment) -> str:
+    def _describe_target(self, md: LedgerMetadata, frag: Fragment) -> tuple[str, bool]:
+        """Where a fragment would go, and whether there is such a place."""
         if self.dest is not None:
-            return self.dest if self.dest not in frag.ensemble else f"{self.dest} (refused: already in the ensemble)"
+            if self.dest in frag.ensemble:
+                return f"{self.dest} (refused: already in the ensemble)", False
+            return self.dest, True
         try:
-            return self._choose(md, frag, set()) + " (placement choice)"
+            return self._choose(md, frag, set()) + " (placement choice)", True
         except RecoveryError as exc:
-            return f"nothing ({exc})"
+            return f"nothing ({exc})", False
 
     # --- the run --------------------------------------------------------------------------------
     async def run(self, progress: RecoveryProgress | None = None,

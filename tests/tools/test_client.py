@@ -1,0 +1,87 @@
+"""`quire client produce|consume` against a real LocalCluster (a bookie and a hub process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tools.cluster import LocalCluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ONE_BOOKIE = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1"}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def hub(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    async with LocalCluster(bookies=1, hubs=1, data_dir=tmp_path_factory.mktemp("client"),
+                            conf_overrides=ONE_BOOKIE) as cluster:
+        yield cluster.hub_addresses[0]
+
+
+async def client(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,
+                 ) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.cli", "client", *args, env={**os.environ, **(env or {})},
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+
+
+async def subscribed(proc: asyncio.subprocess.Process) -> None:
+    """Wait for the consumer's ``subscribed to ...`` line (its subscription exists from then on)."""
+    assert proc.stderr is not None
+    async with asyncio.timeout(60):
+        line = (await proc.stderr.readline()).decode()
+    assert line.startswith("subscribed to "), line + (await proc.stderr.read()).decode()
+
+
+async def finish(proc: asyncio.subprocess.Process, stdin: bytes | None = None) -> tuple[int, str, str]:
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_produce_and_consume(hub: str) -> None:
+    text = await client("consume", "greetings", "-s", "reader", "-n", "5", "--server", hub)
+    as_json = await client("consume", "greetings", "-s", "auditor", "-n", "5", "--json",
+                           env={"QUIRE_SERVER": hub})      # the server from the environment
+    await asyncio.gather(subscribed(text), subscribed(as_json))
+    rc, out, err = await finish(await client("produce", "greetings", "-m", "hello", "-n", "3", "--server", hub))
+    assert (rc, out, err) == (0, "produced 3 messages to greetings (seq ids 1..3)\n", "")
+    rc, out, _ = await finish(await client("produce", "greetings", "--server", hub, stdin=b""), b"x\ny\n")
+    assert (rc, out) == (0, "produced 2 messages to greetings (seq ids 4..5)\n")
+    rc, out, _ = await finish(text)
+    assert rc == 0 and out.splitlines() == ["1\thello", "2\thello", "3\thello", "4\tx", "5\ty"]
+    rc, out, _ = await finish(as_json)
+    assert rc == 0
+    assert [(m["seq_id"], m["body"], m["src_region"]) for m in map(json.loads, out.splitlines())] == [
+        (1, "hello", "standalone"), (2, "hello", "standalone"), (3, "hello", "standalone"),
+        (4, "x", "standalone"), (5, "y", "standalone")]
+    # what a consumer printed it consumed: attaching again starts after it
+    again = await client("consume", "greetings", "-s", "reader", "-n", "1", "--server", hub)
+    await subscribed(again)
+    await finish(await client("produce", "greetings", "-m", "later", "--server", hub))
+    assert (await finish(again))[1] == "6\tlater\n"
+
+
+async def test_rate_paces_the_publishes(hub: str) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    rc, out, _ = await finish(await client("produce", "paced", "-m", "tick", "-n", "5", "--rate", "10",
+                                           "--server", hub))
+    assert rc == 0 and out == "produced 5 messages to paced (seq ids 1..5)\n"
+    assert loop.time() - start >= 0.4   # 5 messages at 10/s: the last leaves 0.4 s after the first
+
+
+async def test_unreachable_hub_is_one_line(tmp_path: Path) -> None:
+    rc, out, err = await finish(await client("produce", "t", "-m", "x", "--server", "127.0.0.1:1", "--timeout", "5"))
+    assert rc == 1 and out == ""
+    assert err.splitlines() == [err.strip()]
+    assert err.startswith("quire client produce: cannot connect to hub 127.0.0.1:1")

@@ -1,0 +1,191 @@
+"""``quire client``: publish and receive from the command line, like ``pulsar-client``.
+
+    quire client produce TOPIC -m TEXT [-m TEXT ...] [-n COUNT] [--rate R] [--server HOST:PORT]
+    seq 10 | quire client produce TOPIC            # no -m: one message per line of standard input
+    quire client consume TOPIC -s SUB [-n COUNT] [--json] [--server HOST:PORT]
+
+``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
+``--rate`` messages per second (default 0: as fast as each publish is
+acknowledged), and prints ``produced N messages to TOPIC (seq ids A..B)``.
+``consume`` subscribes (creating the subscription, or attaching to it; a new
+one starts after the topic's last message), says ``subscribed to TOPIC as
+SUB`` on stderr, then prints each message as ``SEQ<TAB>BODY`` (or one JSON
+object per line with ``--json``) and consumes it once printed; it exits after
+``COUNT`` messages (default 0: until Ctrl-C), leaving later ones unconsumed.
+
+The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080.
+Failures (hub unreachable, a refused publish) print one line and exit 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tools.cli_common import seconds
+
+SERVER_ENV = "QUIRE_SERVER"
+DEFAULT_SERVER = "127.0.0.1:4080"
+DEFAULT_TIMEOUT = 30.0
+
+
+class ClientCommandError(Exception):
+    """The command failed; the message is the one line printed."""
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, not {text!r}")
+    return value
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected messages per second, not {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a rate >= 0, not {text!r}")
+    return value
+
+
+def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    parser.description = "Publish and receive messages (like pulsar-client)."
+    sub = parser.add_subparsers(dest="client_command", metavar="COMMAND", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--server", metavar="HOST:PORT",
+                        help=f"hub to talk to (default ${SERVER_ENV}, else {DEFAULT_SERVER})")
+    common.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"bound for connecting and each publish (default {DEFAULT_TIMEOUT:g})")
+    p = sub.add_parser("produce", parents=[common], help="publish messages to a topic",
+                       description="Publish each -m body COUNT times, or each line of standard input.")
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("-m", "--message", dest="messages", action="append", default=[], metavar="TEXT",
+                   help="a message body (repeatable; default: one message per line of standard input)")
+    p.add_argument("-n", "--num-produce", dest="count", type=_count, default=1, metavar="COUNT",
+                   help="times to send each -m body (default 1)")
+    p.add_argument("-r", "--rate", type=_rate, default=0.0, metavar="R",
+                   help="messages per second (default 0: each once the previous is acknowledged)")
+    c = sub.add_parser("consume", parents=[common], help="subscribe and print messages",
+                       description="Subscribe and print each message's seq id and body.")
+    c.add_argument("topic", metavar="TOPIC")
+    c.add_argument("-s", "--subscription", required=True, metavar="SUB", help="subscriber id")
+    c.add_argument("-n", "--num-messages", dest="count", type=_count, default=0, metavar="COUNT",
+                   help="exit after COUNT messages (default 0: run until Ctrl-C)")
+    c.add_argument("--json", action="store_true", help="one JSON object per message")
+    return run
+
+
+def server_of(args: argparse.Namespace) -> str:
+    """``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080."""
+    return str(args.server or os.environ.get(SERVER_ENV) or DEFAULT_SERVER)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvloop
+
+    from hub.errors import PubSubError
+
+    command = produce if args.client_command == "produce" else consume
+    try:
+        return int(uvloop.run(command(args)))
+    except (ClientCommandError, PubSubError, OSError) as exc:
+        sys.stderr.write(f"quire client {args.client_command}: {exc}\n")
+        return 1
+
+
+async def _connect(args: argparse.Namespace, conf: dict[str, str] | None = None) -> Any:
+    from hub.client import HedwigClient
+    from hub.errors import PubSubError
+
+    server = server_of(args)
+    try:
+        return await asyncio.wait_for(HedwigClient.connect(server, conf=conf), args.timeout or None)
+    except (OSError, TimeoutError, PubSubError) as exc:
+        raise ClientCommandError(f"cannot connect to hub {server}: {exc or 'timed out'}") from None
+
+
+def _bodies(args: argparse.Namespace) -> Iterable[bytes]:
+    if args.messages:
+        for _ in range(args.count):
+            yield from (m.encode() for m in args.messages)
+        return
+    for line in sys.stdin.buffer:
+        yield line.rstrip(b"\r\n")
+
+
+async def produce(args: argparse.Namespace) -> int:
+    """Publish the bodies in order, paced by ``--rate``; prints one summary line."""
+    client = await _connect(args)
+    topic = args.topic.encode()
+    seqs: list[int] = []
+    start = time.monotonic()
+    try:
+        for i, body in enumerate(_bodies(args)):
+            if args.rate:
+                delay = start + i / args.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)  # pacing: nothing to wait for but the clock
+            try:
+                seqs.append(await asyncio.wait_for(client.publish(topic, body), args.timeout or None))
+            except TimeoutError:
+                raise ClientCommandError(f"publish to {args.topic} not acknowledged within {args.timeout:g} s "
+                                         f"({len(seqs)} produced)") from None
+    finally:
+        await client.close()
+    span = f" (seq ids {seqs[0]}..{seqs[-1]})" if seqs else ""
+    print(f"produced {len(seqs)} messages to {args.topic}{span}", flush=True)
+    return 0
+
+
+def _line(message: Any, as_json: bool) -> str:
+    if not as_json:
+        return f"{message.seq_id}\t{message.body.decode('utf-8', 'backslashreplace')}"
+    out: dict[str, Any] = {"seq_id": message.seq_id, "src_region": message.src_region}
+    try:
+        out["body"] = message.body.decode("utf-8")
+    except UnicodeDecodeError:
+        out["body_base64"] = base64.b64encode(message.body).decode()
+    if message.properties:
+        out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
+    return json.dumps(out)
+
+
+async def consume(args: argparse.Namespace) -> int:
+    """Subscribe, print and consume ``--num-messages`` messages (or until interrupted)."""
+    # consumes are sent by hand once a message is printed, so what was not printed stays unconsumed
+    client = await _connect(args, conf={"auto_send_consume_message_enabled": "false"})
+    topic, sub = args.topic.encode(), args.subscription.encode()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def handler(_topic: bytes, _sub: bytes, message: Any) -> None:
+        await queue.put(message)
+
+    try:
+        await asyncio.wait_for(client.subscribe(topic, sub), args.timeout or None)
+        await client.start_delivery(topic, sub, handler)
+        sys.stderr.write(f"subscribed to {args.topic} as {args.subscription}\n")
+        sys.stderr.flush()
+        printed = 0
+        while not args.count or printed < args.count:
+            message = await queue.get()
+            print(_line(message, args.json), flush=True)
+            await client.consume(topic, sub, message.seq_id)
+            printed += 1
+        await client.close_subscription(topic, sub)
+    except TimeoutError:
+        raise ClientCommandError(f"subscribe to {args.topic} not answered within {args.timeout:g} s") from None
+    finally:
+        await client.close()
+    return 0
