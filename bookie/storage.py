@@ -63,7 +63,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -513,12 +513,19 @@ class EntryStorage:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries and record durably (garbage collection): one checkpoint."""
+        await self.delete_ledgers([ledger_id])
+
+    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Delete several ledgers in one checkpoint; ``BookieServerError`` when the checkpoint fails."""
         if self._closing:
             raise BookieServerError("entry storage is closing")
-        _check_ids(ledger_id)
-        self._state.pop(ledger_id, None)
-        self._dirty.discard(ledger_id)
-        self._deleting.add(ledger_id)
+        ids = list(ledger_ids)
+        for ledger_id in ids:
+            _check_ids(ledger_id)
+        for ledger_id in ids:
+            self._state.pop(ledger_id, None)
+            self._dirty.discard(ledger_id)
+            self._deleting.add(ledger_id)
         await self.checkpoint()
 
     # --- back-pressure --------------------------------------------------------------------------
