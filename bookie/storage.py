@@ -565,6 +565,22 @@ class EntryStorage:
         else:
             log.warning("%s; adds failed", reason)
 
+    def _fail_throttled(self, exc: BookieServerError) -> None:
+        """Fail every add waiting for room in the cache (never journalled)."""
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
+        throttled, self._throttled = self._throttled, collections.deque()
+        for _, _, done, fut, _, _ in throttled:
+            if fut is not None:
+                if not fut.done():
+                    fut.set_exception(exc)
+                continue
+            try:
+                done(exc)
+            except Exception:
+                log.exception("entry storage completion callback raised")
+
     def _release_throttled(self) -> None:
         """Room in the cache: the waiting adds join the open group, in order."""
         if self._throttle_timer is not None:
@@ -871,7 +887,7 @@ class EntryStorage:
         self._cache = {}
         self.cache_bytes = 0
         self._flush_jobs.put(job)
-        if self._throttled:
+        if self._throttled and not self._closing:
             self._release_throttled()
 
     def _retry_flush(self) -> None:
@@ -970,6 +986,7 @@ class EntryStorage:
         if self._closed:
             return
         self._closing = True
+        self._fail_throttled(BookieServerError("entry storage is closing"))
         await self.flush()
         try:
             await self.checkpoint()
