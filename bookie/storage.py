@@ -551,15 +551,7 @@ class EntryStorage:
             reason += f" (the checkpoint fails: {flushing.error})"
         while throttled and throttled[0][5] <= now:
             _, _, done, fut, _, _ = throttled.popleft()
-            exc = BookieServerError(reason)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_exception(exc)
-                continue
-            try:
-                done(exc)
-            except Exception:
-                log.exception("entry storage completion callback raised")
+            _fail_waiter(done, fut, BookieServerError(reason))
         if throttled:
             self._throttle_timer = loop.call_at(throttled[0][5], self._throttle_expired)
         else:
@@ -572,14 +564,7 @@ class EntryStorage:
             self._throttle_timer = None
         throttled, self._throttled = self._throttled, collections.deque()
         for _, _, done, fut, _, _ in throttled:
-            if fut is not None:
-                if not fut.done():
-                    fut.set_exception(exc)
-                continue
-            try:
-                done(exc)
-            except Exception:
-                log.exception("entry storage completion callback raised")
+            _fail_waiter(done, fut, exc)
 
     def _release_throttled(self) -> None:
         """Room in the cache: the waiting adds join the open group, in order."""
@@ -1022,6 +1007,18 @@ class EntryStorage:
         with self._env.begin(write=True) as txn:
             if not self._store.corrupt(txn, ledger_id, entry_id):
                 raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
+
+
+def _fail_waiter(done: Done, fut: asyncio.Future[None] | None, exc: BookieServerError) -> None:
+    """Fail one add that never reached the journal: its future if it has one, else its callback."""
+    if fut is not None:
+        if not fut.done():
+            fut.set_exception(exc)
+        return
+    try:
+        done(exc)
+    except Exception:
+        log.exception("entry storage completion callback raised")
 
 
 def _settle(fut: asyncio.Future[None]) -> Done:
