@@ -18,13 +18,13 @@ import pytest
 
 from bookie.client import BookKeeper
 from bookie.metadata import LedgerMetadata, LedgerMetadataManager, LedgerState
+from bookie.ops import BookieOps
 from bookie.registration import list_bookies
 from metastore import open_metastore
 from placement.spread import windows_span_two
 from tests.bookie.clusterutil import FAST_CLIENT
 from tests.tools.shellutil import shell
 from tools.cluster import LocalCluster
-from tools.shell.bookie_ops import BookieOps
 
 LEDGERS = 50
 OPEN_LEDGERS = 5

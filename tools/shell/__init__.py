@@ -10,9 +10,10 @@
     quire shell decommission 127.0.0.1:3181 --metastore ...
 
 Modules: ``cli`` (arguments, metastore, errors), ``commands`` (one function
-per command), ``recover`` (re-replication of a bookie's fragments),
-``progress`` (the tqdm bar), ``bookie_ops`` (the one adapter to the bookie
-package's lower layers), ``errors``.
+per command), ``progress`` (the tqdm bar), ``errors``. Re-replication
+(``bookie.rereplication``) and the adapter to the bookie package's lower
+layers (``bookie.ops``) live in ``bookie/`` so AutoRecovery workers in a
+bookie process share them.
 """
 
 from tools.shell.cli import configure, run

@@ -21,6 +21,8 @@ from typing import NoReturn, TextIO
 
 from bookie.errors import BKError
 from bookie.errors import ConfError as BookieConfError
+from bookie.ops import BookieOps
+from bookie.rereplication import RecoveryUsageError
 from metastore import MetaStore
 from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
@@ -36,7 +38,6 @@ from tools.cli_common import (
     quiet_logging,
 )
 from tools.shell import commands
-from tools.shell.bookie_ops import BookieOps
 from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
 
 Command = Callable[[BookieOps, argparse.Namespace, TextIO], Awaitable[int]]
@@ -263,7 +264,7 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
             return await command(ops, args, out)
         finally:
             await ops.close()
-    except (BookieConfError, ConfError) as exc:
+    except (BookieConfError, ConfError, RecoveryUsageError) as exc:
         raise UsageError(str(exc)) from None
     except (BKError, MetastoreError) as exc:
         raise ShellError(str(exc) or type(exc).__name__) from None

@@ -17,10 +17,10 @@ from typing import TextIO
 from tqdm import tqdm
 
 from bookie.errors import BKError, NoSuchEntryError, NoSuchLedgerError
-from tools.shell.bookie_ops import READ_ONLY, BookieOps, LedgerMetadata, password_matches
+from bookie.ops import READ_ONLY, BookieOps, LedgerMetadata, password_matches
+from bookie.rereplication import BookieRecovery, RecoverySummary
 from tools.shell.errors import ShellError, UsageError
 from tools.shell.progress import RecoveryProgress, wants_progress
-from tools.shell.recover import BookieRecovery, RecoverySummary
 
 
 def human_bytes(n: int) -> str:

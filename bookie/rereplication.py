@@ -1,4 +1,4 @@
-"""Re-replicate every ledger fragment a bookie held onto other bookies (``quire shell recover``).
+"""Re-replicate every ledger fragment a bookie held onto other bookies (``quire shell recover``, AutoRecovery).
 
     ops = await BookieOps.open(store)
     recovery = BookieRecovery(ops, "127.0.0.1:3181", dest=None, passwords=[b"secret"])
@@ -43,11 +43,10 @@ import asyncio
 import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bookie.errors import BKError, DigestMismatchError, NoSuchLedgerError, NotEnoughBookiesError
-from metastore.errors import MetastoreError
-from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
-from tools.shell.bookie_ops import (
+from bookie.ops import (
     READ_ONLY,
     BookieOps,
     LedgerMetadata,
@@ -56,12 +55,33 @@ from tools.shell.bookie_ops import (
     password_matches,
     verify_payload,
 )
-from tools.shell.errors import RecoveryError, UsageError
-from tools.shell.progress import RecoveryProgress
+from metastore.errors import MetastoreError
+from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BookieRecovery", "Fragment", "LedgerOutcome", "RecoverySummary", "fragments_of"]
+__all__ = ["BookieRecovery", "Fragment", "LedgerOutcome", "RecoveryError", "RecoveryProgress", "RecoverySummary",
+           "RecoveryUsageError", "fragments_of"]
+
+
+class RecoveryError(BKError):
+    """Re-replication of one ledger failed (no readable replica, no replacement bookie...)."""
+
+    code = "RereplicationException"
+
+
+class RecoveryUsageError(BKError):
+    """A recovery asked for something that cannot be (a bad destination, a bad setting)."""
+
+    code = "IllegalArgumentException"
+
+
+class RecoveryProgress(Protocol):
+    """What a run reports as it goes (``quire shell``'s progress bar implements it)."""
+
+    def entries_copied(self, n: int) -> None: ...
+
+    def ledger_done(self, line: str | None = None) -> None: ...
 
 DEFAULT_WINDOW = 64
 """Entries of one fragment copied concurrently."""
@@ -200,9 +220,9 @@ class BookieRecovery:
                  skip_open: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
                  max_entries_per_second: float = 0.0) -> None:
         if dest is not None and dest == source:
-            raise UsageError(f"the destination {dest} is the bookie being recovered")
+            raise RecoveryUsageError(f"the destination {dest} is the bookie being recovered")
         if parallel < 1 or window < 1:
-            raise UsageError("--parallel and the copy window must be >= 1")
+            raise RecoveryUsageError("--parallel and the copy window must be >= 1")
         self.ops = ops
         self.source = source
         self.dest = dest
@@ -235,9 +255,9 @@ class BookieRecovery:
             return
         rec = regs.get(self.dest)
         if rec is None:
-            raise UsageError(f"destination {self.dest} is not a registered bookie")
+            raise RecoveryUsageError(f"destination {self.dest} is not a registered bookie")
         if rec.state == READ_ONLY:
-            raise UsageError(f"destination {self.dest} is read-only")
+            raise RecoveryUsageError(f"destination {self.dest} is read-only")
 
     async def plan(self) -> list[str]:
         """What ``run`` would do, one line per ledger (``--dry-run``); changes nothing."""
@@ -287,7 +307,7 @@ class BookieRecovery:
         """Recover every ledger on the source; ``progress`` counts ledgers and entries as they go.
 
         ``ledgers`` is a ``ledgers_to_recover()`` result already at hand.
-        Raises ``UsageError`` for a destination that is not a registered
+        Raises ``RecoveryUsageError`` for a destination that is not a registered
         writable bookie and ``MetastoreError`` when the ledger list cannot be read.
         """
         await self._check_dest()
