@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,8 +60,8 @@ from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BookieRecovery", "Fragment", "LedgerOutcome", "RecoveryError", "RecoveryProgress", "RecoverySummary",
-           "RecoveryUsageError", "fragments_of"]
+__all__ = ["BookieRecovery", "EntryPacer", "Fragment", "LedgerOutcome", "RecoveryError", "RecoveryProgress",
+           "RecoverySummary", "RecoveryUsageError", "fragments_of"]
 
 
 class RecoveryError(BKError):
@@ -193,8 +193,8 @@ class RecoverySummary:
                 f"{self.count('skipped')} skipped, {self.entries_copied} entries copied")
 
 
-class _Pacer:
-    """Spreads entry copies to at most ``rate`` per second (0: unlimited)."""
+class EntryPacer:
+    """Spreads entry copies to at most ``rate`` per second (0: unlimited); one may serve many recoveries."""
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
@@ -218,7 +218,8 @@ class BookieRecovery:
 
     def __init__(self, ops: BookieOps, source: str, dest: str | None = None, passwords: Sequence[bytes] = (), *,
                  skip_open: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
-                 max_entries_per_second: float = 0.0) -> None:
+                 max_entries_per_second: float = 0.0, pacer: EntryPacer | None = None,
+                 guard: Callable[[], Awaitable[None]] | None = None) -> None:
         if dest is not None and dest == source:
             raise RecoveryUsageError(f"the destination {dest} is the bookie being recovered")
         if parallel < 1 or window < 1:
@@ -230,7 +231,10 @@ class BookieRecovery:
         self.skip_open = skip_open
         self.parallel = parallel
         self.window = window
-        self._pacer = _Pacer(max_entries_per_second)
+        self._pacer = pacer if pacer is not None else EntryPacer(max_entries_per_second)
+        self._guard = guard
+        """Awaited before every metadata change (recovery-close, ensemble update); raising aborts the ledger
+        (AutoRecovery checks it still holds the ledger's lease)."""
 
     # --- discovery ------------------------------------------------------------------------------
     async def ledgers_on_source(self) -> list[tuple[int, LedgerMetadata]]:
@@ -345,6 +349,8 @@ class BookieRecovery:
                     outcome.status = "skipped"
                     outcome.error = f"open ({md.state.value}) and --skip-open given"
                     return outcome
+                if self._guard is not None:
+                    await self._guard()
                 bk = await self.ops.client()
                 await bk.open_ledger(ledger_id, password=password)  # fence, recover the tail, close
                 md, _ = await self.ops.read_metadata(ledger_id)
@@ -352,6 +358,8 @@ class BookieRecovery:
             for frag in fragments_of(ledger_id, md, self.source):
                 target, copied = await self._move(md, frag, password, progress)
                 outcome.moves.append((frag, target, copied))
+                if self._guard is not None:
+                    await self._guard()
                 md = await self.ops.replace_in_segment(ledger_id, frag.first_entry, self.source, target)
         except NoSuchLedgerError:
             outcome.status = "gone"

@@ -337,6 +337,8 @@ class LocalCluster:
             "metastore_uri": self.metastore_uri,
             # -1: the bookie picks a free port and names it in its ready line
             "stats_http_port": role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "-1",
+            # every bookie runs an AutoRecovery auditor candidate and worker (conf_overrides may turn it off)
+            "autorecovery_enabled": "true",
         }
         hub_keys = _hub_keys()
         values.update({k: v for k, v in self.conf_overrides.items() if k not in hub_keys or k in _BOOKIE_SHARED})
