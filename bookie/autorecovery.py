@@ -413,6 +413,7 @@ class ReplicationWorker:
             if not session.alive:
                 raise _LeaseLost(f"lost the claim on ledger {ledger_id} (session ended)")
 
+        await self._ops.refresh_placement()  # the policy chooses among the bookies registered now
         progress = _Progress(self)
         self.current = ledger_id
         try:
