@@ -12,6 +12,8 @@
 ``conf_overrides`` has ``zk_host``), ``hbase`` (the Thrift gateway emulator,
 a test double, as a separate process) — or a full metastore URI.
 ``conf_overrides`` are ``key=value`` strings added to every bookie's conf.
+Every bookie runs AutoRecovery (``autorecovery_enabled=true``; override it
+with ``"false"`` to test manual recovery alone).
 A ``data_dir`` given by the caller is never deleted; without one a temporary
 directory is used and removed on exit. ``hubs=N`` starts N hub processes
 after the bookies (``hub_addresses``, ``kill_hub``, ``restart_hub``);
