@@ -194,23 +194,23 @@ class RecoverySummary:
 
 
 class EntryPacer:
-    """Spreads entry copies to at most ``rate`` per second (0: unlimited); one may serve many recoveries."""
+    """Spreads entry copies to at most ``rate`` per second (0: unlimited); one may serve many recoveries.
+
+    Time spent idle is not saved up: after a pause the rate holds from the next copy on (no burst).
+    """
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self._n = 0
-        self._start: float | None = None
+        self._next: float | None = None
 
     async def wait(self) -> None:
         if self.rate <= 0:
             return
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        self._n += 1
-        delay = self._start + self._n / self.rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        now = asyncio.get_running_loop().time()
+        slot = now if self._next is None or self._next < now else self._next
+        self._next = slot + 1.0 / self.rate
+        if slot > now:
+            await asyncio.sleep(slot - now)
 
 
 class BookieRecovery:
