@@ -115,6 +115,15 @@ async def test_one_auditor_elected_and_the_other_takes_over_when_it_dies(
         assert first is not None
         await asyncio.sleep(2.5)  # a few election rounds: the auditor stays the same one
         assert await urm.auditor() == first
+        ms = ["--metastore", uri]
+        status = await shell("autorecovery", *ms)
+        assert status.rc == 0 and f"auditor: {first}" in status.lines and "autorecovery: enabled" in status.lines
+        assert "not set cluster-wide" in (await shell("lostbookierecoverydelay", *ms)).out
+        assert (await shell("lostbookierecoverydelay", "-1", *ms)).rc == 2
+        assert (await shell("lostbookierecoverydelay", "42", *ms)).rc == 0
+        shown = await shell("lostbookierecoverydelay", *ms)
+        assert shown.lines == ["lost_bookie_recovery_delay: 42 s (cluster-wide)"]
+        assert await urm.lost_bookie_recovery_delay(30.0) == 42.0
         procs[first].kill()
         await procs[first].wait()
         (other,) = set(procs) - {first}
