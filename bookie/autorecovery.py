@@ -32,9 +32,11 @@ bookie says it has no such entry.
 one by creating an ephemeral key in ``underreplicated_locks`` (so two workers
 never copy the same ledger at once, and the claim of a worker that dies
 vanishes with its session), then, for each missing bookie, runs
-``bookie.rereplication.BookieRecovery.recover_ledger``: an open ledger is
-left to its writer for ``open_ledger_rereplication_grace_period`` seconds
-after it was marked, then recovery-closed; each fragment is copied to a
+``bookie.rereplication.BookieRecovery.recover_ledger``: an open ledger whose
+last segment names a missing bookie is left to its writer for
+``open_ledger_rereplication_grace_period`` seconds after it was marked, then
+recovery-closed (its writer is taken as gone); one that names it only in
+sealed segments stays open and just those are copied; each fragment is copied to a
 bookie the placement policy chooses and the ensemble updated by CAS. Before
 every metadata change the worker checks it still holds its session (else it
 stops, leaving the mark for another worker). Done, it removes the mark by
@@ -406,8 +408,9 @@ class ReplicationWorker:
             log.info("ledger %d was deleted: mark removed", ledger_id)
             return True
         grace_ms = self._conf.open_ledger_rereplication_grace_period * 1000
-        if not md.is_closed and time.time() * 1000 - rec.marked_ms < grace_ms:
-            return False
+        in_last_segment = bool(rec.missing & set(md.current_ensemble))
+        if not md.is_closed and in_last_segment and time.time() * 1000 - rec.marked_ms < grace_ms:
+            return False  # its writer, if alive, replaces the bookie by an ensemble change on its next add
 
         async def guard() -> None:
             if not session.alive:
@@ -418,7 +421,8 @@ class ReplicationWorker:
         self.current = ledger_id
         try:
             for bookie in sorted(rec.missing):
-                recovery = BookieRecovery(self._ops, bookie, None, self._passwords, pacer=self._pacer, guard=guard)
+                recovery = BookieRecovery(self._ops, bookie, None, self._passwords, keep_writers=True,
+                                          pacer=self._pacer, guard=guard)
                 outcome = await recovery.recover_ledger(ledger_id, progress)
                 if outcome.status == "failed":
                     self._stats.failures.inc()

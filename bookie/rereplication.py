@@ -16,7 +16,10 @@ password) that its metadata accepts; it is needed to write the copies
 
 1. An open ledger is recovery-closed first (``BookKeeper.open_ledger``:
    fence, recover the tail, close), so its entries stop changing; with
-   ``skip_open`` it is left alone and reported.
+   ``skip_open`` it is left alone and reported. With ``keep_writers``
+   (AutoRecovery) an OPEN ledger whose last segment does not name the
+   source stays open: only its sealed segments are copied, so a live
+   writer is not fenced.
    A ledger left IN_RECOVERY (an interrupted recovery-close) is finished
    the same way even when it no longer names the source.
 2. For each fragment a target is chosen: ``dest`` when given, else the
@@ -217,7 +220,7 @@ class BookieRecovery:
     """Moves every fragment of ``source`` to other bookies; see the module docstring."""
 
     def __init__(self, ops: BookieOps, source: str, dest: str | None = None, passwords: Sequence[bytes] = (), *,
-                 skip_open: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
+                 skip_open: bool = False, keep_writers: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
                  max_entries_per_second: float = 0.0, pacer: EntryPacer | None = None,
                  guard: Callable[[], Awaitable[None]] | None = None) -> None:
         if dest is not None and dest == source:
@@ -229,6 +232,7 @@ class BookieRecovery:
         self.dest = dest
         self.passwords = list(dict.fromkeys([*passwords, b""]))
         self.skip_open = skip_open
+        self.keep_writers = keep_writers
         self.parallel = parallel
         self.window = window
         self._pacer = pacer if pacer is not None else EntryPacer(max_entries_per_second)
@@ -344,7 +348,9 @@ class BookieRecovery:
             password = self._password_for(md)
             if password is None:
                 raise RecoveryError("none of the passwords given is the ledger's (give it with --password)")
-            if not md.is_closed:
+            sealed_only = (self.keep_writers and md.state is LedgerState.OPEN
+                           and self.source not in md.current_ensemble)
+            if not md.is_closed and not sealed_only:
                 if self.skip_open:
                     outcome.status = "skipped"
                     outcome.error = f"open ({md.state.value}) and --skip-open given"

@@ -142,10 +142,12 @@ async def test_one_auditor_elected_and_the_other_takes_over_when_it_dies(
 
 # --- a lease lost mid-copy -----------------------------------------------------------------------
 
-@pytest.fixture
-async def four_bookies(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+@pytest.fixture(params=["lmdb", "zookeeper"])
+async def four_bookies(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[LocalCluster]:
     conf = {"session_timeout": "1000", "gc_wait_time": "600000", "autorecovery_enabled": "false"}
-    async with LocalCluster(bookies=4, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
+    metastore = "lmdb" if request.param == "lmdb" else request.getfixturevalue("zk_uri")
+    async with LocalCluster(bookies=4, metastore=metastore, data_dir=tmp_path / "cluster",
+                            conf_overrides=conf) as cluster:
         yield cluster
 
 
@@ -208,6 +210,36 @@ async def test_a_worker_that_loses_its_lease_mid_copy_stops_and_another_finishes
 
 
 # --- end to end: five bookies, each running AutoRecovery -----------------------------------------
+
+async def test_a_live_writer_keeps_its_ledger_open_while_its_sealed_segment_is_copied(tmp_path: Path) -> None:
+    conf = {"session_timeout": "1000", "gc_wait_time": "600000", "lost_bookie_recovery_delay": "1"}
+    async with LocalCluster(bookies=4, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
+        store = await open_metastore(cluster.metastore_uri)
+        bk = await BookKeeper.connect(store, conf=FAST_CLIENT)
+        try:
+            lh = await bk.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2)
+            await lh.add_entries([data_of(lh.ledger_id, e) for e in range(ENTRIES // 2)])
+            dead = lh.metadata.current_ensemble[0]
+            await cluster.kill_bookie(cluster.bookie_addresses.index(dead))
+            await lh.add_entries([data_of(lh.ledger_id, e) for e in range(ENTRIES // 2, ENTRIES)])
+            assert dead not in lh.metadata.current_ensemble  # the writer's own ensemble change
+            urm = await UnderReplicationManager.open(store)
+            lid = lh.ledger_id
+
+            async def copied() -> bool:
+                return dead not in {b for _, e in (await ensembles(store))[lid] for b in e} \
+                    and await urm.list() == []
+
+            await wait_for(copied, timeout=40, interval=0.5)
+            md, _ = await (await LedgerMetadataManager.open(store)).read(lid)
+            assert not md.is_closed, "AutoRecovery fenced a live writer"
+            await lh.close()  # the writer was not fenced: it closes its own ledger
+            assert lh.metadata.last_entry_id == ENTRIES - 1
+            await read_all(cluster.metastore_uri, [lid])
+        finally:
+            await bk.close()
+            await store.close()
+
 
 @pytest.mark.slow
 async def test_lost_bookie_is_rereplicated_unless_it_returns_in_time_or_autorecovery_is_disabled(
