@@ -64,7 +64,7 @@ async def read_all(uri: str, ids: list[int]) -> None:
         await bk.close()
 
 
-def scrape(urls: list[str], name: str) -> float:
+def _scrape(urls: list[str], name: str) -> float:
     total = 0.0
     for url in urls:
         with urllib.request.urlopen(url, timeout=5) as resp:
@@ -72,6 +72,11 @@ def scrape(urls: list[str], name: str) -> float:
                 if line.startswith(name + " "):
                     total += float(line.split()[1])
     return total
+
+
+async def scrape(urls: list[str], name: str) -> float:
+    """The sum of metric ``name`` over the processes' /metrics pages."""
+    return await asyncio.to_thread(_scrape, urls, name)
 
 
 async def most_used_bookie(store: MetaStore, ids: list[int]) -> str:
@@ -293,6 +298,12 @@ async def test_lost_bookie_is_rereplicated_unless_it_returns_in_time_or_autoreco
             listed = await shell("listunderreplicated", *ms)
             assert sorted(int(line.split("\t")[0]) for line in listed.lines) == sorted(on_victim)
             assert all(line.split("\t")[1] == victim for line in listed.lines)
+            live = [u for j, u in enumerate(cluster.stats_urls) if j != i]
+
+            async def gauge_counts_them() -> bool:  # only the auditor sets it; the others show 0
+                return await scrape(live, "autorecovery_underreplicated_ledgers") == len(on_victim)
+
+            await wait_for(gauge_counts_them, timeout=10, interval=0.5)
             await asyncio.sleep(3)  # three worker polls while disabled
             assert await ensembles(store) == before
 
@@ -304,9 +315,14 @@ async def test_lost_bookie_is_rereplicated_unless_it_returns_in_time_or_autoreco
                 return all(victim not in e for lid in ids for _, e in ens[lid]) and await urm.list() == []
 
             await wait_for(recovered, timeout=61, interval=0.5)
-            live = [u for j, u in enumerate(cluster.stats_urls) if j != i]
-            assert scrape(live, "autorecovery_rereplicated_ledgers_total") >= len(on_victim)
-            assert scrape(live, "autorecovery_rereplicated_entries_total") > 0
+            assert await scrape(live, "autorecovery_rereplicated_ledgers_total") >= len(on_victim)
+            assert await scrape(live, "autorecovery_rereplicated_entries_total") > 0
+            assert await scrape(live, "autorecovery_failures_total") == 0
+
+            async def gauge_cleared() -> bool:
+                return await scrape(live, "autorecovery_underreplicated_ledgers") == 0
+
+            await wait_for(gauge_cleared, timeout=10, interval=0.5)
             await read_all(uri, ids)
         finally:
             await bk.close()
