@@ -43,7 +43,7 @@ stops, leaving the mark for another worker). Done, it removes the mark by
 CAS on the version it claimed (a mark the auditor extended meanwhile stays)
 and releases the claim. Copies are throttled to ``rereplication_entries_per_second``.
 While the key ``enabled`` of ``autorecovery`` says ``false`` no worker
-claims anything.
+claims anything (a ledger being copied when it is set is finished first).
 
 Failure: a failed ledger (no readable replica, no spare bookie...) keeps its
 mark and is retried at the next poll; metastore errors are logged and the
@@ -342,7 +342,7 @@ class _LeaseLost(RecoveryError):
 class ReplicationWorker:
     """Claims marked ledgers one at a time and re-replicates them (see the module docstring).
 
-    ``on_entry_copied`` is a test hook awaited after each entry copied.
+    ``on_entry_copied(ledger_id)`` is a test hook, called after each entry copied.
     """
 
     def __init__(self, urm: UnderReplicationManager, ops: BookieOps, conf: BookieConf, stats: AutoRecoveryStats,
