@@ -247,11 +247,14 @@ async def test_a_live_writer_keeps_its_ledger_open_while_its_sealed_segment_is_c
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["lmdb", "zookeeper"])
 async def test_lost_bookie_is_rereplicated_unless_it_returns_in_time_or_autorecovery_is_disabled(
-        tmp_path: Path) -> None:
+        backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     conf = {"session_timeout": "1000", "gc_wait_time": "600000", "lost_bookie_recovery_delay": "1",
             "open_ledger_rereplication_grace_period": "1"}
-    async with LocalCluster(bookies=5, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
+    metastore = "lmdb" if backend == "lmdb" else request.getfixturevalue("zk_uri")
+    async with LocalCluster(bookies=5, metastore=metastore, data_dir=tmp_path / "cluster",
+                            conf_overrides=conf) as cluster:
         uri = cluster.metastore_uri
         store = await open_metastore(uri)
         bk = await BookKeeper.connect(store, conf=FAST_CLIENT)
