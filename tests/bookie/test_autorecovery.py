@@ -101,10 +101,11 @@ async def start_autorecovery(uri: str) -> tuple[asyncio.subprocess.Process, str]
     return proc, line.split("session=", 1)[1].split()[0]
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "zookeeper"])
+@pytest.mark.parametrize("backend", ["lmdb", "zookeeper", "hbase"])
 async def test_one_auditor_elected_and_the_other_takes_over_when_it_dies(
         backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    uri = f"lmdb://{tmp_path}/meta" if backend == "lmdb" else request.getfixturevalue("zk_uri")
+    uri = f"lmdb://{tmp_path}/meta" if backend == "lmdb" else request.getfixturevalue(
+        "zk_uri" if backend == "zookeeper" else "hbase_uri")
     p1, s1 = await start_autorecovery(uri)
     p2, s2 = await start_autorecovery(uri)
     procs = {s1: p1, s2: p2}
