@@ -289,6 +289,9 @@ class Auditor:
         interval = self._conf.auditor_periodic_check_interval
         if interval > 0 and now - self._last_check >= interval:
             self._last_check = now
+            still_gone = self._handled & set(self.gone_since)
+            if still_gone:  # a safety net: ledgers still naming a lost bookie are marked again
+                await self.mark_ledgers_on(still_gone)
             await self.check_fragments(live)
         self._stats.underreplicated.set(len(await self._urm.list()))
 
