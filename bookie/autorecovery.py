@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bookie.conf import BookieConf
-from bookie.errors import BKError, NoSuchEntryError, NoSuchLedgerError
+from bookie.errors import BKError, NoSuchEntryError, NoSuchLedgerError, NotEnoughBookiesError
 from bookie.metadata import LedgerMetadata, ledger_record_key
 from bookie.ops import BookieOps
 from bookie.registration import list_bookies
@@ -71,6 +71,7 @@ from metastore import MetaStore, Session, Value, Version
 from metastore.api import MetastoreScannableTable, MetastoreTable, Versioned
 from metastore.cas import update_record
 from metastore.errors import BadVersionError, KeyExistsError, MetastoreError, NoKeyError
+from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
@@ -420,6 +421,12 @@ class ReplicationWorker:
                 raise _LeaseLost(f"lost the claim on ledger {ledger_id} (session ended)")
 
         await self._ops.refresh_placement()  # the policy chooses among the bookies registered now
+        if not md.is_closed and in_last_segment and not self._replaceable(md, rec.missing):
+            self._stats.failures.inc()
+            self._retry_at[ledger_id] = time.monotonic() + RETRY_AFTER
+            log.warning("autorecovery: ledger %d is open and no bookie can replace %s: not fencing it", ledger_id,
+                        ", ".join(sorted(rec.missing)))
+            return True
         progress = _Progress(self)
         self.current = ledger_id
         try:
@@ -440,6 +447,19 @@ class ReplicationWorker:
         if await self._urm.unmark(ledger_id, rec.version):
             self._stats.ledgers.inc()
             log.info("autorecovery: ledger %d re-replicated", ledger_id)
+        return True
+
+
+    def _replaceable(self, md: LedgerMetadata, missing: frozenset[str]) -> bool:
+        """Whether the placement policy has a spare for every missing bookie of the last segment."""
+        ensemble = list(md.current_ensemble)
+        for bookie in sorted(missing & set(ensemble)):
+            try:
+                spare = self._ops.policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                                                        bookie, exclude=set(missing))
+            except (PlacementNotEnoughBookiesError, NotEnoughBookiesError):
+                return False
+            ensemble[ensemble.index(bookie)] = spare
         return True
 
 

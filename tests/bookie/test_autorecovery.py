@@ -359,3 +359,37 @@ async def test_periodic_check_marks_a_fragment_missing_on_a_live_bookie(tmp_path
         finally:
             await bk.close()
             await store.close()
+
+
+async def test_an_open_ledger_is_not_fenced_when_no_bookie_could_replace_the_lost_one(tmp_path: Path) -> None:
+    conf = {"session_timeout": "1000", "gc_wait_time": "600000", "autorecovery_enabled": "false"}
+    async with LocalCluster(bookies=3, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
+        store = await open_metastore(cluster.metastore_uri)
+        bk = await BookKeeper.connect(store, conf=FAST_CLIENT)
+        ops = await BookieOps.open(store)
+        sess = await store.session(timeout=1.0)
+        try:
+            (lid,) = await write_ledgers(bk, 1, close=False)
+            dead = cluster.bookie_addresses[0]
+            await cluster.kill_bookie(0)
+
+            async def unregistered() -> bool:
+                return dead not in await list_bookies(store)
+
+            await wait_for(unregistered)
+            urm = await UnderReplicationManager.open(store)
+            await urm.mark(lid, {dead})
+            registry = CollectorRegistry()
+            worker = ReplicationWorker(urm, ops, BookieConf.from_properties({
+                "open_ledger_rereplication_grace_period": "0"}), AutoRecoveryStats(registry), lambda: sess)
+            async with asyncio.timeout(30):
+                assert await worker.run_once()
+            assert registry.get_sample_value("autorecovery_failures_total") == 1
+            md, _ = await ops.read_metadata(lid)
+            assert md.state.value == "OPEN", "fenced a ledger AutoRecovery could not repair"
+            assert await urm.get(lid) is not None
+        finally:
+            await sess.close()
+            await ops.close()
+            await bk.close()
+            await store.close()
