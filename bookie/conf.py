@@ -101,6 +101,21 @@ class BookieConf:
     stats_http_port: int = setting(0, "Prometheus text endpoint (/metrics): 0 = off, -1 = a free port "
                                       "(shown in the ready line).", min=-1, max=65535)
     stats_http_host: str = setting("127.0.0.1", "Interface the stats endpoint listens on.")
+    autorecovery_enabled: bool = setting(False, "Run AutoRecovery (an auditor candidate and a replication worker) "
+                                                "in this bookie process.")
+    lost_bookie_recovery_delay: int = setting(30, "Seconds a bookie must stay gone before the auditor marks its "
+                                                  "ledgers under-replicated (quire shell lostbookierecoverydelay "
+                                                  "overrides it cluster-wide).", min=0)
+    auditor_periodic_check_interval: int = setting(3600, "Seconds between the auditor's checks that live bookies "
+                                                         "hold the first and last entry of their fragments; "
+                                                         "0 disables.", min=0)
+    rereplication_entries_per_second: int = setting(0, "Entries a replication worker copies per second at most; "
+                                                       "0 = unlimited.", min=0)
+    open_ledger_rereplication_grace_period: int = setting(30, "Seconds an open under-replicated ledger is left to "
+                                                              "its writer before a worker recovery-closes it.",
+                                                          min=0)
+    bookie_recovery_password: str = setting("", "Ledger password replication workers use (the empty password is "
+                                                "always tried too).")
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, why: str) -> None:

@@ -52,6 +52,7 @@ from prometheus_client import start_http_server
 
 from bookie import errors
 from bookie import protocol as proto
+from bookie.autorecovery import AutoRecovery
 from bookie.conf import BookieConf
 from bookie.disk import DiskUsage, DiskUsageMonitor
 from bookie.gc import GarbageCollector
@@ -265,6 +266,7 @@ class BookieServer:
         self._server: asyncio.AbstractServer | None = None
         self._registration: BookieRegistration | None = None
         self._gc: GarbageCollector | None = None
+        self.autorecovery: AutoRecovery | None = None
         self._disk = DiskUsageMonitor(conf.data_dir, conf.disk_usage_threshold, conf.disk_usage_lwm_threshold,
                                       conf.disk_usage_override_file, check_bytes=conf.disk_check_bytes,
                                       extra_paths=(conf.journal_dir,))
@@ -351,6 +353,9 @@ class BookieServer:
             if conf.gc_wait_time > 0:
                 self._gc = GarbageCollector(storage, await LedgerMetadataManager.open(self._ms))
                 self._spawn(self._gc_loop(), "gc")
+            if conf.autorecovery_enabled:
+                self.autorecovery = AutoRecovery(self._ms, conf, registry=self.stats.registry)
+                await self.autorecovery.start()
         except BaseException:
             await self.stop()
             raise
@@ -381,6 +386,8 @@ class BookieServer:
         if self._stopped:
             return
         self._stopped = True
+        if self.autorecovery is not None:
+            await self.autorecovery.stop()
         tasks = list(self._tasks)
         for t in tasks:
             t.cancel()

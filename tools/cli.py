@@ -41,6 +41,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("tools.bench:configure", "run a benchmark; prints JSON lines"),
     "bookie": ("tools.launch:configure_bookie", "run one bookie process"),
     "hub": ("tools.launch:configure_hub", "run one hub process"),
+    "autorecovery": ("tools.launch:configure_autorecovery",
+                     "run AutoRecovery (auditor candidate and replication worker) without a bookie"),
     "standalone": ("tools.standalone:configure", "run the standalone cluster (lmdb metastore, bookies, a hub)"),
     "scan": ("tools.scan.cli:configure", "Spark reports over the metastore tables (ledgers per bookie, backlog, ...)"),
     "shell": ("tools.shell:configure", "ledger and bookie administration (listbookies, recover, ...)"),

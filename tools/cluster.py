@@ -12,6 +12,8 @@
 ``conf_overrides`` has ``zk_host``), ``hbase`` (the Thrift gateway emulator,
 a test double, as a separate process) — or a full metastore URI.
 ``conf_overrides`` are ``key=value`` strings added to every bookie's conf.
+Every bookie runs AutoRecovery (``autorecovery_enabled=true``; override it
+with ``"false"`` to test manual recovery alone).
 A ``data_dir`` given by the caller is never deleted; without one a temporary
 directory is used and removed on exit. ``hubs=N`` starts N hub processes
 after the bookies (``hub_addresses``, ``kill_hub``, ``restart_hub``);
@@ -337,6 +339,8 @@ class LocalCluster:
             "metastore_uri": self.metastore_uri,
             # -1: the bookie picks a free port and names it in its ready line
             "stats_http_port": role.stats_url.rsplit(":", 1)[1].split("/")[0] if role.stats_url else "-1",
+            # every bookie runs an AutoRecovery auditor candidate and worker (conf_overrides may turn it off)
+            "autorecovery_enabled": "true",
         }
         hub_keys = _hub_keys()
         values.update({k: v for k, v in self.conf_overrides.items() if k not in hub_keys or k in _BOOKIE_SHARED})

@@ -1,6 +1,12 @@
-"""Per-role launchers: ``quire bookie`` and ``quire hub``.
+"""Per-role launchers: ``quire bookie``, ``quire hub`` and ``quire autorecovery``.
 
     quire bookie --conf conf/bk_server.conf [--port 0] [--data DIR] [--metastore URI] [--set KEY=VALUE]
+    quire autorecovery --conf conf/bk_server.conf [--metastore URI] [--set KEY=VALUE]
+
+``quire autorecovery`` runs AutoRecovery (an auditor candidate and a
+replication worker, ``bookie.autorecovery``) without a bookie, from the
+bookie's configuration file; it prints ``autorecovery ready session=ID``
+(and ``stats=URL``) once started.
 
 The bookie prints exactly one line to stdout once it serves and is
 registered, ``bookie ready HOST:PORT`` (followed by ``stats=URL`` when the
@@ -182,6 +188,49 @@ async def _serve_bookie(conf: BookieConf) -> int:
     # a failed start has already stopped the bookie (the second stop does nothing); a bookie's
     # ConfError is a BKError, so a start failure is always "cannot start"
     return await _serve("bookie", server, ready_line, (), (OSError, BKError, MetastoreError))
+
+
+# --- quire autorecovery -------------------------------------------------------------------------
+
+_AUTORECOVERY_OPTIONS = {"metastore": "metastore_uri"}
+
+
+def configure_autorecovery(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
+    """``quire autorecovery --conf conf/bk_server.conf [--metastore URI] [--set KEY=VALUE]``."""
+    parser.add_argument("--conf", metavar="FILE", help="bk_server.conf properties file (default: built-in defaults)")
+    parser.add_argument("--metastore", metavar="URI", help="override metastore_uri (lmdb:///path, zk://h:p/prefix)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                        help="override any configuration key (repeatable)")
+    return run_autorecovery_command
+
+
+def run_autorecovery_command(args: argparse.Namespace) -> int:
+    try:
+        conf = BookieConf.from_file(args.conf, _overrides(args, _AUTORECOVERY_OPTIONS))
+    except ConfError as exc:
+        print(f"quire autorecovery: configuration error: {exc}", file=sys.stderr)
+        return 2
+    import uvloop
+
+    die_with_parent()
+    return int(uvloop.run(_serve_autorecovery(conf)))
+
+
+async def _serve_autorecovery(conf: BookieConf) -> int:
+    from bookie.autorecovery import AutoRecoveryServer
+    from metastore.errors import MetastoreError
+
+    server = AutoRecoveryServer(conf)
+
+    def ready_line() -> str:
+        ar = server.autorecovery
+        session = ar.session if ar is not None else None
+        line = f"autorecovery ready session={session.session_id if session is not None else '-'}"
+        if server.stats_url:
+            line += f" stats={server.stats_url}"
+        return line
+
+    return await _serve("autorecovery", server, ready_line, (), (OSError, BKError, MetastoreError))
 
 
 # --- quire hub ----------------------------------------------------------------------------------

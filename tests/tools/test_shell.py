@@ -18,12 +18,12 @@ import pytest
 import pytest_asyncio
 
 from bookie.client import BookKeeper
+from bookie.ops import BookieOps
 from bookie.registration import READ_ONLY, list_bookies
 from metastore import open_metastore
 from tests.bookie.clusterutil import wait_for
 from tests.tools.shellutil import one_line_error, shell
 from tools.cluster import LocalCluster
-from tools.shell.bookie_ops import BookieOps
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

@@ -18,13 +18,13 @@ import pytest
 
 from bookie.client import BookKeeper
 from bookie.metadata import LedgerMetadata, LedgerMetadataManager, LedgerState
+from bookie.ops import BookieOps
 from bookie.registration import list_bookies
 from metastore import open_metastore
 from placement.spread import windows_span_two
 from tests.bookie.clusterutil import FAST_CLIENT
 from tests.tools.shellutil import shell
 from tools.cluster import LocalCluster
-from tools.shell.bookie_ops import BookieOps
 
 LEDGERS = 50
 OPEN_LEDGERS = 5
@@ -75,7 +75,8 @@ async def recover_until_killed(uri: str, src: str, after_ledgers: int) -> list[s
 @pytest.mark.slow
 async def test_recover_after_kill_is_complete_idempotent_and_rack_aware(tmp_path: Path) -> None:
     cluster = LocalCluster(bookies=4, data_dir=tmp_path / "cluster",
-                           conf_overrides={"session_timeout": "1000", "gc_wait_time": "600000"})
+                           conf_overrides={"session_timeout": "1000", "gc_wait_time": "600000",
+                                           "autorecovery_enabled": "false"})  # recover is under test
     for i, rack in enumerate(RACKS):
         cluster.set_bookie_conf(i, bookie_rack=rack)
     async with cluster:
@@ -205,7 +206,7 @@ async def test_recover_on_zookeeper_through_a_conf_file(zk_uri: str, tmp_path: P
     conf = tmp_path / "bk_server.conf"
     conf.write_text(f"zk_host={hosts}\nzk_prefix=/{prefix}\nensemble_placement_policy=rackaware\n")
     async with LocalCluster(bookies=3, metastore=zk_uri, data_dir=tmp_path / "cluster",
-                            conf_overrides={"session_timeout": "1000"}) as cluster:
+                            conf_overrides={"session_timeout": "1000", "autorecovery_enabled": "false"}) as cluster:
         bk = await BookKeeper.connect(zk_uri, conf=FAST_CLIENT)
         ids = []
         for _ in range(6):

@@ -21,6 +21,8 @@ from typing import NoReturn, TextIO
 
 from bookie.errors import BKError
 from bookie.errors import ConfError as BookieConfError
+from bookie.ops import BookieOps
+from bookie.rereplication import RecoveryUsageError
 from metastore import MetaStore
 from metastore.conf import ConfError
 from metastore.errors import IllegalOpError, MetastoreError
@@ -37,7 +39,6 @@ from tools.cli_common import (
     quiet_logging,
 )
 from tools.shell import commands
-from tools.shell.bookie_ops import BookieOps
 from tools.shell.errors import MetastoreUnavailableError, ShellError, UsageError
 
 Command = Callable[[BookieOps, argparse.Namespace, TextIO], Awaitable[int]]
@@ -188,6 +189,30 @@ _register("decommission", commands.decommission,
           "127.0.0.1:3181", _decommission)
 
 
+def _no_options(p: argparse.ArgumentParser) -> None:
+    pass
+
+
+def _autorecovery(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=("status", "enable", "disable"), nargs="?", default="status",
+                   help="status (default), or enable/disable every replication worker of the cluster")
+
+
+def _lostbookierecoverydelay(p: argparse.ArgumentParser) -> None:
+    p.add_argument("seconds", type=non_negative_float, nargs="?", metavar="SECONDS",
+                   help="set the cluster-wide delay (default: print it)")
+
+
+_register("listunderreplicated", commands.listunderreplicated,
+          "list the ledgers AutoRecovery's auditor marked under-replicated (ledger, missing bookies, age)",
+          "", _no_options)
+_register("autorecovery", commands.autorecovery,
+          "AutoRecovery status, or enable/disable its replication workers cluster-wide", "disable", _autorecovery)
+_register("lostbookierecoverydelay", commands.lostbookierecoverydelay,
+          "print or set the cluster-wide seconds a bookie may be gone before its ledgers are re-replicated",
+          "60", _lostbookierecoverydelay)
+
+
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     """Fill the ``quire shell`` sub-parser; returns the handler."""
     parser.description = "Ledger and bookie administration."
@@ -257,7 +282,7 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
             return await command(ops, args, out)
         finally:
             await ops.close()
-    except (BookieConfError, ConfError) as exc:
+    except (BookieConfError, ConfError, RecoveryUsageError) as exc:
         raise UsageError(str(exc)) from None
     except (BKError, MetastoreError) as exc:
         raise ShellError(str(exc) or type(exc).__name__) from None

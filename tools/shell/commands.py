@@ -16,11 +16,12 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from bookie.autorecovery import UnderReplicationManager
 from bookie.errors import BKError, NoSuchEntryError, NoSuchLedgerError
-from tools.shell.bookie_ops import READ_ONLY, BookieOps, LedgerMetadata, password_matches
+from bookie.ops import READ_ONLY, BookieOps, LedgerMetadata, password_matches
+from bookie.rereplication import BookieRecovery, RecoverySummary
 from tools.shell.errors import ShellError, UsageError
 from tools.shell.progress import RecoveryProgress, wants_progress
-from tools.shell.recover import BookieRecovery, RecoverySummary
 
 
 def human_bytes(n: int) -> str:
@@ -257,4 +258,57 @@ async def decommission(ops: BookieOps, args: argparse.Namespace, out: TextIO) ->
     removed = await ops.remove_registration(args.address)
     out.write(f"decommissioned {args.address}: no ledger names it"
               + ("; registration removed\n" if removed else "; it was not registered\n"))
+    return 0
+
+
+# --- AutoRecovery -------------------------------------------------------------------------------
+
+def _age(marked_ms: int, now_ms: float) -> str:
+    seconds = max(0, int((now_ms - marked_ms) / 1000))
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+async def listunderreplicated(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
+    """The ledgers the auditor marked: ``ledger<TAB>missing bookies<TAB>age``, in id order."""
+    urm = await UnderReplicationManager.open(ops.store)
+    now_ms = time.time() * 1000
+    for rec in await urm.list():
+        out.write(f"{rec.ledger_id}\t{','.join(sorted(rec.missing))}\t{_age(rec.marked_ms, now_ms)}\n")
+    return 0
+
+
+async def autorecovery(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
+    """``status``: switch, auditor, delay, marks; ``enable``/``disable``: the cluster-wide switch."""
+    urm = await UnderReplicationManager.open(ops.store)
+    if args.action in ("enable", "disable"):
+        await urm.set_enabled(args.action == "enable")
+        out.write(f"autorecovery {args.action}d cluster-wide\n")
+        return 0
+    delay = await urm.lost_bookie_recovery_delay_override()
+    auditor = await urm.auditor()
+    out.write(f"autorecovery: {'enabled' if await urm.enabled() else 'disabled'}\n")
+    out.write(f"auditor: {auditor or 'none'}\n")
+    out.write(f"lost_bookie_recovery_delay: {_delay_text(delay)}\n")
+    out.write(f"under-replicated ledgers: {len(await urm.list())}\n")
+    return 0
+
+
+def _delay_text(delay: float | None) -> str:
+    if delay is None:
+        return "not set cluster-wide (each bookie's lost_bookie_recovery_delay applies; default 30)"
+    return f"{delay:g} s (cluster-wide)"
+
+
+async def lostbookierecoverydelay(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
+    """Print the cluster-wide delay, or set it to SECONDS."""
+    urm = await UnderReplicationManager.open(ops.store)
+    if args.seconds is not None:
+        await urm.set_lost_bookie_recovery_delay(args.seconds)
+        out.write(f"lost_bookie_recovery_delay: {_delay_text(args.seconds)}\n")
+        return 0
+    out.write(f"lost_bookie_recovery_delay: {_delay_text(await urm.lost_bookie_recovery_delay_override())}\n")
     return 0

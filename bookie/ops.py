@@ -1,8 +1,8 @@
-"""The one adapter between ``quire shell`` and the bookie package's lower layers.
+"""The one adapter to the bookie package's lower layers for ``quire shell`` and AutoRecovery.
 
-Everything the shell does below the public ledger client (``BookKeeper``)
-goes through ``BookieOps``, so a change in the bookie package's internals
-changes this module only::
+Everything the shell and the replication workers do below the public ledger
+client (``BookKeeper``) goes through ``BookieOps``, so a change in the bookie
+package's internals changes this module only::
 
     ops = await BookieOps.open(store, conf={"ensemble_placement_policy": "rackaware"})
     info = await ops.bookie_info("127.0.0.1:3181")            # BookieInfo(free_disk, total_disk, read_only)

@@ -1,4 +1,4 @@
-"""Re-replicate every ledger fragment a bookie held onto other bookies (``quire shell recover``).
+"""Re-replicate every ledger fragment a bookie held onto other bookies (``quire shell recover``, AutoRecovery).
 
     ops = await BookieOps.open(store)
     recovery = BookieRecovery(ops, "127.0.0.1:3181", dest=None, passwords=[b"secret"])
@@ -16,7 +16,10 @@ password) that its metadata accepts; it is needed to write the copies
 
 1. An open ledger is recovery-closed first (``BookKeeper.open_ledger``:
    fence, recover the tail, close), so its entries stop changing; with
-   ``skip_open`` it is left alone and reported.
+   ``skip_open`` it is left alone and reported. With ``keep_writers``
+   (AutoRecovery) an OPEN ledger whose last segment does not name the
+   source stays open: only its sealed segments are copied, so a live
+   writer is not fenced.
    A ledger left IN_RECOVERY (an interrupted recovery-close) is finished
    the same way even when it no longer names the source.
 2. For each fragment a target is chosen: ``dest`` when given, else the
@@ -41,13 +44,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from bookie.errors import BKError, DigestMismatchError, NoSuchLedgerError, NotEnoughBookiesError
-from metastore.errors import MetastoreError
-from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
-from tools.shell.bookie_ops import (
+from bookie.ops import (
     READ_ONLY,
     BookieOps,
     LedgerMetadata,
@@ -56,12 +58,33 @@ from tools.shell.bookie_ops import (
     password_matches,
     verify_payload,
 )
-from tools.shell.errors import RecoveryError, UsageError
-from tools.shell.progress import RecoveryProgress
+from metastore.errors import MetastoreError
+from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BookieRecovery", "Fragment", "LedgerOutcome", "RecoverySummary", "fragments_of"]
+__all__ = ["BookieRecovery", "EntryPacer", "Fragment", "LedgerOutcome", "RecoveryError", "RecoveryProgress",
+           "RecoverySummary", "RecoveryUsageError", "fragments_of"]
+
+
+class RecoveryError(BKError):
+    """Re-replication of one ledger failed (no readable replica, no replacement bookie...)."""
+
+    code = "RereplicationException"
+
+
+class RecoveryUsageError(BKError):
+    """A recovery asked for something that cannot be (a bad destination, a bad setting)."""
+
+    code = "IllegalArgumentException"
+
+
+class RecoveryProgress(Protocol):
+    """What a run reports as it goes (``quire shell``'s progress bar implements it)."""
+
+    def entries_copied(self, n: int) -> None: ...
+
+    def ledger_done(self, line: str | None = None) -> None: ...
 
 DEFAULT_WINDOW = 64
 """Entries of one fragment copied concurrently."""
@@ -173,44 +196,49 @@ class RecoverySummary:
                 f"{self.count('skipped')} skipped, {self.entries_copied} entries copied")
 
 
-class _Pacer:
-    """Spreads entry copies to at most ``rate`` per second (0: unlimited)."""
+class EntryPacer:
+    """Spreads entry copies to at most ``rate`` per second (0: unlimited); one may serve many recoveries.
+
+    Time spent idle is not saved up: after a pause the rate holds from the next copy on (no burst).
+    """
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self._n = 0
-        self._start: float | None = None
+        self._next: float | None = None
 
     async def wait(self) -> None:
         if self.rate <= 0:
             return
-        loop = asyncio.get_running_loop()
-        if self._start is None:
-            self._start = loop.time()
-        self._n += 1
-        delay = self._start + self._n / self.rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        now = asyncio.get_running_loop().time()
+        slot = now if self._next is None or self._next < now else self._next
+        self._next = slot + 1.0 / self.rate
+        if slot > now:
+            await asyncio.sleep(slot - now)
 
 
 class BookieRecovery:
     """Moves every fragment of ``source`` to other bookies; see the module docstring."""
 
     def __init__(self, ops: BookieOps, source: str, dest: str | None = None, passwords: Sequence[bytes] = (), *,
-                 skip_open: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
-                 max_entries_per_second: float = 0.0) -> None:
+                 skip_open: bool = False, keep_writers: bool = False, parallel: int = 4, window: int = DEFAULT_WINDOW,
+                 max_entries_per_second: float = 0.0, pacer: EntryPacer | None = None,
+                 guard: Callable[[], Awaitable[None]] | None = None) -> None:
         if dest is not None and dest == source:
-            raise UsageError(f"the destination {dest} is the bookie being recovered")
+            raise RecoveryUsageError(f"the destination {dest} is the bookie being recovered")
         if parallel < 1 or window < 1:
-            raise UsageError("--parallel and the copy window must be >= 1")
+            raise RecoveryUsageError("--parallel and the copy window must be >= 1")
         self.ops = ops
         self.source = source
         self.dest = dest
         self.passwords = list(dict.fromkeys([*passwords, b""]))
         self.skip_open = skip_open
+        self.keep_writers = keep_writers
         self.parallel = parallel
         self.window = window
-        self._pacer = _Pacer(max_entries_per_second)
+        self._pacer = pacer if pacer is not None else EntryPacer(max_entries_per_second)
+        self._guard = guard
+        """Awaited before every metadata change (recovery-close, ensemble update); raising aborts the ledger
+        (AutoRecovery checks it still holds the ledger's lease)."""
 
     # --- discovery ------------------------------------------------------------------------------
     async def ledgers_on_source(self) -> list[tuple[int, LedgerMetadata]]:
@@ -235,9 +263,9 @@ class BookieRecovery:
             return
         rec = regs.get(self.dest)
         if rec is None:
-            raise UsageError(f"destination {self.dest} is not a registered bookie")
+            raise RecoveryUsageError(f"destination {self.dest} is not a registered bookie")
         if rec.state == READ_ONLY:
-            raise UsageError(f"destination {self.dest} is read-only")
+            raise RecoveryUsageError(f"destination {self.dest} is read-only")
 
     async def plan(self) -> list[str]:
         """What ``run`` would do, one line per ledger (``--dry-run``); changes nothing."""
@@ -287,7 +315,7 @@ class BookieRecovery:
         """Recover every ledger on the source; ``progress`` counts ledgers and entries as they go.
 
         ``ledgers`` is a ``ledgers_to_recover()`` result already at hand.
-        Raises ``UsageError`` for a destination that is not a registered
+        Raises ``RecoveryUsageError`` for a destination that is not a registered
         writable bookie and ``MetastoreError`` when the ledger list cannot be read.
         """
         await self._check_dest()
@@ -320,11 +348,15 @@ class BookieRecovery:
             password = self._password_for(md)
             if password is None:
                 raise RecoveryError("none of the passwords given is the ledger's (give it with --password)")
-            if not md.is_closed:
+            sealed_only = (self.keep_writers and md.state is LedgerState.OPEN
+                           and self.source not in md.current_ensemble)
+            if not md.is_closed and not sealed_only:
                 if self.skip_open:
                     outcome.status = "skipped"
                     outcome.error = f"open ({md.state.value}) and --skip-open given"
                     return outcome
+                if self._guard is not None:
+                    await self._guard()
                 bk = await self.ops.client()
                 await bk.open_ledger(ledger_id, password=password)  # fence, recover the tail, close
                 md, _ = await self.ops.read_metadata(ledger_id)
@@ -332,6 +364,8 @@ class BookieRecovery:
             for frag in fragments_of(ledger_id, md, self.source):
                 target, copied = await self._move(md, frag, password, progress)
                 outcome.moves.append((frag, target, copied))
+                if self._guard is not None:
+                    await self._guard()
                 md = await self.ops.replace_in_segment(ledger_id, frag.first_entry, self.source, target)
         except NoSuchLedgerError:
             outcome.status = "gone"
