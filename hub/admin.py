@@ -49,7 +49,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from hub import errors
-from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
+from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 from metastore.errors import MetastoreError
@@ -182,7 +182,7 @@ class HubAdmin:
         if tail is not None:
             last = max(last, tail)
         return json_response({
-            "topic": _name(topic), "owner": hub_address(owner[0]) if owner is not None else None,
+            "topic": _name(topic), "owner": f"{owner[0].hostname}:{owner[0].port}" if owner is not None else None,
             "owned_here": False, "last_seq_id": last, "publish_rate": 0.0,
             "ledgers": _ledgers(ranges, tail),
             "subscriptions": {
@@ -230,19 +230,17 @@ class HubAdmin:
     async def _held(self, topic: bytes) -> AsyncIterator[Topic | None]:
         """The owned ``Topic``, or ``None`` with this hub holding the owner record for the call."""
         server = self.server
-        t = server.topics.get(topic)
-        if t is not None:
-            yield t
-            return
         assert server.ownership is not None
-        owner = await server.ownership.claim(topic, True)
-        if owner is not None:
-            raise HttpError(409, f"topic {_name(topic)!r} is owned by hub {owner}: send this to that hub")
+        if topic not in server.topics:
+            owner = await server.ownership.claim(topic, True)
+            if owner is not None:
+                raise HttpError(409, f"topic {_name(topic)!r} is owned by hub {owner}: send this to that hub")
         try:
             yield server.topics.get(topic)
         finally:
-            if topic not in server.topics:     # not acquired by a client meanwhile
+            if topic not in server.topics:     # deleted, or never loaded (and not acquired by a client meanwhile)
                 await server.ownership.release(topic)
+                server.ownership.num_topics = len(server.topics)
 
     async def _exists(self, topic: bytes) -> bool:
         server = self.server
@@ -286,8 +284,6 @@ class HubAdmin:
                     deleted.append(r.ledgerId)
                 with contextlib.suppress(errors.NoTopicPersistenceInfoError):
                     await server.pm.delete_topic_persistence_info(topic, Version.ANY)
-        if server.ownership is not None:
-            server.ownership.num_topics = len(server.topics)
         log.warning("topic %r deleted by the admin API (ledgers %s, subscriptions %s)", topic, deleted,
                     removed_subs)
         return json_response({"deleted": _name(topic), "ledgers": deleted, "subscriptions": sorted(removed_subs)})
