@@ -17,6 +17,8 @@
 ``GET /api/v1/autorecovery/list_under_replicated_ledger``     ``{"ledgers": [id, ...]}`` from the table
                                                                ``underreplicated_ledgers`` (empty without)
 ``PUT /api/v1/bookie/state/readonly`` ``{"readOnly": bool}``   the operator's switch; answers the state
+``GET /api/v1/bookie/state/readonly``                          ``{"readOnly": bool, "operator_read_only":
+                                                               bool}``
 =============================================================  ==========================================
 
 The read-only switch is the operator's: it holds whatever the disk does (a
@@ -162,6 +164,12 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
             raise HttpError(503, f"metastore: {exc}") from None
         return json_response({"ledgers": sorted(ids)})
 
+    def read_only_state() -> web.Response:
+        return json_response({"readOnly": server.read_only, "operator_read_only": server.operator_read_only})
+
+    async def get_read_only(request: web.Request) -> web.Response:
+        return read_only_state()
+
     async def set_read_only(request: web.Request) -> web.Response:
         body = await json_body(request)
         value = body.get("readOnly")
@@ -171,7 +179,7 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
             await server.set_operator_read_only(value)
         except MetastoreError as exc:
             raise HttpError(503, f"state changed but the registration could not be updated: {exc}") from None
-        return json_response({"readOnly": server.read_only, "operator_read_only": server.operator_read_only})
+        return read_only_state()
 
     return [
         web.get("/api/v1/bookie/info", info),
@@ -179,5 +187,6 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
         web.get("/api/v1/ledger/list", ledgers),
         web.get("/api/v1/ledger/metadata", ledger_metadata),
         web.get("/api/v1/autorecovery/list_under_replicated_ledger", under_replicated),
+        web.get("/api/v1/bookie/state/readonly", get_read_only),
         web.put("/api/v1/bookie/state/readonly", set_read_only),
     ]

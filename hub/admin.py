@@ -26,7 +26,8 @@ call (so no hub acquires it meanwhile) and works on the metastore; a topic
 owned by another hub is refused with 409 naming the owner. ``DELETE``
 of a topic refuses (409) while a subscriber is attached unless
 ``?force=true`` (attached subscribers then get SUBSCRIPTION_FORCED_CLOSED);
-a deleted topic starts again at seq id 1. ``reset`` stores consume pointer
+a deleted topic starts again at seq id 1; while it is being deleted, clients
+that publish or subscribe to it get SERVICE_DOWN (and retry). ``reset`` stores consume pointer
 ``N - 1``: an attached subscriber gets SUBSCRIPTION_RESET and messages from
 N on; N is 1 .. last seq id + 1.
 
@@ -254,6 +255,19 @@ class HubAdmin:
         server = self.server
         if not await self._exists(topic):
             raise HttpError(404, f"no topic {_name(topic)!r}")
+        if topic in server.deleting:
+            raise HttpError(409, f"topic {_name(topic)!r} is being deleted")
+        server.deleting.add(topic)      # clients get SERVICE_DOWN (and retry) until it is gone
+        try:
+            deleted, removed_subs = await self._delete(topic, force)
+        finally:
+            server.deleting.discard(topic)
+        log.warning("topic %r deleted by the admin API (ledgers %s, subscriptions %s)", topic, deleted,
+                    removed_subs)
+        return json_response({"deleted": _name(topic), "ledgers": deleted, "subscriptions": sorted(removed_subs)})
+
+    async def _delete(self, topic: bytes, force: bool) -> tuple[list[int], list[str]]:
+        server = self.server
         async with self._held(topic) as t:
             removed_subs: list[str] = []
             if t is not None:
@@ -284,9 +298,7 @@ class HubAdmin:
                     deleted.append(r.ledgerId)
                 with contextlib.suppress(errors.NoTopicPersistenceInfoError):
                     await server.pm.delete_topic_persistence_info(topic, Version.ANY)
-        log.warning("topic %r deleted by the admin API (ledgers %s, subscriptions %s)", topic, deleted,
-                    removed_subs)
-        return json_response({"deleted": _name(topic), "ledgers": deleted, "subscriptions": sorted(removed_subs)})
+        return deleted, removed_subs
 
     async def reset_subscription(self, request: web.Request) -> web.Response:
         topic, sub = self._topic(request), self._sub(request)

@@ -342,6 +342,7 @@ class HubServer:
         self.stats_url = ""
         self._http: Any = None          # bookie.http.HttpServer once started
         self.stopping = False
+        self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.info = pb.HubInfo()
         self.cache: Any = None
         self.ownership: Ownership | None = None
@@ -470,6 +471,8 @@ class HubServer:
         t = self.topics.get(topic)
         if t is not None:
             return t
+        if topic in self.deleting:
+            raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
         fut = self._acquiring.get(topic)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()

@@ -102,6 +102,7 @@ async def test_read_only_switch_flips_readiness_and_registration(cluster: LocalC
         assert resp.status == 200 and (await resp.json())["readOnly"] is True
     status, body = await get(http, base(cluster, 1) + "/readyz")
     assert status == 503 and body["ready"] is False and "read-only" in body["reason"]
+    assert (await get(http, base(cluster, 1) + "/api/v1/bookie/state/readonly"))[1]["readOnly"] is True
     assert address in (await get(http, base(cluster) + "/api/v1/bookie/list_bookies?type=ro"))[1]
     assert address not in (await get(http, base(cluster) + "/api/v1/bookie/list_bookies?type=rw"))[1]
     assert (await get(http, base(cluster, 1) + "/api/v1/bookie/info"))[1]["state"] == "read_only"
@@ -178,3 +179,35 @@ def test_port_and_token_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert admin_token("from-conf", str(tmp_path / "tok")) == "from-conf"
     with pytest.raises(OSError):
         admin_token("", str(tmp_path / "missing"))
+
+
+async def test_a_failing_handler_is_a_json_500_without_traceback() -> None:
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry
+
+    from bookie.http import HttpError, HttpServer
+
+    async def boom(request: web.Request) -> web.Response:
+        raise RuntimeError("kaput")
+
+    async def teapot(request: web.Request) -> web.Response:
+        raise HttpError(418, "short and stout")
+
+    async def not_ready() -> str | None:
+        return "warming up"
+
+    server = HttpServer(CollectorRegistry(), ready=not_ready, token="t",
+                        routes=[web.get("/boom", boom), web.delete("/teapot", teapot)])
+    url = await server.start("127.0.0.1", 0)
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+            async with http.get(url + "/boom") as resp:
+                text = await resp.text()
+                assert resp.status == 500 and "Traceback" not in text and "kaput" in (await resp.json())["error"]
+            assert await get(http, url + "/readyz") == (503, {"ready": False, "reason": "warming up"})
+            async with http.delete(url + "/teapot") as resp:
+                assert resp.status == 401
+            async with http.delete(url + "/teapot", headers={"Authorization": "Bearer t"}) as resp:
+                assert resp.status == 418 and await resp.json() == {"error": "short and stout"}
+    finally:
+        await server.stop()

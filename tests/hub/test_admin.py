@@ -191,6 +191,9 @@ async def test_delete_topic_removes_its_ledgers_and_restarts_at_seq_1(cluster: L
         ledgers = [r["ledger_id"] for r in (await call(http, "GET", url + "/stats"))[1]["ledgers"]]
         assert ledgers
         assert (await call(http, "DELETE", url))[0] == 401
+        status, body = await call(http, "DELETE", topic_url(cluster, 1 - owner, topic) + "?force=true",
+                                  headers=AUTH)
+        assert status == 409 and cluster.hub_addresses[owner] in body["error"]   # ask the owner
         status, body = await call(http, "DELETE", url, headers=AUTH)
         assert status == 409 and "s" in body["error"]           # a subscriber is attached
         assert (await call(http, "GET", url + "/stats"))[0] == 200
