@@ -14,8 +14,10 @@
                                                                (``?print_metadata=true``: ``metadata``
                                                                by id too)
 ``GET /api/v1/ledger/metadata?ledger_id=N``                    the ledger's metadata (``metadata_dict``)
-``GET /api/v1/autorecovery/list_under_replicated_ledger``     ``{"ledgers": [id, ...]}`` from the table
-                                                               ``underreplicated_ledgers`` (empty without)
+``GET /api/v1/autorecovery/list_under_replicated_ledger``     ``[id, ...]`` from the table
+                                                               ``underreplicated_ledgers`` (``[]`` without);
+                                                               ``?printmissingreplica=true``: ``{id:
+                                                               [missing bookie, ...]}``
 ``PUT /api/v1/bookie/state/readonly`` ``{"readOnly": bool}``   the operator's switch; answers the state
 ``GET /api/v1/bookie/state/readonly``                          ``{"readOnly": bool, "operator_read_only":
                                                                bool}``
@@ -148,21 +150,28 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
 
     async def under_replicated(request: web.Request) -> web.Response:
         ids: list[int] = []
+        missing: dict[str, list[str]] = {}
         try:
             table = await metastore().create_scannable_table(UNDER_REPLICATED_TABLE)
             cursor = await table.open_cursor()
             try:
                 async for batch in cursor:
-                    for key, _ in batch:
+                    for key, got in batch:
                         try:
-                            ids.append(int(key))
+                            ledger_id = int(key)
                         except ValueError:
                             log.warning("ignoring %s key %r (not a ledger id)", UNDER_REPLICATED_TABLE, key)
+                            continue
+                        ids.append(ledger_id)
+                        raw = (got.value.get("missing") or b"").decode("utf-8", "replace")
+                        missing[str(ledger_id)] = sorted(b for b in raw.split(",") if b)
             finally:
                 await cursor.close()
         except MetastoreError as exc:
             raise HttpError(503, f"metastore: {exc}") from None
-        return json_response({"ledgers": sorted(ids)})
+        if _true(request.query.get("printmissingreplica")):
+            return json_response(missing)
+        return json_response(sorted(ids))
 
     def read_only_state() -> web.Response:
         return json_response({"readOnly": server.read_only, "operator_read_only": server.operator_read_only})

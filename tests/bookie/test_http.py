@@ -156,14 +156,15 @@ async def test_ledger_list_and_metadata(cluster: LocalCluster, http: aiohttp.Cli
 @in_cluster
 async def test_under_replicated_ledgers_from_the_table(cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
     url = base(cluster) + "/api/v1/autorecovery/list_under_replicated_ledger"
-    assert await get(http, url) == (200, {"ledgers": []})
+    assert await get(http, url) == (200, [])
     ms = await open_metastore(cluster.metastore_uri)
     try:
         table = await ms.create_scannable_table("underreplicated_ledgers")
         await table.put(f"{42:020d}", Value({"missing": b"127.0.0.1:1"}), Version.NEW)
     finally:
         await ms.close()
-    assert await get(http, url) == (200, {"ledgers": [42]})
+    assert await get(http, url) == (200, [42])
+    assert await get(http, url + "?printmissingreplica=true") == (200, {"42": ["127.0.0.1:1"]})
 
 
 def test_port_and_token_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
