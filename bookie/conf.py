@@ -136,6 +136,7 @@ class BookieConf:
                  "expected a port, 0 or -1 (both: a free port)")
             need(-1 <= self.http_server_port <= 65535, "http_server_port",
                  "expected a port, 0 (a free port) or -1 (off)")
+            need(bool(self.http_server_host), "http_server_host", "must not be empty")
             if self.metastore_uri:
                 need("://" in self.metastore_uri, "metastore_uri", "expected SCHEME://..., e.g. lmdb:///path")
             if self.zk_host:

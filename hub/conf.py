@@ -32,7 +32,7 @@ from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
-SECRET_KEYS = frozenset({"password"})
+SECRET_KEYS = frozenset({"password", "http_admin_token"})
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class HubConf:
     def filter_conf(self) -> dict[str, str]:
         """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.
 
-        Secrets (``password``, of the TLS certificate) are left out.
+        Secrets (``password``, of the TLS certificate, and ``http_admin_token``) are left out.
         """
         values = conf_values(self)
         for key in SECRET_KEYS:
