@@ -13,17 +13,20 @@
 ``DELETE /admin/v1/topics/{topic}/subscriptions/{sub}``       the subscription (``?force=true`` if attached)
 ============================================================  ==============================================
 
-Names are URL-encoded path segments (UTF-8). Any hub answers ``stats`` for
-any topic: the owner from memory, another hub from the metastore (then
-``publish_rate`` is 0.0 and ``attached`` is ``null``: only the owner knows).
+Names are URL-encoded path segments (UTF-8). Any hub answers for any
+topic: a request about a topic another hub owns is forwarded to that hub's
+HTTP server (its URL is in its ``hubs`` registration; the header
+``X-Quire-Forwarded`` stops a second hop, and the ``Authorization`` header
+travels along). When the owner cannot be reached, ``stats`` is answered from
+the metastore (then ``publish_rate`` is 0.0 and ``attached`` is ``null``:
+only the owner knows) and a change is refused with 409 naming the owner.
 ``ledgers`` lists ``{ledger_id, start_seq_id, end_seq_id}``; the ledger
 being written has ``end_seq_id`` = the last seq id (``null`` while empty).
 ``backlog`` is ``last_seq_id - consumed_seq_id``.
 
 The mutating verbs act where the topic lives: on the owner, or, for a topic
 no hub has loaded, this hub claims the owner record for the time of the
-call (so no hub acquires it meanwhile) and works on the metastore; a topic
-owned by another hub is refused with 409 naming the owner. ``DELETE``
+call (so no hub acquires it meanwhile) and works on the metastore. ``DELETE``
 of a topic refuses (409) while a subscriber is attached unless
 ``?force=true`` (attached subscribers then get SUBSCRIPTION_FORCED_CLOSED);
 a deleted topic starts again at seq id 1; while it is being deleted, clients
@@ -44,13 +47,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 from google.protobuf.message import DecodeError
 
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from hub import errors
-from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE
+from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
+from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 from metastore.errors import MetastoreError
@@ -61,6 +66,10 @@ if TYPE_CHECKING:
 __all__ = ["HubAdmin"]
 
 log = logging.getLogger(__name__)
+
+FORWARDED_HEADER = "X-Quire-Forwarded"
+"""Set on a request one hub forwards to the topic's owner (which then never forwards it again)."""
+FORWARD_TIMEOUT = 30.0
 
 
 def _name(topic: bytes) -> str:
@@ -172,6 +181,9 @@ class HubAdmin:
         t = server.topics.get(topic)
         if t is not None:
             return json_response(self._owned_stats(topic, t))
+        forwarded = await self._forwarded(request, topic)
+        if forwarded is not None:
+            return forwarded
         got = await server.pm.read_topic_persistence_info(topic)
         subs = await server.sm.read_subscriptions(topic)
         owner = await server.owners.read_owner_info(topic)
@@ -226,6 +238,43 @@ class HubAdmin:
                 for sub, s in sorted(t.subs.subs.items())},
         }
 
+    # --- forwarding to the owner ------------------------------------------------------------------
+    async def _owner_elsewhere(self, topic: bytes) -> str | None:
+        """The registry key of the other hub that owns ``topic``, or ``None`` (owned here or by nobody)."""
+        server = self.server
+        if topic in server.topics:
+            return None
+        got = await server.owners.read_owner_info(topic)
+        if got is None or same_hub(got[0], server.info):
+            return None
+        return str(hub_address(got[0]))
+
+    async def _forwarded(self, request: web.Request, topic: bytes) -> web.Response | None:
+        """The owner's answer to ``request`` when another hub owns ``topic`` and answers; else ``None``."""
+        if request.headers.get(FORWARDED_HEADER):
+            return None
+        owner = await self._owner_elsewhere(topic)
+        if owner is None:
+            return None
+        base = await self.server.registry.http_url(owner)
+        if not base:
+            return None
+        headers = {FORWARDED_HEADER: self.server.address}
+        if "Authorization" in request.headers:
+            headers["Authorization"] = request.headers["Authorization"]
+        if request.content_type:
+            headers["Content-Type"] = request.content_type
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=FORWARD_TIMEOUT)) as session:
+                async with session.request(request.method, base + request.raw_path, data=await request.read(),
+                                           headers=headers) as resp:
+                    body = await resp.read()
+                    return web.Response(body=body, status=resp.status, content_type=resp.content_type)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            log.info("cannot forward %s %s to the owner %s (%s): %s", request.method, request.path, owner, base,
+                     exc)
+            return None
+
     # --- changes ----------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def _held(self, topic: bytes) -> AsyncIterator[Topic | None]:
@@ -253,6 +302,9 @@ class HubAdmin:
         topic = self._topic(request)
         force = _true(request.query.get("force"))
         server = self.server
+        forwarded = await self._forwarded(request, topic)
+        if forwarded is not None:
+            return forwarded
         if not await self._exists(topic):
             raise HttpError(404, f"no topic {_name(topic)!r}")
         if topic in server.deleting:
@@ -306,6 +358,9 @@ class HubAdmin:
         seq = body.get("seq_id")
         if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
             raise HttpError(400, 'expected {"seq_id": N} with an integer N >= 1')
+        forwarded = await self._forwarded(request, topic)
+        if forwarded is not None:
+            return forwarded
         server = self.server
         async with self._held(topic) as t:
             if t is not None:
@@ -339,6 +394,9 @@ class HubAdmin:
     async def delete_subscription(self, request: web.Request) -> web.Response:
         topic, sub = self._topic(request), self._sub(request)
         force = _true(request.query.get("force"))
+        forwarded = await self._forwarded(request, topic)
+        if forwarded is not None:
+            return forwarded
         server = self.server
         async with self._held(topic) as t:
             if t is not None:

@@ -340,6 +340,7 @@ class HubServer:
         self.session: Any = None
         self.address = ""
         self.stats_url = ""
+        self.http_url = ""              # the HTTP server's base URL ("" when off)
         self._http: Any = None          # bookie.http.HttpServer once started
         self.stopping = False
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
@@ -396,13 +397,13 @@ class HubServer:
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
                                czxid=int.from_bytes(uuid.uuid4().bytes[:7], "big"))
+        await self._start_http()      # before registering: the registration names its URL
         self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-        await self.registry.register(self.info, self.session)
+        await self.registry.register(self.info, self.session, self.http_url)
         self.ownership = Ownership(self.conf, self.info, self.owners, self.registry, self.session)
         self.spawn(self._timers())
         self.regions = regions
         regions.start()
-        await self._start_http()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
 
     async def _listen(self) -> None:
@@ -441,7 +442,8 @@ class HubServer:
         self._http = HttpServer(metrics.registry, ready=admin.readiness,
                                 token=admin_token(conf.http_admin_token, conf.http_admin_token_file),
                                 routes=admin.routes())
-        self.stats_url = await self._http.start(conf.http_server_host, port) + "/metrics"
+        self.http_url = await self._http.start(conf.http_server_host, port)
+        self.stats_url = self.http_url + "/metrics"
         self.stats.observer = metrics.observe
 
     async def is_ready(self) -> str | None:
@@ -450,7 +452,9 @@ class HubServer:
             return "stopping"
         if not self._servers:
             return "not listening"
-        if self.session is None or not self.session.alive:
+        if self.session is None:
+            return "not registered in the metastore yet"
+        if not self.session.alive:
             return "metastore session lost"
         from hub.ownership import same_hub
 
@@ -579,7 +583,7 @@ class HubServer:
                     for topic in list(self.topics):
                         await self.release_topic(topic)
                     self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-                    await self.registry.register(self.info, self.session)
+                    await self.registry.register(self.info, self.session, self.http_url)
                     if self.ownership is not None:
                         self.ownership.session = self.session
             except asyncio.CancelledError:

@@ -27,6 +27,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CONF = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1", "zk_timeout": "1000",
         "http_admin_token": TOKEN}
 MANUAL = {"auto_send_consume_message_enabled": "false"}
+NO_FORWARD = {"X-Quire-Forwarded": "test"}     # as if forwarded once already: the hub answers itself
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -141,12 +142,18 @@ async def test_topic_stats_match_what_was_published_and_consumed(cluster: LocalC
         assert topic in (await call(http, "GET", hub_url(cluster, other) + "/admin/v1/topics?all=1"))[1]
         await c.close_subscription(topic.encode(), b"s1")      # the pointer is persisted on close
 
-    async def seen_by_other() -> dict[str, Any] | None:    # from the metastore (and the ledger's LAC)
-        s = (await call(http, "GET", topic_url(cluster, other, topic) + "/stats"))[1]
+    # the other hub forwards to the owner...
+    status, fwd = await call(http, "GET", topic_url(cluster, other, topic) + "/stats")
+    assert status == 200 and fwd["owned_here"] is True and fwd["owner"] == cluster.hub_addresses[owner]
+    assert fwd["subscriptions"]["s1"]["attached"] is False and fwd["last_seq_id"] == 5
+
+    async def from_metastore() -> dict[str, Any] | None:   # ...or, not forwarding, reads the metastore and LAC
+        s = (await call(http, "GET", topic_url(cluster, other, topic) + "/stats", headers=NO_FORWARD))[1]
         return s if s["last_seq_id"] == 5 and s["subscriptions"]["s1"]["consumed_seq_id"] == 3 else None
 
-    seen = await eventually(seen_by_other)
-    assert seen["owner"] == cluster.hub_addresses[owner] and seen["subscriptions"]["s1"]["backlog"] == 2
+    seen = await eventually(from_metastore)
+    assert seen["owned_here"] is False and seen["owner"] == cluster.hub_addresses[owner]
+    assert seen["subscriptions"]["s1"]["backlog"] == 2 and seen["subscriptions"]["s1"]["attached"] is None
     assert [r["ledger_id"] for r in seen["ledgers"]] == [r["ledger_id"] for r in stats["ledgers"]]
 
 
@@ -169,7 +176,8 @@ async def test_reset_redelivers_from_the_given_seq_id(cluster: LocalCluster, htt
         status, body = await call(http, "POST", url, data=b"{oops", headers=AUTH)
         assert status == 400 and "error" in body
         assert got.seqs == [1, 2, 3, 4, 5, 6]                  # nothing above moved the pointer
-        status, body = await call(http, "POST", url, json={"seq_id": 3}, headers=AUTH)
+        other = topic_url(cluster, 1 - owner, topic) + "/subscriptions/s/reset"     # forwarded to the owner
+        status, body = await call(http, "POST", other, json={"seq_id": 3}, headers=AUTH)
         assert status == 200 and body["consumed_seq_id"] == 2
         assert (await got.wait_for(10))[6:] == [3, 4, 5, 6]    # the attached subscriber, from seq id 3
         status, body = await call(http, "POST", topic_url(cluster, owner, topic) + "/subscriptions/nobody/reset",
@@ -191,9 +199,11 @@ async def test_delete_topic_removes_its_ledgers_and_restarts_at_seq_1(cluster: L
         ledgers = [r["ledger_id"] for r in (await call(http, "GET", url + "/stats"))[1]["ledgers"]]
         assert ledgers
         assert (await call(http, "DELETE", url))[0] == 401
+        status, body = await call(http, "DELETE", topic_url(cluster, 1 - owner, topic), headers=AUTH)
+        assert status == 409 and "attached" in body["error"]    # forwarded: only the owner knows who is attached
         status, body = await call(http, "DELETE", topic_url(cluster, 1 - owner, topic) + "?force=true",
-                                  headers=AUTH)
-        assert status == 409 and cluster.hub_addresses[owner] in body["error"]   # ask the owner
+                                  headers={**AUTH, **NO_FORWARD})
+        assert status == 409 and cluster.hub_addresses[owner] in body["error"]   # not forwarded: ask the owner
         status, body = await call(http, "DELETE", url, headers=AUTH)
         assert status == 409 and "s" in body["error"]           # a subscriber is attached
         assert (await call(http, "GET", url + "/stats"))[0] == 200
