@@ -22,7 +22,10 @@ the metastore (then ``publish_rate`` is 0.0 and ``attached`` is ``null``:
 only the owner knows) and a change is refused with 409 naming the owner.
 ``ledgers`` lists ``{ledger_id, start_seq_id, end_seq_id}``; the ledger
 being written has ``end_seq_id`` = the last seq id (``null`` while empty).
-``backlog`` is ``last_seq_id - consumed_seq_id``.
+``backlog`` is ``last_seq_id - consumed_seq_id``. Read from the metastore, the
+end of a ledger still open is its last add confirmed (read without fencing:
+a stats call never disturbs a writer), which may lag the last message of an
+owner that crashed.
 
 The mutating verbs act where the topic lives: on the owner, or, for a topic
 no hub has loaded, this hub claims the owner record for the time of the

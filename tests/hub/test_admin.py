@@ -244,3 +244,36 @@ async def test_delete_subscription_and_bad_names(cluster: LocalCluster, http: ai
                              ("POST", "/subscriptions/s/reset", {"headers": AUTH, "json": {"seq_id": 1}})):
         status, body = await call(http, method, missing + path, **kw)
         assert status == 404 and "error" in body, (method, path, status, body)
+
+
+@in_cluster
+async def test_changes_to_a_topic_no_hub_has_loaded(cluster: LocalCluster, http: aiohttp.ClientSession) -> None:
+    """Runs last: it kills and restarts the owner, so that no hub owns the topic any more."""
+    topic = f"unloaded-{uuid.uuid4().hex[:8]}"
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        for sub in (b"s", b"s2"):
+            await c.subscribe(topic.encode(), sub)
+        for i in range(4):
+            await c.publish(topic.encode(), b"m%d" % i)
+        owner = await owner_index(cluster, http, topic)
+    await cluster.kill_hub(owner)
+    await cluster.restart_hub(owner)
+    url = topic_url(cluster, 0, topic)
+
+    async def reset() -> bool:      # 503 while the dead owner's record waits for its session to expire
+        status, body = await call(http, "POST", url + "/subscriptions/s/reset", json={"seq_id": 2}, headers=AUTH)
+        assert status in (200, 503), (status, body)
+        return status == 200
+
+    await eventually(reset)
+    stats = (await call(http, "GET", url + "/stats"))[1]
+    assert stats["owner"] is None                                                 # nobody owns it now
+    assert stats["last_seq_id"] in (3, 4)    # the dead owner's open ledger, read up to its LAC (no fencing)
+    assert stats["subscriptions"]["s"]["consumed_seq_id"] == 1 and stats["subscriptions"]["s"]["attached"] is False
+    assert (await call(http, "DELETE", url + "/subscriptions/s2", headers=AUTH))[0] == 200
+    assert set((await call(http, "GET", url + "/stats"))[1]["subscriptions"]) == {"s"}
+    got = Received()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(topic.encode(), b"s", "ATTACH")
+        await c.start_delivery(topic.encode(), b"s", got)
+        assert await got.wait_for(3) == [2, 3, 4]
