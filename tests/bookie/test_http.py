@@ -18,7 +18,7 @@ from bookie.client import BookKeeper
 from bookie.http import TOKEN_ENV, admin_token, resolve_http_port
 from bookie.testing import RawBookieClient
 from metastore import Value, Version, open_metastore
-from tests.bookie.conftest import add_req
+from tests.bookie.conftest import StartBookie, add_req
 from tools.cluster import LocalCluster
 
 in_cluster = pytest.mark.asyncio(loop_scope="module")
@@ -212,3 +212,35 @@ async def test_a_failing_handler_is_a_json_500_without_traceback() -> None:
                 assert resp.status == 418 and await resp.json() == {"error": "short and stout"}
     finally:
         await server.stop()
+
+
+async def test_a_full_disk_keeps_the_bookie_unready_whatever_the_switch(start_bookie: StartBookie,
+                                                                       tmp_path: Path) -> None:
+    override = tmp_path / "usage"
+    override.write_text("0.10")
+    bookie = start_bookie("full", disk_usage_override_file=override, disk_check_interval=100,
+                          http_admin_token=TOKEN)
+    url = bookie.stats_url.removesuffix("/metrics")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        assert await get(http, url + "/readyz") == (200, {"ready": True})
+        override.write_text("0.99")
+
+        async def unready() -> Any:
+            status, body = await get(http, url + "/readyz")
+            return body if status == 503 else None
+
+        assert "disk" in (await eventually(unready))["reason"]
+        async with http.put(url + "/api/v1/bookie/state/readonly", json={"readOnly": False}, headers=AUTH) as resp:
+            assert resp.status == 200 and (await resp.json())["readOnly"] is True    # the disk decides
+        assert (await get(http, url + "/readyz"))[0] == 503
+        override.write_text("0.10")
+
+        async def ready() -> bool:
+            return (await get(http, url + "/readyz"))[0] == 200
+
+        await eventually(ready)
+
+
+def test_http_server_port_minus_one_turns_it_off(start_bookie: StartBookie) -> None:
+    assert "stats=" not in start_bookie("off", http_server_port=-1).ready_line
+    assert "stats=" in start_bookie("on").ready_line                  # on by default, on a free port
