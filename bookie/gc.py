@@ -36,8 +36,8 @@ class GarbageCollector:
             return []
         live = await self.ledgers.ledger_ids()
         dead = sorted(local - live)
-        for lid in dead:
-            await self.storage.delete_ledger(lid)
+        if dead:
+            await self.storage.delete_ledgers(dead)  # one checkpoint for all of them
         if dead:
             log.info("garbage collected %d ledger(s): %s", len(dead), dead[:20])
         return dead

@@ -35,6 +35,7 @@ the bookie refuses to start rather than drop acknowledged adds silently.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import struct
@@ -207,6 +208,10 @@ class JournalWriter:
                 written += os.pwrite(self._fd, memoryview(data)[written:], self._offset + written)
         except OSError:
             if self._fd >= 0:
+                # cut what the failed write may have left, so that this file ends cleanly: a torn
+                # record in a file that is not the last would look like damage to the replay
+                with contextlib.suppress(OSError):
+                    os.ftruncate(self._fd, self._offset)
                 os.close(self._fd)
             self._fd = -1
             raise

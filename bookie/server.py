@@ -694,7 +694,7 @@ class BookieServer:
             await asyncio.sleep(self.conf.gc_wait_time_s)
             try:
                 await self.collect_garbage()
-            except MetastoreError as exc:
+            except (MetastoreError, errors.BKError) as exc:  # the next round tries again
                 log.warning("garbage collection skipped: %s", exc)
 
     async def collect_garbage(self) -> list[int]:

@@ -63,7 +63,7 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -513,12 +513,19 @@ class EntryStorage:
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries and record durably (garbage collection): one checkpoint."""
+        await self.delete_ledgers([ledger_id])
+
+    async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Delete several ledgers in one checkpoint; ``BookieServerError`` when the checkpoint fails."""
         if self._closing:
             raise BookieServerError("entry storage is closing")
-        _check_ids(ledger_id)
-        self._state.pop(ledger_id, None)
-        self._dirty.discard(ledger_id)
-        self._deleting.add(ledger_id)
+        ids = list(ledger_ids)
+        for ledger_id in ids:
+            _check_ids(ledger_id)
+        for ledger_id in ids:
+            self._state.pop(ledger_id, None)
+            self._dirty.discard(ledger_id)
+            self._deleting.add(ledger_id)
         await self.checkpoint()
 
     # --- back-pressure --------------------------------------------------------------------------
@@ -544,19 +551,20 @@ class EntryStorage:
             reason += f" (the checkpoint fails: {flushing.error})"
         while throttled and throttled[0][5] <= now:
             _, _, done, fut, _, _ = throttled.popleft()
-            exc = BookieServerError(reason)
-            if fut is not None:
-                if not fut.done():
-                    fut.set_exception(exc)
-                continue
-            try:
-                done(exc)
-            except Exception:
-                log.exception("entry storage completion callback raised")
+            _fail_waiter(done, fut, BookieServerError(reason))
         if throttled:
             self._throttle_timer = loop.call_at(throttled[0][5], self._throttle_expired)
         else:
             log.warning("%s; adds failed", reason)
+
+    def _fail_throttled(self, exc: BookieServerError) -> None:
+        """Fail every add waiting for room in the cache (never journalled)."""
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
+        throttled, self._throttled = self._throttled, collections.deque()
+        for _, _, done, fut, _, _ in throttled:
+            _fail_waiter(done, fut, exc)
 
     def _release_throttled(self) -> None:
         """Room in the cache: the waiting adds join the open group, in order."""
@@ -864,7 +872,7 @@ class EntryStorage:
         self._cache = {}
         self.cache_bytes = 0
         self._flush_jobs.put(job)
-        if self._throttled:
+        if self._throttled and not self._closing:
             self._release_throttled()
 
     def _retry_flush(self) -> None:
@@ -963,6 +971,7 @@ class EntryStorage:
         if self._closed:
             return
         self._closing = True
+        self._fail_throttled(BookieServerError("entry storage is closing"))
         await self.flush()
         try:
             await self.checkpoint()
@@ -998,6 +1007,18 @@ class EntryStorage:
         with self._env.begin(write=True) as txn:
             if not self._store.corrupt(txn, ledger_id, entry_id):
                 raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
+
+
+def _fail_waiter(done: Done, fut: asyncio.Future[None] | None, exc: BookieServerError) -> None:
+    """Fail one add that never reached the journal: its future if it has one, else its callback."""
+    if fut is not None:
+        if not fut.done():
+            fut.set_exception(exc)
+        return
+    try:
+        done(exc)
+    except Exception:
+        log.exception("entry storage completion callback raised")
 
 
 def _settle(fut: asyncio.Future[None]) -> Done:

@@ -73,6 +73,11 @@ class HubConf:
                                                min=0)
     consume_interval: int = setting(50, "consumes between persisted consume pointers", min=1)
     retention_secs: int = setting(0, "release a topic idle this long (0: never)", min=0)
+    rebalance_interval_sec: int = setting(60, "how often a hub compares its topic count with the cluster mean and "
+                                              "sheds topics above it (0: never)", min=0)
+    rebalance_tolerance_percentage: float = setting(10.0, "how far above the mean topic count a hub may be before "
+                                                          "it sheds topics (percent)", min=0)
+    rebalance_max_shed: int = setting(50, "most topics one rebalance releases", min=1)
     messages_consumed_thread_run_interval: int = setting(
         60000, "ms between runs of the consumed-ledger deletion task", min=1)
     max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)

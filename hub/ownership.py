@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 __all__ = ["Ownership", "same_hub"]
 
 _LIVE_CACHE_SECONDS = 0.5
+_SENT_MEMORY_SECONDS = 3.0
+"""How long a redirect sent to a hub counts toward its load (its own load record catches up within a second)."""
 
 
 def same_hub(a: pb.HubInfo, b: pb.HubInfo) -> bool:
@@ -54,6 +56,7 @@ class Ownership:
         self.versions: dict[bytes, Version] = {}
         self._live: list[tuple[pb.HubInfo, pb.HubLoad]] = []
         self._live_at = 0.0
+        self._sent: dict[str, list[float]] = {}   # hub address -> when unowned topics were sent there
         self.num_topics = 0
 
     async def live_hubs(self) -> list[tuple[pb.HubInfo, pb.HubLoad]]:
@@ -70,13 +73,19 @@ class Ownership:
         return any(same_hub(info, h) for h, _ in await self.live_hubs())
 
     async def _least_loaded(self) -> pb.HubInfo:
+        """The live hub with the fewest topics, counting the unowned topics just sent to each."""
+        now = time.monotonic()
         best = self.me
         best_load = self.num_topics
         for info, load in await self.live_hubs():
             if same_hub(info, self.me):
                 continue
-            if load.numTopics < best_load:
-                best, best_load = info, load.numTopics
+            sent = self._sent.get(str(hub_address(info)), [])
+            sent[:] = [t for t in sent if now - t < _SENT_MEMORY_SECONDS]
+            if load.numTopics + len(sent) < best_load:
+                best, best_load = info, load.numTopics + len(sent)
+        if not same_hub(best, self.me):
+            self._sent.setdefault(str(hub_address(best)), []).append(now)
         return best
 
     async def claim(self, topic: bytes, should_claim: bool) -> str | None:

@@ -46,10 +46,11 @@ from hub.metadata import (
     TopicPersistenceManager,
     hub_address,
 )
-from hub.ownership import Ownership
+from hub.ownership import Ownership, same_hub
 from hub.persistence import Done, TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.readahead import ReadAheadCache
+from hub.shedding import TopicLoadShedder
 from hub.subscriptions import SubState, TopicSubscriptions
 from metastore.errors import MetastoreError
 
@@ -328,6 +329,7 @@ class HubServer:
     def __init__(self, conf: HubConf) -> None:
         self.conf = conf
         self.stats = HubStats()
+        self.shedder = TopicLoadShedder(conf.rebalance_tolerance_percentage, conf.rebalance_max_shed)
         self.region_bytes = conf.region.encode()
         self.topics: dict[bytes, Topic] = {}
         self.connections: set[HubConnection] = set()
@@ -561,6 +563,8 @@ class HubServer:
         consumed_every = self.conf.messages_consumed_thread_run_interval / 1000.0
         tick = min(1.0, consumed_every, max(0.1, self.conf.zk_timeout / 4000.0))
         next_consumed = time.monotonic() + consumed_every
+        rebalance_every = float(self.conf.rebalance_interval_sec)
+        next_rebalance = time.monotonic() + rebalance_every
         reported = -1
         while True:
             await asyncio.sleep(tick)
@@ -578,6 +582,9 @@ class HubServer:
                 if now >= next_consumed:
                     next_consumed = now + consumed_every
                     await self.delete_consumed_ledgers()
+                if rebalance_every and now >= next_rebalance:
+                    next_rebalance = now + rebalance_every
+                    await self.shed_load()
                 if self.session is not None and not self.session.alive:
                     log.warning("metastore session lost: releasing every topic")
                     for topic in list(self.topics):
@@ -590,6 +597,23 @@ class HubServer:
                 raise
             except Exception as exc:
                 log.warning("hub timer: %s", exc)
+
+    async def shed_load(self) -> list[bytes]:
+        """Release the topics this hub owns above the cluster's mean (``hub.shedding``); returns them."""
+        if self.registry is None or self.ownership is None:
+            return []
+        others = [load.numTopics for info, load in await self.registry.live_hubs()
+                  if not same_hub(info, self.info)]
+        mine = {topic: t.last_active for topic, t in self.topics.items()}
+        victims = self.shedder.choose(mine, others)
+        if victims:
+            log.info("shedding %d of %d topics (other hubs own %s)", len(victims), len(mine), others)
+        for topic in victims:
+            await self.release_topic(topic)
+        if victims:
+            self.stats.incr("topics_shed", len(victims))
+            await self.registry.update_load(self.info, len(self.topics))
+        return victims
 
     async def delete_consumed_ledgers(self) -> int:
         """Delete ledgers every subscriber has consumed past, on every owned topic; how many."""

@@ -30,7 +30,7 @@ import argparse
 import asyncio
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from metastore import MetaStore, open_existing_metastore
 from metastore.conf import EMBEDDED_METASTORE_URI, read_properties
@@ -43,8 +43,10 @@ __all__ = [
     "MetastoreOpenError",
     "MetastoreUnreachableError",
     "add_common_options",
+    "count_at_least",
     "metastore_from_args",
     "metastore_uri_of",
+    "number_at_least",
     "open_tool_metastore",
     "probe_metastore",
     "quiet_logging",
@@ -56,15 +58,28 @@ METASTORE_ENV = "QUIRE_METASTORE"
 CONF_ENV = "QUIRE_CONF"
 
 
-def seconds(text: str) -> float:
-    """An argparse type: a number of seconds >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, not {text!r}")
-    return value
+def number_at_least(least: float, *, what: str = "a number", integer: bool = False) -> Callable[[str], float]:
+    """An argparse type: a number >= ``least`` (an ``int`` with ``integer``), else a one-line error."""
+
+    def parse(text: str) -> float:
+        try:
+            value: float = int(text) if integer else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, not {text!r}") from None
+        if not value >= least:
+            raise argparse.ArgumentTypeError(f"expected {what} >= {least:g}, not {text!r}")
+        return value
+
+    return parse
+
+
+def count_at_least(least: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``least`` ("expected a number >= N, not '0'")."""
+    return number_at_least(least, integer=True)  # type: ignore[return-value]
+
+
+seconds = number_at_least(0, what="a number of seconds")
+"""An argparse type: a number of seconds >= 0."""
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_command: bool = False,

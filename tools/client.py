@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tools.cli_common import seconds
+from tools.cli_common import count_at_least, number_at_least, seconds
 
 SERVER_ENV = "QUIRE_SERVER"
 DEFAULT_SERVER = "127.0.0.1:4080"
@@ -40,24 +40,8 @@ class ClientCommandError(Exception):
     """The command failed; the message is the one line printed."""
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, not {text!r}")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected messages per second, not {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a rate >= 0, not {text!r}")
-    return value
+_count = count_at_least(0)
+_rate = number_at_least(0, what="messages per second")
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:

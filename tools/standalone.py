@@ -25,35 +25,23 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
+from tools.cli_common import count_at_least
 from tools.cluster import LocalCluster
 from tools.launch import STOP_SIGNALS
 
 
-def _count(least: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-        if value < least:
-            raise argparse.ArgumentTypeError(f"expected a number >= {least}, not {text!r}")
-        return value
-
-    return parse
-
-
 def _port(text: str) -> int:
-    value = _count(0)(text)
+    value = count_at_least(0)(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"expected a port (0-65535), not {text!r}")
     return value
 
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
-    parser.add_argument("--bookies", type=_count(1), default=3, help="number of bookie processes (default 3)")
+    parser.add_argument("--bookies", type=count_at_least(1), default=3, help="number of bookie processes (default 3)")
     parser.add_argument("--data", default="data", help="data directory, kept across runs (default ./data)")
     parser.add_argument("--metastore", default="lmdb", help="lmdb (default), zookeeper, hbase or a URI")
-    parser.add_argument("--hubs", type=_count(0), default=1, help="number of hub processes (default 1)")
+    parser.add_argument("--hubs", type=count_at_least(0), default=1, help="number of hub processes (default 1)")
     parser.add_argument("--hub-port", type=_port, default=4080,
                         help="port of the first hub (default 4080; 0: any free port); a port in use is an error")
     parser.add_argument("--json", action="store_true",

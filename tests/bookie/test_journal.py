@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import struct
+import threading
 from pathlib import Path
 
 import lmdb
@@ -377,3 +378,53 @@ async def test_kill_9_of_a_bookie_process_under_load_loses_no_acknowledged_add(s
                 assert body[:8] == struct.pack(">q", eid), f"run {run}: entry {eid} damaged (seed {seed})"
         finally:
             await c2.close()
+
+
+async def test_a_failed_journal_write_leaves_no_damage_for_the_replay(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _open(tmp_path / "s", flush_interval=3600)
+    await s.add_entry(1, 0, KEY, b"before")
+    real_pwrite = os.pwrite
+
+    def half_then_fail(fd: int, data: bytes, offset: int) -> int:  # a write that lands halfway, then EIO
+        real_pwrite(fd, bytes(data)[: len(data) // 2], offset)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(journal.os, "pwrite", half_then_fail)
+    with pytest.raises(BookieServerError, match="journal write failed"):
+        await s.add_entry(1, 1, KEY, b"lost" * 100)
+    monkeypatch.setattr(journal.os, "pwrite", real_pwrite)
+    await s.add_entry(1, 2, KEY, b"after")  # a new journal file
+    assert len(_journal_files(tmp_path / "s")) == 2
+    s._writer.close()  # a crash: no checkpoint
+    s._env.close()
+    s = _open(tmp_path / "s")  # the torn half of the failed write was cut: the replay goes through
+    try:
+        assert s.read_entry(1, 0)[1] == b"before" and s.read_entry(1, 2)[1] == b"after"
+        with pytest.raises(NoSuchEntryError):
+            s.read_entry(1, 1)
+    finally:
+        await s.close()
+
+
+async def test_closing_fails_the_adds_waiting_for_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = _open(tmp_path / "s", write_cache_max_size=16 << 10, flush_interval=3600, max_throttle=30)
+    gate = threading.Event()
+    real = s._write_checkpoint
+
+    def held(job: object) -> None:
+        gate.wait(10)
+        real(job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(s, "_write_checkpoint", held)
+    i = 0
+    while s._flushing is None or s.cache_bytes < 8 << 10:
+        await s.add_entry(1, i, KEY, bytes(1024))
+        i += 1
+    waiting = s.add_entry(1, i, KEY, bytes(1024))
+    closing = asyncio.ensure_future(s.close())
+    with pytest.raises(BookieServerError, match="closing"):
+        await asyncio.wait_for(waiting, 10)
+    gate.set()
+    await asyncio.wait_for(closing, 10)
+    assert s.closed

@@ -11,7 +11,8 @@ from tools.cluster import LocalCluster
 
 HUB_CONF = {"bk_ensemble_size": "2", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2", "zk_timeout": "1000",
             "max_entries_per_ledger": "4", "consume_interval": "2", "session_timeout": "1000",
-            "cache_size": "1048576", "server_filter_allowlist": "tests.hub.sample_filter"}
+            "cache_size": "1048576", "server_filter_allowlist": "tests.hub.sample_filter",
+            "rebalance_interval_sec": "0"}  # no load shedding: these tests pin topics to the hub that claimed them
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -26,7 +26,7 @@ from tools.cluster import LocalCluster
 
 in_cluster = pytest.mark.asyncio(loop_scope="module")
 CONF = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1", "zk_timeout": "1000",
-        "ssl_enabled": "true", "ssl_handshake_timeout": "500"}
+        "ssl_enabled": "true", "ssl_handshake_timeout": "500", "rebalance_interval_sec": "0"}
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -32,6 +32,7 @@ from tools.cli_common import (
     MetastoreOpenError,
     add_common_options,
     metastore_from_args,
+    number_at_least,
     open_tool_metastore,
     quiet_logging,
 )
@@ -80,14 +81,7 @@ entry_id = bounded_int("entry id", 0)
 positive = bounded_int("count", 1)
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, not {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, not {text!r}")
-    return value
+non_negative_float = number_at_least(0)
 
 
 def password(text: str) -> bytes:
