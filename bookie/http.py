@@ -115,6 +115,10 @@ def _middlewares(token: str) -> list[Any]:
         except web.HTTPException as exc:     # the router's 404/405, aiohttp's own 4xx
             if exc.status < 400:
                 raise
+            if exc.status == 404:
+                return _error(404, f"no such path: {request.path}")
+            if exc.status == 405:
+                return _error(405, f"{request.method} is not allowed on {request.path}")
             return _error(exc.status, exc.reason)
         except Exception as exc:
             log.exception("HTTP %s %s failed", request.method, request.path)
