@@ -33,7 +33,9 @@ is unreachable. A request in flight when its connection drops fails with
 ``UncertainStateError`` (a publish may or may not have been persisted). With
 ``enable_resubscribe`` the client re-attaches its subscriptions after a hub
 failure or a topic move and resumes delivery, skipping messages it already
-handled.
+handled — except after a SUBSCRIPTION_RESET event (an operator moved the
+consume pointer through the hub's admin API): the client then drops the
+messages it queued and hands the redelivered ones to the handler again.
 
 A topic or subscriber id the hub would refuse (``hub.protocol.name_problem``:
 empty, not UTF-8, holding NUL, over 255 bytes) raises

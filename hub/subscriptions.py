@@ -5,6 +5,8 @@
     prefs = await subs.subscribe(conn, sub_id, request) # CREATE / ATTACH / CREATE_OR_ATTACH
     subs.start_delivery(conn, sub_id, cache); subs.consume(conn, sub_id, seq)
     await subs.close(conn, sub_id); await subs.unsubscribe(conn, sub_id); await subs.detach_all(conn)
+    await subs.reset(sub_id, consumed=2, cache=cache)   # the admin API: redeliver from seq id 3
+    await subs.remove(sub_id)                           # the admin API: delete (attached: FORCED_CLOSED)
 
 Pinned semantics (DESIGN.md section 6): CREATE on an existing subscription
 raises ``ClientAlreadySubscribedError``; ATTACH, start delivery, consume or
