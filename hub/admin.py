@@ -370,7 +370,7 @@ class HubAdmin:
                 last = int(t.log.last_seq)
                 if sub not in t.subs.subs:
                     raise HttpError(404, f"no subscription {_name(sub)!r} on {_name(topic)!r}")
-                self._check_seq(seq, last)
+                self._check_seq(seq, last, t.log.ranges)
                 await t.subs.reset(sub, seq - 1, server.cache)
             else:
                 got = await server.sm.read_subscription_data(topic, sub)
@@ -380,8 +380,9 @@ class HubAdmin:
                 last = _stored_last_seq(ranges[0]) if ranges is not None else 0
                 open_ledger = ranges is not None and any(not r.HasField("endSeqIdIncluded")
                                                          for r in ranges[0].ranges)
-                if not open_ledger:    # an open last ledger's end is not known without recovering it
-                    self._check_seq(seq, last)
+                # an open last ledger's end is not known without recovering it
+                self._check_seq(seq, None if open_ledger else last,
+                                ranges[0] if ranges is not None else pb.LedgerRanges())
                 data = pb.SubscriptionData()
                 data.state.msgId.localComponent = seq - 1
                 await server.sm.update_subscription_data(topic, sub, data, Version.ANY)
@@ -390,9 +391,14 @@ class HubAdmin:
                               "consumed_seq_id": seq - 1})
 
     @staticmethod
-    def _check_seq(seq: int, last: int) -> None:
-        if seq > last + 1:
+    def _check_seq(seq: int, last: int | None, ranges: pb.LedgerRanges) -> None:
+        """400 unless messages from ``seq`` on can be delivered: not past the end, not in a deleted ledger."""
+        if last is not None and seq > last + 1:
             raise HttpError(400, f"seq_id {seq} is past the topic's next seq id {last + 1}")
+        first = ranges.ranges[0].startSeqIdIncluded if ranges.ranges else 1
+        if seq < first:
+            raise HttpError(400, f"seq_id {seq} is gone (its ledger was deleted once consumed); the first "
+                                 f"kept is {first}")
 
     async def delete_subscription(self, request: web.Request) -> web.Response:
         topic, sub = self._topic(request), self._sub(request)
