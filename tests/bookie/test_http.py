@@ -244,3 +244,18 @@ async def test_a_full_disk_keeps_the_bookie_unready_whatever_the_switch(start_bo
 def test_http_server_port_minus_one_turns_it_off(start_bookie: StartBookie) -> None:
     assert "stats=" not in start_bookie("off", http_server_port=-1).ready_line
     assert "stats=" in start_bookie("on").ready_line                  # on by default, on a free port
+
+
+async def test_token_from_a_file_or_the_environment(start_bookie: StartBookie, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "token").write_text("file-token\n")
+    from_file = start_bookie("file", http_admin_token_file=tmp_path / "token")
+    monkeypatch.setenv(TOKEN_ENV, "env-token")              # the bookie process inherits it
+    from_env = start_bookie("env")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        for proc, token in ((from_file, "file-token"), (from_env, "env-token")):
+            url = proc.stats_url.removesuffix("/metrics") + "/api/v1/bookie/state/readonly"
+            for given, want in (("", 401), ("Bearer nope", 401), (f"Bearer {token}", 200)):
+                headers = {"Authorization": given} if given else {}
+                async with http.put(url, json={"readOnly": False}, headers=headers) as resp:
+                    assert resp.status == want, (proc.address, given, resp.status)
