@@ -98,9 +98,17 @@ class BookieConf:
                                         "journal files are deleted.", min=1)
     write_cache_max_throttle_ms: int = setting(10000, "How long an add waits for room in a full write cache "
                                                       "before it fails (ms).", min=0)
-    stats_http_port: int = setting(0, "Prometheus text endpoint (/metrics): 0 = off, -1 = a free port "
-                                      "(shown in the ready line).", min=-1, max=65535)
-    stats_http_host: str = setting("127.0.0.1", "Interface the stats endpoint listens on.")
+    http_server_port: int = setting(0, "Port of the HTTP server (/metrics, /healthz, /readyz, /api/v1/...): "
+                                       "0 = a free port (shown in the ready line), -1 = off.", min=-1, max=65535)
+    http_server_host: str = setting("127.0.0.1", "Interface the HTTP server listens on.")
+    http_admin_token: str = setting("", "Bearer token PUT/POST/DELETE requests need; empty: "
+                                        "http_admin_token_file, else $QUIRE_HTTP_ADMIN_TOKEN, else none needed.")
+    http_admin_token_file: str = setting("", "File whose first line is the admin token (used when "
+                                             "http_admin_token is empty).")
+    stats_http_port: int = setting(0, "Older name of http_server_port: a port > 0 is used when http_server_port "
+                                      "is 0; 0 and -1 leave the port free.", min=-1, max=65535)
+    stats_http_host: str = setting("127.0.0.1", "Older name of http_server_host (used when that one is left "
+                                                "at its default).")
     autorecovery_enabled: bool = setting(False, "Run AutoRecovery (an auditor candidate and a replication worker) "
                                                 "in this bookie process.")
     lost_bookie_recovery_delay: int = setting(30, "Seconds a bookie must stay gone before the auditor marks its "
@@ -140,7 +148,10 @@ class BookieConf:
             need(self.disk_check_interval > 0, "disk_check_interval", "expected milliseconds > 0")
             need(self.gc_wait_time >= 0, "gc_wait_time", "expected milliseconds >= 0; 0 disables")
             need(-1 <= self.stats_http_port <= 65535, "stats_http_port",
-                 "expected 0 (off), -1 (a free port) or a port")
+                 "expected a port, 0 or -1 (both: a free port)")
+            need(-1 <= self.http_server_port <= 65535, "http_server_port",
+                 "expected a port, 0 (a free port) or -1 (off)")
+            need(bool(self.http_server_host), "http_server_host", "must not be empty")
             if self.metastore_uri:
                 need("://" in self.metastore_uri, "metastore_uri", "expected SCHEME://..., e.g. lmdb:///path")
             if self.zk_host:
@@ -183,6 +194,13 @@ class BookieConf:
     @property
     def journal_dir(self) -> Path:
         return Path(self.journal_directory) if self.journal_directory else self.data_dir / "journal"
+
+    @property
+    def http_host(self) -> str:
+        """Where the HTTP server listens: ``http_server_host``, else the older ``stats_http_host``."""
+        if self.http_server_host == "127.0.0.1" and self.stats_http_host:
+            return self.stats_http_host
+        return self.http_server_host
 
     @property
     def session_timeout_s(self) -> float:

@@ -140,6 +140,24 @@ class LedgerMetadata:
         )
 
 
+def metadata_dict(ledger_id: int, md: LedgerMetadata) -> dict[str, object]:
+    """The ledger's metadata as JSON-ready values (``quire shell ledgermetadata --json``, the HTTP API)."""
+    return {
+        "ledger_id": ledger_id,
+        "state": md.state.value,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum": md.write_quorum,
+        "ack_quorum": md.ack_quorum,
+        "digest": md.digest,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "ctime_ms": md.ctime_ms,
+        "has_password": bool(md.password_digest) and md.password_digest != password_digest(b""),
+        "ensembles": [{"first_entry": first, "bookies": list(ens)} for first, ens in md.ensembles],
+        "properties": {k: v.decode("utf-8", "backslashreplace") for k, v in md.properties.items()},
+    }
+
+
 class LedgerMetadataManager:
     """Read/write/delete-with-version of ledger metadata; ledger ids from ``idgen``."""
 

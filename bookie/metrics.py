@@ -1,9 +1,13 @@
-"""The one way Quire processes name and serve their Prometheus metrics.
+"""The one way Quire processes name their Prometheus metrics (and serve them without a server).
 
     from bookie.metrics import metric_name, serve_metrics
     metric_name("hub", "packets_received")     # "hub_packets_received"
     url, stop = serve_metrics(registry, "127.0.0.1", 0)   # "http://127.0.0.1:PORT/metrics"
     stop()                                      # shut the endpoint down
+
+Bookie and hub processes serve their registries at ``/metrics`` of their one
+HTTP server (``bookie.http``); ``serve_metrics`` (a thread of
+``prometheus_client``) is for a process that has no event loop to serve from.
 
 Naming scheme, shared by bookies and hubs: ``<role>_<subject>[_<unit>]``
 with Prometheus' suffixes (``_total`` for counters, ``_seconds``/``_bytes``

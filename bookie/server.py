@@ -48,14 +48,13 @@ import sys
 from collections.abc import Coroutine, Iterator
 from typing import Any, cast
 
-from prometheus_client import start_http_server
-
 from bookie import errors
 from bookie import protocol as proto
 from bookie.autorecovery import AutoRecovery
 from bookie.conf import BookieConf
 from bookie.disk import DiskUsage, DiskUsageMonitor
 from bookie.gc import GarbageCollector
+from bookie.http import HttpServer, admin_token, resolve_http_port
 from bookie.metadata import LedgerMetadataManager
 from bookie.outbox import Outbox
 from bookie.registration import BookieRegistration
@@ -273,7 +272,8 @@ class BookieServer:
         self._keys = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._disk_wakeup = asyncio.Event()
-        self._httpd: Any = None
+        self._http: HttpServer | None = None
+        self.operator_read_only = False   # PUT /api/v1/bookie/state/readonly
         self._address: str | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = False
@@ -302,7 +302,35 @@ class BookieServer:
 
     @property
     def read_only(self) -> bool:
-        return self._disk.read_only
+        """Adds are refused: the disk is over its threshold or the operator switched the bookie read-only."""
+        return self._disk.read_only or self.operator_read_only
+
+    @property
+    def registered(self) -> bool:
+        return self._registration is not None and self._registration.registered
+
+    @property
+    def metastore(self) -> MetaStore | None:
+        return self._ms
+
+    def disk_usage(self) -> DiskUsage:
+        """A fresh sample of the disk usage (``OSError`` when it cannot be measured)."""
+        usage = self._disk.sample()
+        self.last_disk_usage = usage
+        return usage
+
+    async def set_operator_read_only(self, read_only: bool) -> None:
+        """The operator's switch: turn the bookie read-only (or back) and publish the registration.
+
+        Raises ``MetastoreError`` when the registration cannot be updated (the
+        switch holds anyway; the disk check publishes it later).
+        """
+        if read_only != self.operator_read_only:
+            log.warning("operator turns the bookie %s", "read-only" if read_only else "writable")
+        self.operator_read_only = read_only
+        if self._registration is not None:
+            usage = self.last_disk_usage or self._disk.sample()
+            await self._registration.update(read_only=self.read_only, free_disk=usage.free, total_disk=usage.total)
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -346,8 +374,7 @@ class BookieServer:
                                                     conf.session_timeout_s)
             await self._registration.register(read_only=self.read_only, free_disk=usage.free,
                                               total_disk=usage.total)
-            if conf.stats_http_port:
-                self._start_stats()
+            await self._start_http()
             self._spawn(self._disk_loop(), "disk-check")
             self._spawn(self._session_loop(), "registration-watchdog")
             if conf.gc_wait_time > 0:
@@ -366,12 +393,18 @@ class BookieServer:
     def _new_connection(self) -> BookieServerProtocol:
         return BookieServerProtocol(self, next(self._keys))
 
-    def _start_stats(self) -> None:
-        port = max(self.conf.stats_http_port, 0)
-        httpd, _ = start_http_server(port, addr=self.conf.stats_http_host, registry=self.stats.registry)
-        self._httpd = httpd
-        self.stats_url = f"http://{self.conf.stats_http_host}:{httpd.server_port}/metrics"
-        log.info("bookie stats at %s", self.stats_url)
+    async def _start_http(self) -> None:
+        """The HTTP server (``bookie.http``, ``bookie.admin``) unless ``http_server_port`` is -1."""
+        from bookie.admin import bookie_readiness, bookie_routes
+
+        conf = self.conf
+        port = resolve_http_port(conf.http_server_port, conf.stats_http_port)
+        if port is None:
+            return
+        self._http = HttpServer(self.stats.registry, ready=lambda: bookie_readiness(self),
+                                token=admin_token(conf.http_admin_token, conf.http_admin_token_file),
+                                routes=bookie_routes(self))
+        self.stats_url = await self._http.start(conf.http_host, port) + "/metrics"
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=f"bookie-{name}")
@@ -419,9 +452,9 @@ class BookieServer:
                 await self._ms.close()
             except MetastoreError as exc:
                 log.warning("closing the metastore failed: %s", exc)
-        if self._httpd is not None:
-            await asyncio.to_thread(self._httpd.shutdown)
-            self._httpd.server_close()
+        if self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._http.stop()
         if self._started:
             log.info("bookie %s stopped", self._address)
 
@@ -474,7 +507,7 @@ class BookieServer:
             conn.send(proto.response_to(req, proto.ERROR, f"internal error: {exc}"))
 
     def _add(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        if self._disk.read_only:
+        if self.read_only:
             conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
             return
         ledger_id, entry_id, lac = proto.add_header(req)  # BadRequestError: answered by ``handle``
@@ -514,7 +547,7 @@ class BookieServer:
         return resp
 
     def _write_lac(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        if self._disk.read_only:
+        if self.read_only:
             conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
             return
 

@@ -33,7 +33,9 @@ is unreachable. A request in flight when its connection drops fails with
 ``UncertainStateError`` (a publish may or may not have been persisted). With
 ``enable_resubscribe`` the client re-attaches its subscriptions after a hub
 failure or a topic move and resumes delivery, skipping messages it already
-handled.
+handled — except after a SUBSCRIPTION_RESET event (an operator moved the
+consume pointer through the hub's admin API): the client then drops the
+messages it queued and hands the redelivered ones to the handler again.
 
 A topic or subscriber id the hub would refuse (``hub.protocol.name_problem``:
 empty, not UTF-8, holding NUL, over 255 bytes) raises
@@ -229,6 +231,7 @@ class _Sub:
         self.last_handled = 0
         self.last_queued = 0
         self.unsent_consumes = 0
+        self.resets = 0               # SUBSCRIPTION_RESET events seen (the handler loop notices one)
         self.closed = False
         self.resubscribing = False
 
@@ -480,6 +483,7 @@ class HedwigClient:
                 s.wake.clear()
                 await s.wake.wait()
             msg = s.queue[0]
+            resets = s.resets
             if msg.seq_id > s.last_handled:
                 ok = True
                 if s.filter is not None:
@@ -496,6 +500,8 @@ class HedwigClient:
                                       msg.seq_id)
                         s.handler = None
                         return
+                if s.resets != resets:
+                    continue           # reset while handled: the queue was emptied, redelivery follows
                 s.last_handled = msg.seq_id
                 if self.conf.auto_send_consume_message_enabled:
                     s.unsent_consumes += 1
@@ -534,6 +540,16 @@ class HedwigClient:
     def _sub_event(self, conn: _Conn, topic: bytes, sub: bytes, event: int) -> None:
         s = self.subs.get((topic, sub))
         if s is None or s.conn is not conn:
+            return
+        if event == pb.SubscriptionEvent.SUBSCRIPTION_RESET:
+            log.info("subscription %r/%r was reset by an operator: redelivery follows", topic, sub)
+            s.resets += 1
+            s.queue.clear()
+            s.last_queued = s.last_handled = s.unsent_consumes = 0
+            if (topic, sub) in conn.paused_by:    # the queue that paused reading is gone
+                conn.paused_by.discard((topic, sub))
+                if not conn.paused_by and conn.transport is not None:
+                    conn.transport.resume_reading()
             return
         s.conn = None
         if event == pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED:

@@ -12,7 +12,8 @@ prints it and exits with status 2.
 
 Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
-``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
+``http_server_port``, ``http_server_host``, ``http_admin_token``,
+``http_admin_token_file``, ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
@@ -31,7 +32,7 @@ from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
-SECRET_KEYS = frozenset({"password"})
+SECRET_KEYS = frozenset({"password", "http_admin_token"})
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,15 @@ class HubConf:
     metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...); empty: "
                                      "zk://<zk_host><zk_prefix> when zk_host is set, else lmdb://data/metastore "
                                      "(the standalone cluster's)")
-    stats_http_port: int = setting(0, "Prometheus stats port (0: off, -1: pick a free port)", min=-1, max=65535)
+    http_server_port: int = setting(0, "port of the HTTP server (/metrics, /healthz, /readyz, /admin/v1/...): "
+                                       "0 = a free port (shown in the ready line), -1 = off", min=-1, max=65535)
+    http_server_host: str = setting("127.0.0.1", "interface the HTTP server listens on")
+    http_admin_token: str = setting("", "bearer token PUT/POST/DELETE requests need; empty: http_admin_token_file, "
+                                        "else $QUIRE_HTTP_ADMIN_TOKEN, else none needed")
+    http_admin_token_file: str = setting("", "file whose first line is the admin token (used when "
+                                             "http_admin_token is empty)")
+    stats_http_port: int = setting(0, "older name of http_server_port: a port > 0 is used when http_server_port "
+                                      "is 0; 0 and -1 leave the port free", min=-1, max=65535)
 
     def __post_init__(self) -> None:
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
@@ -128,7 +137,7 @@ class HubConf:
     def filter_conf(self) -> dict[str, str]:
         """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.
 
-        Secrets (``password``, of the TLS certificate) are left out.
+        Secrets (``password``, of the TLS certificate, and ``http_admin_token``) are left out.
         """
         values = conf_values(self)
         for key in SECRET_KEYS:

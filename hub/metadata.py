@@ -86,6 +86,7 @@ DATA_FIELD = "data"
 STATE_FIELD = "state"
 PREFERENCES_FIELD = "preferences"
 LOAD_FIELD = "load"
+HTTP_FIELD = "http"
 SEPARATOR = "\x00"
 
 P = TypeVar("P", bound=ProtoMessage)
@@ -384,15 +385,16 @@ class SubscriptionDataManager(_Manager):
 class HubRegistry(_Manager):
     """Live hubs and their load: scannable table ``hubs``, key ``host:port:sslport``.
 
-    Fields ``data`` (``HubInfo``) and ``load`` (``HubLoad``); the record is
-    ephemeral (it vanishes with the registering session).
+    Fields ``data`` (``HubInfo``), ``load`` (``HubLoad``) and ``http`` (the
+    hub's HTTP base URL, when it serves one: the admin API forwards there);
+    the record is ephemeral (it vanishes with the registering session).
     """
 
     _table_name = HUBS_TABLE
     _scannable = True
     _what = "hub"
 
-    async def register(self, info: pb.HubInfo, session: Session) -> None:
+    async def register(self, info: pb.HubInfo, session: Session, http_url: str = "") -> None:
         """Register ``info`` as live through ``session`` with load 0.
 
         A record left at the same address by a previous incarnation (a hub
@@ -404,6 +406,8 @@ class HubRegistry(_Manager):
         table = await self._t()
         value = Value({DATA_FIELD: info.SerializeToString(),
                        LOAD_FIELD: pb.HubLoad(numTopics=0).SerializeToString()})
+        if http_url:
+            value[HTTP_FIELD] = http_url.encode()
 
         async def step() -> None:
             try:
@@ -456,6 +460,16 @@ class HubRegistry(_Manager):
                 await cursor.close()
         out.sort(key=lambda pair: hub_address(pair[0]))
         return out
+
+    async def http_url(self, address: str) -> str:
+        """The HTTP base URL the live hub ``address`` (``host:port:sslport``) registered, or ``""``."""
+        table = await self._t()
+        with self._errors("read", address):
+            try:
+                got = await table.get(address, fields=(HTTP_FIELD,))
+            except ms_errors.NoKeyError:
+                return ""
+        return (got.value.get(HTTP_FIELD) or b"").decode()
 
     async def unregister(self, info: pb.HubInfo) -> None:
         """Remove the hub's registration (nothing happens if it is already gone)."""

@@ -85,13 +85,31 @@ class _Redirect(Exception):
         self.owner = owner
 
 
+RATE_WINDOW = 10.0
+"""Seconds over which a topic's publish rate is measured (``Topic.publish_rate``)."""
+
+
 class Topic:
-    """An owned topic: its log, its subscriptions, its activity clock."""
+    """An owned topic: its log, its subscriptions, its activity clock, its publish rate."""
 
     def __init__(self, log_: TopicLog, subs: TopicSubscriptions) -> None:
         self.log = log_
         self.subs = subs
         self.last_active = time.monotonic()
+        # (when, last seq id) sampled by the hub's timer loop: the rate costs nothing per publish
+        self.rate_samples: collections.deque[tuple[float, int]] = collections.deque([(self.last_active,
+                                                                                      log_.last_seq)])
+
+    def sample_rate(self, now: float) -> None:
+        self.rate_samples.append((now, self.log.last_seq))
+        while len(self.rate_samples) > 2 and now - self.rate_samples[1][0] >= RATE_WINDOW:
+            self.rate_samples.popleft()
+
+    def publish_rate(self, now: float) -> float:
+        """Messages per second published over the last ``RATE_WINDOW`` seconds (about)."""
+        when, seq = self.rate_samples[0]
+        elapsed = now - when
+        return (self.log.last_seq - seq) / elapsed if elapsed > 0 else 0.0
 
 
 class HubConnection(asyncio.Protocol):
@@ -324,7 +342,10 @@ class HubServer:
         self.session: Any = None
         self.address = ""
         self.stats_url = ""
-        self._stop_stats: Any = None
+        self.http_url = ""              # the HTTP server's base URL ("" when off)
+        self._http: Any = None          # bookie.http.HttpServer once started
+        self.stopping = False
+        self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.info = pb.HubInfo()
         self.cache: Any = None
         self.ownership: Ownership | None = None
@@ -378,14 +399,13 @@ class HubServer:
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
                                czxid=int.from_bytes(uuid.uuid4().bytes[:7], "big"))
+        await self._start_http()      # before registering: the registration names its URL
         self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-        await self.registry.register(self.info, self.session)
+        await self.registry.register(self.info, self.session, self.http_url)
         self.ownership = Ownership(self.conf, self.info, self.owners, self.registry, self.session)
         self.spawn(self._timers())
         self.regions = regions
         regions.start()
-        if self.conf.stats_http_port:
-            self._start_stats()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
 
     async def _listen(self) -> None:
@@ -409,13 +429,40 @@ class HubServer:
             self._servers.append(ssrv)
             self._ssl_port = ssrv.sockets[0].getsockname()[1]
 
-    def _start_stats(self) -> None:
-        """The one place the stats endpoint is set up (``hub.stats``)."""
+    async def _start_http(self) -> None:
+        """The one place the HTTP server is set up (``bookie.http``: metrics of ``hub.stats``, ``hub.admin``)."""
+        from bookie.http import HttpServer, admin_token, resolve_http_port
+        from hub.admin import HubAdmin
         from hub.stats import HubMetrics
 
+        conf = self.conf
+        port = resolve_http_port(conf.http_server_port, conf.stats_http_port)
+        if port is None:
+            return
         metrics = HubMetrics(self)
-        self.stats_url, self._stop_stats = metrics.serve(self.conf.server_host, self.conf.stats_http_port)
+        admin = HubAdmin(self)
+        self._http = HttpServer(metrics.registry, ready=admin.readiness,
+                                token=admin_token(conf.http_admin_token, conf.http_admin_token_file),
+                                routes=admin.routes())
+        self.http_url = await self._http.start(conf.http_server_host, port)
+        self.stats_url = self.http_url + "/metrics"
         self.stats.observer = metrics.observe
+
+    async def is_ready(self) -> str | None:
+        """``None`` when the hub accepts clients and is registered as live in the metastore; else why not."""
+        if self.stopping:
+            return "stopping"
+        if not self._servers:
+            return "not listening"
+        if self.session is None:
+            return "not registered in the metastore yet"
+        if not self.session.alive:
+            return "metastore session lost"
+        from hub.ownership import same_hub
+
+        if not any(same_hub(info, self.info) for info, _ in await self.registry.live_hubs()):
+            return "not registered in the metastore"
+        return None
 
     async def follow_regions(self, topic: bytes, subscriber: bytes, synchronous: bool) -> None:
         """After a local subscriber came or went: keep the topic's remote subscriptions (``hub.regions``)."""
@@ -430,6 +477,8 @@ class HubServer:
         t = self.topics.get(topic)
         if t is not None:
             return t
+        if topic in self.deleting:
+            raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
         fut = self._acquiring.get(topic)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -524,6 +573,8 @@ class HubServer:
                     reported = len(self.topics)
                     await self.registry.update_load(self.info, reported)
                 now = time.monotonic()
+                for t in list(self.topics.values()):
+                    t.sample_rate(now)
                 if self.conf.retention_secs:
                     for topic, t in list(self.topics.items()):
                         if now - t.last_active > self.conf.retention_secs and not t.subs.attached_count:
@@ -539,7 +590,7 @@ class HubServer:
                     for topic in list(self.topics):
                         await self.release_topic(topic)
                     self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-                    await self.registry.register(self.info, self.session)
+                    await self.registry.register(self.info, self.session, self.http_url)
                     if self.ownership is not None:
                         self.ownership.session = self.session
             except asyncio.CancelledError:
@@ -575,11 +626,13 @@ class HubServer:
 
     async def stop(self) -> None:
         """Stop listening, release every topic, unregister, close clients."""
+        self.stopping = True
         for srv in self._servers:
             srv.close()
-        if self._stop_stats is not None:
-            self._stop_stats()
-            self._stop_stats = None
+        if self._http is not None:
+            with contextlib.suppress(Exception):
+                await self._http.stop()
+            self._http = None
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()

@@ -1,7 +1,7 @@
-"""Prometheus metrics of one hub: the seed's JMX beans, served on ``stats_http_port``.
+"""Prometheus metrics of one hub: the seed's JMX beans, served at ``/metrics`` by the hub's HTTP server.
 
     metrics = HubMetrics(server)              # reads server.stats, topics, connections, cache
-    url, stop = metrics.serve("127.0.0.1", 0)  # http://127.0.0.1:PORT/metrics
+    metrics.registry                          # what bookie.http.HttpServer serves (hub.server._start_http)
     server.stats.observe("publish", 0.002)    # latency, through hub.server.HubStats
 
 What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from bookie.metrics import metric_name, serve_metrics
+from bookie.metrics import metric_name
 
 __all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics"]
 
@@ -72,10 +72,6 @@ class HubMetrics(Collector):
 
     def observe(self, op: str, seconds: float) -> None:
         self._by_op[op].observe(seconds)
-
-    def serve(self, host: str, port: int) -> tuple[str, Callable[[], None]]:
-        """Start the endpoint; the URL and a stop function. ``OSError`` when the port is taken."""
-        return serve_metrics(self.registry, host, port)
 
     def collect(self) -> Iterable[Metric]:
         counters = dict(self.server.stats.counters)

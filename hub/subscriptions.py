@@ -5,6 +5,8 @@
     prefs = await subs.subscribe(conn, sub_id, request) # CREATE / ATTACH / CREATE_OR_ATTACH
     subs.start_delivery(conn, sub_id, cache); subs.consume(conn, sub_id, seq)
     await subs.close(conn, sub_id); await subs.unsubscribe(conn, sub_id); await subs.detach_all(conn)
+    await subs.reset(sub_id, consumed=2, cache=cache)   # the admin API: redeliver from seq id 3
+    await subs.remove(sub_id)                           # the admin API: delete (attached: FORCED_CLOSED)
 
 Pinned semantics (DESIGN.md section 6): CREATE on an existing subscription
 raises ``ClientAlreadySubscribedError``; ATTACH, start delivery, consume or
@@ -34,7 +36,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from hub import errors
 from hub.conf import HubConf
@@ -346,6 +348,51 @@ class TopicSubscriptions:
         self.subs.pop(sub, None)
         if state.filter is not None:
             safe_uninitialize(state.filter)
+
+    async def reset(self, sub: bytes, consumed: int, cache: Any) -> None:
+        """Move ``sub``'s consume pointer to ``consumed`` (the admin API), older or newer, and store it.
+
+        An attached subscriber gets a SUBSCRIPTION_RESET event, then (when it
+        was delivering) messages from ``consumed + 1`` on. Raises
+        ``ClientNotSubscribedError`` for an unknown subscriber, metastore
+        errors as ``hub.errors`` classes.
+        """
+        state = self.subs.get(sub)
+        if state is None:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        delivering = state.delivery is not None
+        if state.delivery is not None:
+            await state.delivery.stop()
+            state.delivery = None
+        if state.persisting is not None:   # a pointer write in flight must not land after ours
+            await asyncio.gather(state.persisting, return_exceptions=True)
+        data = pb.SubscriptionData()
+        data.state.msgId.localComponent = consumed
+        async with state.writing:
+            state.version = await self.mgr.update_subscription_data(self.topic, sub, data, Version.ANY)
+        state.consumed = state.persisted = consumed
+        state.consumes_since_persist = 0
+        log.info("consume pointer of %r/%r reset to %d", self.topic, sub, consumed)
+        conn = state.conn
+        if conn is not None:
+            conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_RESET)
+            if delivering:
+                self.start_delivery(conn, sub, cache)
+        if self.on_consumed is not None:
+            self.on_consumed(self.topic)
+
+    async def remove(self, sub: bytes) -> None:
+        """Delete ``sub`` (the admin API); an attached subscriber gets SUBSCRIPTION_FORCED_CLOSED.
+
+        Raises ``ClientNotSubscribedError`` for an unknown subscriber.
+        """
+        state = self.subs.get(sub)
+        if state is None:
+            raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        conn = state.conn
+        await self.unsubscribe(cast(Attachment, conn), sub)
+        if conn is not None:
+            conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
 
     def delivering(self) -> bool:
         """Whether any subscription of the topic is delivering now."""

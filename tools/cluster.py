@@ -102,7 +102,10 @@ class _Role:
         return self.proc is not None and self.proc.returncode is None
 
 
-_BOOKIE_SHARED = frozenset({"zk_host", "zk_prefix", "metastore_uri", "stats_http_port"})
+_BOOKIE_SHARED = frozenset({"zk_host", "zk_prefix", "metastore_uri", "stats_http_port", "http_server_host",
+                            "http_admin_token", "http_admin_token_file"})
+# the cluster gives every process its own HTTP port (stats_http_port, kept across restarts)
+_CLUSTER_PORTS = ("http_server_port",)
 
 
 def _hub_keys() -> frozenset[str]:
@@ -345,7 +348,7 @@ class LocalCluster:
         hub_keys = _hub_keys()
         values.update({k: v for k, v in self.conf_overrides.items() if k not in hub_keys or k in _BOOKIE_SHARED})
         values.update(role.extra)
-        for k in ("zk_host", "zk_prefix"):
+        for k in ("zk_host", "zk_prefix", *_CLUSTER_PORTS):
             values.pop(k, None)
         values["metastore_uri"] = self.metastore_uri
         return values
@@ -511,7 +514,7 @@ class LocalCluster:
         }
         values.update({k: v for k, v in self.conf_overrides.items() if k in hub_keys})
         values.update(role.extra)
-        for k in ("zk_host", "zk_prefix", "stats_http_port"):
+        for k in ("zk_host", "zk_prefix", "stats_http_port", *_CLUSTER_PORTS):
             values.pop(k, None)
         values["metastore_uri"] = self.metastore_uri
         # -1: the hub picks a free port and names it in its ready line (kept for restarts)

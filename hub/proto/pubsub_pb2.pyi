@@ -282,9 +282,11 @@ class SubscriptionEvent(_message.Message):
         EVENT_UNSPECIFIED: _ClassVar[SubscriptionEvent.Event]
         TOPIC_MOVED: _ClassVar[SubscriptionEvent.Event]
         SUBSCRIPTION_FORCED_CLOSED: _ClassVar[SubscriptionEvent.Event]
+        SUBSCRIPTION_RESET: _ClassVar[SubscriptionEvent.Event]
     EVENT_UNSPECIFIED: SubscriptionEvent.Event
     TOPIC_MOVED: SubscriptionEvent.Event
     SUBSCRIPTION_FORCED_CLOSED: SubscriptionEvent.Event
+    SUBSCRIPTION_RESET: SubscriptionEvent.Event
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]

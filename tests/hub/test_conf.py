@@ -74,9 +74,10 @@ def test_quire_hub_exits_with_one_line(tmp_path: Path, line: str, key: str) -> N
 
 def test_filter_keys_parse_and_the_filter_conf_leaves_secrets_out() -> None:
     c = load_hub_conf(None, {"server_filter_allowlist": "acme.filters, other.pkg:Cls", "filter_class_path": "/a /b",
-                             "password": "pkcs12-secret"})
+                             "password": "pkcs12-secret", "http_admin_token": "admin-secret"})
     assert c.server_filter_allowlist == ("acme.filters", "other.pkg:Cls") and c.filter_class_path == ("/a", "/b")
     assert HubConf().server_filter_allowlist == ()                       # nothing but the hub's own by default
     given = c.filter_conf()
     assert given["server_filter_allowlist"] == "acme.filters other.pkg:Cls" and given["consume_interval"] == "50"
-    assert "password" not in given and set(given) == set(conf_keys(HubConf)) - {"password"}
+    assert "password" not in given and set(given) == set(conf_keys(HubConf)) - {"password", "http_admin_token"}
+    assert "admin-secret" not in given.values()

@@ -18,7 +18,8 @@ from tqdm import tqdm
 
 from bookie.autorecovery import UnderReplicationManager
 from bookie.errors import BKError, NoSuchEntryError, NoSuchLedgerError
-from bookie.ops import READ_ONLY, BookieOps, LedgerMetadata, password_matches
+from bookie.metadata import metadata_dict
+from bookie.ops import READ_ONLY, BookieOps, LedgerMetadata
 from bookie.rereplication import BookieRecovery, RecoverySummary
 from tools.shell.errors import ShellError, UsageError
 from tools.shell.progress import RecoveryProgress, wants_progress
@@ -63,23 +64,6 @@ async def listledgers(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> 
     if n == 0:
         sys.stderr.write("no ledgers" + (f" on {args.bookie}" if args.bookie else "") + "\n")
     return 0
-
-
-def metadata_dict(lid: int, md: LedgerMetadata) -> dict[str, object]:
-    return {
-        "ledger_id": lid,
-        "state": md.state.value,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum": md.write_quorum,
-        "ack_quorum": md.ack_quorum,
-        "digest": md.digest,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "ctime_ms": md.ctime_ms,
-        "has_password": not password_matches(md, b""),
-        "ensembles": [{"first_entry": first, "bookies": list(ens)} for first, ens in md.ensembles],
-        "properties": {k: v.decode("utf-8", "backslashreplace") for k, v in md.properties.items()},
-    }
 
 
 async def ledgermetadata(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
