@@ -48,6 +48,7 @@ import asyncio
 import collections
 import contextlib
 import heapq
+import inspect
 import logging
 import math
 import time
@@ -76,10 +77,26 @@ log = logging.getLogger(__name__)
 __all__ = ["HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
 
 Handler = Callable[[bytes, bytes, Message], Awaitable[Any]]
+SubscriptionListener = Callable[[bytes, bytes, str], Any]
+"""``cb(topic, subscriber_id, event_name)``; may be a plain function or return an awaitable."""
 _MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.ATTACH,
           "CREATE_OR_ATTACH": pb.SubscribeRequest.CREATE_OR_ATTACH}
 _RETRY_WAIT = 0.05
 _SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
+
+
+def _event_name(event: int) -> str:
+    try:
+        return pb.SubscriptionEvent.Event.Name(event)
+    except ValueError:
+        return f"EVENT_{event}"
+
+
+async def _logged(awaitable: Awaitable[Any], what: str) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("%s raised", what)
 
 
 class _Deadlines:
@@ -245,6 +262,7 @@ class HedwigClient:
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._listeners: list[SubscriptionListener] = []
         self.closed = False
 
     @classmethod
@@ -531,18 +549,57 @@ class HedwigClient:
             conn.paused_by.add((topic, sub))
             conn.transport.pause_reading()
 
+    def add_subscription_listener(self, listener: SubscriptionListener) -> None:
+        """Call ``listener(topic, subscriber_id, event)`` on every subscription event of this client.
+
+        ``event`` is the name of Hedwig's ``SubscriptionEvent``: ``"SUBSCRIPTION_FORCED_CLOSED"``
+        (another client attached with force or unsubscribed it, or its server filter failed; the
+        client has dropped the subscription, so ``consume`` and ``start_delivery`` on it raise
+        ``ClientNotSubscribedError``) or ``"TOPIC_MOVED"`` (its topic changed owner; with
+        ``enable_resubscribe`` the client attaches again by itself). A listener may be a plain
+        function or return an awaitable (run as a task); what it raises is logged and ignored.
+        """
+        self._listeners.append(listener)
+
+    def remove_subscription_listener(self, listener: SubscriptionListener) -> None:
+        """Stop calling ``listener``; ``ValueError`` if it was not added."""
+        self._listeners.remove(listener)
+
+    def _notify(self, topic: bytes, sub: bytes, event: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                got = listener(topic, sub, event)
+                if inspect.isawaitable(got):
+                    self._spawn(_logged(got, f"subscription listener ({event} of {topic!r}/{sub!r})"))
+            except Exception:
+                log.exception("subscription listener raised on %s of %r/%r", event, topic, sub)
+
     def _sub_event(self, conn: _Conn, topic: bytes, sub: bytes, event: int) -> None:
         s = self.subs.get((topic, sub))
         if s is None or s.conn is not conn:
             return
         s.conn = None
         if event == pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED:
-            log.warning("subscription %r/%r was closed by the hub (another attach or a bad filter)", topic, sub)
-            s.closed = True
-            s.handler = None
+            log.warning("subscription %r/%r was closed by the hub (another attach, an unsubscribe elsewhere "
+                        "or a bad filter)", topic, sub)
+            self._forced_closed(s)
             return
         self.owner.pop(topic, None)
         self._maybe_resubscribe(s)
+        self._notify(topic, sub, _event_name(event))
+
+    def _forced_closed(self, s: _Sub) -> None:
+        """The hub closed ``s``: drop it (its consumes would go nowhere) and tell the listeners."""
+        s.closed = True
+        s.conn = None
+        s.handler = None
+        task, s.task = s.task, None
+        if task is not None:
+            task.cancel()
+        s.queue.clear()
+        if self.subs.get((s.topic, s.sub)) is s:
+            del self.subs[(s.topic, s.sub)]
+        self._notify(s.topic, s.sub, "SUBSCRIPTION_FORCED_CLOSED")
 
     def _maybe_resubscribe(self, s: _Sub) -> None:
         if self.closed or s.closed or not self.conf.enable_resubscribe or s.resubscribing:
@@ -561,6 +618,11 @@ class HedwigClient:
                     if s.handler is not None:
                         await self._sub_call(s, pb.START_DELIVERY, "startDeliveryRequest")
                     log.info("resubscribed %r/%r at %s", s.topic, s.sub, conn.address)
+                    return
+                except errors.ClientNotSubscribedError:
+                    # removed while we were away (an unsubscribe elsewhere): as if the hub had closed it
+                    log.warning("subscription %r/%r is gone; not resubscribing", s.topic, s.sub)
+                    self._forced_closed(s)
                     return
                 except errors.PubSubError as exc:
                     log.info("resubscribe %r/%r failed: %s", s.topic, s.sub, exc)

@@ -13,8 +13,10 @@ given at subscribe replace the stored ones and come back in the response. A
 new subscription starts after the topic's last message. A second attach of a
 subscriber attached elsewhere closes the first (it gets a
 SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
-refused with ``TOPIC_BUSY``. Messages a server filter skips count as
-consumed once the delivered ones before them are (``Delivery.on_filtered``).
+refused with ``TOPIC_BUSY``. An unsubscribe from another connection also
+detaches the attached subscriber with SUBSCRIPTION_FORCED_CLOSED. Messages
+a server filter skips count as consumed once the delivered ones before them
+are (``Delivery.on_filtered``).
 Consume pointers are persisted every
 ``consume_interval`` consumes (``persist_soon``) and whenever a subscription
 is closed, unsubscribed or its connection drops (``persist``). A
@@ -337,9 +339,11 @@ class TopicSubscriptions:
         if state.delivery is not None:
             await state.delivery.stop()
             state.delivery = None
-        if state.conn is not None:
-            state.conn.attached(self.topic, sub, None)
-            state.conn = None
+        attached, state.conn = state.conn, None
+        if attached is not None:
+            attached.attached(self.topic, sub, None)
+            if attached is not conn:   # another client removed it: tell the attached one (as Hedwig does)
+                attached.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
         if state.persisting is not None:   # let a pointer write in flight land before the record goes
             await asyncio.gather(state.persisting, return_exceptions=True)
         await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)
