@@ -51,9 +51,12 @@ import heapq
 import inspect
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from bookie.outbox import Outbox
 from hub import errors
@@ -81,8 +84,13 @@ SubscriptionListener = Callable[[bytes, bytes, str], Any]
 """``cb(topic, subscriber_id, event_name)``; may be a plain function or return an awaitable."""
 _MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.ATTACH,
           "CREATE_OR_ATTACH": pb.SubscribeRequest.CREATE_OR_ATTACH}
-_RETRY_WAIT = 0.05
+_RETRY_WAIT = 0.05          # seconds before the first retry of a request; doubles up to _MAX_RETRY_WAIT
+_MAX_RETRY_WAIT = 1.0
 _SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
+
+
+class _ServiceDownAnswer(errors.ServiceDownError):
+    """A SERVICE_DOWN answer inside ``_call``'s retries (raised to the caller as ``ServiceDownError``)."""
 
 
 def _event_name(event: int) -> str:
@@ -289,14 +297,15 @@ class HedwigClient:
     def _host_port(self, address: str) -> tuple[str, int]:
         """``host:port``, or a hub's ``host:port:sslport``: with ``ssl_enabled`` the TLS port."""
         parts = address.split(":")
+        if self.conf.ssl_enabled and len(parts) >= 3 and parts[2] in ("", "0"):
+            raise errors.CouldNotConnectError(f"hub {address} serves no TLS (ssl_enabled is set)", permanent=True)
         try:
-            if self.conf.ssl_enabled and len(parts) >= 3:
-                if parts[2] in ("", "0"):
-                    raise errors.CouldNotConnectError(f"hub {address} serves no TLS (ssl_enabled is set)")
-                return parts[0], int(parts[2])
-            return parts[0], int(parts[1])
+            host, port = parts[0], int(parts[2] if self.conf.ssl_enabled and len(parts) >= 3 else parts[1])
         except (ValueError, IndexError):
-            raise errors.CouldNotConnectError(f"bad hub address {address!r} (expected host:port)") from None
+            host, port = "", 0
+        if not host or not 0 < port < 65536:
+            raise errors.CouldNotConnectError(f"bad hub address {address!r} (expected host:port)", permanent=True)
+        return host, port
 
     async def _conn(self, address: str) -> _Conn:
         """The one connection to ``address`` (concurrent callers share one attempt)."""
@@ -321,6 +330,10 @@ class HedwigClient:
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls), 5.0)
+        except ssl.SSLError as exc:   # the hub answered, but not with TLS we can use: no retry helps
+            transient = isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError)
+            raise errors.CouldNotConnectError(f"TLS handshake with hub {address} failed: {exc}",
+                                              permanent=not transient) from None
         except (OSError, TimeoutError, ValueError) as exc:
             raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
         self.conns[address] = proto
@@ -343,59 +356,81 @@ class HedwigClient:
 
     # --- requests ---------------------------------------------------------------------------------
     async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]:
-        """Send ``req`` to the topic's owner, following redirects and retrying transient failures."""
-        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
-        redirects = 0
-        down_since: float | None = None
-        last: errors.PubSubError | None = None
+        """Send ``req`` to the topic's owner, following redirects and retrying what may succeed later.
+
+        Retried, with exponential backoff (``_RETRY_WAIT`` doubling up to ``_MAX_RETRY_WAIT``, jittered)
+        until ``server_ack_response_timeout``: a hub that cannot be reached now, and SERVICE_DOWN
+        answers for up to ``_SERVICE_DOWN_RETRY``. Raised at once: a permanent
+        ``CouldNotConnectError`` (a bad address, a hub without TLS for a TLS client, a failed TLS
+        handshake) and every other error status.
+        """
+        timeout = self.conf.server_ack_response_timeout / 1000.0
+        deadline = time.monotonic() + timeout
         address = self.owner.get(topic) or self.addresses[self._default]
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise last or errors.ResponseTimeoutError(f"no answer for {topic!r} within "
-                                                          f"{self.conf.server_ack_response_timeout} ms")
-            try:
-                conn = await self._conn(address)
-            except errors.CouldNotConnectError as exc:
-                last = exc
-                redirects = 0          # the owner we were sent to is gone: start over at a live hub
-                self.owner.pop(topic, None)
-                if len(self.addresses) > 1:
-                    self._default = (self._default + 1) % len(self.addresses)
-                address = self.addresses[self._default]
-                req.shouldClaim = False
-                await asyncio.sleep(min(_RETRY_WAIT, max(0.0, remaining)))
-                continue
-            try:
-                resp = await conn.request(req, remaining)
-            except errors.ResponseTimeoutError:
-                raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
-            status = resp.statusCode
-            if status == pb.SUCCESS:
-                self.owner[topic] = address
-                return conn, resp
-            if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
-                redirects += 1
-                if redirects > self.conf.max_server_redirects:
-                    raise errors.TooManyRedirectsError(f"{topic!r}: more than {self.conf.max_server_redirects} "
-                                                       f"redirects (last to {resp.redirect_to or '?'})")
-                target = resp.redirect_to or resp.statusMsg
-                if target:   # "host:port:sslport": over TLS the client stays on TLS
-                    parts = target.split(":")
-                    address = ":".join(parts[:3] if self.conf.ssl_enabled else parts[:2])
-                    req.shouldClaim = True
-                continue
-            if status == pb.SERVICE_DOWN:
-                now = time.monotonic()
-                down_since = now if down_since is None else down_since
-                if now - down_since < _SERVICE_DOWN_RETRY and now + _RETRY_WAIT < deadline:
-                    last = errors.ServiceDownError(resp.statusMsg)
-                    await asyncio.sleep(_RETRY_WAIT)
+        down_since: float | None = None
+
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, errors.CouldNotConnectError):
+                return not exc.permanent
+            return isinstance(exc, _ServiceDownAnswer) and down_since is not None \
+                and time.monotonic() - down_since < _SERVICE_DOWN_RETRY
+
+        async def attempt() -> tuple[_Conn, pb.PubSubResponse]:
+            nonlocal address, down_since
+            redirects = 0
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise errors.ResponseTimeoutError(f"no answer for {topic!r} within "
+                                                      f"{self.conf.server_ack_response_timeout} ms")
+                try:
+                    conn = await self._conn(address)
+                except errors.CouldNotConnectError:
+                    self.owner.pop(topic, None)   # the owner we were sent to is gone: start over at a live hub
+                    if len(self.addresses) > 1:
+                        self._default = (self._default + 1) % len(self.addresses)
+                    address = self.addresses[self._default]
+                    req.shouldClaim = False
+                    raise
+                try:
+                    resp = await conn.request(req, remaining)
+                except errors.ResponseTimeoutError:
+                    raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
+                status = resp.statusCode
+                if status == pb.SUCCESS:
+                    self.owner[topic] = address
+                    return conn, resp
+                if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
+                    redirects += 1
+                    if redirects > self.conf.max_server_redirects:
+                        raise errors.TooManyRedirectsError(
+                            f"{topic!r}: more than {self.conf.max_server_redirects} redirects "
+                            f"(last to {resp.redirect_to or '?'})")
+                    target = resp.redirect_to or resp.statusMsg
+                    if target:   # "host:port:sslport": over TLS the client stays on TLS
+                        parts = target.split(":")
+                        address = ":".join(parts[:3] if self.conf.ssl_enabled else parts[:2])
+                        req.shouldClaim = True
                     continue
-            err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
-            if isinstance(err, errors.NotResponsibleForTopicError):
-                err.owner = resp.redirect_to
-            raise err
+                if status == pb.SERVICE_DOWN:
+                    down_since = time.monotonic() if down_since is None else down_since
+                    raise _ServiceDownAnswer(resp.statusMsg or "SERVICE_DOWN")
+                err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
+                if isinstance(err, errors.NotResponsibleForTopicError):
+                    err.owner = resp.redirect_to
+                raise err
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(retryable),
+            wait=wait_exponential(multiplier=_RETRY_WAIT, max=_MAX_RETRY_WAIT) + wait_random(0, _RETRY_WAIT),
+            stop=stop_before_delay(timeout), reraise=True)
+        try:
+            async for tried in retrying:
+                with tried:
+                    return await attempt()
+        except _ServiceDownAnswer as exc:
+            raise errors.ServiceDownError(str(exc)) from None
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     # --- publish ----------------------------------------------------------------------------------
     async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
