@@ -14,7 +14,7 @@ Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
-``max_outbound_buffer``, ``max_outstanding_adds``.
+``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
@@ -84,6 +84,8 @@ class HubConf:
                                      "they hold this many bytes (0: at once)", min=0)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
+    max_requests_per_turn: int = setting(256, "requests of one connection served per event-loop turn before "
+                                         "other connections get theirs", min=1)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path whose modules may be loaded "
                                                  "as server message filters")
     server_filter_allowlist: tuple[str, ...] = setting((), "dotted prefixes of other server message filter classes "

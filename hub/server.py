@@ -99,7 +99,8 @@ class HubConnection(asyncio.Protocol):
     def __init__(self, server: HubServer) -> None:
         self.server = server
         self.conf = server.conf
-        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size)
+        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
+                                                 self.conf.max_requests_per_turn)
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -109,6 +110,7 @@ class HubConnection(asyncio.Protocol):
         self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
+        self._serve_scheduled = False
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,20 +135,58 @@ class HubConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable.clear()
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
         self.server.stats.incr("write_pauses")
 
     def resume_writing(self) -> None:
         self.writable.set()
-        if self.transport is not None and not self.closed:
+        if self.machine.backlogged:
+            self._serve_soon()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read while the client reads what we write and no requests wait for a later turn."""
+        if self.transport is None or self.closed:
+            return
+        if self.writable.is_set() and not self.machine.backlogged and not self.machine.eof:
             self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        """The client half-closed: answer what it sent (publishes in flight included), then close."""
+        self.machine.eof_received()
+        self._close_if_done()
+        return True     # keep the transport open for the answers (ignored by TLS transports)
+
+    def _close_if_done(self) -> None:
+        if self.machine.close_now and self.transport is not None and not self.closed:
+            self._out.flush()
+            self.transport.close()
+
 
     def data_received(self, data: bytes) -> None:
+        self._serve(self.machine.receive_data(data))
+
+    def _serve_soon(self) -> None:
+        if not self._serve_scheduled:
+            self._serve_scheduled = True
+            asyncio.get_running_loop().call_soon(self._serve_more)
+
+    def _serve_more(self) -> None:
+        """The next turn's share of requests already read (``ServerConnection.backlogged``)."""
+        self._serve_scheduled = False
+        if self.closed or not self.writable.is_set():
+            return    # resume_writing serves the rest
+        self._serve(self.machine.next_events())
+
+    def _serve(self, events: list[protocol.ServerEvent]) -> None:
         stats = self.server.stats
-        for event in self.machine.receive_data(data):
+        for event in events:
             if isinstance(event, protocol.RequestReceived):
                 stats.incr("packets_received")
+                if event.request.type != pb.CONSUME:
+                    self.machine.request_started()
                 self._dispatch(event)
             elif isinstance(event, protocol.Reject):
                 stats.incr("requests_rejected")
@@ -155,6 +195,12 @@ class HubConnection(asyncio.Protocol):
                 log.info("closing connection: %s", event.reason)
                 if self.transport is not None:
                     self.transport.close()
+        if self.machine.backlogged:
+            stats.incr("turns_yielded")
+            self._serve_soon()
+        self._update_reading()
+        if self.machine.eof:
+            self._close_if_done()
         if self._published_to:   # the publishes of this read go out as one entry per topic, now
             logs, self._published_to = self._published_to, []
             for tlog in logs:
@@ -167,7 +213,7 @@ class HubConnection(asyncio.Protocol):
             self._out.add(frame)
 
     def _write_now(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
             self.transport.write(data)
 
     def send(self, resp: pb.PubSubResponse) -> None:
@@ -226,13 +272,18 @@ class HubConnection(asyncio.Protocol):
         t.log.submit(msg, done)
 
     def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
+        self.machine.request_finished()
         if exc is not None:
             self._fail(req, exc)
+            if self.machine.eof:
+                self._close_if_done()
             if t.log.closed and self.server.topics.get(t.log.topic) is t:
                 # its ledger could not be closed: let the next owner recover it
                 self.server.spawn(self.server.release_topic(t.log.topic))
             return
         self._write(protocol.published(req.txnId, req.topic, seq))
+        if self.machine.eof:
+            self._close_if_done()
         stats = self.server.stats
         stats.incr("packets_sent")
         stats.observe("publish", time.perf_counter() - t0)
@@ -297,11 +348,15 @@ class HubConnection(asyncio.Protocol):
                 self.server.stats.incr("unsubscribes")
                 await t.subs.unsubscribe(self, ev.subscriber)
                 await self.server.follow_regions(ev.topic, ev.subscriber, False)
+            self.machine.request_finished()
             self.send(resp)
             if req.type in _TIMED:
                 self.server.stats.observe(_TIMED[req.type], time.perf_counter() - t0)
         except Exception as exc:
+            self.machine.request_finished()
             self._fail(req, exc)
+        if self.machine.eof:
+            self._close_if_done()
 
 
 class HubServer:
