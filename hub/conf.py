@@ -14,7 +14,8 @@ Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
-``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``.
+``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
+``max_partial_frame_bytes``, ``incomplete_frame_timeout``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
@@ -84,6 +85,11 @@ class HubConf:
                                      "they hold this many bytes (0: at once)", min=0)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
+    max_partial_frame_bytes: int = setting(64 * MIB, "bytes all client connections together may hold in "
+                                           "incomplete request frames; over it the newest offender is closed",
+                                           min=1024)
+    incomplete_frame_timeout: int = setting(30000, "ms a request frame may stay incomplete before its connection "
+                                            "is closed (0: never)", min=0)
     max_requests_per_turn: int = setting(256, "requests of one connection served per event-loop turn before "
                                          "other connections get theirs", min=1)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path whose modules may be loaded "
@@ -120,6 +126,9 @@ class HubConf:
         require(not self.metadata_manager_factory_class, "metadata_manager_factory_class",
                 self.metadata_manager_factory_class, "Quire keeps its metadata in the MetaStore: choose the "
                 "backend with metastore_uri (lmdb://, zk://, hbase://)")
+        require(self.max_partial_frame_bytes >= self.max_frame_size, "max_partial_frame_bytes",
+                self.max_partial_frame_bytes, f"must hold one whole request frame ({self.max_frame_size} bytes "
+                "for this max_message_size)")
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
                 self.bk_write_quorum_size, "must be <= bk_ensemble_size")
         require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",

@@ -438,6 +438,16 @@ class OutBuffer:
         if frames:
             self.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
+    def close(self) -> None:
+        """Drop what is queued and the callbacks (which usually point back at the connection)."""
+        self._frames, self._size = [], 0
+        self.write = _discard
+        self.schedule = _discard
+
+
+def _discard(_: object) -> None:
+    pass
+
 
 # --- server-side builders -------------------------------------------------------------------------
 

@@ -1,15 +1,21 @@
-"""hub.server.HubConnection, the asyncio shell, against a stub server and a fake transport (no processes)."""
+"""hub.server.HubConnection, the asyncio shell, on an unstarted HubServer and a fake transport (no processes)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import errno
+import gc
+import logging
+import struct
+import weakref
 from typing import Any
+
+import pytest
 
 from bookie.protocol import FrameDecoder
 from hub.conf import load_hub_conf
 from hub.proto import pubsub_pb2 as pb
-from hub.server import HubConnection, HubStats
+from hub.server import HubConnection, HubServer
 
 TIMEOUT = 10.0
 
@@ -48,26 +54,13 @@ class FakeTransport(asyncio.Transport):
         return default
 
 
-class StubServer:
-    """What a HubConnection uses of its HubServer when it only answers bad requests."""
-
-    def __init__(self, **conf: str) -> None:
-        self.conf = load_hub_conf(None, conf)
-        self.stats = HubStats()
-        self.connections: set[HubConnection] = set()
-        self.topics: dict[bytes, Any] = {}
-
-    def flush_soon(self, flush: Callable[[], None]) -> None:
-        asyncio.get_running_loop().call_soon(flush)
-
-
 def answers(data: bytes) -> list[pb.PubSubResponse]:
     return [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(data)]
 
 
 async def test_a_burst_of_empty_frames_yields_the_loop_between_budgets() -> None:
-    server = StubServer(max_requests_per_turn="100")
-    conn = HubConnection(server)   # type: ignore[arg-type]
+    server = HubServer(load_hub_conf(None, {"max_requests_per_turn": "100"}))   # not started: no I/O
+    conn = HubConnection(server)
     transport = FakeTransport()
     conn.connection_made(transport)
     n = 100_000
@@ -88,3 +81,60 @@ async def test_a_burst_of_empty_frames_yields_the_loop_between_budgets() -> None
     await asyncio.sleep(0)
     got = answers(bytes(transport.written))
     assert transport.reading and len(got) == n and all(r.statusCode == pb.MALFORMED_REQUEST for r in got)
+
+
+async def test_a_closed_connection_is_freed_at_once_with_its_partial_frame() -> None:
+    server = HubServer(load_hub_conf(None, {}))
+    conn = HubConnection(server)
+    transport = FakeTransport()
+    conn.connection_made(transport)
+    conn.data_received(struct.pack(">I", 1_000_000) + b"x" * 500_000)   # most of a frame, then silence
+    assert server.frame_budget.total == 500_004 and conn.partial_since is not None
+    conn.send(pb.PubSubResponse())                                        # an answer queued, not yet written
+    gone = weakref.ref(conn)
+    gc.disable()
+    try:
+        conn.connection_lost(None)
+        del conn, transport
+        assert gone() is None     # freed by reference counting: no cycle keeps it (and its buffers) alive
+    finally:
+        gc.enable()
+    assert server.frame_budget.total == 0
+    await asyncio.sleep(0)        # the scheduled flush of the dropped answer finds nothing to write
+
+
+async def test_partial_frames_over_the_hub_wide_budget_close_the_newest_holders() -> None:
+    server = HubServer(load_hub_conf(None, {"max_message_size": "100000", "max_partial_frame_bytes": "1000000"}))
+    aborted: list[int] = []
+
+    def holder() -> HubConnection:
+        conn = HubConnection(server)
+        transport = FakeTransport()
+        transport.abort = lambda: aborted.append(conn.key)   # type: ignore[method-assign]
+        conn.connection_made(transport)
+        conn.data_received(struct.pack(">I", 200_000) + b"x" * 199_000)   # 199 004 bytes held
+        return conn
+
+    first = [holder() for _ in range(5)]     # 995 020 bytes: within the budget
+    assert not aborted and server.frame_budget.total == 5 * 199_004
+    late = holder()                          # over it: the newest holder goes, the older ones stay
+    assert aborted == [late.key] and late.machine.buffered == 0
+    assert server.frame_budget.total == 5 * 199_004 and all(c.machine.buffered for c in first)
+    assert server.stats.counters["connections_closed_partial_frame_budget"] == 1
+
+
+def test_running_out_of_descriptors_is_counted_and_logged_once_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    server = HubServer(load_hub_conf(None, {}))
+    loop = asyncio.new_event_loop()
+    try:
+        context = {"message": "socket.accept() out of system resource",
+                   "exception": OSError(errno.EMFILE, "Too many open files")}
+        with caplog.at_level(logging.ERROR, logger="hub.server"):
+            for _ in range(5):
+                server.loop_exception(loop, context)
+        lines = [r for r in caplog.records if "cannot accept client connections" in r.getMessage()]
+        assert len(lines) == 1 and "Too many open files" in lines[0].getMessage()
+        assert server.stats.counters["accept_out_of_descriptors"] == 5
+    finally:
+        loop.close()

@@ -3,18 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import struct
+import time
 import uuid
+from collections.abc import AsyncIterator
 
 import pytest
+import pytest_asyncio
 
 from bookie.protocol import FrameDecoder
 from hub.client import HedwigClient
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import encode
+from tests.hub.conftest import HUB_CONF
 from tools.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 TIMEOUT = 20.0
+PARTIAL_BUDGET = 8 << 20
+STALL_MS = 1500
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    root = tmp_path_factory.mktemp("hostile")
+    conf = {**HUB_CONF, "max_partial_frame_bytes": str(PARTIAL_BUDGET), "incomplete_frame_timeout": str(STALL_MS)}
+    async with LocalCluster(bookies=2, hubs=1, data_dir=root, conf_overrides=conf) as c:
+        yield c
 
 
 def name() -> bytes:
@@ -49,3 +64,39 @@ async def test_half_closed_client_still_gets_the_answers_of_its_publishes(cluste
     got = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(data)]
     assert [(r.txnId, r.statusCode) for r in got] == [(1, pb.SUCCESS), (2, pb.SUCCESS), (3, pb.SUCCESS)]
     assert [r.publishResponse.publishedMsgId.localComponent for r in got] == [2, 3, 4]
+
+
+async def test_partial_frames_are_capped_hub_wide_and_stalled_ones_closed(cluster: LocalCluster) -> None:
+    host, port = cluster.hub_addresses[0].split(":")
+    body = 1_500_000
+    streams = []
+    for _ in range(10):      # 10 x 1.5 MB of frames that never complete: 15 MB against a budget of 8 MiB
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(struct.pack(">I", 2_000_000) + b"x" * body)
+        await writer.drain()
+        streams.append((reader, writer))
+    t0 = time.monotonic()
+
+    async def closed_at(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> float:
+        while True:          # a byte a second (here: every 0.2 s) while the hub keeps the connection open
+            try:
+                data = await asyncio.wait_for(reader.read(1), 0.2)
+            except TimeoutError:
+                writer.write(b"x")
+                continue
+            except ConnectionError:
+                data = b""
+            assert data == b""
+            return time.monotonic() - t0
+
+    try:
+        async with asyncio.timeout(TIMEOUT):
+            ends = sorted(await asyncio.gather(*(closed_at(r, w) for r, w in streams)))
+    finally:
+        for _, w in streams:
+            w.close()
+    over_budget = [e for e in ends if e < STALL_MS / 1000 - 0.3]
+    assert len(over_budget) >= 10 - PARTIAL_BUDGET // (body + 4), ends   # closed at once: over the budget
+    assert all(e < STALL_MS / 1000 + 3.0 for e in ends), ends               # the rest: when they stalled
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:   # and the hub still serves
+        assert await c.publish(name(), b"fine") == 1
