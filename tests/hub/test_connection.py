@@ -138,3 +138,51 @@ def test_running_out_of_descriptors_is_counted_and_logged_once_per_interval(
         assert server.stats.counters["accept_out_of_descriptors"] == 5
     finally:
         loop.close()
+
+
+_OUT_OF_FDS_HUB = r"""
+import asyncio, os, resource, sys, time
+from hub.conf import load_hub_conf
+from hub.server import HubServer
+
+async def main() -> None:
+    server = HubServer(load_hub_conf(None, {"server_port": "0"}))
+    await server._listen()                      # the listener and the loop's exception handler, nothing else
+    fds = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (fds + 1, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    print(server.address, flush=True)
+    deadline = time.monotonic() + 8
+    while server.stats.counters["accept_out_of_descriptors"] < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)               # nothing to await: the counter is the observable
+    print(server.stats.counters["accept_out_of_descriptors"], flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def test_a_hub_out_of_file_descriptors_says_so_and_counts_it() -> None:
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _OUT_OF_FDS_HUB, cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    writers = []
+    try:
+        async with asyncio.timeout(20):
+            assert proc.stdout is not None
+            host, port = (await proc.stdout.readline()).decode().strip().split(":")
+            for _ in range(4):
+                writers.append((await asyncio.open_connection(host, int(port)))[1])
+            out, err = await proc.communicate()
+    finally:
+        for w in writers:
+            w.close()
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert int(out.decode().split()[-1]) >= 2, err      # accept() kept failing: counted every time ...
+    said = [line for line in err.decode().splitlines() if "cannot accept client connections" in line]
+    assert len(said) == 1 and "Too many open files" in said[0], err   # ... and said once, not at every retry
