@@ -433,8 +433,12 @@ class HedwigClient:
         raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     # --- publish ----------------------------------------------------------------------------------
-    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
-        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``."""
+    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      message_type: str = "") -> int:
+        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
+
+        ``message_type`` sets the header's system property ``messageType`` (seen by filters as
+        ``Message.message_type``)."""
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
@@ -443,6 +447,8 @@ class HedwigClient:
         req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
         req.publishRequest.topic = topic
         req.publishRequest.msg.body = body
+        if message_type:
+            req.publishRequest.msg.header.messageType = message_type
         if properties:
             entries = req.publishRequest.msg.header.properties.entries
             for k, v in properties.items():

@@ -130,6 +130,8 @@ def held_size(message: Message) -> int:
     """
     size = sys.getsizeof
     n = _FIXED + size(message.wire) + size(message.body) + size(message.src_region)
+    if message.message_type:
+        n += size(message.message_type)
     props = message.properties
     if props:
         n += size(props) + sum(size(k) + size(v) for k, v in props.items())

@@ -383,3 +383,17 @@ async def test_consume_pointer_persisted_when_the_connection_drops(cluster: Loca
     finally:
         await ms.close()
         await c.close()
+
+
+async def test_message_type_header_is_stored_and_delivered(cluster: LocalCluster) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(topic, b"s")
+        await c.publish(topic, b"typed", properties={"k": b"v"}, message_type="History")
+        await c.publish(topic, b"plain")
+        col = Collector()
+        await c.start_delivery(topic, b"s", col)    # after the publishes: read back from the ledger
+        await col.wait(lambda g: len(g) == 2)
+        assert [(m.body, m.message_type, dict(m.properties)) for m in col.got] == [
+            (b"typed", "History", {"k": b"v"}), (b"plain", "", {})]
+        assert col.got[0].to_proto().header.messageType == "History"
