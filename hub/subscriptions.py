@@ -218,7 +218,11 @@ class TopicSubscriptions:
 
         def failed(exc: Exception) -> None:
             if isinstance(exc, errors.InvalidMessageFilterError) and state.conn is conn:
+                # closed as the client is told: detached here too, so it does not stay busy for others
                 conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+                task = asyncio.get_running_loop().create_task(self._detach_if(state, conn))
+                if self.track is not None:
+                    self.track(task)
 
         def filtered(seq: int) -> None:   # messages the filter skipped count as consumed
             if self.subs.get(sub) is state and self._advance(state, seq):
@@ -321,6 +325,10 @@ class TopicSubscriptions:
             await self.persist(state.subscriber)
         except errors.PubSubError as exc:
             log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
+
+    async def _detach_if(self, state: SubState, conn: Attachment) -> None:
+        if state.conn is conn and self.subs.get(state.subscriber) is state:
+            await self._detach(state)
 
     async def close(self, conn: Attachment, sub: bytes) -> None:
         state = self.attached(conn, sub)

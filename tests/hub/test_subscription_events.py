@@ -79,3 +79,19 @@ async def test_force_attach_elsewhere_is_reported_and_an_async_listener_is_await
         with pytest.raises(errors.ClientNotSubscribedError):
             await c1.consume(topic, b"s", 1)
         await c2.consume(topic, b"s", 0)   # the new attachment is unaffected
+
+
+async def test_a_failing_server_filter_force_closes_and_frees_the_subscription(cluster: LocalCluster) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c1, \
+            await HedwigClient.connect(cluster.hub_addresses[0]) as c2:
+        events = Events()
+        c1.add_subscription_listener(events)
+        await c1.subscribe(topic, b"s", message_filter="tests.hub.sample_filter.Exploding")
+        await c1.start_delivery(topic, b"s", ignore)
+        await c1.publish(topic, b"boom")
+        assert await events.next() == (topic, b"s", "SUBSCRIPTION_FORCED_CLOSED")
+        with pytest.raises(errors.ClientNotSubscribedError):
+            await c1.consume(topic, b"s", 1)
+        # the hub let go of it as well: another client attaches without force (was TOPIC_BUSY)
+        await c2.subscribe(topic, b"s", create_or_attach="ATTACH")
