@@ -95,3 +95,39 @@ async def test_a_failing_server_filter_force_closes_and_frees_the_subscription(c
             await c1.consume(topic, b"s", 1)
         # the hub let go of it as well: another client attaches without force (was TOPIC_BUSY)
         await c2.subscribe(topic, b"s", create_or_attach="ATTACH")
+
+
+async def test_topic_moved_reaches_the_listener_and_the_client_resubscribes() -> None:
+    from hub import protocol
+    from hub.proto import pubsub_pb2 as pb
+
+    subscribes: asyncio.Queue[int] = asyncio.Queue()
+
+    async def hub(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answers everything; a publish makes it say the topic moved (as a releasing owner does)."""
+        machine = protocol.ServerConnection(1 << 20, 1 << 20)
+        while data := await reader.read(65536):
+            for ev in machine.receive_data(data):
+                if isinstance(ev, protocol.RequestReceived):
+                    writer.write(protocol.encode(protocol.response(ev.request.txnId, topic=ev.topic)))
+                    if ev.request.type == pb.SUBSCRIBE:
+                        subscribes.put_nowait(ev.request.txnId)
+                    elif ev.request.type == pb.PUBLISH:
+                        writer.write(protocol.subscription_event(ev.topic, b"s", pb.SubscriptionEvent.TOPIC_MOVED))
+        writer.close()
+
+    server = await asyncio.start_server(hub, "127.0.0.1", 0)
+    try:
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with await HedwigClient.connect(address) as c:
+            events = Events()
+            c.add_subscription_listener(events)
+            await c.subscribe(b"t", b"s")
+            await c.publish(b"t", b"x")
+            assert await events.next() == (b"t", b"s", "TOPIC_MOVED")
+            async with asyncio.timeout(TIMEOUT):
+                await subscribes.get()
+                await subscribes.get()        # enable_resubscribe: attached again by itself
+            c.remove_subscription_listener(events)
+    finally:
+        server.close()
