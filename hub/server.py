@@ -172,7 +172,8 @@ class HubConnection(asyncio.Protocol):
         """The client half-closed: answer what it sent (publishes in flight included), then close."""
         self.machine.eof_received()
         self._close_if_done()
-        return True     # keep the transport open for the answers (ignored by TLS transports)
+        # keep the transport open for the answers; TLS has no half-close (asyncio would warn each time)
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
 
     def _close_if_done(self) -> None:
         if self.machine.close_now and self.transport is not None and not self.closed:
