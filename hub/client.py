@@ -50,11 +50,15 @@ import asyncio
 import collections
 import contextlib
 import heapq
+import inspect
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
+
+from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
 from bookie.outbox import Outbox
 from hub import errors
@@ -78,10 +82,31 @@ log = logging.getLogger(__name__)
 __all__ = ["HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
 
 Handler = Callable[[bytes, bytes, Message], Awaitable[Any]]
+SubscriptionListener = Callable[[bytes, bytes, str], Any]
+"""``cb(topic, subscriber_id, event_name)``; may be a plain function or return an awaitable."""
 _MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.ATTACH,
           "CREATE_OR_ATTACH": pb.SubscribeRequest.CREATE_OR_ATTACH}
-_RETRY_WAIT = 0.05
+_RETRY_WAIT = 0.05          # seconds before the first retry of a request; doubles up to _MAX_RETRY_WAIT
+_MAX_RETRY_WAIT = 1.0
 _SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
+
+
+class _ServiceDownAnswer(errors.ServiceDownError):
+    """A SERVICE_DOWN answer inside ``_call``'s retries (raised to the caller as ``ServiceDownError``)."""
+
+
+def _event_name(event: int) -> str:
+    try:
+        return pb.SubscriptionEvent.Event.Name(event)
+    except ValueError:
+        return f"EVENT_{event}"
+
+
+async def _logged(awaitable: Awaitable[Any], what: str) -> None:
+    try:
+        await awaitable
+    except Exception:
+        log.exception("%s raised", what)
 
 
 class _Deadlines:
@@ -248,6 +273,7 @@ class HedwigClient:
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._listeners: list[SubscriptionListener] = []
         self.closed = False
 
     @classmethod
@@ -274,14 +300,15 @@ class HedwigClient:
     def _host_port(self, address: str) -> tuple[str, int]:
         """``host:port``, or a hub's ``host:port:sslport``: with ``ssl_enabled`` the TLS port."""
         parts = address.split(":")
+        if self.conf.ssl_enabled and len(parts) >= 3 and parts[2] in ("", "0"):
+            raise errors.CouldNotConnectError(f"hub {address} serves no TLS (ssl_enabled is set)", permanent=True)
         try:
-            if self.conf.ssl_enabled and len(parts) >= 3:
-                if parts[2] in ("", "0"):
-                    raise errors.CouldNotConnectError(f"hub {address} serves no TLS (ssl_enabled is set)")
-                return parts[0], int(parts[2])
-            return parts[0], int(parts[1])
+            host, port = parts[0], int(parts[2] if self.conf.ssl_enabled and len(parts) >= 3 else parts[1])
         except (ValueError, IndexError):
-            raise errors.CouldNotConnectError(f"bad hub address {address!r} (expected host:port)") from None
+            host, port = "", 0
+        if not host or not 0 < port < 65536:
+            raise errors.CouldNotConnectError(f"bad hub address {address!r} (expected host:port)", permanent=True)
+        return host, port
 
     async def _conn(self, address: str) -> _Conn:
         """The one connection to ``address`` (concurrent callers share one attempt)."""
@@ -306,6 +333,10 @@ class HedwigClient:
         try:
             _, proto = await asyncio.wait_for(
                 loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls), 5.0)
+        except ssl.SSLError as exc:   # the hub answered, but not with TLS we can use: no retry helps
+            transient = isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError)
+            raise errors.CouldNotConnectError(f"TLS handshake with hub {address} failed: {exc}",
+                                              permanent=not transient) from None
         except (OSError, TimeoutError, ValueError) as exc:
             raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
         self.conns[address] = proto
@@ -328,63 +359,89 @@ class HedwigClient:
 
     # --- requests ---------------------------------------------------------------------------------
     async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]:
-        """Send ``req`` to the topic's owner, following redirects and retrying transient failures."""
-        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
-        redirects = 0
-        down_since: float | None = None
-        last: errors.PubSubError | None = None
+        """Send ``req`` to the topic's owner, following redirects and retrying what may succeed later.
+
+        Retried, with exponential backoff (``_RETRY_WAIT`` doubling up to ``_MAX_RETRY_WAIT``, jittered)
+        until ``server_ack_response_timeout``: a hub that cannot be reached now, and SERVICE_DOWN
+        answers for up to ``_SERVICE_DOWN_RETRY``. Raised at once: a permanent
+        ``CouldNotConnectError`` (a bad address, a hub without TLS for a TLS client, a failed TLS
+        handshake) and every other error status.
+        """
+        timeout = self.conf.server_ack_response_timeout / 1000.0
+        deadline = time.monotonic() + timeout
         address = self.owner.get(topic) or self.addresses[self._default]
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise last or errors.ResponseTimeoutError(f"no answer for {topic!r} within "
-                                                          f"{self.conf.server_ack_response_timeout} ms")
-            try:
-                conn = await self._conn(address)
-            except errors.CouldNotConnectError as exc:
-                last = exc
-                redirects = 0          # the owner we were sent to is gone: start over at a live hub
-                self.owner.pop(topic, None)
-                if len(self.addresses) > 1:
-                    self._default = (self._default + 1) % len(self.addresses)
-                address = self.addresses[self._default]
-                req.shouldClaim = False
-                await asyncio.sleep(min(_RETRY_WAIT, max(0.0, remaining)))
-                continue
-            try:
-                resp = await conn.request(req, remaining)
-            except errors.ResponseTimeoutError:
-                raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
-            status = resp.statusCode
-            if status == pb.SUCCESS:
-                self.owner[topic] = address
-                return conn, resp
-            if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
-                redirects += 1
-                if redirects > self.conf.max_server_redirects:
-                    raise errors.TooManyRedirectsError(f"{topic!r}: more than {self.conf.max_server_redirects} "
-                                                       f"redirects (last to {resp.redirect_to or '?'})")
-                target = resp.redirect_to or resp.statusMsg
-                if target:   # "host:port:sslport": over TLS the client stays on TLS
-                    parts = target.split(":")
-                    address = ":".join(parts[:3] if self.conf.ssl_enabled else parts[:2])
-                    req.shouldClaim = True
-                continue
-            if status == pb.SERVICE_DOWN:
-                now = time.monotonic()
-                down_since = now if down_since is None else down_since
-                if now - down_since < _SERVICE_DOWN_RETRY and now + _RETRY_WAIT < deadline:
-                    last = errors.ServiceDownError(resp.statusMsg)
-                    await asyncio.sleep(_RETRY_WAIT)
+        down_since: float | None = None
+
+        def retryable(exc: BaseException) -> bool:
+            if isinstance(exc, errors.CouldNotConnectError):
+                return not exc.permanent
+            return isinstance(exc, _ServiceDownAnswer) and down_since is not None \
+                and time.monotonic() - down_since < _SERVICE_DOWN_RETRY
+
+        async def attempt() -> tuple[_Conn, pb.PubSubResponse]:
+            nonlocal address, down_since
+            redirects = 0
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise errors.ResponseTimeoutError(f"no answer for {topic!r} within "
+                                                      f"{self.conf.server_ack_response_timeout} ms")
+                try:
+                    conn = await self._conn(address)
+                except errors.CouldNotConnectError:
+                    self.owner.pop(topic, None)   # the owner we were sent to is gone: start over at a live hub
+                    if len(self.addresses) > 1:
+                        self._default = (self._default + 1) % len(self.addresses)
+                    address = self.addresses[self._default]
+                    req.shouldClaim = False
+                    raise
+                try:
+                    resp = await conn.request(req, remaining)
+                except errors.ResponseTimeoutError:
+                    raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
+                status = resp.statusCode
+                if status == pb.SUCCESS:
+                    self.owner[topic] = address
+                    return conn, resp
+                if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
+                    redirects += 1
+                    if redirects > self.conf.max_server_redirects:
+                        raise errors.TooManyRedirectsError(
+                            f"{topic!r}: more than {self.conf.max_server_redirects} redirects "
+                            f"(last to {resp.redirect_to or '?'})")
+                    target = resp.redirect_to or resp.statusMsg
+                    if target:   # "host:port:sslport": over TLS the client stays on TLS
+                        parts = target.split(":")
+                        address = ":".join(parts[:3] if self.conf.ssl_enabled else parts[:2])
+                        req.shouldClaim = True
                     continue
-            err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
-            if isinstance(err, errors.NotResponsibleForTopicError):
-                err.owner = resp.redirect_to
-            raise err
+                if status == pb.SERVICE_DOWN:
+                    down_since = time.monotonic() if down_since is None else down_since
+                    raise _ServiceDownAnswer(resp.statusMsg or "SERVICE_DOWN")
+                err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
+                if isinstance(err, errors.NotResponsibleForTopicError):
+                    err.owner = resp.redirect_to
+                raise err
+
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(retryable),
+            wait=wait_exponential(multiplier=_RETRY_WAIT, max=_MAX_RETRY_WAIT) + wait_random(0, _RETRY_WAIT),
+            stop=stop_before_delay(timeout), reraise=True)
+        try:
+            async for tried in retrying:
+                with tried:
+                    return await attempt()
+        except _ServiceDownAnswer as exc:
+            raise errors.ServiceDownError(str(exc)) from None
+        raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
 
     # --- publish ----------------------------------------------------------------------------------
-    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
-        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``."""
+    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      message_type: str = "") -> int:
+        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
+
+        ``message_type`` sets the header's system property ``messageType`` (seen by filters as
+        ``Message.message_type``)."""
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
@@ -393,6 +450,8 @@ class HedwigClient:
         req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
         req.publishRequest.topic = topic
         req.publishRequest.msg.body = body
+        if message_type:
+            req.publishRequest.msg.header.messageType = message_type
         if properties:
             entries = req.publishRequest.msg.header.properties.entries
             for k, v in properties.items():
@@ -537,6 +596,31 @@ class HedwigClient:
             conn.paused_by.add((topic, sub))
             conn.transport.pause_reading()
 
+    def add_subscription_listener(self, listener: SubscriptionListener) -> None:
+        """Call ``listener(topic, subscriber_id, event)`` on every subscription event of this client.
+
+        ``event`` is the name of Hedwig's ``SubscriptionEvent``: ``"SUBSCRIPTION_FORCED_CLOSED"``
+        (another client attached with force or unsubscribed it, or its server filter failed; the
+        client has dropped the subscription, so ``consume`` and ``start_delivery`` on it raise
+        ``ClientNotSubscribedError``) or ``"TOPIC_MOVED"`` (its topic changed owner; with
+        ``enable_resubscribe`` the client attaches again by itself). A listener may be a plain
+        function or return an awaitable (run as a task); what it raises is logged and ignored.
+        """
+        self._listeners.append(listener)
+
+    def remove_subscription_listener(self, listener: SubscriptionListener) -> None:
+        """Stop calling ``listener``; ``ValueError`` if it was not added."""
+        self._listeners.remove(listener)
+
+    def _notify(self, topic: bytes, sub: bytes, event: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                got = listener(topic, sub, event)
+                if inspect.isawaitable(got):
+                    self._spawn(_logged(got, f"subscription listener ({event} of {topic!r}/{sub!r})"))
+            except Exception:
+                log.exception("subscription listener raised on %s of %r/%r", event, topic, sub)
+
     def _sub_event(self, conn: _Conn, topic: bytes, sub: bytes, event: int) -> None:
         s = self.subs.get((topic, sub))
         if s is None or s.conn is not conn:
@@ -553,12 +637,26 @@ class HedwigClient:
             return
         s.conn = None
         if event == pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED:
-            log.warning("subscription %r/%r was closed by the hub (another attach or a bad filter)", topic, sub)
-            s.closed = True
-            s.handler = None
+            log.warning("subscription %r/%r was closed by the hub (another attach, an unsubscribe elsewhere "
+                        "or a bad filter)", topic, sub)
+            self._forced_closed(s)
             return
         self.owner.pop(topic, None)
         self._maybe_resubscribe(s)
+        self._notify(topic, sub, _event_name(event))
+
+    def _forced_closed(self, s: _Sub) -> None:
+        """The hub closed ``s``: drop it (its consumes would go nowhere) and tell the listeners."""
+        s.closed = True
+        s.conn = None
+        s.handler = None
+        task, s.task = s.task, None
+        if task is not None:
+            task.cancel()
+        s.queue.clear()
+        if self.subs.get((s.topic, s.sub)) is s:
+            del self.subs[(s.topic, s.sub)]
+        self._notify(s.topic, s.sub, "SUBSCRIPTION_FORCED_CLOSED")
 
     def _maybe_resubscribe(self, s: _Sub) -> None:
         if self.closed or s.closed or not self.conf.enable_resubscribe or s.resubscribing:
@@ -577,6 +675,11 @@ class HedwigClient:
                     if s.handler is not None:
                         await self._sub_call(s, pb.START_DELIVERY, "startDeliveryRequest")
                     log.info("resubscribed %r/%r at %s", s.topic, s.sub, conn.address)
+                    return
+                except errors.ClientNotSubscribedError:
+                    # removed while we were away (an unsubscribe elsewhere): as if the hub had closed it
+                    log.warning("subscription %r/%r is gone; not resubscribing", s.topic, s.sub)
+                    self._forced_closed(s)
                     return
                 except errors.PubSubError as exc:
                     log.info("resubscribe %r/%r failed: %s", s.topic, s.sub, exc)

@@ -15,7 +15,8 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``http_server_port``, ``http_server_host``, ``http_admin_token``,
 ``http_admin_token_file``, ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
-``max_outbound_buffer``, ``max_outstanding_adds``.
+``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
+``max_partial_frame_bytes``, ``incomplete_frame_timeout``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
@@ -43,7 +44,8 @@ class HubConf:
     region: str = setting("standalone", "region identifier of this hub's cluster")
     regions: tuple[str, ...] = setting((), "other regions, space separated NAME or NAME=HOST:PORT[,HOST:PORT] "
                                        "(empty: none)")
-    inter_region_ssl_enabled: bool = setting(False, "deprecated: use ssl_enabled in hw_region_client.conf")
+    inter_region_ssl_enabled: bool = setting(False, "deprecated: true makes the hub talk to other regions over "
+                                             "TLS, as ssl_enabled=true in hw_region_client.conf does")
     region_client_conf: str = setting("", "path of hw_region_client.conf: client keys and hubs of the other "
                                       "regions (empty: defaults)")
     retry_remote_subscribe_thread_run_interval: int = setting(
@@ -55,7 +57,8 @@ class HubConf:
     ssl_enabled: bool = setting(False, "also serve TLS on ssl_server_port")
     ssl_server_port: int = setting(9876, "port for TLS client connections", min=0, max=65535)
     password: str = setting("", "password of the pkcs12 certificate")
-    cert_name: str = setting("", "name of the SSL certificate as a resource (empty: none)")
+    cert_name: str = setting("", "unsupported, must stay empty: Hedwig's certificate as a Java classpath "
+                                 "resource (use cert_path)")
     cert_path: str = setting("", "path of the SSL certificate file (empty: none)")
     ssl_handshake_timeout: int = setting(10000, "ms a TLS handshake may take before the connection is dropped",
                                          min=1)
@@ -66,7 +69,8 @@ class HubConf:
     cache_size: int = setting(256 * MIB, "bytes the read-ahead cache may hold (Quire default: 256 MiB)", min=0)
     cache_entry_ttl: int = setting(0, "ms a cache entry lives; <= 0 keeps it until pruned")
     scan_backoff_ms: int = setting(1000, "ms to wait before retrying a failed scan", min=0)
-    num_readahead_cache_threads: int = setting(0, "accepted for compatibility; the asyncio hub uses none", min=0)
+    num_readahead_cache_threads: int = setting(0, "unsupported, must stay 0: the hub reads ahead on its event "
+                                               "loop, with no threads", min=0)
     # --- publish and subscription ---
     max_message_size: int = setting(1258291, "largest message body in bytes (1.2 MB)", min=1)
     default_message_window_size: int = setting(0, "delivered-but-unconsumed messages per subscriber (0: unlimited)",
@@ -87,6 +91,13 @@ class HubConf:
                                      "they hold this many bytes (0: at once)", min=0)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
+    max_partial_frame_bytes: int = setting(64 * MIB, "bytes all client connections together may hold in "
+                                           "incomplete request frames; over it the newest offender is closed",
+                                           min=1024)
+    incomplete_frame_timeout: int = setting(30000, "ms a request frame may stay incomplete before its connection "
+                                            "is closed (0: never)", min=0)
+    max_requests_per_turn: int = setting(256, "requests of one connection served per event-loop turn before "
+                                         "other connections get theirs", min=1)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path whose modules may be loaded "
                                                  "as server message filters")
     server_filter_allowlist: tuple[str, ...] = setting((), "dotted prefixes of other server message filter classes "
@@ -104,7 +115,8 @@ class HubConf:
     zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
     metadata_manager_based_topic_manager_enabled: bool = setting(
         False, "claim topics by CAS + hub lease instead of ephemeral keys")
-    metadata_manager_factory_class: str = setting("", "accepted for compatibility; Quire uses the MetaStore")
+    metadata_manager_factory_class: str = setting("", "unsupported, must stay empty: metadata lives in the "
+                                                  "MetaStore named by metastore_uri")
     metastore_uri: str = setting("", "metastore URI (lmdb:///path, zk://host:port/prefix, hbase://...); empty: "
                                      "zk://<zk_host><zk_prefix> when zk_host is set, else lmdb://data/metastore "
                                      "(the standalone cluster's)")
@@ -119,6 +131,18 @@ class HubConf:
                                       "is 0; 0 and -1 leave the port free", min=-1, max=65535)
 
     def __post_init__(self) -> None:
+        # Hedwig keys that have no meaning here: a non-default value is refused rather than ignored
+        require(not self.cert_name, "cert_name", self.cert_name,
+                "a Java classpath resource; Quire has none: give the certificate file in cert_path")
+        require(self.num_readahead_cache_threads == 0, "num_readahead_cache_threads",
+                self.num_readahead_cache_threads, "the hub reads ahead on its event loop and has no such "
+                "threads: leave it 0; readahead_count and readahead_size tune read-ahead")
+        require(not self.metadata_manager_factory_class, "metadata_manager_factory_class",
+                self.metadata_manager_factory_class, "Quire keeps its metadata in the MetaStore: choose the "
+                "backend with metastore_uri (lmdb://, zk://, hbase://)")
+        require(self.max_partial_frame_bytes >= self.max_frame_size, "max_partial_frame_bytes",
+                self.max_partial_frame_bytes, f"must hold one whole request frame ({self.max_frame_size} bytes "
+                "for this max_message_size)")
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
                 self.bk_write_quorum_size, "must be <= bk_ensemble_size")
         require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",

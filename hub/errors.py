@@ -74,9 +74,18 @@ class ClientNotSubscribedError(PubSubError):
 
 
 class CouldNotConnectError(PubSubError):
-    """No connection to the hub could be made."""
+    """No connection to the hub could be made.
+
+    ``permanent`` is True when trying again cannot help (a bad address, a hub
+    serving no TLS to a TLS client, a failed TLS handshake): the client
+    raises it at once instead of retrying until its timeout.
+    """
 
     status = "COULD_NOT_CONNECT"
+
+    def __init__(self, message: str = "", *, status: str | None = None, permanent: bool = False) -> None:
+        super().__init__(message, status=status)
+        self.permanent = permanent
 
 
 class NotResponsibleForTopicError(PubSubError):

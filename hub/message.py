@@ -4,6 +4,7 @@
     msg.seq_id          # the local component of its seq id (1, 2, 3, ... per topic); 0 before publish
     msg.msg_id          # MessageId(local, {region: seq}) with the per-region components
     msg.src_region      # the region that first persisted it ("standalone" by default)
+    msg.message_type    # the header's system property messageType ("" when unset; for filters)
 
 ``Message.from_proto`` / ``to_proto`` convert to and from the wire's
 ``pubsub_pb2.Message``. ``hub.client.Message`` is this class.
@@ -51,12 +52,17 @@ class MessageId:
 
 @dataclass(frozen=True)
 class Message:
-    """One message: ``body`` (bytes), ``properties`` (str -> bytes), and once published its ids."""
+    """One message: ``body`` (bytes), ``properties`` (str -> bytes), and once published its ids.
+
+    ``message_type`` is the header's one system property (``MessageHeader.messageType`` of the
+    message filter design); ``properties`` are the application's own.
+    """
 
     body: bytes
     properties: Mapping[str, bytes] = field(default_factory=dict)
     msg_id: MessageId = field(default_factory=MessageId)
     src_region: str = ""
+    message_type: str = ""
 
     @property
     def seq_id(self) -> int:
@@ -69,8 +75,13 @@ class Message:
         out = _new(cls)
         fields = out.__dict__
         fields["body"] = msg.body
-        fields["properties"] = ({e.key: e.value for e in msg.header.properties.entries}
-                                if msg.HasField("header") else {})
+        if msg.HasField("header"):
+            header = msg.header
+            fields["properties"] = {e.key: e.value for e in header.properties.entries}
+            fields["message_type"] = header.messageType
+        else:
+            fields["properties"] = {}
+            fields["message_type"] = ""
         fields["msg_id"] = MessageId.from_proto(msg.msgId)
         fields["src_region"] = msg.srcRegion.decode("utf-8", "replace")
         if keep_wire:
@@ -88,6 +99,8 @@ class Message:
             out.msgId.CopyFrom(self.msg_id.to_proto())
         for key, value in self.properties.items():
             out.header.properties.entries.add(key=key, value=value)
+        if self.message_type:
+            out.header.messageType = self.message_type
         return out
 
 

@@ -37,6 +37,7 @@ from bookie.protocol import LENGTH_PREFIX, FrameDecoder, encode_frame
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = [
+    "DEFAULT_MAX_REQUESTS_PER_TURN",
     "MAX_SUBSCRIBER_BYTES",
     "MAX_TOPIC_BYTES",
     "OPS",
@@ -167,36 +168,102 @@ class ConnectionBroken:
 ServerEvent = RequestReceived | Reject | ConnectionBroken
 
 
+DEFAULT_MAX_REQUESTS_PER_TURN = 256
+
+
 class ServerConnection:
     """The hub's view of one client connection's incoming bytes.
 
     Decisions: a frame over ``max_frame_size`` breaks the connection (its body
     is never buffered); a frame that is not a PubSubRequest is answered
-    MALFORMED_REQUEST (txn 0); an operation this hub does not serve,
-    UNKNOWN_OPERATION; a missing body, a topic or subscriber id that
+    MALFORMED_REQUEST (txn 0); a ``protocolVersion`` other than VERSION_ONE,
+    MALFORMED_REQUEST naming the version spoken; an operation this hub does
+    not serve, UNKNOWN_OPERATION; a missing body, a topic or subscriber id that
     ``name_problem`` refuses (empty, not UTF-8, NUL, over
     ``MAX_TOPIC_BYTES`` / ``MAX_SUBSCRIBER_BYTES``), MALFORMED_REQUEST naming
     the limit; a message body over
     ``max_message_size``, MESSAGE_TOO_LARGE. CONSUME is one-way: it gets a
     response only when rejected.
+
+    Fairness: one call of ``receive_data`` or ``next_events`` yields at most
+    ``max_requests_per_turn`` events; the rest stays buffered unparsed and
+    ``backlogged`` is True: the shell stops reading and calls ``next_events``
+    on the next loop turn, so one client's burst of tiny frames cannot hold
+    the event loop (and every other client) for long.
+
+    Half-close: ``request_started`` / ``request_finished`` count requests
+    that will be answered; after ``eof_received`` (the client will send
+    nothing more) ``close_now`` becomes True once every request read is
+    answered, so answers in flight are still written.
     """
 
-    def __init__(self, max_frame_size: int, max_message_size: int) -> None:
+    def __init__(self, max_frame_size: int, max_message_size: int,
+                 max_requests_per_turn: int = DEFAULT_MAX_REQUESTS_PER_TURN) -> None:
+        if max_requests_per_turn < 1:
+            raise ValueError(f"max_requests_per_turn must be positive, not {max_requests_per_turn}")
         self._decoder = FrameDecoder(max_frame_size)
         self.max_message_size = max_message_size
+        self.max_requests_per_turn = max_requests_per_turn
         self.broken = False
+        self.backlogged = False   # stopped at the per-turn budget: call next_events on the next turn
+        self.in_flight = 0        # requests dispatched and not answered yet
+        self.eof = False          # the client half-closed its side
+
+    @property
+    def buffered(self) -> int:
+        """Bytes read and not parsed yet (an incomplete frame, and frames left for the next turn)."""
+        return self._decoder.buffered
 
     def receive_data(self, data: bytes) -> list[ServerEvent]:
+        """Take ``data``; the events of the first ``max_requests_per_turn`` complete frames."""
         if self.broken:
             return []
-        try:
-            frames = self._decoder.feed(data)
-        except FrameTooLargeError as exc:
-            self.broken = True
-            out: list[ServerEvent] = [self._check(f) for f in exc.frames]
-            out.append(ConnectionBroken(str(exc)))
+        self._decoder.receive(data)
+        return self.next_events()
+
+    def next_events(self) -> list[ServerEvent]:
+        """Up to ``max_requests_per_turn`` events from bytes already received; sets ``backlogged``."""
+        out: list[ServerEvent] = []
+        if self.broken:
+            self.backlogged = False
             return out
-        return [self._check(f) for f in frames]
+        next_frame = self._decoder.next_frame
+        budget = self.max_requests_per_turn
+        while len(out) < budget:
+            try:
+                frame = next_frame()
+            except FrameTooLargeError as exc:
+                self.broken = True
+                self.backlogged = False
+                out.append(ConnectionBroken(str(exc)))
+                return out
+            if frame is None:
+                self.backlogged = False
+                return out
+            out.append(self._check(frame))
+        self.backlogged = True
+        return out
+
+    def clear(self) -> None:
+        """Drop every byte held (the connection is gone)."""
+        self._decoder.clear()
+        self.backlogged = False
+
+    def request_started(self) -> None:
+        """A request was dispatched; it will be answered (``request_finished``)."""
+        self.in_flight += 1
+
+    def request_finished(self) -> None:
+        self.in_flight -= 1
+
+    def eof_received(self) -> None:
+        """The client half-closed: it sends nothing more, but still reads."""
+        self.eof = True
+
+    @property
+    def close_now(self) -> bool:
+        """Half-closed and every request read is answered: the shell may close."""
+        return self.eof and self.in_flight <= 0 and not self.backlogged
 
     def _check(self, frame: bytes) -> ServerEvent:
         try:
@@ -204,6 +271,9 @@ class ServerConnection:
         except (DecodeError, ValueError, RuntimeError) as exc:
             return Reject(response(0, pb.MALFORMED_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}"))
         txn = req.txnId
+        if req.protocolVersion != pb.VERSION_ONE:
+            return Reject(response(txn, pb.MALFORMED_REQUEST, f"protocolVersion {req.protocolVersion} is not "
+                                                              f"supported: this hub speaks VERSION_ONE (1)"))
         op = req.type
         if op not in OPS:
             return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {op}"))
@@ -367,6 +437,16 @@ class OutBuffer:
         frames, self._frames, self._size = self._frames, [], 0
         if frames:
             self.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def close(self) -> None:
+        """Drop what is queued and the callbacks (which usually point back at the connection)."""
+        self._frames, self._size = [], 0
+        self.write = _discard
+        self.schedule = _discard
+
+
+def _discard(_: object) -> None:
+    pass
 
 
 # --- server-side builders -------------------------------------------------------------------------

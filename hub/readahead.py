@@ -39,8 +39,9 @@ The rules, as the developers' guide states them:
   is cached (so a batch persisted at once is cached whole for a reader at
   the tail, as the guide's "whenever a message is published, it is cached").
 * Pruning: ``consumed_up_to`` drops every message up to that seq id; when
-  the messages' sizes (body plus property keys and values) pass
-  ``cache_size`` bytes the oldest entries go first (FIFO); with
+  the bytes the cached messages hold (``held_size``: body, serialized form,
+  properties, ids, objects and index) pass ``cache_size`` the oldest
+  entries go first (FIFO); with
   ``cache_entry_ttl`` > 0 (milliseconds) each addition first drops the
   entries older than that. Stubs take no space and are never evicted.
 
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -65,8 +67,9 @@ from typing import Protocol
 
 from hub.errors import ServiceDownError
 from hub.message import Message
+from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["ReadAheadCache", "ReadAheadConf", "Scanner", "message_size"]
+__all__ = ["ReadAheadCache", "ReadAheadConf", "Scanner", "held_size", "message_size"]
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +95,50 @@ class ReadAheadConf(Protocol):
 
 
 def message_size(message: Message) -> int:
-    """The bytes a message counts for in the cache: its body plus property keys and values."""
+    """A message's payload: its body plus property keys and values (the ``readahead_size`` hint's unit)."""
     return len(message.body) + sum(len(k) + len(v) for k, v in message.properties.items())
+
+
+_DICT_SLOT = 3 * 8 + 8 * 2    # a dict entry (hash, key, value) with the index and growth slack of a dict
+_INSTANCE_DICT = 104
+
+
+def _fixed_overhead() -> int:
+    """What every cached message holds besides its variable parts: the instances, their dicts, and
+    the cache's own index entries ((topic, seq) -> (size, time) in the FIFO, seq -> message per topic)."""
+    size = sys.getsizeof
+    sample = Message.from_proto(pb.Message(body=b"", srcRegion=b"r"), keep_wire=True)
+    mid = sample.msg_id
+    # instance dicts share their keys: about 100 bytes each (getsizeof overstates a fresh one)
+    objects = size(sample) + size(mid) + 2 * _INSTANCE_DICT + size(mid.remote)
+    index = 2 * _DICT_SLOT + size((b"", 0)) + size((0, 0.0)) + size(0.0) + 2 * size(1 << 40)
+    return objects + index
+
+
+_FIXED = _fixed_overhead()
+
+
+def held_size(message: Message) -> int:
+    """The bytes a cached message keeps alive, which is what ``cache_size`` bounds.
+
+    Its objects as ``sys.getsizeof`` counts them: the body, the serialized
+    form kept for delivery (``Message.wire``; one more copy of the body),
+    the properties, the ids, the instances, plus the cache's index entry.
+    (Counting the body alone let a hub hold about 2.8 times ``cache_size``.)
+    Builds ``message.wire`` if it is not built yet: a cached message is
+    there to be delivered, which needs it anyway.
+    """
+    size = sys.getsizeof
+    n = _FIXED + size(message.wire) + size(message.body) + size(message.src_region)
+    if message.message_type:
+        n += size(message.message_type)
+    props = message.properties
+    if props:
+        n += size(props) + sum(size(k) + size(v) for k, v in props.items())
+    remote = message.msg_id.remote
+    if remote:
+        n += size(remote) + sum(size(r) + size(c) for r, c in remote.items())
+    return n
 
 
 class _Stub:
@@ -371,7 +416,7 @@ class ReadAheadCache:
             t.known_last = max(t.known_last, seq)
             if seq <= t.consumed or seq in t.messages:
                 continue
-            size = message_size(msg)
+            size = held_size(msg)
             t.messages[seq] = msg
             self._fifo[(t.name, seq)] = (size, now)
             self._size += size

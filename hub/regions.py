@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -156,6 +157,8 @@ class RegionManager:
         conf = server.conf
         self.region = conf.region
         cconf = load_region_client_conf(conf.region_client_conf or None)
+        if conf.inter_region_ssl_enabled and not cconf.ssl_enabled:   # Hedwig's older switch for the same
+            cconf = dataclasses.replace(cconf, ssl_enabled=True)
         self.client_conf = cconf
         # standalone mode: no regions, whatever ``regions`` says
         self.remotes = {} if conf.standalone else parse_regions(conf.regions, cconf.remote_hubs, own=conf.region)

@@ -27,8 +27,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import errno
 import functools
+import itertools
 import logging
+import math
 import os
 import time
 import uuid
@@ -36,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bookie.errors import BKError
+from bookie.protocol import FrameBudget
 from hub import errors, protocol
 from hub.conf import HubConf
 from hub.message import Message
@@ -77,6 +81,8 @@ class HubStats:
 
 
 _TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+_FD_LOG_INTERVAL = 10.0   # seconds between log lines about running out of file descriptors
 
 
 class _Redirect(Exception):
@@ -118,7 +124,8 @@ class HubConnection(asyncio.Protocol):
     def __init__(self, server: HubServer) -> None:
         self.server = server
         self.conf = server.conf
-        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size)
+        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
+                                                 self.conf.max_requests_per_turn)
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -128,6 +135,9 @@ class HubConnection(asyncio.Protocol):
         self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
+        self._serve_scheduled = False
+        self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
+        self.partial_since: float | None = None   # loop time the incomplete frame now held was started
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -140,6 +150,13 @@ class HubConnection(asyncio.Protocol):
         self.closed = True
         self.writable.set()
         self.server.connections.discard(self)
+        # nothing of a closed connection may outlive it: its partial frame, queued answers, and the
+        # cycles connection -> out-buffer -> bound method -> connection and connection <-> transport
+        self.server.frame_budget.release(self.key)
+        self.machine.clear()
+        self._out.close()
+        self.transport = None
+        self.partial_since = None
         if self.subs:
             self.server.spawn(self._detach_all())
 
@@ -152,20 +169,59 @@ class HubConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable.clear()
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
         self.server.stats.incr("write_pauses")
 
     def resume_writing(self) -> None:
         self.writable.set()
-        if self.transport is not None and not self.closed:
+        if self.machine.backlogged:
+            self._serve_soon()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read while the client reads what we write and no requests wait for a later turn."""
+        if self.transport is None or self.closed:
+            return
+        if self.writable.is_set() and not self.machine.backlogged and not self.machine.eof:
             self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        """The client half-closed: answer what it sent (publishes in flight included), then close."""
+        self.machine.eof_received()
+        self._close_if_done()
+        # keep the transport open for the answers; TLS has no half-close (asyncio would warn each time)
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    def _close_if_done(self) -> None:
+        if self.machine.close_now and self.transport is not None and not self.closed:
+            self._out.flush()
+            self.transport.close()
+
 
     def data_received(self, data: bytes) -> None:
+        self._serve(self.machine.receive_data(data))
+
+    def _serve_soon(self) -> None:
+        if not self._serve_scheduled:
+            self._serve_scheduled = True
+            asyncio.get_running_loop().call_soon(self._serve_more)
+
+    def _serve_more(self) -> None:
+        """The next turn's share of requests already read (``ServerConnection.backlogged``)."""
+        self._serve_scheduled = False
+        if self.closed or not self.writable.is_set():
+            return    # resume_writing serves the rest
+        self._serve(self.machine.next_events())
+
+    def _serve(self, events: list[protocol.ServerEvent]) -> None:
         stats = self.server.stats
-        for event in self.machine.receive_data(data):
+        for event in events:
             if isinstance(event, protocol.RequestReceived):
                 stats.incr("packets_received")
+                if event.request.type != pb.CONSUME:
+                    self.machine.request_started()
                 self._dispatch(event)
             elif isinstance(event, protocol.Reject):
                 stats.incr("requests_rejected")
@@ -174,6 +230,18 @@ class HubConnection(asyncio.Protocol):
                 log.info("closing connection: %s", event.reason)
                 if self.transport is not None:
                     self.transport.close()
+        if self.machine.backlogged:
+            stats.incr("turns_yielded")
+            self._serve_soon()
+        held = self.machine.buffered
+        if not held or self.machine.backlogged:
+            self.partial_since = None    # nothing incomplete, or what waits is complete frames (our delay)
+        elif events or self.partial_since is None:
+            self.partial_since = asyncio.get_running_loop().time()   # a new incomplete frame starts
+        self.server.charge(self, held)
+        self._update_reading()
+        if self.machine.eof:
+            self._close_if_done()
         if self._published_to:   # the publishes of this read go out as one entry per topic, now
             logs, self._published_to = self._published_to, []
             for tlog in logs:
@@ -186,7 +254,7 @@ class HubConnection(asyncio.Protocol):
             self._out.add(frame)
 
     def _write_now(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
             self.transport.write(data)
 
     def send(self, resp: pb.PubSubResponse) -> None:
@@ -245,13 +313,18 @@ class HubConnection(asyncio.Protocol):
         t.log.submit(msg, done)
 
     def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
+        self.machine.request_finished()
         if exc is not None:
             self._fail(req, exc)
+            if self.machine.eof:
+                self._close_if_done()
             if t.log.closed and self.server.topics.get(t.log.topic) is t:
                 # its ledger could not be closed: let the next owner recover it
                 self.server.spawn(self.server.release_topic(t.log.topic))
             return
         self._write(protocol.published(req.txnId, req.topic, seq))
+        if self.machine.eof:
+            self._close_if_done()
         stats = self.server.stats
         stats.incr("packets_sent")
         stats.observe("publish", time.perf_counter() - t0)
@@ -316,11 +389,15 @@ class HubConnection(asyncio.Protocol):
                 self.server.stats.incr("unsubscribes")
                 await t.subs.unsubscribe(self, ev.subscriber)
                 await self.server.follow_regions(ev.topic, ev.subscriber, False)
+            self.machine.request_finished()
             self.send(resp)
             if req.type in _TIMED:
                 self.server.stats.observe(_TIMED[req.type], time.perf_counter() - t0)
         except Exception as exc:
+            self.machine.request_finished()
             self._fail(req, exc)
+        if self.machine.eof:
+            self._close_if_done()
 
 
 class HubServer:
@@ -350,6 +427,68 @@ class HubServer:
         self.cache: Any = None
         self.ownership: Ownership | None = None
         self.regions: Any = None      # hub.regions.RegionManager once started
+        self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
+        self._connection_keys = itertools.count(1)
+        self._fd_warned_at = -math.inf
+        self._fd_unlogged = 0
+
+    def next_connection_key(self) -> int:
+        return next(self._connection_keys)
+
+    # --- memory and descriptor bounds -------------------------------------------------------------
+    def charge(self, conn: HubConnection, held: int) -> None:
+        """Record the bytes ``conn`` holds unparsed; close the newest holders while all together exceed
+        ``max_partial_frame_bytes``."""
+        victims = self.frame_budget.update(conn.key, held)
+        if not victims:
+            return
+        by_key = {c.key: c for c in self.connections}
+        for key in victims:
+            self.frame_budget.release(key)
+            victim = by_key.get(key)
+            if victim is None or victim.transport is None:
+                continue
+            log.warning("closing a client connection holding %d bytes of incomplete frames: all connections "
+                        "together hold more than max_partial_frame_bytes (%d)", victim.machine.buffered,
+                        self.frame_budget.limit)
+            self.stats.incr("connections_closed_partial_frame_budget")
+            victim.machine.clear()
+            victim.transport.abort()
+
+    async def _close_stalled_connections(self) -> None:
+        """Close connections whose request frame stays incomplete past ``incomplete_frame_timeout``."""
+        timeout = self.conf.incomplete_frame_timeout / 1000.0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, timeout / 4))
+            now = loop.time()
+            for conn in list(self.connections):
+                since = conn.partial_since
+                if since is not None and now - since > timeout and conn.transport is not None:
+                    log.warning("closing a client connection whose request frame stayed incomplete for %.1f s "
+                                "(%d bytes held; incomplete_frame_timeout %d ms)", now - since, conn.machine.buffered,
+                                self.conf.incomplete_frame_timeout)
+                    self.stats.incr("connections_closed_incomplete_frame")
+                    conn.machine.clear()
+                    conn.transport.abort()
+
+    def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's exception handler: running out of file descriptors is counted and logged
+        (at most every ``_FD_LOG_INTERVAL`` seconds); anything else goes to the default handler."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in _OUT_OF_DESCRIPTORS:
+            self.stats.incr("accept_out_of_descriptors")
+            now = time.monotonic()
+            if now - self._fd_warned_at >= _FD_LOG_INTERVAL:
+                more = f" ({self._fd_unlogged} more since the last report)" if self._fd_unlogged else ""
+                log.error("cannot accept client connections: %s (%s)%s; raise the open file limit "
+                          "(ulimit -n) or lower the number of clients", os.strerror(exc.errno or 0),
+                          context.get("message", ""), more)
+                self._fd_warned_at, self._fd_unlogged = now, 0
+            else:
+                self._fd_unlogged += 1
+            return
+        loop.default_exception_handler(context)
 
     def flush_soon(self, flush: Callable[[], None]) -> None:
         """A connection's ``OutBuffer`` has frames: write them at the end of this loop turn (``flush``)."""
@@ -404,6 +543,8 @@ class HubServer:
         await self.registry.register(self.info, self.session, self.http_url)
         self.ownership = Ownership(self.conf, self.info, self.owners, self.registry, self.session)
         self.spawn(self._timers())
+        if self.conf.incomplete_frame_timeout:
+            self.spawn(self._close_stalled_connections())
         self.regions = regions
         regions.start()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
@@ -411,6 +552,8 @@ class HubServer:
     async def _listen(self) -> None:
         """The one place listeners are opened (SSL adds a second here)."""
         loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() is None:   # accept() failing for want of descriptors: see loop_exception
+            loop.set_exception_handler(self.loop_exception)
         ctx = None
         if self.conf.ssl_enabled:    # the certificate first: a bad one fails start-up before any port opens
             from hub.tls import server_context

@@ -15,8 +15,10 @@ given at subscribe replace the stored ones and come back in the response. A
 new subscription starts after the topic's last message. A second attach of a
 subscriber attached elsewhere closes the first (it gets a
 SUBSCRIPTION_FORCED_CLOSED event) when ``forceAttach`` is set, else is
-refused with ``TOPIC_BUSY``. Messages a server filter skips count as
-consumed once the delivered ones before them are (``Delivery.on_filtered``).
+refused with ``TOPIC_BUSY``. An unsubscribe from another connection also
+detaches the attached subscriber with SUBSCRIPTION_FORCED_CLOSED. Messages
+a server filter skips count as consumed once the delivered ones before them
+are (``Delivery.on_filtered``).
 Consume pointers are persisted every
 ``consume_interval`` consumes (``persist_soon``) and whenever a subscription
 is closed, unsubscribed or its connection drops (``persist``). A
@@ -218,7 +220,11 @@ class TopicSubscriptions:
 
         def failed(exc: Exception) -> None:
             if isinstance(exc, errors.InvalidMessageFilterError) and state.conn is conn:
+                # closed as the client is told: detached here too, so it does not stay busy for others
                 conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+                task = asyncio.get_running_loop().create_task(self._detach_if(state, conn))
+                if self.track is not None:
+                    self.track(task)
 
         def filtered(seq: int) -> None:   # messages the filter skipped count as consumed
             if self.subs.get(sub) is state and self._advance(state, seq):
@@ -322,6 +328,10 @@ class TopicSubscriptions:
         except errors.PubSubError as exc:
             log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
 
+    async def _detach_if(self, state: SubState, conn: Attachment) -> None:
+        if state.conn is conn and self.subs.get(state.subscriber) is state:
+            await self._detach(state)
+
     async def close(self, conn: Attachment, sub: bytes) -> None:
         state = self.attached(conn, sub)
         await self._detach(state)
@@ -339,9 +349,11 @@ class TopicSubscriptions:
         if state.delivery is not None:
             await state.delivery.stop()
             state.delivery = None
-        if state.conn is not None:
-            state.conn.attached(self.topic, sub, None)
-            state.conn = None
+        attached, state.conn = state.conn, None
+        if attached is not None:
+            attached.attached(self.topic, sub, None)
+            if attached is not conn:   # another client removed it: tell the attached one (as Hedwig does)
+                attached.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
         if state.persisting is not None:   # let a pointer write in flight land before the record goes
             await asyncio.gather(state.persisting, return_exceptions=True)
         await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)

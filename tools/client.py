@@ -141,6 +141,8 @@ def _line(message: Any, as_json: bool) -> str:
         out["body"] = message.body.decode("utf-8")
     except UnicodeDecodeError:
         out["body_base64"] = base64.b64encode(message.body).decode()
+    if message.message_type:
+        out["message_type"] = message.message_type
     if message.properties:
         out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
     return json.dumps(out)

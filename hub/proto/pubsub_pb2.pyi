@@ -112,10 +112,12 @@ class Map(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Map.Entry, _Mapping]]] = ...) -> None: ...
 
 class MessageHeader(_message.Message):
-    __slots__ = ("properties",)
+    __slots__ = ("properties", "messageType")
     PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGETYPE_FIELD_NUMBER: _ClassVar[int]
     properties: Map
-    def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ...) -> None: ...
+    messageType: str
+    def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ..., messageType: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
     __slots__ = ("body", "srcRegion", "msgId", "header")

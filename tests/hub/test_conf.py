@@ -81,3 +81,27 @@ def test_filter_keys_parse_and_the_filter_conf_leaves_secrets_out() -> None:
     assert given["server_filter_allowlist"] == "acme.filters other.pkg:Cls" and given["consume_interval"] == "50"
     assert "password" not in given and set(given) == set(conf_keys(HubConf)) - {"password", "http_admin_token"}
     assert "admin-secret" not in given.values()
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    ("cert_name", "server.p12", "cert_path"),
+    ("num_readahead_cache_threads", "8", "readahead_count"),
+    ("metadata_manager_factory_class", "org.apache.hedwig.server.meta.ZkMetadataManagerFactory", "metastore_uri"),
+])
+def test_hedwig_keys_without_meaning_refuse_a_non_default_value(key: str, value: str, says: str) -> None:
+    with pytest.raises(ConfError, match=f"{key}.*{says}"):
+        load_hub_conf(None, {key: value})
+    load_hub_conf(None, {key: str(getattr(HubConf(), key))})   # the default stays accepted
+
+
+def test_inter_region_ssl_enabled_makes_region_clients_use_tls() -> None:
+    from types import SimpleNamespace
+
+    from hub.regions import RegionManager
+
+    def region_client_ssl(**overrides: str) -> bool:
+        conf = load_hub_conf(None, {"region": "r1", "regions": "r2=127.0.0.1:1", **overrides})
+        return bool(RegionManager(SimpleNamespace(conf=conf)).client_conf.ssl_enabled)
+
+    assert not region_client_ssl()
+    assert region_client_ssl(inter_region_ssl_enabled="true")

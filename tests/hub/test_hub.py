@@ -158,7 +158,7 @@ async def raw_exchange(address: str, data: bytes, n: int) -> list[pb.PubSubRespo
 
 
 def publish_req(topic: bytes, body: bytes, txn: int) -> bytes:
-    req = pb.PubSubRequest(type=pb.PUBLISH, txnId=txn, topic=topic, shouldClaim=True)
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=txn, topic=topic, shouldClaim=True)
     req.publishRequest.topic = topic
     req.publishRequest.msg.body = body
     return encode(req)
@@ -166,7 +166,7 @@ def publish_req(topic: bytes, body: bytes, txn: int) -> bytes:
 
 async def test_bad_input_gets_statuses_and_the_hub_keeps_serving(cluster: LocalCluster) -> None:
     addr = cluster.hub_addresses[0]
-    unknown = pb.PubSubRequest(txnId=2, topic=b"t")
+    unknown = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, txnId=2, topic=b"t")
     unknown.type = 77  # type: ignore[assignment]
     data = (struct.pack(">I", 3) + b"\xff\xff\xff"
             + encode(unknown)
@@ -187,9 +187,11 @@ async def test_bad_input_gets_statuses_and_the_hub_keeps_serving(cluster: LocalC
 
 async def test_bad_names_fail_at_once_naming_the_limit(cluster: LocalCluster) -> None:
     addr = cluster.hub_addresses[0]
-    sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=2, topic=b"t" * 600, shouldClaim=True)
+    sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=2, topic=b"t" * 600,
+                           shouldClaim=True)
     sub.subscribeRequest.topic, sub.subscribeRequest.subscriberId = b"t" * 600, b"s"
-    long_sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=3, topic=name(), shouldClaim=True)
+    long_sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=3, topic=name(),
+                                shouldClaim=True)
     long_sub.subscribeRequest.topic, long_sub.subscribeRequest.subscriberId = long_sub.topic, b"s" * 300
     got = await raw_exchange(addr, publish_req(b"a\x00" + name(), b"x", 1) + encode(sub) + encode(long_sub), 3)
     assert [r.statusCode for r in got] == [pb.MALFORMED_REQUEST] * 3   # were SERVICE_DOWN, UNEXPECTED_CONDITION
@@ -232,10 +234,10 @@ async def test_a_client_that_never_reads_is_bounded(cluster: LocalCluster) -> No
         writer.transport.set_write_buffer_limits(0)
         sock = writer.transport.get_extra_info("socket")
         sock.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 65536)
-        sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=1, topic=topic)
+        sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=1, topic=topic)
         sub.subscribeRequest.topic = topic
         sub.subscribeRequest.subscriberId = b"lazy"
-        start = pb.PubSubRequest(type=pb.START_DELIVERY, txnId=2, topic=topic)
+        start = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.START_DELIVERY, txnId=2, topic=topic)
         start.startDeliveryRequest.topic = topic
         start.startDeliveryRequest.subscriberId = b"lazy"
         writer.write(encode(sub) + encode(start))
@@ -381,3 +383,17 @@ async def test_consume_pointer_persisted_when_the_connection_drops(cluster: Loca
     finally:
         await ms.close()
         await c.close()
+
+
+async def test_message_type_header_is_stored_and_delivered(cluster: LocalCluster) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(topic, b"s")
+        await c.publish(topic, b"typed", properties={"k": b"v"}, message_type="History")
+        await c.publish(topic, b"plain")
+        col = Collector()
+        await c.start_delivery(topic, b"s", col)    # after the publishes: read back from the ledger
+        await col.wait(lambda g: len(g) == 2)
+        assert [(m.body, m.message_type, dict(m.properties)) for m in col.got] == [
+            (b"typed", "History", {"k": b"v"}), (b"plain", "", {})]
+        assert col.got[0].to_proto().header.messageType == "History"

@@ -32,7 +32,7 @@ def server() -> ServerConnection:
 
 
 def publish(topic: bytes = b"t", body: bytes = b"x", txn: int = 1) -> pb.PubSubRequest:
-    req = pb.PubSubRequest(type=pb.PUBLISH, txnId=txn, topic=topic)
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=txn, topic=topic)
     req.publishRequest.topic = topic
     req.publishRequest.msg.body = body
     return req
@@ -57,11 +57,12 @@ def test_statuses() -> None:
     assert status_of(publish(topic=b"")) == pb.MALFORMED_REQUEST
     assert status_of(publish(topic=b"\xff\xfe")) == pb.MALFORMED_REQUEST
     assert status_of(publish(body=b"y" * 101)) == pb.MESSAGE_TOO_LARGE
-    unknown = pb.PubSubRequest(txnId=3, topic=b"t")
+    unknown = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, txnId=3, topic=b"t")
     unknown.type = 99  # type: ignore[assignment]
     assert status_of(unknown) == pb.UNKNOWN_OPERATION
-    assert status_of(pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=4, topic=b"t")) == pb.MALFORMED_REQUEST
-    sub = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=5, topic=b"t")
+    no_body = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=4, topic=b"t")
+    assert status_of(no_body) == pb.MALFORMED_REQUEST
+    sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=5, topic=b"t")
     sub.subscribeRequest.topic = b"t"
     assert status_of(sub) == pb.MALFORMED_REQUEST  # no subscriber id
 
@@ -171,7 +172,7 @@ def test_message_from_proto_is_the_message_to_proto_came_from(body: bytes, props
 
 
 def subscribe(topic: bytes = b"t", sub: bytes = b"s", txn: int = 1) -> pb.PubSubRequest:
-    req = pb.PubSubRequest(type=pb.SUBSCRIBE, txnId=txn, topic=topic)
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=txn, topic=topic)
     req.subscribeRequest.topic = topic
     req.subscribeRequest.subscriberId = sub
     return req
@@ -236,3 +237,39 @@ def test_accepted_names_are_exactly_the_valid_ones(topic: bytes, sub: bytes) -> 
     assert isinstance(event, RequestReceived) == ok
     if not ok:
         assert isinstance(event, Reject) and event.response.statusCode == pb.MALFORMED_REQUEST
+
+
+def test_a_burst_of_tiny_frames_is_served_a_budget_per_turn() -> None:
+    conn = ServerConnection(max_frame_size=4096, max_message_size=100, max_requests_per_turn=100)
+    burst = b"\x00\x00\x00\x00" * 1000 + encode(publish(txn=5))   # 1000 empty frames, then a real request
+    first = conn.receive_data(burst)
+    assert len(first) == 100 and conn.backlogged
+    served = list(first)
+    while conn.backlogged:
+        served += conn.next_events()
+        assert len(served) <= 1001
+    assert len(served) == 1001 and isinstance(served[-1], RequestReceived) and served[-1].request.txnId == 5
+    assert conn.buffered == 0 and conn.next_events() == [] and not conn.backlogged
+
+
+@pytest.mark.parametrize("version", [0, 2, 77])
+def test_a_protocol_version_other_than_one_is_refused_naming_the_version_spoken(version: int) -> None:
+    req = publish(txn=9)
+    req.protocolVersion = version  # type: ignore[assignment]
+    resp = reject_of(req)
+    assert resp.statusCode == pb.MALFORMED_REQUEST
+    assert f"protocolVersion {version} is not supported" in resp.statusMsg and "VERSION_ONE" in resp.statusMsg
+
+
+def test_half_close_waits_for_the_answers_in_flight() -> None:
+    conn = server()
+    (ev,) = conn.receive_data(encode(publish()))
+    assert isinstance(ev, RequestReceived)
+    conn.request_started()
+    conn.eof_received()
+    assert not conn.close_now          # the publish is still being persisted: its answer must go out
+    conn.request_finished()
+    assert conn.close_now
+    idle = server()
+    idle.eof_received()
+    assert idle.close_now

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import tracemalloc
 from dataclasses import dataclass
 
 import pytest
@@ -11,7 +13,8 @@ from hypothesis import strategies as st
 
 from hub.errors import ServiceDownError
 from hub.message import Message, MessageId
-from hub.readahead import ReadAheadCache, message_size
+from hub.proto import pubsub_pb2 as pb
+from hub.readahead import ReadAheadCache, held_size, message_size
 
 TIMEOUT = 5.0
 
@@ -28,6 +31,9 @@ class Conf:
 
 def msg(seq: int, size: int = 100) -> Message:
     return Message(body=bytes([seq % 256]) * size, msg_id=MessageId(seq))
+
+
+UNIT = held_size(msg(1))   # what a cached msg(seq) with seq < 128 holds (a longer seq id serializes longer)
 
 
 class FakeLedgers:
@@ -96,7 +102,7 @@ async def test_miss_stubs_readahead_count_and_issues_one_scan() -> None:
     ledgers.gate.set()
     assert (await asyncio.wait_for(reader, TIMEOUT)).seq_id == 1
     st = cache.stats()
-    assert (st["stubs"], st["entries"], st["size_bytes"], st["misses"], st["hits"]) == (0, 10, 1000, 1, 0)
+    assert (st["stubs"], st["entries"], st["size_bytes"], st["misses"], st["hits"]) == (0, 10, 10 * UNIT, 1, 0)
     assert len(ledgers.calls) == 1
     await cache.close()
 
@@ -182,7 +188,7 @@ async def test_consumed_up_to_prunes() -> None:
     assert cache.stats()["entries"] == 10
     cache.consumed_up_to(b"t", 4)
     st = cache.stats()
-    assert (st["entries"], st["size_bytes"], st["pruned"]) == (6, 600, 4)
+    assert (st["entries"], st["size_bytes"], st["pruned"]) == (6, 6 * UNIT, 4)
     assert (await read(cache, b"t", 5)).seq_id == 5 and cache.stats()["hits"] == 1
     cache.on_published(b"t", msg(3))                  # at or below consumed: never cached again
     assert cache.stats()["entries"] == 6
@@ -206,12 +212,12 @@ async def test_a_reader_behind_the_consumed_point_is_cached_again() -> None:
 
 async def test_fifo_eviction_by_cache_size() -> None:
     ledgers = FakeLedgers({b"a": 100, b"b": 100}, size=100)
-    cache = ReadAheadCache(Conf(cache_size=1000), ledgers)
+    cache = ReadAheadCache(Conf(cache_size=10 * UNIT), ledgers)
     assert (await read(cache, b"a", 1)).seq_id == 1
     assert cache.stats()["entries"] == 10
-    assert (await read(cache, b"b", 1)).seq_id == 1  # 2000 bytes > 1000: topic a's (older) go
+    assert (await read(cache, b"b", 1)).seq_id == 1  # 20 units > 10: topic a's (older) go
     st = cache.stats()
-    assert (st["entries"], st["size_bytes"], st["evicted"]) == (10, 1000, 10)
+    assert (st["entries"], st["size_bytes"], st["evicted"]) == (10, 10 * UNIT, 10)
     assert set(cache._topics[b"b"].messages) == set(range(1, 11))
     assert not cache._topics[b"a"].messages
     # a message larger than the cache still reaches its waiting reader
@@ -315,7 +321,8 @@ async def test_stats_counts() -> None:
     await settle(cache)
     st = cache.stats()
     assert (st["hits"], st["misses"], st["topics"]) == (2, 1, 1)
-    assert st["entries"] == len(cache._topics[b"t"].messages) and st["size_bytes"] == 10 * st["entries"]
+    assert st["entries"] == len(cache._topics[b"t"].messages)
+    assert st["size_bytes"] == sum(held_size(m) for m in cache._topics[b"t"].messages.values())
     await cache.close()
 
 
@@ -331,7 +338,7 @@ async def test_release_topic_drops_everything_of_that_topic() -> None:
     with pytest.raises(ServiceDownError):
         await asyncio.wait_for(waiter, TIMEOUT)
     st = cache.stats()
-    assert (st["entries"], st["size_bytes"], st["stubs"], st["topics"]) == (10, 100, 0, 1)
+    assert (st["entries"], st["size_bytes"], st["stubs"], st["topics"]) == (10, 10 * held_size(msg(1, 10)), 0, 1)
     ledgers.gate.set()
     assert (await read(cache, b"a", 1)).seq_id == 1   # usable again: a fresh scan
     cache.release_topic(b"never-read")                # unknown topic: nothing happens
@@ -383,7 +390,7 @@ def _check_invariants(cache: ReadAheadCache) -> None:
     cached = [(t, s, m) for t in cache._topics.values() for s, m in t.messages.items()]
     stats = cache.stats()
     assert stats["entries"] == len(cached) == len(cache._fifo)
-    assert stats["size_bytes"] == sum(message_size(m) for _, _, m in cached) <= PROP_CONF.cache_size
+    assert stats["size_bytes"] == sum(held_size(m) for _, _, m in cached) <= PROP_CONF.cache_size
     for t, s, m in cached:
         assert m.seq_id == s and s > t.consumed
 
@@ -392,7 +399,7 @@ def _check_invariants(cache: ReadAheadCache) -> None:
 class _PropConf(Conf):
     readahead_count: int = 6
     readahead_size: int = 700
-    cache_size: int = 2000
+    cache_size: int = 8000
     scan_backoff_ms: int = 1
 
 
@@ -429,3 +436,36 @@ def test_any_interleaving_serves_the_right_messages(ops: list[tuple[str, object]
         await cache.close()
 
     asyncio.run(scenario())
+
+
+def _as_persistence_builds_it(seq: int, size: int) -> Message:
+    """A fresh message as ``TopicLog.scan`` makes one: parsed from the ledger, serialized form kept."""
+    proto = pb.Message(body=b"x" * size, srcRegion=b"standalone")
+    proto.msgId.localComponent = seq
+    proto.header.properties.entries.add(key="type", value=b"History")
+    return Message.from_proto(pb.Message.FromString(proto.SerializeToString()), keep_wire=True)
+
+
+@pytest.mark.parametrize("body", [100, 10_000])
+async def test_size_bytes_is_the_memory_the_cached_messages_hold(body: int) -> None:
+    n = 300
+
+    async def scanner(topic: bytes, start: int, count: int, max_bytes: int) -> list[Message]:
+        return [_as_persistence_builds_it(s, body) for s in range(start, min(start + count, n + 1))]
+
+    cache = ReadAheadCache(Conf(readahead_count=50), scanner)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for seq in range(1, n + 1):
+            await read(cache, b"t", seq)
+        await settle(cache)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = cache.stats()["size_bytes"]
+    assert cache.stats()["entries"] == n
+    assert 0.8 <= held / counted <= 1.2, (held, counted)   # counting bodies only: 2.1x (10 KB), 12x (100 B)
+    await cache.close()
