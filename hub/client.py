@@ -50,6 +50,7 @@ import contextlib
 import heapq
 import logging
 import math
+import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
@@ -242,6 +243,7 @@ class HedwigClient:
         self._default = 0
         self.conns: dict[str, _Conn] = {}
         self._connecting: dict[str, asyncio.Task[_Conn]] = {}
+        self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -297,13 +299,27 @@ class HedwigClient:
         loop = asyncio.get_running_loop()
         tls = None
         if self.conf.ssl_enabled:
-            from hub.tls import client_context
+            if self._tls is None:
+                from hub.tls import client_context
 
-            tls = client_context()
+                try:
+                    self._tls = client_context(self.conf.ssl_ca_file, self.conf.ssl_verify)
+                except errors.CertificateError as exc:
+                    raise errors.CouldNotConnectError(str(exc)) from None
+            tls = self._tls
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls), 5.0)
+                loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls,
+                                       server_hostname=host if tls is not None else None), 5.0)
+        except ssl.SSLCertVerificationError as exc:
+            raise errors.CouldNotConnectError(
+                f"hub {address}: its TLS certificate is not trusted ({exc.verify_message or exc}); ssl_ca_file "
+                f"names the CA that signs hub certificates, ssl_verify=false skips the check") from None
         except (OSError, TimeoutError, ValueError) as exc:
+            if tls is not None and isinstance(exc, (ssl.SSLError, ConnectionResetError, ConnectionAbortedError)):
+                raise errors.CouldNotConnectError(
+                    f"TLS handshake with hub {address} failed ({exc or type(exc).__name__}): does port {port} "
+                    f"serve TLS? (a plaintext port drops a TLS client)") from None
             raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
         self.conns[address] = proto
         return proto

@@ -53,6 +53,8 @@ class HubConf:
     server_port: int = setting(4080, "port for client connections (0 picks a free port)", min=0, max=65535)
     ssl_enabled: bool = setting(False, "also serve TLS on ssl_server_port")
     ssl_server_port: int = setting(9876, "port for TLS client connections", min=0, max=65535)
+    ssl_only: bool = setting(False, "with ssl_enabled: serve TLS only, no plaintext port (the hub is named by its "
+                             "TLS port)")
     password: str = setting("", "password of the pkcs12 certificate")
     cert_name: str = setting("", "name of the SSL certificate as a resource (empty: none)")
     cert_path: str = setting("", "path of the SSL certificate file (empty: none)")
@@ -107,6 +109,7 @@ class HubConf:
     def __post_init__(self) -> None:
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
                 self.bk_write_quorum_size, "must be <= bk_ensemble_size")
+        require(self.ssl_enabled or not self.ssl_only, "ssl_only", self.ssl_only, "needs ssl_enabled=true")
         require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",
                 self.bk_ack_quorum_size, "must be <= bk_write_quorum_size")
 
@@ -142,6 +145,9 @@ class ClientConf:
 
     default_server_host: str = setting("localhost:4080", "hub(s) to try first, host:port, comma separated")
     ssl_enabled: bool = setting(False, "talk to hubs over TLS")
+    ssl_ca_file: str = setting("", "PEM file of the CAs that sign hub certificates (empty: the system's CAs)")
+    ssl_verify: bool = setting(True, "verify the hub's certificate and host name (false: encrypt only, "
+                               "with a warning in the log)")
     max_message_size: int = setting(2097152, "largest message body the client sends (2 MB)", min=1)
     max_server_redirects: int = setting(2, "redirects permitted for one request", min=0)
     auto_send_consume_message_enabled: bool = setting(True, "send consumes for handled messages by itself")

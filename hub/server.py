@@ -316,7 +316,7 @@ class HubServer:
         self._acquiring: dict[bytes, asyncio.Future[Topic]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Any] = []     # asyncio.Server, hub.tls.TlsListener
         self.store: Any = None
         self.bk: Any = None
         self.session: Any = None
@@ -387,25 +387,30 @@ class HubServer:
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
 
     async def _listen(self) -> None:
-        """The one place listeners are opened (SSL adds a second here)."""
+        """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""
         loop = asyncio.get_running_loop()
         ctx = None
         if self.conf.ssl_enabled:    # the certificate first: a bad one fails start-up before any port opens
             from hub.tls import server_context
 
             ctx = server_context(self.conf.cert_path, self.conf.password)
-        srv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host, self.conf.server_port,
-                                       reuse_address=True, backlog=1024)
-        self._servers.append(srv)
-        self._port = srv.sockets[0].getsockname()[1]
-        self.address = f"{self.conf.server_host}:{self._port}"
         self._ssl_port = 0
         if ctx is not None:
-            ssrv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host,
-                                            self.conf.ssl_server_port, ssl=ctx, reuse_address=True, backlog=1024,
-                                            ssl_handshake_timeout=self.conf.ssl_handshake_timeout / 1000.0)
+            from hub.tls import TlsListener
+
+            ssrv = await TlsListener.start(lambda: HubConnection(self), self.conf.server_host,
+                                           self.conf.ssl_server_port, ctx, self.conf.ssl_handshake_timeout / 1000.0,
+                                           self.conf.max_frame_size)
             self._servers.append(ssrv)
             self._ssl_port = ssrv.sockets[0].getsockname()[1]
+        if self.conf.ssl_only:       # TLS enforced: the hub is named by its TLS port, no plaintext port opens
+            self._port = self._ssl_port
+        else:
+            srv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host, self.conf.server_port,
+                                           reuse_address=True, backlog=1024)
+            self._servers.append(srv)
+            self._port = srv.sockets[0].getsockname()[1]
+        self.address = f"{self.conf.server_host}:{self._port}"
 
     def _start_stats(self) -> None:
         """The one place the stats endpoint is set up (``hub.stats``)."""
