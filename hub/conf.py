@@ -96,6 +96,12 @@ class HubConf:
     bk_write_quorum_size: int = setting(2, "copies of each entry", min=1)
     bk_ack_quorum_size: int = setting(2, "acknowledgements before a publish succeeds", min=1)
     max_entries_per_ledger: int = setting(0, "entries before a topic rolls to a new ledger (0: unlimited)", min=0)
+    bk_client_conf: str = setting("", "path of a bk_client.conf for the hub's ledger client, e.g. with "
+                                  "delay_ensemble_change=true (empty: defaults)")
+    ledger_create_backoff_ms: int = setting(100, "ms a topic waits before trying again to start a ledger after a "
+                                            "failed start (doubling per failure)", min=1)
+    ledger_create_backoff_max_ms: int = setting(2000, "most ms a topic waits between attempts to start a ledger",
+                                                min=1)
     # --- metadata ---
     zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
     metadata_manager_based_topic_manager_enabled: bool = setting(

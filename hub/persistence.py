@@ -41,7 +41,14 @@ records its end, and is reopened when a scan needs an entry past its LAC.
 Failure: a failed add fails its batch and every publish queued behind it
 with ``ServiceDownError``; the ledger is closed at its last acknowledged
 entry (so the failed batch never surfaces) and the next publish starts a
-new ledger. Metadata conflicts raise ``hub.errors.BadVersionError`` (someone
+new ledger. A ledger that cannot be started (too few bookies), or that
+failed before any entry was acknowledged, is not retried at once: the
+topic backs off ``ledger_create_backoff_ms``, doubling per further failure
+up to ``ledger_create_backoff_max_ms``, and publishes meanwhile fail at once
+with ``ServiceDownError`` naming the last failure; an acknowledged entry
+resets the backoff. So a hub without enough bookies neither spins nor
+leaves a trail of empty ledgers (an empty one is deleted when closed).
+Metadata conflicts raise ``hub.errors.BadVersionError`` (someone
 else owns the topic).
 """
 
@@ -142,6 +149,9 @@ class TopicLog:
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
         self._idle: list[asyncio.Future[None]] = []       # _drained waits for the queue to empty
         self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
+        self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
+        self._start_not_before = 0.0      # loop time before which no new ledger is tried
+        self._start_error: BaseException | None = None
         self.closed = False
 
     # --- acquisition ----------------------------------------------------------------------------
@@ -313,7 +323,14 @@ class TopicLog:
             maxe = conf.max_entries_per_ledger
             if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
                 if not inflight:   # roll once the entries in flight are settled
-                    self._slow = asyncio.get_running_loop().create_task(self._roll())
+                    loop = asyncio.get_running_loop()
+                    wait = self._start_not_before - loop.time()
+                    if wait > 0 and self.lh is None:
+                        self._fail_queue(errors.ServiceDownError(
+                            f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
+                            f"{wait * 1000:.0f} ms"))
+                        break
+                    self._slow = loop.create_task(self._roll())
                 return
             self._send(self._take_batch())
         if not inflight and not self._queue:
@@ -355,10 +372,20 @@ class TopicLog:
                     await self._close_current()
                 await self._new_ledger()
         except Exception as exc:
+            self._start_failed(exc)
             self._fail_queue(self._error(exc))
         finally:
             self._slow = None
         self._pump()
+
+    def _start_failed(self, exc: BaseException) -> None:
+        """A ledger could not be started (or failed empty): back off before the next (module docstring)."""
+        self._start_failures += 1
+        delay = min(self.conf.ledger_create_backoff_ms * 2 ** min(self._start_failures - 1, 30),
+                    self.conf.ledger_create_backoff_max_ms) / 1000.0
+        self._start_not_before = asyncio.get_running_loop().time() + delay
+        self._start_error = exc
+        log.warning("topic %r: no ledger (%s); next attempt in %.0f ms", self.topic, exc, delay * 1000)
 
     async def _drained(self) -> None:
         """Return once nothing is queued or in flight."""
@@ -401,6 +428,8 @@ class TopicLog:
                     self._drain = None
             failed = [a.batch for a in self._inflight]
             self._inflight.clear()
+            if not self._index.get(lh.ledger_id):   # nothing acknowledged on it: as good as never started
+                self._start_failed(exc)
             self._fail_queue(self._error(exc), failed)
             try:
                 async with self._lock:
@@ -414,6 +443,7 @@ class TopicLog:
         self._pump()
 
     def _acked(self, add: _Add) -> None:
+        self._start_failures = 0
         first, batch = add.first, add.batch
         self._index[add.lh.ledger_id].append(first)
         self.last_seq = first + len(batch) - 1

@@ -354,7 +354,7 @@ class HubServer:
         """Open the metastore and ledger client, listen, register; raises on any failure."""
         import sys
 
-        from bookie.client import BookKeeper
+        from bookie.client import BookKeeper, load_client_conf
         from metastore import open_metastore
 
         for p in self.conf.filter_class_path:
@@ -364,7 +364,8 @@ class HubServer:
 
         regions = RegionManager(self)      # a bad region conf fails here, before anything opens
         self.store = await open_metastore(self.conf.metastore)
-        self.bk = await BookKeeper.connect(self.store)
+        bk_conf = load_client_conf(self.conf.bk_client_conf) if self.conf.bk_client_conf else None
+        self.bk = await BookKeeper.connect(self.store, conf=bk_conf)
         self.owners = TopicOwnershipManager(self.store)
         self.pm = TopicPersistenceManager(self.store)
         self.sm = SubscriptionDataManager(self.store)
