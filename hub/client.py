@@ -244,6 +244,7 @@ class HedwigClient:
         self.conns: dict[str, _Conn] = {}
         self._connecting: dict[str, asyncio.Task[_Conn]] = {}
         self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
+        self._sequences: dict[tuple[bytes, bytes], int] = {}   # (topic, producer) -> next sequence id
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -396,20 +397,50 @@ class HedwigClient:
             raise err
 
     # --- publish ----------------------------------------------------------------------------------
-    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None) -> int:
-        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``."""
+    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      producer: bytes | None = None, sequence_id: int | None = None) -> int:
+        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
+
+        Exactly once (Pulsar's producer deduplication): with ``producer`` (or the client conf's
+        ``producer_name``) the owner stores (producer, ``sequence_id``) at most once per topic and
+        answers a duplicate with the seq id the original got; ``DuplicatePublishError`` when the
+        sequence id is older than the producer's last ``dedup_window`` publishes. Without
+        ``sequence_id`` the client numbers the producer's publishes to the topic itself, increasing,
+        from the time in microseconds at its first one (so a restarted client continues above its
+        earlier numbers). Such a publish is retried with the same sequence id when its answer is lost
+        (a connection dropped, an owner failed) until ``server_ack_response_timeout``, instead of
+        raising ``UncertainStateError``.
+        """
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
             raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
                                               f"{self.conf.max_message_size}")
+        if producer is None and self.conf.producer_name:
+            producer = self.conf.producer_name.encode()
+        if sequence_id is not None and not producer:
+            raise ValueError("sequence_id needs a producer (or the client conf's producer_name)")
         req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
         req.publishRequest.topic = topic
-        req.publishRequest.msg.body = body
+        msg = req.publishRequest.msg
+        msg.body = body
         if properties:
-            entries = req.publishRequest.msg.header.properties.entries
+            entries = msg.header.properties.entries
             for k, v in properties.items():
                 entries.add(key=k, value=v)
+        if producer:
+            if sequence_id is None:
+                key = (topic, producer)
+                sequence_id = self._sequences.get(key) or time.time_ns() // 1000
+                self._sequences[key] = sequence_id + 1
+            elif sequence_id < 0:
+                raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
+            msg.producer = producer
+            msg.sequenceId = sequence_id
+            return await self._publish_once(topic, req)
+        return await self._publish(topic, req)
+
+    async def _publish(self, topic: bytes, req: pb.PubSubRequest) -> int:
         resp: pb.PubSubResponse | None = None
         conn = self.conns.get(self.owner.get(topic, ""))
         if conn is not None and conn.alive:
@@ -419,6 +450,20 @@ class HedwigClient:
         if resp is None or resp.statusCode != pb.SUCCESS:
             _, resp = await self._call(topic, req)
         return int(resp.publishResponse.publishedMsgId.localComponent)
+
+    async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
+        """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
+        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
+        while True:
+            try:
+                return await self._publish(topic, req)
+            except errors.UncertainStateError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("publish of %r sequence id %d: %s; asking again", req.publishRequest.msg.producer,
+                         req.publishRequest.msg.sequenceId, exc)
+                self.owner.pop(topic, None)
+                await asyncio.sleep(_RETRY_WAIT)
 
     # --- subscriptions ----------------------------------------------------------------------------
     async def subscribe(self, topic: bytes, subscriber_id: bytes, create_or_attach: str = "CREATE_OR_ATTACH",

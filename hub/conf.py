@@ -81,6 +81,10 @@ class HubConf:
     max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)
     batch_flush_bytes: int = setting(8192, "with adds in flight, queued publishes go out as another entry once "
                                      "they hold this many bytes (0: at once)", min=0)
+    dedup_window: int = setting(10000, "publishes per producer whose duplicates are answered with the original's "
+                                "seq id (older ones: DUPLICATE_PUBLISH)", min=1)
+    dedup_snapshot_interval: int = setting(1000, "messages of a topic with producers between snapshots of its "
+                                           "deduplication state (a new owner reads the log after the last)", min=1)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
     filter_class_path: tuple[str, ...] = setting((), "directories added to sys.path whose modules may be loaded "
@@ -163,6 +167,8 @@ class ClientConf:
     server_ack_response_timeout: int = setting(30000, "ms before a request without a response fails", min=1)
     enable_resubscribe: bool = setting(True, "subscribe again by itself after a hub failure")
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
+    producer_name: str = setting("", "number publishes as this producer, so the owner stores each at most once "
+                                 "(empty: off)")
 
 
 def load_hub_conf(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> HubConf:

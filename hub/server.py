@@ -42,6 +42,7 @@ from hub.message import Message
 from hub.metadata import (
     HubRegistry,
     SubscriptionDataManager,
+    TopicDedupManager,
     TopicOwnershipManager,
     TopicPersistenceManager,
     hub_address,
@@ -370,7 +371,8 @@ class HubServer:
         self.pm = TopicPersistenceManager(self.store)
         self.sm = SubscriptionDataManager(self.store)
         self.registry = HubRegistry(self.store)
-        for m in (self.owners, self.pm, self.sm, self.registry):
+        self.dedup_store = TopicDedupManager(self.store)
+        for m in (self.owners, self.pm, self.sm, self.registry, self.dedup_store):
             await m.start()
         self.cache = ReadAheadCache(self.conf, self._scan, last_seq=self._last_seq)
         await self._listen()
@@ -453,7 +455,7 @@ class HubServer:
         if owner is not None:
             raise _Redirect(owner)
         try:
-            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted)
+            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
                                       track=self.track)
             await subs.load()
