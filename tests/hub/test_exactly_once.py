@@ -104,7 +104,8 @@ async def test_producer_name_numbers_publishes_and_a_restarted_client_goes_on_ab
 
 
 @in_cluster
-async def test_kill_9_of_the_owner_during_retried_publishes_stores_none_twice(cluster: LocalCluster) -> None:
+async def test_kill_9_of_the_owner_during_retried_publishes_stores_none_twice(
+        cluster: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
     topic = topic_name()
     n = 80
     conf = {"producer_name": "orders-1", "server_ack_response_timeout": "30000"}
@@ -130,9 +131,11 @@ async def test_kill_9_of_the_owner_during_retried_publishes_stores_none_twice(cl
 
         task = asyncio.create_task(publisher())
         await asyncio.wait_for(twenty.wait(), 30)
-        await cluster.kill_hub(owner)
-        seqs = await asyncio.wait_for(task, 120)
+        with caplog.at_level("INFO", logger="hub.client"):
+            await cluster.kill_hub(owner)
+            seqs = await asyncio.wait_for(task, 120)
         assert len(set(seqs)) == n
+        assert any("asking again" in r.getMessage() for r in caplog.records)   # answers were lost and re-asked
     await cluster.restart_hub(owner)
     await cluster.stop_hub(1 - owner)        # release the topic: its ledgers closed, to be read back
     try:
