@@ -110,6 +110,8 @@ class HubConnection(asyncio.Protocol):
         self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
+        self.role: str | None = None   # the authenticated token's subject (hub.auth)
+        self.region_hub = False        # authenticated with one of superuser_roles: may set srcRegion
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -219,8 +221,11 @@ class HubConnection(asyncio.Protocol):
     def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
         t.last_active = time.monotonic()
         msg = ev.request.publishRequest.msg
-        if not msg.srcRegion:
+        if not self.region_hub or not msg.srcRegion:
+            # only an authenticated region hub may name another region or carry a version vector:
+            # a crafted remoteComponents would otherwise become the topic's vector-max
             msg.srcRegion = self.server.region_bytes
+            msg.ClearField("msgId")
         if self.server.regions is not None:
             self.server.regions.stamp(ev.topic, msg)
         self.server.stats.incr("publishes")
