@@ -53,6 +53,7 @@ import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from bookie.outbox import Outbox
@@ -245,6 +246,13 @@ class HedwigClient:
         self._connecting: dict[str, asyncio.Task[_Conn]] = {}
         self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
         self._sequences: dict[tuple[bytes, bytes], int] = {}   # (topic, producer) -> next sequence id
+        self._token = conf.auth_token
+        if not self._token and conf.auth_token_file:
+            try:
+                self._token = Path(conf.auth_token_file).read_text().strip()
+            except OSError as exc:
+                raise errors.AuthenticationError(f"auth_token_file {conf.auth_token_file}: "
+                                                 f"{exc.strerror or exc}") from None
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -322,8 +330,25 @@ class HedwigClient:
                     f"TLS handshake with hub {address} failed ({exc or type(exc).__name__}): does port {port} "
                     f"serve TLS? (a plaintext port drops a TLS client)") from None
             raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
+        if self._token:
+            await self._authenticate(proto)
         self.conns[address] = proto
         return proto
+
+    async def _authenticate(self, conn: _Conn) -> None:
+        """Present the token on a new connection; ``AuthenticationError`` (connection closed) if refused."""
+        req = pb.PubSubRequest(type=pb.AUTHENTICATE)
+        req.authenticateRequest.token = self._token.encode()
+        try:
+            resp = await conn.request(req, self.conf.server_ack_response_timeout / 1000.0)
+        except errors.PubSubError:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise
+        if resp.statusCode != pb.SUCCESS:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise errors.error_for_status(status_name(resp.statusCode), resp.statusMsg)
 
     def _conn_lost(self, conn: _Conn) -> None:
         if self.conns.get(conn.address) is conn:

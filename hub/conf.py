@@ -31,7 +31,7 @@ from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
-SECRET_KEYS = frozenset({"password"})
+SECRET_KEYS = frozenset({"password", "token_secret_key"})
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class HubConf:
     cert_path: str = setting("", "path of the SSL certificate file (empty: none)")
     ssl_handshake_timeout: int = setting(10000, "ms a TLS handshake may take before the connection is dropped",
                                          min=1)
+    authentication_enabled: bool = setting(False, "require a signed token (AUTHENTICATE) on every client "
+                                           "connection")
+    token_secret_key: str = setting("", "path of the token secret key file (quire token create-secret-key)")
+    superuser_roles: tuple[str, ...] = setting((), "token roles of region hubs and operators, space or comma "
+                                               "separated: they may subscribe as region hubs and keep srcRegion")
     # --- read-ahead cache ---
     readahead_enabled: bool = setting(True, "read messages ahead of the subscribers")
     readahead_count: int = setting(10, "number of messages to read ahead", min=1)
@@ -119,6 +124,8 @@ class HubConf:
     def __post_init__(self) -> None:
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
                 self.bk_write_quorum_size, "must be <= bk_ensemble_size")
+        require(bool(self.token_secret_key) or not self.authentication_enabled, "token_secret_key",
+                self.token_secret_key, "is needed with authentication_enabled=true")
         require(self.ssl_enabled or not self.ssl_only, "ssl_only", self.ssl_only, "needs ssl_enabled=true")
         require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",
                 self.bk_ack_quorum_size, "must be <= bk_write_quorum_size")
@@ -169,6 +176,8 @@ class ClientConf:
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
     producer_name: str = setting("", "number publishes as this producer, so the owner stores each at most once "
                                  "(empty: off)")
+    auth_token: str = setting("", "signed token sent to hubs that require authentication (empty: none)")
+    auth_token_file: str = setting("", "file holding the token, read at connect (used when auth_token is empty)")
 
 
 def load_hub_conf(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> HubConf:

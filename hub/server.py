@@ -193,6 +193,8 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
+        if self.server.authenticator is not None and not self._authorized(req):
+            return
         if req.type == pb.CONSUME:
             self._consume(ev)
             return
@@ -211,6 +213,28 @@ class HubConnection(asyncio.Protocol):
         task = self._track(self._handle(ev, self.chains.get(key)))
         self.chains[key] = task
         task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
+
+    def _authorized(self, req: pb.PubSubRequest) -> bool:
+        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for superusers only."""
+        if req.type == pb.AUTHENTICATE:
+            try:
+                self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
+            except errors.AuthenticationError as exc:
+                log.info("connection refused a token: %s", exc)
+                self._fail(req, exc)
+                return False
+            self.region_hub = self.role in self.conf.superuser_roles
+            self.send(protocol.response(req.txnId))
+            return False
+        if self.role is None:
+            self._fail(req, errors.AuthenticationError("this hub requires authentication: set the client conf "
+                                                       "auth_token or auth_token_file"))
+            return False
+        if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
+            self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
+                                                      "(superuser_roles)"))
+            return False
+        return True
 
     def _track(self, coro: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -333,6 +357,7 @@ class HubServer:
         self.cache: Any = None
         self.ownership: Ownership | None = None
         self.regions: Any = None      # hub.regions.RegionManager once started
+        self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
 
     def flush_soon(self, flush: Callable[[], None]) -> None:
         """A connection's ``OutBuffer`` has frames: write them at the end of this loop turn (``flush``)."""
@@ -380,6 +405,10 @@ class HubServer:
         for m in (self.owners, self.pm, self.sm, self.registry, self.dedup_store):
             await m.start()
         self.cache = ReadAheadCache(self.conf, self._scan, last_seq=self._last_seq)
+        if self.conf.authentication_enabled:    # a missing key fails start-up before any port opens
+            from hub.auth import TokenAuthenticator
+
+            self.authenticator = TokenAuthenticator(self.conf.token_secret_key)
         await self._listen()
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,

@@ -22,6 +22,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     START_DELIVERY: _ClassVar[OperationType]
     STOP_DELIVERY: _ClassVar[OperationType]
     CLOSESUBSCRIPTION: _ClassVar[OperationType]
+    AUTHENTICATE: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +62,7 @@ UNSUBSCRIBE: OperationType
 START_DELIVERY: OperationType
 STOP_DELIVERY: OperationType
 CLOSESUBSCRIPTION: OperationType
+AUTHENTICATE: OperationType
 SUCCESS: StatusCode
 MALFORMED_REQUEST: StatusCode
 NO_SUCH_TOPIC: StatusCode
@@ -236,7 +238,7 @@ class CloseSubscriptionRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
-    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest")
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +251,7 @@ class PubSubRequest(_message.Message):
     STARTDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
     STOPDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
     CLOSESUBSCRIPTIONREQUEST_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATEREQUEST_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     type: OperationType
     txnId: int
@@ -261,7 +264,14 @@ class PubSubRequest(_message.Message):
     startDeliveryRequest: StartDeliveryRequest
     stopDeliveryRequest: StopDeliveryRequest
     closeSubscriptionRequest: CloseSubscriptionRequest
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ...) -> None: ...
+    authenticateRequest: AuthenticateRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ...) -> None: ...
+
+class AuthenticateRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("publishedMsgId",)
