@@ -321,7 +321,7 @@ class HedwigClient:
                 loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls,
                                        server_hostname=host if tls is not None else None), 5.0)
         except ssl.SSLCertVerificationError as exc:
-            raise errors.CouldNotConnectError(
+            raise errors.UntrustedCertificateError(
                 f"hub {address}: its TLS certificate is not trusted ({exc.verify_message or exc}); ssl_ca_file "
                 f"names the CA that signs hub certificates, ssl_verify=false skips the check") from None
         except (OSError, TimeoutError, ValueError) as exc:
@@ -380,6 +380,8 @@ class HedwigClient:
                                                           f"{self.conf.server_ack_response_timeout} ms")
             try:
                 conn = await self._conn(address)
+            except errors.UntrustedCertificateError:
+                raise           # retrying does not make a certificate trusted
             except errors.CouldNotConnectError as exc:
                 last = exc
                 redirects = 0          # the owner we were sent to is gone: start over at a live hub

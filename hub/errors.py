@@ -41,6 +41,7 @@ __all__ = [
     "TopicPersistenceInfoExistsError",
     "UncertainStateError",
     "UnknownOperationError",
+    "UntrustedCertificateError",
     "error_for_status",
 ]
 
@@ -80,6 +81,10 @@ class CouldNotConnectError(PubSubError):
     """No connection to the hub could be made."""
 
     status = "COULD_NOT_CONNECT"
+
+
+class UntrustedCertificateError(CouldNotConnectError):
+    """A hub's TLS certificate failed verification (``ssl_ca_file``, host name); not retried."""
 
 
 class NotResponsibleForTopicError(PubSubError):

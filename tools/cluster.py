@@ -22,8 +22,8 @@ to the bookies.
 own metastore, bookies and hubs; the first region is this object, the others
 live under ``data_dir/region-NAME``), wired through each region's
 ``hw_region_client.conf`` (``remote_hubs``; over TLS when ``conf_overrides``
-has ``ssl_enabled=true``; ``ssl_ca_file``/``ssl_verify`` in ``conf_overrides`` go there) and the hubs'
-``regions``:
+has ``ssl_enabled=true``; ``ssl_ca_file``, ``ssl_verify``, ``auth_token``, ``auth_token_file`` in
+``conf_overrides`` go there) and the hubs' ``regions``:
 ``hub_addresses_by_region``, ``region_clusters[name]`` (for ``kill_hub`` and
 friends in that region), ``stats_urls`` of every region.
 
@@ -102,7 +102,8 @@ class _Role:
 
 
 _BOOKIE_SHARED = frozenset({"zk_host", "zk_prefix", "metastore_uri", "stats_http_port"})
-_REGION_CLIENT_KEYS = ("ssl_ca_file", "ssl_verify")   # conf_overrides keys for hw_region_client.conf only
+# conf_overrides keys for hw_region_client.conf only
+_REGION_CLIENT_KEYS = ("ssl_ca_file", "ssl_verify", "auth_token", "auth_token_file")
 
 
 def _hub_keys() -> frozenset[str]:

@@ -112,3 +112,26 @@ def test_quire_token_commands(tmp_path: Path) -> None:
     made = quire("create", "--secret-key", str(key), "--subject", "app", "--expiry", "1h")
     assert made.returncode == 0
     assert TokenAuthenticator(key).authenticate(made.stdout.strip()) == "app"
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_region_hubs_authenticate_with_a_superuser_token(keys: tuple[Path, Path], tmp_path: Path) -> None:
+    conf = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1",
+            "authentication_enabled": "true", "token_secret_key": str(keys[0]), "superuser_roles": "region-hub",
+            "auth_token": create_token(keys[0], "region-hub")}        # hw_region_client.conf
+    app = {"auth_token": create_token(keys[0], "app")}
+    async with LocalCluster(bookies=1, hubs=1, regions=["r1", "r2"], data_dir=tmp_path / "c",
+                            conf_overrides=conf) as c:
+        topic = uuid.uuid4().hex.encode()
+        got: asyncio.Queue[Message] = asyncio.Queue()
+
+        async def handler(t: bytes, s: bytes, m: Message) -> None:
+            got.put_nowait(m)
+
+        async with await HedwigClient.connect(c.hub_addresses_by_region["r2"][0], conf=app) as c2, \
+                await HedwigClient.connect(c.hub_addresses_by_region["r1"][0], conf=app) as c1:
+            await c2.subscribe(topic, b"s", synchronous=True)     # r2's hub subscribes in r1 as region-hub
+            await c2.start_delivery(topic, b"s", handler)
+            await c1.publish(topic, b"across")
+            msg = await asyncio.wait_for(got.get(), 30)
+            assert (msg.body, msg.src_region) == (b"across", "r1")

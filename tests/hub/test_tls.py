@@ -164,7 +164,7 @@ async def test_client_rejects_a_hub_certificate_signed_by_another_ca(
     other = make_ca(pki[0], cn="Some other CA")
     for conf in ({"ssl_enabled": "true", "ssl_ca_file": str(other[2])},   # a CA that did not sign the hub's
                  {"ssl_enabled": "true"}):                                 # the system's CAs
-        with pytest.raises(errors.CouldNotConnectError, match="certificate is not trusted") as info:
+        with pytest.raises(errors.UntrustedCertificateError, match="certificate is not trusted") as info:
             await HedwigClient.connect(cluster.hub_ssl_addresses[0], conf=conf)
         assert "ssl_ca_file" in str(info.value)
     # the right CA but the wrong name: the hub's certificate is for 127.0.0.1, not "localhost"
