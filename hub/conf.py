@@ -14,7 +14,10 @@ Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
-``max_outbound_buffer``, ``max_outstanding_adds``.
+``max_outbound_buffer``, ``max_outstanding_adds``, ``ssl_only``, ``bk_client_conf``,
+``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``,
+``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``;
+client: ``ssl_ca_file``, ``ssl_verify``, ``producer_name``, ``auth_token``, ``auth_token_file``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
