@@ -135,3 +135,13 @@ async def test_region_hubs_authenticate_with_a_superuser_token(keys: tuple[Path,
             await c1.publish(topic, b"across")
             msg = await asyncio.wait_for(got.get(), 30)
             assert (msg.body, msg.src_region) == (b"across", "r1")
+
+
+def test_hub_with_a_missing_token_key_exits_with_one_line(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "hub", "--set", "server_port=0", "--set", "authentication_enabled=true",
+         "--set", f"token_secret_key={tmp_path / 'nope.key'}", "--metastore", f"lmdb://{tmp_path / 'ms'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("quire hub:")]
+    assert len(lines) == 1 and "nope.key" in lines[0] and "No such file" in lines[0]
