@@ -147,19 +147,23 @@ class BookKeeper:
         """Create a ledger on ``ensemble`` bookies chosen by the placement policy.
 
         Raises ``ValueError`` for impossible quorums or an unknown digest,
-        ``NotEnoughBookiesError`` when too few writable bookies are registered.
+        ``NotEnoughBookiesError`` when too few writable bookies are registered (bookies that failed an add or
+        a read in the last ``bookie_quarantine_time_s`` seconds do not count).
         """
         self._check_open()
         if not (ensemble >= write_quorum >= ack_quorum >= 1):
             raise ValueError(f"need ensemble >= write_quorum >= ack_quorum >= 1, got {ensemble}/{write_quorum}/"
                              f"{ack_quorum}")
         digests.digest_type_of(digest)
+        quarantine = self.conf.bookie_quarantine_time_s
         try:
-            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, set())
+            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum,
+                                               self._ctx.failures.recent(quarantine) if quarantine else set())
         except PlacementNotEnoughBookiesError:
             await self.watcher.refresh()
             try:
-                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, set())
+                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum,
+                                                   self._ctx.failures.recent(quarantine) if quarantine else set())
             except PlacementNotEnoughBookiesError as exc:
                 raise NotEnoughBookiesError(str(exc)) from None
         ledger_id = await self.ledgers.new_ledger_id()

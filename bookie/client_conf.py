@@ -62,6 +62,13 @@ class ClientConf:
     explicit_lac_interval: int = setting(
         1000, "Milliseconds without an add after which a ledger writer sends its LAC to the bookies, so tailing "
               "readers see its last entry (BookKeeper's explicitLacInterval); 0 disables.", min=0)
+    delay_ensemble_change: bool = setting(
+        False, "A failed bookie whose loss still leaves every write set its ack quorum does not stop adds: the "
+               "writer keeps writing to the rest of the ensemble and replaces the bookie once a replacement exists "
+               "(BookKeeper's delayEnsembleChange).")
+    bookie_quarantine_time_s: float = setting(
+        3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles (BookKeeper's "
+             "bookieQuarantineTime; a dead bookie stays registered up to its session_timeout); 0 = never.", min=0)
     failure_half_life_s: float = setting(
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)
 

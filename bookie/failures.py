@@ -8,6 +8,9 @@
 Every ``half_life`` seconds each count is halved (integer division, so a
 bookie that stopped failing drops back to 0 and is tried first again).
 Decay is applied lazily when the history is read or written; no timer runs.
+``recent(seconds)`` names the bookies that failed within the last
+``seconds`` (the quarantine ``BookKeeper.create_ledger`` leaves out of new
+ensembles, as BookKeeper's ``bookieQuarantineTime``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class FailureHistory(Mapping[str, int]):
         self.half_life = half_life
         self._clock = clock
         self._counts: dict[str, int] = {}
+        self._last: dict[str, float] = {}
         self._epoch = clock()
 
     def _decay(self) -> None:
@@ -41,6 +45,13 @@ class FailureHistory(Mapping[str, int]):
         """Count one failure of ``address``."""
         self._decay()
         self._counts[address] = self._counts.get(address, 0) + 1
+        self._last[address] = self._clock()
+
+    def recent(self, seconds: float) -> set[str]:
+        """The bookies whose last failure was less than ``seconds`` ago."""
+        since = self._clock() - seconds
+        self._last = {a: t for a, t in self._last.items() if t > since}
+        return set(self._last)
 
     def __getitem__(self, address: str) -> int:
         self._decay()

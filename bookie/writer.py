@@ -24,11 +24,23 @@ placement policy picks a replacement, the new segment starting after
 ``last_add_confirmed`` is recorded in the ledger metadata by
 compare-and-set (``LedgerMetadataManager.update``), and what is pending is
 re-sent. Adds fail only when no replacement exists
-(``NotEnoughBookiesError``), when the ledger was fenced
+(``NotEnoughBookiesError``; but see below), when the ledger was fenced
 (``LedgerFencedError``) or the password is wrong (``UnauthorizedError``);
 every pending and later add then fails with that error. An entry larger
 than ``max_entry_size`` is refused up front (``EntryTooLargeError``) and
 the writer stays usable.
+
+Delayed ensemble change (client key ``delay_ensemble_change``, BookKeeper's
+``delayEnsembleChange``): when no replacement exists but every write set of
+the current ensemble still holds ``ack_quorum`` bookies that have not failed
+(so ``write_quorum > ack_quorum``, e.g. E3 W3 A2 losing one bookie), adds go
+on to the rest of the ensemble: each entry is acknowledged by the live
+bookies of its write set, and is stored on fewer than ``write_quorum``
+bookies until AutoRecovery re-replicates it. The writer asks placement for a
+replacement again every ``bookie_watch_interval_ms``; once one exists, the
+new segment starts after ``last_add_confirmed`` as usual. A further failure
+that leaves a write set short of the ack quorum fails the adds as without
+the key. Recovery writers never delay (they need the whole write quorum).
 
 Explicit LAC (BookKeeper's ``explicitLacInterval``): every add carries the
 LAC of its time, so the bookies learn of an entry's confirmation only from
@@ -119,6 +131,9 @@ class LedgerWriter:
         self._pending: collections.deque[_PendingAdd] = collections.deque()
         self._to_replace: set[str] = set()
         self._replacing: set[str] = set()
+        self._delayed: set[str] = set()  # failed, no replacement yet, ack quorum still reachable without them
+        self._delay = ctx.conf.delay_ensemble_change and not recovery
+        self._retry_timer: asyncio.TimerHandle | None = None
         self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
         self._change_task: asyncio.Task[None] | None = None
         self._connecting: dict[str, asyncio.Task[None]] = {}
@@ -156,7 +171,7 @@ class LedgerWriter:
         self._conns: list[BookieConnection | None] = [None] * size
         self._callbacks = [functools.partial(self._on_response, addr) for addr in ensemble]
         self._blocked = 0
-        for addr in self._replacing | self._to_replace:
+        for addr in self._replacing | self._to_replace | self._delayed:
             idx = self._index_of.get(addr)
             if idx is not None:
                 self._blocked |= 1 << idx
@@ -388,7 +403,7 @@ class LedgerWriter:
 
     # --- ensemble change --------------------------------------------------------------------------
     def _bookie_failed(self, addr: str, exc: BaseException | None) -> None:
-        if self._error is not None or addr in self._replacing or addr in self._to_replace:
+        if self._error is not None or addr in self._replacing or addr in self._to_replace or addr in self._delayed:
             return
         idx = self._index_of.get(addr)
         if idx is None:
@@ -408,6 +423,17 @@ class LedgerWriter:
             old = self._ensemble
             try:
                 await self._write_new_segment(failed)
+            except NotEnoughBookiesError as exc:
+                self._replacing -= failed
+                if not (self._delay and self._quorum_reachable(failed | self._delayed | self._to_replace)):
+                    self.fail_all(exc)
+                    return
+                if not failed <= self._delayed:
+                    log.warning("ledger %d: no replacement for %s (%s); writing to the rest of the ensemble "
+                                "(delay_ensemble_change)", self.ledger_id, sorted(failed), exc)
+                self._delayed |= failed
+                self._arm_replace_retry()
+                continue
             except BKError as exc:
                 self.fail_all(exc)
                 return
@@ -418,6 +444,7 @@ class LedgerWriter:
             for i, addr in enumerate(old):
                 if addr in failed or i >= len(new) or new[i] != addr:
                     changed |= 1 << i
+            self._delayed -= failed
             self._use_ensemble()
             keep = ~changed
             for p in list(self._pending):
@@ -425,6 +452,35 @@ class LedgerWriter:
                 p.sent &= keep
                 if not p.done:
                     self._send(p)
+
+    def _quorum_reachable(self, down: set[str]) -> bool:
+        """Whether every write set of the current ensemble keeps ``ack_quorum`` bookies outside ``down``."""
+        mask = 0
+        for addr in down:
+            idx = self._index_of.get(addr)
+            if idx is not None:
+                mask |= 1 << idx
+        return all(sum(1 for i in ws if not mask >> i & 1) >= self._quorum for ws in self._write_sets)
+
+    def _arm_replace_retry(self) -> None:
+        if self._retry_timer is None and self._error is None:
+            self._retry_timer = self._loop.call_later(self._ctx.conf.bookie_watch_interval_ms / 1000.0,
+                                                      self._retry_replace)
+
+    def _retry_replace(self) -> None:
+        """Delayed bookies: ask placement for replacements again (they stay out of the write sets meanwhile)."""
+        self._retry_timer = None
+        if self._error is not None or self._closing or self.metadata.is_closed or not self._delayed:
+            return
+        self._to_replace |= self._delayed
+        self._delayed.clear()
+        if self._change_task is None or self._change_task.done():
+            self._change_task = self._loop.create_task(self._change_ensemble())
+
+    def _stop_replace_retry(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+            self._retry_timer = None
 
     async def _write_new_segment(self, failed: set[str]) -> None:
         policy = self._ctx.policy
@@ -469,6 +525,7 @@ class LedgerWriter:
         if self._error is None:
             self._error = exc
         self._stop_lac_timer()
+        self._stop_replace_retry()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -503,6 +560,7 @@ class LedgerWriter:
             return self.metadata, self.version
         self._closing = True
         self._stop_lac_timer()
+        self._stop_replace_retry()
         await self.drain()
         for task in list(self._connecting.values()):
             task.cancel()

@@ -56,6 +56,7 @@ import math
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
@@ -270,6 +271,15 @@ class HedwigClient:
         self._default = 0
         self.conns: dict[str, _Conn] = {}
         self._connecting: dict[str, asyncio.Task[_Conn]] = {}
+        self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
+        self._sequences: dict[tuple[bytes, bytes], int] = {}   # (topic, producer) -> next sequence id
+        self._token = conf.auth_token
+        if not self._token and conf.auth_token_file:
+            try:
+                self._token = Path(conf.auth_token_file).read_text().strip()
+            except OSError as exc:
+                raise errors.AuthenticationError(f"auth_token_file {conf.auth_token_file}: "
+                                                 f"{exc.strerror or exc}") from None
         self.owner: dict[bytes, str] = {}
         self.subs: dict[tuple[bytes, bytes], _Sub] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -327,20 +337,53 @@ class HedwigClient:
         loop = asyncio.get_running_loop()
         tls = None
         if self.conf.ssl_enabled:
-            from hub.tls import client_context
+            if self._tls is None:
+                from hub.tls import client_context
 
-            tls = client_context()
+                try:
+                    self._tls = client_context(self.conf.ssl_ca_file, self.conf.ssl_verify)
+                except errors.CertificateError as exc:
+                    raise errors.CouldNotConnectError(str(exc)) from None
+            tls = self._tls
         try:
             _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls), 5.0)
+                loop.create_connection(lambda: _Conn(self, address), host, port, ssl=tls,
+                                       server_hostname=host if tls is not None else None), 5.0)
+        except ssl.SSLCertVerificationError as exc:   # retrying does not make a certificate trusted
+            raise errors.UntrustedCertificateError(
+                f"hub {address}: its TLS certificate is not trusted ({exc.verify_message or exc}); ssl_ca_file "
+                f"names the CA that signs hub certificates, ssl_verify=false skips the check",
+                permanent=True) from None
         except ssl.SSLError as exc:   # the hub answered, but not with TLS we can use: no retry helps
             transient = isinstance(exc, ssl.SSLEOFError | ssl.SSLZeroReturnError | ssl.SSLSyscallError)
-            raise errors.CouldNotConnectError(f"TLS handshake with hub {address} failed: {exc}",
-                                              permanent=not transient) from None
+            raise errors.CouldNotConnectError(
+                f"TLS handshake with hub {address} failed ({exc}): does port {port} serve TLS? "
+                f"(a plaintext port drops a TLS client)", permanent=not transient) from None
         except (OSError, TimeoutError, ValueError) as exc:
+            if tls is not None and isinstance(exc, (ssl.SSLError, ConnectionResetError, ConnectionAbortedError)):
+                raise errors.CouldNotConnectError(
+                    f"TLS handshake with hub {address} failed ({exc or type(exc).__name__}): does port {port} "
+                    f"serve TLS? (a plaintext port drops a TLS client)") from None
             raise errors.CouldNotConnectError(f"cannot connect to hub {address}: {exc}") from None
+        if self._token:
+            await self._authenticate(proto)
         self.conns[address] = proto
         return proto
+
+    async def _authenticate(self, conn: _Conn) -> None:
+        """Present the token on a new connection; ``AuthenticationError`` (connection closed) if refused."""
+        req = pb.PubSubRequest(type=pb.AUTHENTICATE)
+        req.authenticateRequest.token = self._token.encode()
+        try:
+            resp = await conn.request(req, self.conf.server_ack_response_timeout / 1000.0)
+        except errors.PubSubError:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise
+        if resp.statusCode != pb.SUCCESS:
+            if conn.transport is not None:
+                conn.transport.close()
+            raise errors.error_for_status(status_name(resp.statusCode), resp.statusMsg)
 
     def _conn_lost(self, conn: _Conn) -> None:
         if self.conns.get(conn.address) is conn:
@@ -437,25 +480,55 @@ class HedwigClient:
 
     # --- publish ----------------------------------------------------------------------------------
     async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
-                      message_type: str = "") -> int:
+                      message_type: str = "", producer: bytes | None = None,
+                      sequence_id: int | None = None) -> int:
         """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
 
         ``message_type`` sets the header's system property ``messageType`` (seen by filters as
-        ``Message.message_type``)."""
+        ``Message.message_type``).
+
+        Exactly once (Pulsar's producer deduplication): with ``producer`` (or the client conf's
+        ``producer_name``) the owner stores (producer, ``sequence_id``) at most once per topic and
+        answers a duplicate with the seq id the original got; ``DuplicatePublishError`` when the
+        sequence id is older than the producer's last ``dedup_window`` publishes. Without
+        ``sequence_id`` the client numbers the producer's publishes to the topic itself, increasing,
+        from the time in microseconds at its first one (so a restarted client continues above its
+        earlier numbers). Such a publish is retried with the same sequence id when its answer is lost
+        (a connection dropped, an owner failed) until ``server_ack_response_timeout``, instead of
+        raising ``UncertainStateError``.
+        """
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
             raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
                                               f"{self.conf.max_message_size}")
+        if producer is None and self.conf.producer_name:
+            producer = self.conf.producer_name.encode()
+        if sequence_id is not None and not producer:
+            raise ValueError("sequence_id needs a producer (or the client conf's producer_name)")
         req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
         req.publishRequest.topic = topic
-        req.publishRequest.msg.body = body
+        msg = req.publishRequest.msg
+        msg.body = body
         if message_type:
-            req.publishRequest.msg.header.messageType = message_type
+            msg.header.messageType = message_type
         if properties:
-            entries = req.publishRequest.msg.header.properties.entries
+            entries = msg.header.properties.entries
             for k, v in properties.items():
                 entries.add(key=k, value=v)
+        if producer:
+            if sequence_id is None:
+                key = (topic, producer)
+                sequence_id = self._sequences.get(key) or time.time_ns() // 1000
+                self._sequences[key] = sequence_id + 1
+            elif sequence_id < 0:
+                raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
+            msg.producer = producer
+            msg.sequenceId = sequence_id
+            return await self._publish_once(topic, req)
+        return await self._publish(topic, req)
+
+    async def _publish(self, topic: bytes, req: pb.PubSubRequest) -> int:
         resp: pb.PubSubResponse | None = None
         conn = self.conns.get(self.owner.get(topic, ""))
         if conn is not None and conn.alive:
@@ -465,6 +538,20 @@ class HedwigClient:
         if resp is None or resp.statusCode != pb.SUCCESS:
             _, resp = await self._call(topic, req)
         return int(resp.publishResponse.publishedMsgId.localComponent)
+
+    async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
+        """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
+        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
+        while True:
+            try:
+                return await self._publish(topic, req)
+            except errors.UncertainStateError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("publish of %r sequence id %d: %s; asking again", req.publishRequest.msg.producer,
+                         req.publishRequest.msg.sequenceId, exc)
+                self.owner.pop(topic, None)
+                await asyncio.sleep(_RETRY_WAIT)
 
     # --- subscriptions ----------------------------------------------------------------------------
     async def subscribe(self, topic: bytes, subscriber_id: bytes, create_or_attach: str = "CREATE_OR_ATTACH",

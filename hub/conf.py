@@ -16,7 +16,10 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``http_admin_token_file``, ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
-``max_partial_frame_bytes``, ``incomplete_frame_timeout``.
+``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
+``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``,
+``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``;
+client: ``ssl_ca_file``, ``ssl_verify``, ``producer_name``, ``auth_token``, ``auth_token_file``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
 """
@@ -33,7 +36,7 @@ from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_
 __all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
-SECRET_KEYS = frozenset({"password", "http_admin_token"})
+SECRET_KEYS = frozenset({"password", "http_admin_token", "token_secret_key"})
 
 
 @dataclass(frozen=True)
@@ -56,12 +59,19 @@ class HubConf:
     server_port: int = setting(4080, "port for client connections (0 picks a free port)", min=0, max=65535)
     ssl_enabled: bool = setting(False, "also serve TLS on ssl_server_port")
     ssl_server_port: int = setting(9876, "port for TLS client connections", min=0, max=65535)
+    ssl_only: bool = setting(False, "with ssl_enabled: serve TLS only, no plaintext port (the hub is named by its "
+                             "TLS port)")
     password: str = setting("", "password of the pkcs12 certificate")
     cert_name: str = setting("", "unsupported, must stay empty: Hedwig's certificate as a Java classpath "
                                  "resource (use cert_path)")
     cert_path: str = setting("", "path of the SSL certificate file (empty: none)")
     ssl_handshake_timeout: int = setting(10000, "ms a TLS handshake may take before the connection is dropped",
                                          min=1)
+    authentication_enabled: bool = setting(False, "require a signed token (AUTHENTICATE) on every client "
+                                           "connection")
+    token_secret_key: str = setting("", "path of the token secret key file (quire token create-secret-key)")
+    superuser_roles: tuple[str, ...] = setting((), "token roles of region hubs and operators, space or comma "
+                                               "separated: they may subscribe as region hubs and keep srcRegion")
     # --- read-ahead cache ---
     readahead_enabled: bool = setting(True, "read messages ahead of the subscribers")
     readahead_count: int = setting(10, "number of messages to read ahead", min=1)
@@ -89,6 +99,10 @@ class HubConf:
     max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)
     batch_flush_bytes: int = setting(8192, "with adds in flight, queued publishes go out as another entry once "
                                      "they hold this many bytes (0: at once)", min=0)
+    dedup_window: int = setting(10000, "publishes per producer whose duplicates are answered with the original's "
+                                "seq id (older ones: DUPLICATE_PUBLISH)", min=1)
+    dedup_snapshot_interval: int = setting(1000, "messages of a topic with producers between snapshots of its "
+                                           "deduplication state (a new owner reads the log after the last)", min=1)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",
                                        min=1024)
     max_partial_frame_bytes: int = setting(64 * MIB, "bytes all client connections together may hold in "
@@ -111,6 +125,12 @@ class HubConf:
     bk_write_quorum_size: int = setting(2, "copies of each entry", min=1)
     bk_ack_quorum_size: int = setting(2, "acknowledgements before a publish succeeds", min=1)
     max_entries_per_ledger: int = setting(0, "entries before a topic rolls to a new ledger (0: unlimited)", min=0)
+    bk_client_conf: str = setting("", "path of a bk_client.conf for the hub's ledger client, e.g. with "
+                                  "delay_ensemble_change=true (empty: defaults)")
+    ledger_create_backoff_ms: int = setting(100, "ms a topic waits before trying again to start a ledger after a "
+                                            "failed start (doubling per failure)", min=1)
+    ledger_create_backoff_max_ms: int = setting(2000, "most ms a topic waits between attempts to start a ledger",
+                                                min=1)
     # --- metadata ---
     zk_prefix: str = setting("/hedwig", "ZooKeeper path prefix (used when metastore_uri is empty)")
     metadata_manager_based_topic_manager_enabled: bool = setting(
@@ -145,6 +165,9 @@ class HubConf:
                 "for this max_message_size)")
         require(self.bk_write_quorum_size <= self.bk_ensemble_size, "bk_write_quorum_size",
                 self.bk_write_quorum_size, "must be <= bk_ensemble_size")
+        require(bool(self.token_secret_key) or not self.authentication_enabled, "token_secret_key",
+                self.token_secret_key, "is needed with authentication_enabled=true")
+        require(self.ssl_enabled or not self.ssl_only, "ssl_only", self.ssl_only, "needs ssl_enabled=true")
         require(self.bk_ack_quorum_size <= self.bk_write_quorum_size, "bk_ack_quorum_size",
                 self.bk_ack_quorum_size, "must be <= bk_write_quorum_size")
 
@@ -180,6 +203,9 @@ class ClientConf:
 
     default_server_host: str = setting("localhost:4080", "hub(s) to try first, host:port, comma separated")
     ssl_enabled: bool = setting(False, "talk to hubs over TLS")
+    ssl_ca_file: str = setting("", "PEM file of the CAs that sign hub certificates (empty: the system's CAs)")
+    ssl_verify: bool = setting(True, "verify the hub's certificate and host name (false: encrypt only, "
+                               "with a warning in the log)")
     max_message_size: int = setting(2097152, "largest message body the client sends (2 MB)", min=1)
     max_server_redirects: int = setting(2, "redirects permitted for one request", min=0)
     auto_send_consume_message_enabled: bool = setting(True, "send consumes for handled messages by itself")
@@ -189,6 +215,10 @@ class ClientConf:
     server_ack_response_timeout: int = setting(30000, "ms before a request without a response fails", min=1)
     enable_resubscribe: bool = setting(True, "subscribe again by itself after a hub failure")
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
+    producer_name: str = setting("", "number publishes as this producer, so the owner stores each at most once "
+                                 "(empty: off)")
+    auth_token: str = setting("", "signed token sent to hubs that require authentication (empty: none)")
+    auth_token_file: str = setting("", "file holding the token, read at connect (used when auth_token is empty)")
 
 
 def load_hub_conf(path: str | os.PathLike[str] | None = None, overrides: Mapping[str, Any] | None = None) -> HubConf:

@@ -16,17 +16,20 @@ received on the wire; unknown names give a plain ``PubSubError``.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "BadVersionError",
     "CertificateError",
     "ClientAlreadySubscribedError",
     "ClientNotSubscribedError",
     "CouldNotConnectError",
+    "DuplicatePublishError",
     "InvalidMessageFilterError",
     "MalformedRequestError",
     "MessageTooLargeError",
     "NoSubscriptionStateError",
     "NoTopicOwnerInfoError",
     "NoTopicPersistenceInfoError",
+    "NotAuthorizedError",
     "NotResponsibleForTopicError",
     "PubSubError",
     "ResponseTimeoutError",
@@ -38,6 +41,7 @@ __all__ = [
     "TopicPersistenceInfoExistsError",
     "UncertainStateError",
     "UnknownOperationError",
+    "UntrustedCertificateError",
     "error_for_status",
 ]
 
@@ -88,6 +92,10 @@ class CouldNotConnectError(PubSubError):
         self.permanent = permanent
 
 
+class UntrustedCertificateError(CouldNotConnectError):
+    """A hub's TLS certificate failed verification (``ssl_ca_file``, host name); not retried."""
+
+
 class NotResponsibleForTopicError(PubSubError):
     """This hub does not own the topic; ``owner`` names the hub that does (``""`` if unknown)."""
 
@@ -126,6 +134,25 @@ class UnknownOperationError(PubSubError):
     """An operation this hub does not serve."""
 
     status = "UNKNOWN_OPERATION"
+
+
+class DuplicatePublishError(PubSubError):
+    """A producer's sequence id older than its last ``dedup_window`` publishes: it may have been stored,
+    the original's seq id is no longer known; nothing was stored now."""
+
+    status = "DUPLICATE_PUBLISH"
+
+
+class AuthenticationError(PubSubError):
+    """The hub requires a valid token (``authentication_enabled``) and got none, or a bad one."""
+
+    status = "AUTHENTICATION_FAILED"
+
+
+class NotAuthorizedError(PubSubError):
+    """The authenticated role may not do this."""
+
+    status = "NOT_AUTHORIZED"
 
 
 # --- metadata statuses (5xx in Hedwig): raised by hub.metadata ---------------------------------
@@ -187,7 +214,8 @@ _BY_STATUS: dict[str, type[PubSubError]] = {
                 InvalidMessageFilterError, MessageTooLargeError, UnknownOperationError, BadVersionError,
                 NoTopicPersistenceInfoError, TopicPersistenceInfoExistsError, NoSubscriptionStateError,
                 SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
-                SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError)
+                SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError, DuplicatePublishError,
+                AuthenticationError, NotAuthorizedError)
 }
 
 

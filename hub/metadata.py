@@ -66,10 +66,12 @@ from metastore.cas import cas_retry, update_record
 __all__ = [
     "HUBS_TABLE",
     "SUBSCRIPTIONS_TABLE",
+    "TOPIC_DEDUP_TABLE",
     "TOPIC_OWNERS_TABLE",
     "TOPIC_PERSISTENCE_TABLE",
     "HubRegistry",
     "SubscriptionDataManager",
+    "TopicDedupManager",
     "TopicOwnershipManager",
     "TopicPersistenceManager",
     "hub_address",
@@ -79,6 +81,7 @@ log = logging.getLogger(__name__)
 
 TOPIC_OWNERS_TABLE = "topic_owners"
 TOPIC_PERSISTENCE_TABLE = "topic_persistence"
+TOPIC_DEDUP_TABLE = "topic_dedup"
 SUBSCRIPTIONS_TABLE = "subscriptions"
 HUBS_TABLE = "hubs"
 
@@ -273,6 +276,26 @@ class TopicPersistenceManager(_TopicRecordManager[pb.LedgerRanges]):
     async def delete_topic_persistence_info(self, topic: bytes, version: Version) -> None:
         """Remove the ranges if ``version`` is current; ``BadVersionError`` / ``NoTopicPersistenceInfoError``."""
         await self._delete(topic, version)
+
+
+class TopicDedupManager(_TopicRecordManager[pb.DedupSnapshot]):
+    """Producer deduplication snapshots: table ``topic_dedup``, key = topic, field ``data`` = ``DedupSnapshot``.
+
+    A record exists for every topic that ever took a publish with a producer (``hub.dedup``).
+    """
+
+    _table_name = TOPIC_DEDUP_TABLE
+    _what = "dedup snapshot of topic"
+    _record = pb.DedupSnapshot
+
+    async def read_snapshot(self, topic: bytes) -> pb.DedupSnapshot | None:
+        """The topic's last snapshot, ``None`` if it never had one; ``ServiceDownError`` if unreachable."""
+        got = await self._read(topic)
+        return None if got is None else got[0]
+
+    async def write_snapshot(self, topic: bytes, snapshot: pb.DedupSnapshot, *, create: bool = False) -> None:
+        """Create (``create``: ``PubSubError`` if one exists) or overwrite the topic's snapshot."""
+        await self._write(topic, snapshot, Version.NEW if create else Version.ANY)
 
 
 class SubscriptionDataManager(_Manager):

@@ -41,8 +41,23 @@ records its end, and is reopened when a scan needs an entry past its LAC.
 Failure: a failed add fails its batch and every publish queued behind it
 with ``ServiceDownError``; the ledger is closed at its last acknowledged
 entry (so the failed batch never surfaces) and the next publish starts a
-new ledger. Metadata conflicts raise ``hub.errors.BadVersionError`` (someone
+new ledger. A ledger that cannot be started (too few bookies), or that
+failed before any entry was acknowledged, is not retried at once: the
+topic backs off ``ledger_create_backoff_ms``, doubling per further failure
+up to ``ledger_create_backoff_max_ms``, and publishes meanwhile fail at once
+with ``ServiceDownError`` naming the last failure; an acknowledged entry
+resets the backoff. So a hub without enough bookies neither spins nor
+leaves a trail of empty ledgers (an empty one is deleted when closed).
+Metadata conflicts raise ``hub.errors.BadVersionError`` (someone
 else owns the topic).
+
+Producer deduplication (``hub.dedup``): a message carrying a ``producer``
+goes through ``ProducerDedup.admit`` before it is queued. A topic's first
+such message waits until the topic's record in ``topic_dedup`` exists (so
+the next owner knows to rebuild); every ``dedup_snapshot_interval`` stored
+messages a snapshot is written there (failures only logged). Acquisition
+restores the snapshot and replays the producer messages of the log after it
+(the log is the truth: a snapshot is only where the reading starts).
 """
 
 from __future__ import annotations
@@ -58,6 +73,7 @@ from typing import Any
 from bookie.errors import BKError
 from hub import errors
 from hub.conf import HubConf
+from hub.dedup import ProducerDedup
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
@@ -117,7 +133,8 @@ class TopicLog:
     """One owned topic's ledgers (see the module docstring)."""
 
     def __init__(self, topic: bytes, bk: Any, pm: Any, conf: HubConf,
-                 on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None) -> None:
+                 on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
+                 dedup_store: Any = None) -> None:
         self.topic = topic
         self.bk = bk
         self.pm = pm
@@ -142,14 +159,24 @@ class TopicLog:
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
         self._idle: list[asyncio.Future[None]] = []       # _drained waits for the queue to empty
         self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
+        self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
+        self._start_not_before = 0.0      # loop time before which no new ledger is tried
+        self._start_error: BaseException | None = None
+        self.dedup = ProducerDedup(conf.dedup_window)
+        self._dedup_store = dedup_store          # hub.metadata.TopicDedupManager (None: in memory only)
+        self._dedup_armed = dedup_store is None  # the topic's topic_dedup record exists
+        self._needs_arm = False
+        self._since_snapshot = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
     async def acquire(cls, topic: bytes, bk: Any, pm: Any, conf: HubConf,
-                      on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None) -> TopicLog:
-        """Recover the previous owner's last ledger, start a new one; ``BadVersionError`` if raced."""
-        self = cls(topic, bk, pm, conf, on_persisted)
+                      on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
+                      dedup_store: Any = None) -> TopicLog:
+        """Recover the previous owner's last ledger and the dedup state; ``BadVersionError`` if raced."""
+        self = cls(topic, bk, pm, conf, on_persisted, dedup_store)
         got = await pm.read_topic_persistence_info(topic)
         if got is not None:
             self.ranges, self.version = got
@@ -172,7 +199,38 @@ class TopicLog:
             self.last_seq = rs[-1].endSeqIdIncluded.localComponent
         if got is not None:   # record the recovered end (and fence a racing owner) before anyone reads
             self.version = await pm.write_topic_persistence_info(topic, self.ranges, self.version)
+        if dedup_store is not None:
+            snap = await dedup_store.read_snapshot(topic)
+            if snap is not None:
+                self.dedup.restore(snap)
+                self._dedup_armed = True
+                await self._replay_dedup(snap.atSeqId + 1)
         return self   # the first publish creates the new ledger
+
+    async def _replay_dedup(self, start: int) -> None:
+        """Feed the producer messages stored from ``start`` on to the dedup state."""
+        seq = start
+        n = 0
+        while seq <= self.last_seq:
+            try:
+                msgs = await self.scan(seq, 1000, 4 << 20)
+            except errors.NoTopicPersistenceInfoError:   # consumed ledgers deleted: start at the oldest kept
+                rs = self.ranges.ranges
+                if not rs or rs[0].startSeqIdIncluded <= seq:
+                    raise
+                seq = rs[0].startSeqIdIncluded
+                continue
+            if not msgs:
+                raise errors.ServiceDownError(f"topic {self.topic!r}: cannot read seq id {seq} to rebuild "
+                                              "producer deduplication")
+            for m in msgs:
+                pm = pb.Message.FromString(m.wire)
+                if pm.producer:
+                    self.dedup.stored(pm.producer, pm.sequenceId, m.seq_id)
+                n += 1
+            seq = msgs[-1].seq_id + 1
+        log.info("topic %r: producer deduplication rebuilt from %d messages after seq id %d", self.topic, n,
+                 start - 1)
 
     async def _delete_ledger_quietly(self, ledger_id: int) -> None:
         try:
@@ -257,6 +315,13 @@ class TopicLog:
         if self.closed:
             done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
             return
+        if message.producer:
+            producer, sequence_id = message.producer, message.sequenceId
+            if not self.dedup.admit(producer, sequence_id, done):
+                return     # a duplicate: answered (or waiting for its original)
+            done = functools.partial(self._dedup_settled, producer, sequence_id, done)
+            if not self._dedup_armed:
+                self._needs_arm = True
         self._queue.append((message, done))
         self._queued_bytes += len(message.body)
         if (not self._pump_soon and self._slow is None
@@ -264,6 +329,39 @@ class TopicLog:
             # at the end of this loop turn, so the publishes of one read share an entry
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
+
+    def _dedup_settled(self, producer: bytes, sequence_id: int, done: Done, seq: int,
+                       error: BaseException | None) -> None:
+        self.dedup.settle(producer, sequence_id, seq, error)
+        done(seq, error)
+
+    async def _arm_dedup(self) -> None:
+        """Create the topic's ``topic_dedup`` record before its first producer message is sent."""
+        try:
+            await self._dedup_store.write_snapshot(self.topic, self.dedup.snapshot(self.last_seq), create=True)
+            self._dedup_armed = True
+        except Exception as exc:
+            self._fail_queue(self._error(exc))
+        finally:
+            self._needs_arm = False
+            self._slow = None
+        self._pump()
+
+    def _snapshot_soon(self, batch_len: int) -> None:
+        self._since_snapshot += batch_len
+        if self._dedup_store is None or not self._dedup_armed or \
+                self._since_snapshot < self.conf.dedup_snapshot_interval:
+            return
+        self._since_snapshot = 0
+        task = asyncio.get_running_loop().create_task(self._write_snapshot(self.dedup.snapshot(self.last_seq)))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
+        try:
+            await self._dedup_store.write_snapshot(self.topic, snap)
+        except Exception as exc:   # the next owner reads a longer tail
+            log.info("topic %r: dedup snapshot at seq id %d not written: %s", self.topic, snap.atSeqId, exc)
 
     def send_queued(self) -> None:
         """Send what ``submit`` queued for the end of this loop turn now (the server calls it after a read)."""
@@ -310,10 +408,20 @@ class TopicLog:
             if not (self._queue and len(inflight) < conf.max_outstanding_adds
                     and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
                 break
+            if self._needs_arm:
+                self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())
+                return
             maxe = conf.max_entries_per_ledger
             if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
                 if not inflight:   # roll once the entries in flight are settled
-                    self._slow = asyncio.get_running_loop().create_task(self._roll())
+                    loop = asyncio.get_running_loop()
+                    wait = self._start_not_before - loop.time()
+                    if wait > 0 and self.lh is None:
+                        self._fail_queue(errors.ServiceDownError(
+                            f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
+                            f"{wait * 1000:.0f} ms"))
+                        break
+                    self._slow = loop.create_task(self._roll())
                 return
             self._send(self._take_batch())
         if not inflight and not self._queue:
@@ -355,10 +463,20 @@ class TopicLog:
                     await self._close_current()
                 await self._new_ledger()
         except Exception as exc:
+            self._start_failed(exc)
             self._fail_queue(self._error(exc))
         finally:
             self._slow = None
         self._pump()
+
+    def _start_failed(self, exc: BaseException) -> None:
+        """A ledger could not be started (or failed empty): back off before the next (module docstring)."""
+        self._start_failures += 1
+        delay = min(self.conf.ledger_create_backoff_ms * 2 ** min(self._start_failures - 1, 30),
+                    self.conf.ledger_create_backoff_max_ms) / 1000.0
+        self._start_not_before = asyncio.get_running_loop().time() + delay
+        self._start_error = exc
+        log.warning("topic %r: no ledger (%s); next attempt in %.0f ms", self.topic, exc, delay * 1000)
 
     async def _drained(self) -> None:
         """Return once nothing is queued or in flight."""
@@ -401,6 +519,8 @@ class TopicLog:
                     self._drain = None
             failed = [a.batch for a in self._inflight]
             self._inflight.clear()
+            if not self._index.get(lh.ledger_id):   # nothing acknowledged on it: as good as never started
+                self._start_failed(exc)
             self._fail_queue(self._error(exc), failed)
             try:
                 async with self._lock:
@@ -414,6 +534,7 @@ class TopicLog:
         self._pump()
 
     def _acked(self, add: _Add) -> None:
+        self._start_failures = 0
         first, batch = add.first, add.batch
         self._index[add.lh.ledger_id].append(first)
         self.last_seq = first + len(batch) - 1
@@ -422,6 +543,7 @@ class TopicLog:
             m.msgId.localComponent = seq
             msgs.append(m)
             _call(done, seq, None)
+        self._snapshot_soon(len(batch))
         if self.on_persisted is not None:
             self.on_persisted(self.topic, msgs)
 

@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
-                 pb.CLOSESUBSCRIPTION})
+                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE})
 _BODY_FOR_OP = {
     pb.PUBLISH: "publishRequest",
     pb.SUBSCRIBE: "subscribeRequest",
@@ -68,6 +68,7 @@ _BODY_FOR_OP = {
     pb.START_DELIVERY: "startDeliveryRequest",
     pb.STOP_DELIVERY: "stopDeliveryRequest",
     pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
+    pb.AUTHENTICATE: "authenticateRequest",
 }
 
 
@@ -97,7 +98,7 @@ def request_topic(request: pb.PubSubRequest) -> bytes:
     if request.topic:
         return request.topic
     which = request.WhichOneof("body")
-    return getattr(request, which).topic if which else b""
+    return getattr(getattr(request, which), "topic", b"") if which else b""
 
 
 def subscriber_of(request: pb.PubSubRequest) -> bytes:
@@ -281,6 +282,8 @@ class ServerConnection:
         if req.WhichOneof("body") != body:
             return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                               f"needs a {body}"))
+        if op == pb.AUTHENTICATE:   # of the connection, not of a topic
+            return RequestReceived(req, b"", b"")
         topic = request_topic(req)
         problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
         if problem is not None:   # an over-long topic is not echoed back

@@ -46,6 +46,7 @@ from hub.message import Message
 from hub.metadata import (
     HubRegistry,
     SubscriptionDataManager,
+    TopicDedupManager,
     TopicOwnershipManager,
     TopicPersistenceManager,
     hub_address,
@@ -138,6 +139,8 @@ class HubConnection(asyncio.Protocol):
         self._serve_scheduled = False
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.partial_since: float | None = None   # loop time the incomplete frame now held was started
+        self.role: str | None = None   # the authenticated token's subject (hub.auth)
+        self.region_hub = False        # authenticated with one of superuser_roles: may set srcRegion
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -277,6 +280,8 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
+        if self.server.authenticator is not None and not self._authorized(req):
+            return
         if req.type == pb.CONSUME:
             self._consume(ev)
             return
@@ -296,6 +301,28 @@ class HubConnection(asyncio.Protocol):
         self.chains[key] = task
         task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
 
+    def _authorized(self, req: pb.PubSubRequest) -> bool:
+        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for superusers only."""
+        if req.type == pb.AUTHENTICATE:
+            try:
+                self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
+            except errors.AuthenticationError as exc:
+                log.info("connection refused a token: %s", exc)
+                self._fail(req, exc)
+                return False
+            self.region_hub = self.role in self.conf.superuser_roles
+            self.send(protocol.response(req.txnId))
+            return False
+        if self.role is None:
+            self._fail(req, errors.AuthenticationError("this hub requires authentication: set the client conf "
+                                                       "auth_token or auth_token_file"))
+            return False
+        if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
+            self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
+                                                      "(superuser_roles)"))
+            return False
+        return True
+
     def _track(self, coro: Any) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self.tasks.add(task)
@@ -305,8 +332,11 @@ class HubConnection(asyncio.Protocol):
     def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
         t.last_active = time.monotonic()
         msg = ev.request.publishRequest.msg
-        if not msg.srcRegion:
+        if not self.region_hub or not msg.srcRegion:
+            # only an authenticated region hub may name another region or carry a version vector:
+            # a crafted remoteComponents would otherwise become the topic's vector-max
             msg.srcRegion = self.server.region_bytes
+            msg.ClearField("msgId")
         if self.server.regions is not None:
             self.server.regions.stamp(ev.topic, msg)
         self.server.stats.incr("publishes")
@@ -413,7 +443,7 @@ class HubServer:
         self._acquiring: dict[bytes, asyncio.Future[Topic]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Any] = []     # asyncio.Server, hub.tls.TlsListener
         self.store: Any = None
         self.bk: Any = None
         self.session: Any = None
@@ -427,6 +457,7 @@ class HubServer:
         self.cache: Any = None
         self.ownership: Ownership | None = None
         self.regions: Any = None      # hub.regions.RegionManager once started
+        self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
         self._connection_keys = itertools.count(1)
         self._fd_warned_at = -math.inf
@@ -516,7 +547,7 @@ class HubServer:
         """Open the metastore and ledger client, listen, register; raises on any failure."""
         import sys
 
-        from bookie.client import BookKeeper
+        from bookie.client import BookKeeper, load_client_conf
         from metastore import open_metastore
 
         for p in self.conf.filter_class_path:
@@ -526,14 +557,20 @@ class HubServer:
 
         regions = RegionManager(self)      # a bad region conf fails here, before anything opens
         self.store = await open_metastore(self.conf.metastore)
-        self.bk = await BookKeeper.connect(self.store)
+        bk_conf = load_client_conf(self.conf.bk_client_conf) if self.conf.bk_client_conf else None
+        self.bk = await BookKeeper.connect(self.store, conf=bk_conf)
         self.owners = TopicOwnershipManager(self.store)
         self.pm = TopicPersistenceManager(self.store)
         self.sm = SubscriptionDataManager(self.store)
         self.registry = HubRegistry(self.store)
-        for m in (self.owners, self.pm, self.sm, self.registry):
+        self.dedup_store = TopicDedupManager(self.store)
+        for m in (self.owners, self.pm, self.sm, self.registry, self.dedup_store):
             await m.start()
         self.cache = ReadAheadCache(self.conf, self._scan, last_seq=self._last_seq)
+        if self.conf.authentication_enabled:    # a missing key fails start-up before any port opens
+            from hub.auth import TokenAuthenticator
+
+            self.authenticator = TokenAuthenticator(self.conf.token_secret_key)
         await self._listen()
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
@@ -550,7 +587,7 @@ class HubServer:
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
 
     async def _listen(self) -> None:
-        """The one place listeners are opened (SSL adds a second here)."""
+        """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""
         loop = asyncio.get_running_loop()
         if loop.get_exception_handler() is None:   # accept() failing for want of descriptors: see loop_exception
             loop.set_exception_handler(self.loop_exception)
@@ -559,18 +596,23 @@ class HubServer:
             from hub.tls import server_context
 
             ctx = server_context(self.conf.cert_path, self.conf.password)
-        srv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host, self.conf.server_port,
-                                       reuse_address=True, backlog=1024)
-        self._servers.append(srv)
-        self._port = srv.sockets[0].getsockname()[1]
-        self.address = f"{self.conf.server_host}:{self._port}"
         self._ssl_port = 0
         if ctx is not None:
-            ssrv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host,
-                                            self.conf.ssl_server_port, ssl=ctx, reuse_address=True, backlog=1024,
-                                            ssl_handshake_timeout=self.conf.ssl_handshake_timeout / 1000.0)
+            from hub.tls import TlsListener
+
+            ssrv = await TlsListener.start(lambda: HubConnection(self), self.conf.server_host,
+                                           self.conf.ssl_server_port, ctx, self.conf.ssl_handshake_timeout / 1000.0,
+                                           self.conf.max_frame_size)
             self._servers.append(ssrv)
             self._ssl_port = ssrv.sockets[0].getsockname()[1]
+        if self.conf.ssl_only:       # TLS enforced: the hub is named by its TLS port, no plaintext port opens
+            self._port = self._ssl_port
+        else:
+            srv = await loop.create_server(lambda: HubConnection(self), self.conf.server_host, self.conf.server_port,
+                                           reuse_address=True, backlog=1024)
+            self._servers.append(srv)
+            self._port = srv.sockets[0].getsockname()[1]
+        self.address = f"{self.conf.server_host}:{self._port}"
 
     async def _start_http(self) -> None:
         """The one place the HTTP server is set up (``bookie.http``: metrics of ``hub.stats``, ``hub.admin``)."""
@@ -641,7 +683,7 @@ class HubServer:
         if owner is not None:
             raise _Redirect(owner)
         try:
-            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted)
+            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
                                       track=self.track)
             await subs.load()

@@ -11,9 +11,17 @@ decrypts an encrypted key); anything else is read as PKCS#12 with
 ``password``, through the ``cryptography`` package, and handed to ``ssl``
 through a private temporary file that is removed at once.
 
-The client context encrypts but does not verify the hub's certificate, as
-Hedwig's client did (hubs usually carry self-signed certificates); it is
-meant for a trusted network between clients and hubs.
+The client context verifies the hub's certificate against ``ca_file`` (the
+client key ``ssl_ca_file``; empty: the system's CAs) and checks that it names
+the host the client dialled (a SAN entry: DNS name or IP address).
+``verify=False`` (``ssl_verify=false``) only encrypts, as Hedwig's client did,
+and says so in the log as a warning: anyone on the path can then pose as a hub.
+
+The hub's TLS port (``TlsListener``) looks at the first byte a client sends:
+a TLS ClientHello gets the handshake; anything else is a plaintext client on
+the TLS port, and each of its requests is answered ``COULD_NOT_CONNECT``
+with a message saying the port serves TLS, then the connection is closed.
+(A TLS client on a plaintext port fails its handshake; ``hub.client`` says so.)
 
 Failure: a missing, unreadable or malformed file, a wrong password, or a
 certificate without its key raises ``hub.errors.CertificateError`` (an
@@ -22,15 +30,24 @@ certificate without its key raises ``hub.errors.CertificateError`` (an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import os
+import socket
 import ssl
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from hub.errors import CertificateError
 
-__all__ = ["client_context", "server_context"]
+log = logging.getLogger(__name__)
+
+__all__ = ["TlsListener", "client_context", "server_context"]
+
+_TLS_HANDSHAKE = 0x16   # first byte of a TLS record carrying a ClientHello
 
 
 def server_context(cert_path: str | os.PathLike[str], password: str = "") -> ssl.SSLContext:
@@ -84,10 +101,164 @@ def _load_pkcs12(ctx: ssl.SSLContext, path: Path, data: bytes, password: str) ->
             os.unlink(tmp)
 
 
-def client_context() -> ssl.SSLContext:
-    """A TLS client context that encrypts without verifying the hub's certificate (see the module docstring)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+def client_context(ca_file: str = "", verify: bool = True) -> ssl.SSLContext:
+    """A TLS client context that verifies the hub's certificate and host name against ``ca_file``.
+
+    ``ca_file`` empty: the system's CAs. ``verify=False``: encrypt only, with a warning in the log.
+    An unreadable or malformed ``ca_file`` raises ``CertificateError`` naming it.
+    """
+    if not verify:
+        log.warning("ssl_verify=false: hub certificates are not verified; the connection is encrypted, "
+                    "but anyone on the path can pose as a hub")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    else:
+        try:
+            ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file or None)
+        except (ssl.SSLError, OSError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc).splitlines()[0] or type(exc).__name__
+            raise CertificateError(f"ssl_ca_file {ca_file}: {reason}") from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
     return ctx
+
+
+def _set_once(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _PlaintextOnTlsPort(asyncio.Protocol):
+    """A plaintext client on the TLS port: every request it sends is answered COULD_NOT_CONNECT, then it is closed."""
+
+    def __init__(self, port: int, max_frame_size: int) -> None:
+        from bookie.protocol import FrameDecoder
+
+        self.decoder = FrameDecoder(max_frame_size)
+        self.port = port
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        from google.protobuf.message import DecodeError
+
+        from hub import protocol
+        from hub.proto import pubsub_pb2 as pb
+
+        assert self.transport is not None
+        try:
+            frames = self.decoder.feed(data)
+        except Exception:
+            frames = []
+        out = []
+        for frame in frames:
+            req = pb.PubSubRequest()
+            with contextlib.suppress(DecodeError):
+                req.ParseFromString(frame)
+            out.append(protocol.encode(protocol.response(
+                req.txnId, pb.COULD_NOT_CONNECT, f"port {self.port} serves TLS only: a plaintext client "
+                f"cannot use it (set ssl_enabled=true, or use the hub's plaintext port)")))
+        if out:
+            self.transport.writelines(out)
+        self.transport.close()
+
+
+class TlsListener:
+    """The hub's TLS port: TLS clients get ``factory()`` over TLS, plaintext ones an answer saying so.
+
+    Stands in for the ``asyncio.Server`` of ``create_server(..., ssl=ctx)``: ``sockets``, ``close()``,
+    ``wait_closed()``. A client that sends nothing within ``handshake_timeout`` seconds is dropped.
+    """
+
+    def __init__(self, factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, handshake_timeout: float,
+                 max_frame_size: int) -> None:
+        self._factory = factory
+        self._ctx = ctx
+        self._timeout = handshake_timeout
+        self._max_frame_size = max_frame_size
+        self.sockets: list[socket.socket] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    @classmethod
+    async def start(cls, factory: Callable[[], asyncio.Protocol], host: str, port: int, ctx: ssl.SSLContext,
+                    handshake_timeout: float, max_frame_size: int) -> TlsListener:
+        """Listen on ``host:port`` (0: a free port); ``OSError`` if it cannot be bound."""
+        self = cls(factory, ctx, handshake_timeout, max_frame_size)
+        sock = socket.create_server((host, port), backlog=1024)
+        sock.setblocking(False)
+        self.sockets.append(sock)
+        self._spawn(self._accept(sock))
+        return self
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._closed:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if self._closed:
+                    return
+                log.warning("TLS port: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            conn.setblocking(False)
+            self._spawn(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        port = self.sockets[0].getsockname()[1]
+        try:
+            first = await asyncio.wait_for(self._peek(conn), self._timeout)
+            if not first:
+                conn.close()
+            elif first[0] == _TLS_HANDSHAKE:
+                await loop.connect_accepted_socket(self._factory, conn, ssl=self._ctx,
+                                                   ssl_handshake_timeout=self._timeout)
+            else:
+                log.info("plaintext client on TLS port %d: answered that the port serves TLS only", port)
+                await loop.connect_accepted_socket(lambda: _PlaintextOnTlsPort(port, self._max_frame_size), conn)
+        except asyncio.CancelledError:
+            conn.close()
+            raise
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            log.info("TLS port %d: connection dropped (%s)", port, exc or type(exc).__name__)
+            conn.close()
+
+    @staticmethod
+    async def _peek(conn: socket.socket) -> bytes:
+        loop = asyncio.get_running_loop()
+        fd = conn.fileno()
+        while True:
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _set_once, ready)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
+            try:
+                return conn.recv(1, socket.MSG_PEEK)
+            except BlockingIOError:
+                continue
+
+    def close(self) -> None:
+        """Stop accepting; connections being classified are dropped (established ones are the caller's)."""
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        for sock in self.sockets:
+            if sock.fileno() >= 0:
+                loop.remove_reader(sock.fileno())
+            sock.close()
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)

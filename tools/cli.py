@@ -48,6 +48,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "shell": ("tools.shell:configure", "ledger and bookie administration (listbookies, recover, ...)"),
     "console": ("tools.console:configure", "the Hedwig console: publish, subscribe, inspect topics"),
     "client": ("tools.client:configure", "produce and consume messages (like pulsar-client)"),
+    "token": ("tools.token:configure", "make token secret keys and signed tokens (hub authentication)"),
 }
 
 

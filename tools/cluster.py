@@ -24,7 +24,8 @@ to the bookies.
 own metastore, bookies and hubs; the first region is this object, the others
 live under ``data_dir/region-NAME``), wired through each region's
 ``hw_region_client.conf`` (``remote_hubs``; over TLS when ``conf_overrides``
-has ``ssl_enabled=true``) and the hubs' ``regions``:
+has ``ssl_enabled=true``; ``ssl_ca_file``, ``ssl_verify``, ``auth_token``, ``auth_token_file`` in
+``conf_overrides`` go there) and the hubs' ``regions``:
 ``hub_addresses_by_region``, ``region_clusters[name]`` (for ``kill_hub`` and
 friends in that region), ``stats_urls`` of every region.
 
@@ -106,6 +107,8 @@ _BOOKIE_SHARED = frozenset({"zk_host", "zk_prefix", "metastore_uri", "stats_http
                             "http_admin_token", "http_admin_token_file"})
 # the cluster gives every process its own HTTP port (stats_http_port, kept across restarts)
 _CLUSTER_PORTS = ("http_server_port",)
+# conf_overrides keys for hw_region_client.conf only
+_REGION_CLIENT_KEYS = ("ssl_ca_file", "ssl_verify", "auth_token", "auth_token_file")
 
 
 def _hub_keys() -> frozenset[str]:
@@ -286,6 +289,7 @@ class LocalCluster:
             path = c.data_dir / "hw_region_client.conf"
             # on one machine a region that does not answer within 5 s is down
             values = {"server_ack_response_timeout": "5000", "ssl_enabled": "true" if tls else "false"}
+            values.update({k: self.conf_overrides[k] for k in _REGION_CLIENT_KEYS if k in self.conf_overrides})
             # with TLS hubs are named host:port:sslport, and the region client uses the TLS port
             values["remote_hubs"] = " ".join(
                 f"{n}={','.join(h.address + (':' + h.ssl_address.rsplit(':', 1)[1] if tls else '') for h in o._hubs)}"
@@ -346,7 +350,8 @@ class LocalCluster:
             "autorecovery_enabled": "true",
         }
         hub_keys = _hub_keys()
-        values.update({k: v for k, v in self.conf_overrides.items() if k not in hub_keys or k in _BOOKIE_SHARED})
+        values.update({k: v for k, v in self.conf_overrides.items()
+                       if (k not in hub_keys and k not in _REGION_CLIENT_KEYS) or k in _BOOKIE_SHARED})
         values.update(role.extra)
         for k in ("zk_host", "zk_prefix", *_CLUSTER_PORTS):
             values.pop(k, None)

@@ -22,6 +22,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     START_DELIVERY: _ClassVar[OperationType]
     STOP_DELIVERY: _ClassVar[OperationType]
     CLOSESUBSCRIPTION: _ClassVar[OperationType]
+    AUTHENTICATE: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,9 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_MESSAGE_FILTER: _ClassVar[StatusCode]
     MESSAGE_TOO_LARGE: _ClassVar[StatusCode]
     UNKNOWN_OPERATION: _ClassVar[StatusCode]
+    DUPLICATE_PUBLISH: _ClassVar[StatusCode]
+    AUTHENTICATION_FAILED: _ClassVar[StatusCode]
+    NOT_AUTHORIZED: _ClassVar[StatusCode]
     BAD_VERSION: _ClassVar[StatusCode]
     NO_TOPIC_PERSISTENCE_INFO: _ClassVar[StatusCode]
     TOPIC_PERSISTENCE_INFO_EXISTS: _ClassVar[StatusCode]
@@ -58,6 +62,7 @@ UNSUBSCRIBE: OperationType
 START_DELIVERY: OperationType
 STOP_DELIVERY: OperationType
 CLOSESUBSCRIPTION: OperationType
+AUTHENTICATE: OperationType
 SUCCESS: StatusCode
 MALFORMED_REQUEST: StatusCode
 NO_SUCH_TOPIC: StatusCode
@@ -71,6 +76,9 @@ UNCERTAIN_STATE: StatusCode
 INVALID_MESSAGE_FILTER: StatusCode
 MESSAGE_TOO_LARGE: StatusCode
 UNKNOWN_OPERATION: StatusCode
+DUPLICATE_PUBLISH: StatusCode
+AUTHENTICATION_FAILED: StatusCode
+NOT_AUTHORIZED: StatusCode
 BAD_VERSION: StatusCode
 NO_TOPIC_PERSISTENCE_INFO: StatusCode
 TOPIC_PERSISTENCE_INFO_EXISTS: StatusCode
@@ -120,16 +128,20 @@ class MessageHeader(_message.Message):
     def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ..., messageType: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("body", "srcRegion", "msgId", "header")
+    __slots__ = ("body", "srcRegion", "msgId", "header", "producer", "sequenceId")
     BODY_FIELD_NUMBER: _ClassVar[int]
     SRCREGION_FIELD_NUMBER: _ClassVar[int]
     MSGID_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCEID_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     srcRegion: bytes
     msgId: MessageSeqId
     header: MessageHeader
-    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ...) -> None: ...
+    producer: bytes
+    sequenceId: int
+    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., producer: _Optional[bytes] = ..., sequenceId: _Optional[int] = ...) -> None: ...
 
 class MessageBatch(_message.Message):
     __slots__ = ("first_local_seq_id", "messages")
@@ -228,7 +240,7 @@ class CloseSubscriptionRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
-    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest")
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +253,7 @@ class PubSubRequest(_message.Message):
     STARTDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
     STOPDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
     CLOSESUBSCRIPTIONREQUEST_FIELD_NUMBER: _ClassVar[int]
+    AUTHENTICATEREQUEST_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     type: OperationType
     txnId: int
@@ -253,7 +266,14 @@ class PubSubRequest(_message.Message):
     startDeliveryRequest: StartDeliveryRequest
     stopDeliveryRequest: StopDeliveryRequest
     closeSubscriptionRequest: CloseSubscriptionRequest
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ...) -> None: ...
+    authenticateRequest: AuthenticateRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ...) -> None: ...
+
+class AuthenticateRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: bytes
+    def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
     __slots__ = ("publishedMsgId",)
@@ -354,6 +374,26 @@ class LedgerRanges(_message.Message):
     RANGES_FIELD_NUMBER: _ClassVar[int]
     ranges: _containers.RepeatedCompositeFieldContainer[LedgerRange]
     def __init__(self, ranges: _Optional[_Iterable[_Union[LedgerRange, _Mapping]]] = ...) -> None: ...
+
+class ProducerWindow(_message.Message):
+    __slots__ = ("producer", "floor", "sequenceIds", "localSeqIds")
+    PRODUCER_FIELD_NUMBER: _ClassVar[int]
+    FLOOR_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCEIDS_FIELD_NUMBER: _ClassVar[int]
+    LOCALSEQIDS_FIELD_NUMBER: _ClassVar[int]
+    producer: bytes
+    floor: int
+    sequenceIds: _containers.RepeatedScalarFieldContainer[int]
+    localSeqIds: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, producer: _Optional[bytes] = ..., floor: _Optional[int] = ..., sequenceIds: _Optional[_Iterable[int]] = ..., localSeqIds: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class DedupSnapshot(_message.Message):
+    __slots__ = ("atSeqId", "producers")
+    ATSEQID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCERS_FIELD_NUMBER: _ClassVar[int]
+    atSeqId: int
+    producers: _containers.RepeatedCompositeFieldContainer[ProducerWindow]
+    def __init__(self, atSeqId: _Optional[int] = ..., producers: _Optional[_Iterable[_Union[ProducerWindow, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionState(_message.Message):
     __slots__ = ("msgId", "messageBound")

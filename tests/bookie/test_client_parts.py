@@ -68,6 +68,19 @@ def test_failure_history_halves_every_half_life() -> None:
         FailureHistory(half_life=0)
 
 
+def test_failure_history_names_the_bookies_in_quarantine() -> None:
+    now = [100.0]
+    history = FailureHistory(half_life=10.0, clock=lambda: now[0])
+    history.note("a:1")
+    now[0] += 2.0
+    history.note("b:1")
+    assert history.recent(3.0) == {"a:1", "b:1"}
+    now[0] += 1.5                                  # a failed 3.5 s ago, b 1.5 s ago
+    assert history.recent(3.0) == {"b:1"}
+    now[0] += 2.0
+    assert history.recent(3.0) == set()
+
+
 @given(txn_id=st.integers(1, 2**64 - 1), ledger_id=st.integers(0, 2**63 - 1), entry_id=st.integers(-1, 2**63 - 1),
        payload=st.binary(max_size=300), recovery=st.booleans())
 def test_add_frame_is_the_add_request_frame(txn_id: int, ledger_id: int, entry_id: int, payload: bytes,

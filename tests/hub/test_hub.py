@@ -397,3 +397,25 @@ async def test_message_type_header_is_stored_and_delivered(cluster: LocalCluster
         assert [(m.body, m.message_type, dict(m.properties)) for m in col.got] == [
             (b"typed", "History", {"k": b"v"}), (b"plain", "", {})]
         assert col.got[0].to_proto().header.messageType == "History"
+
+
+async def test_a_publisher_cannot_forge_its_region_or_version_vector(cluster: LocalCluster) -> None:
+    from hub.proto import pubsub_pb2 as pb
+
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(topic, b"s")
+        col = Collector()
+        await c.start_delivery(topic, b"s", col)
+        req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
+        req.publishRequest.topic = topic
+        msg = req.publishRequest.msg
+        msg.body = b"forged"
+        msg.srcRegion = b"west"
+        msg.msgId.remoteComponents.add(region=b"west", seqId=2 ** 62)   # would poison the topic's vector-max
+        _, resp = await c._call(topic, req)
+        assert resp.statusCode == pb.SUCCESS
+        await c.publish(topic, b"honest")
+        await col.wait(lambda g: len(g) == 2)
+        for m in col.got:
+            assert m.src_region == "standalone" and m.msg_id.remote == {}
