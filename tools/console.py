@@ -23,6 +23,17 @@ ledger past its LAC, ``readtopic`` long-polls the LAC for up to
 ``READTOPIC_TAIL_WAIT`` seconds until it covers them: every acknowledged
 publish shows, the newest about a second after it was made.
 
+JSON for scripts: ``show hubs``, ``show topics`` and ``describe topic`` take
+a ``--json`` word (``show hubs --json``) and then print one JSON document on
+one line instead of the text; ``quire console --json`` makes them all do so
+and sends everything else the console prints (``Finished N s.``, errors,
+other commands' output) to stderr, so stdout holds only those documents, one
+per line::
+
+    quire console --json -c "show hubs" -c "describe topic t" | jq .
+
+Keys are snake_case; seq ids are integers, a missing value is ``null``.
+
 Where to connect: ``--server HOST:PORT`` (default: the hub conf's
 ``server_port`` on 127.0.0.1, else 127.0.0.1:4080) and ``--metastore URI``
 (default: the hub conf's ``metastore_uri``). ``--conf FILE`` names a hub
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import shlex
 import sys
@@ -50,6 +62,7 @@ Handler = Callable[[argparse.Namespace], int]
 EXAMPLE = """example:
   quire console --server 127.0.0.1:4080 --metastore lmdb://data/metastore
   quire console -c "pub mytopic hello" -c "describe topic mytopic"
+  quire console --json -c "show hubs" -c "describe topic mytopic"   # one JSON document per line
 """
 
 
@@ -86,9 +99,17 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "pubsub {topic} {subscriber} {timeout_secs} {message}",
             "  subscribes {subscriber}-{timestamp} to {topic}, publishes {message}-{timestamp}\n"
             "  and waits up to {timeout_secs} seconds for it to arrive."),
-    Command("show", "List the live hubs (with their number of topics) or all topics", "show hubs | show topics"),
+    Command("show", "List the live hubs (with their number of topics) or all topics",
+            "show hubs [--json] | show topics [--json]",
+            "  --json : print one JSON document on one line: show hubs, a list of\n"
+            "           {address, hostname, port, ssl_port, num_topics}; show topics,\n"
+            "           a list of {topic}."),
     Command("describe", "Show a topic's owner, ledger ranges and subscriptions (from the metastore)",
-            "describe topic {topic}"),
+            "describe topic {topic} [--json]",
+            "  --json : print one JSON document on one line: {topic, owner, ledgers:\n"
+            "           [{ledger_id, start_seq_id, end_seq_id}], subscriptions: [{subscriber,\n"
+            "           consume_seq_id, remote_consume_seq_ids}]}; end_seq_id is null for\n"
+            "           the open ledger, owner null when no hub owns the topic."),
     Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
             "readtopic {topic} [start_msg_id]"),
     Command("set", "Show or set a console setting", "set [{name} {value}]",
@@ -133,6 +154,9 @@ class HedwigConsole:
     region: str = "standalone"
     client_conf: dict[str, str] = field(default_factory=dict)
     out: TextIO = sys.stdout
+    json_output: bool = False
+    """``quire console --json``: show/describe print JSON; everything else goes to ``err``."""
+    err: TextIO = sys.stderr
     settings: ConsoleSettings = field(default_factory=ConsoleSettings)
     history: list[str] = field(default_factory=list)
     failed: bool = False
@@ -144,7 +168,16 @@ class HedwigConsole:
     # ---- plumbing ------------------------------------------------------------------------------
 
     def say(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+        print(text, file=self.err if self.json_output else self.out, flush=True)
+
+    def emit(self, doc: object) -> None:
+        """One JSON document on one line of ``out``."""
+        print(json.dumps(doc), file=self.out, flush=True)
+
+    def _wants_json(self, args: list[str]) -> tuple[bool, list[str]]:
+        """Whether the command prints JSON (``--json`` word or ``quire console --json``); the other words."""
+        rest = [a for a in args if a != "--json"]
+        return self.json_output or len(rest) != len(args), rest
 
     @property
     def prompt(self) -> str:
@@ -462,16 +495,26 @@ class HedwigConsole:
     # ---- admin commands (read the metastore) ---------------------------------------------------
 
     async def cmd_show(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
         if args == ["hubs"]:
             from hub.metadata import HubRegistry, hub_address
             registry = HubRegistry(await self.store())
             await registry.start()
+            hubs = sorted(await registry.live_hubs(), key=lambda h: hub_address(h[0]))
+            if as_json:
+                self.emit([{"address": hub_address(info), "hostname": info.hostname, "port": info.port,
+                            "ssl_port": info.sslPort, "num_topics": load.numTopics} for info, load in hubs])
+                return
             self.say("Available Hub Servers:")
-            for info, load in sorted(await registry.live_hubs(), key=lambda h: hub_address(h[0])):
+            for info, load in hubs:
                 self.say(f"        {hub_address(info)} :       {load.numTopics}")
         elif args == ["topics"]:
+            topics = await self._topics()
+            if as_json:
+                self.emit([{"topic": t} for t in topics])
+                return
             self.say("Topic List:")
-            self.say("[" + ", ".join(await self._topics()) + "]")
+            self.say("[" + ", ".join(topics) + "]")
         else:
             raise UsageError
 
@@ -489,6 +532,7 @@ class HedwigConsole:
         return sorted(names)
 
     async def cmd_describe(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
         if len(args) != 2 or args[0] != "topic":
             raise UsageError
         from hub.metadata import (
@@ -503,18 +547,34 @@ class HedwigConsole:
                                      SubscriptionDataManager(store))
         for mgr in (owners, persistence, subs):
             await mgr.start()
+        owner = await owners.read_owner_info(topic)
+        found = await persistence.read_topic_persistence_info(topic)
+        ranges = list(found[0].ranges) if found else []
+        subscriptions = sorted((await subs.read_subscriptions(topic)).items())
+        if as_json:
+            self.emit({
+                "topic": args[1],
+                "owner": hub_address(owner[0]) if owner else None,
+                "ledgers": [{"ledger_id": r.ledgerId, "start_seq_id": r.startSeqIdIncluded or 1,
+                             "end_seq_id": r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded")
+                             else None} for r in ranges],
+                "subscriptions": [{"subscriber": sub_id.decode(errors="replace"),
+                                   "consume_seq_id": data.state.msgId.localComponent,
+                                   "remote_consume_seq_ids": {c.region.decode(errors="replace"): c.seqId
+                                                              for c in data.state.msgId.remoteComponents}}
+                                  for sub_id, (data, _) in subscriptions],
+            })
+            return
         self.say(f"===== Topic Information : {args[1]} =====")
         self.say()
-        owner = await owners.read_owner_info(topic)
         self.say(f"Owner : {hub_address(owner[0]) if owner else 'NULL'}")
         self.say()
         self.say(">>> Persistence Info <<<")
-        ranges = await persistence.read_topic_persistence_info(topic)
-        for r in (ranges[0].ranges if ranges else []):
+        for r in ranges:
             self.say(f"Ledger {r.ledgerId} [ {_range_text(r)} ]")
         self.say()
         self.say(">>> Subscription Info <<<")
-        for sub_id, (data, _) in sorted((await subs.read_subscriptions(topic)).items()):
+        for sub_id, (data, _) in subscriptions:
             remote = {c.region.decode(errors="replace"): c.seqId for c in data.state.msgId.remoteComponents}
             seq = f"local:{data.state.msgId.localComponent}" + "".join(f", {k}:{v}" for k, v in sorted(remote.items()))
             self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}")
@@ -607,6 +667,9 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
                         "default $HEDWIG_CONSOLE_CLIENT_CONF")
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
                         help="run this command and exit (repeatable)")
+    parser.add_argument("--json", action="store_true",
+                        help="show hubs, show topics and describe topic print one JSON document per line on "
+                             "stdout; everything else (Finished lines, errors, other output) goes to stderr")
     return run_console
 
 
@@ -629,6 +692,7 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
                             region=server_conf.get("region", "standalone"), client_conf=client_conf)
     if getattr(args, "timeout", None):
         console.settings.timeout = args.timeout
+    console.json_output = bool(getattr(args, "json", False))
     return console
 
 

@@ -14,7 +14,10 @@ whose output goes to ``<data_dir>/zookeeper.log``. ``start`` returns once the
 server answers the ``srvr`` four-letter word in serving mode, or raises
 ``RuntimeError`` with the tail of that log. ``ZooKeeperNotInstalled`` (a
 ``RuntimeError``) means java or the jars are missing, so callers can skip
-rather than fail.
+rather than fail; ``CannotListen`` (a ``RuntimeError`` of one line, e.g.
+``cannot listen on 127.0.0.1:2181: address already in use``) means the given
+port is taken (or the address is not local), found before the JVM starts or
+read from its log.
 
 Jars are looked up by their unversioned Debian names (``zookeeper.jar`` ...)
 in ``$QUIRE_ZOOKEEPER_JARS`` (a directory), ``$ZOOKEEPER_HOME/lib`` and
@@ -65,6 +68,39 @@ CFG_NAME = "zoo.cfg"
 
 class ZooKeeperNotInstalled(RuntimeError):
     """Java or the ZooKeeper jars cannot be found on this machine."""
+
+
+class CannotListen(RuntimeError):
+    """The server cannot listen on its address: one line, ``cannot listen on HOST:PORT: REASON``."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+        self.host = host
+        self.port = port
+        self.reason = reason
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise ``CannotListen`` unless a server could listen on ``host:port`` now.
+
+    Binds and listens a socket, then closes it. ``SO_REUSEADDR`` is set as the
+    JVM sets it on Linux: a port held only by ``TIME_WAIT`` connections of a
+    server stopped a moment ago (``restart``) is usable, one a process listens
+    on is not.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CannotListen(host, port, exc.strerror or str(exc)) from None
+    family, kind, proto, _, sockaddr = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(sockaddr)
+            s.listen(1)
+        except OSError as exc:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise CannotListen(host, port, reason[:1].lower() + reason[1:]) from None
 
 
 def find_java() -> str:
@@ -270,12 +306,15 @@ class ZooKeeperServer:
     def start(self, timeout: float = 30.0) -> ZooKeeperServer:
         """Launch the JVM and wait (at most ``timeout`` s) until it serves.
 
-        Raises ``ZooKeeperNotInstalled`` or ``RuntimeError`` (with the log tail).
+        Raises ``ZooKeeperNotInstalled``, ``CannotListen`` (a fixed port is taken) or
+        ``RuntimeError`` (with the log tail).
         """
         with self._lock:
             if self.running:
                 return self
             cmd = self.command()  # ZooKeeperNotInstalled before anything is written
+            if not self._auto_port:
+                check_listen(self.host, self._port)  # CannotListen: one line, before a JVM and its log
             self.data_dir.mkdir(parents=True, exist_ok=True)
             attempts = 3 if self._auto_port else 1
             for attempt in range(attempts):
@@ -309,8 +348,11 @@ class ZooKeeperServer:
                 rc = self._proc.returncode
                 tail = self._log_since(log_offset)
                 self._proc = None
-                if "Address already in use" in tail and self._auto_port:
-                    raise _PortTaken()
+                if "Address already in use" in tail:
+                    if self._auto_port:
+                        raise _PortTaken()
+                    # taken between check_listen and the JVM's bind
+                    raise CannotListen(self.host, self._port, "address already in use")
                 raise RuntimeError(f"ZooKeeper exited with status {rc} during start\n{tail}")
             try:
                 reply = four_letter_word(self.host, self._port, "srvr", timeout=1.0)
@@ -424,6 +466,9 @@ def run(args: argparse.Namespace) -> int:
         except ZooKeeperNotInstalled as exc:
             print(f"quire zookeeper: {exc}", file=sys.stderr)
             return 2
+        except CannotListen as exc:
+            print(f"quire zookeeper: {exc}", file=sys.stderr)
+            return 1
         except RuntimeError as exc:
             print(f"quire zookeeper: {exc}", file=sys.stderr)
             return 1

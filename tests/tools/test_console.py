@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pty
 import re
@@ -217,3 +218,55 @@ def _read_until(fd: int, marker: str, timeout: float = TIMEOUT) -> str:
                 break
             buf += chunk.decode(errors="replace")
     return buf
+
+
+def _describe_text(doc: dict) -> list[str]:  # type: ignore[type-arg]
+    """The text ``describe topic`` prints (without its last, empty line), rebuilt from its JSON document."""
+    ledgers = [f"Ledger {r['ledger_id']} [ {r['start_seq_id']} ~ {'' if r['end_seq_id'] is None else r['end_seq_id']}"
+               .rstrip() + " ]" for r in doc["ledgers"]]
+    subs = [f"Subscriber {s['subscriber']} : consumeSeqId: local:{s['consume_seq_id']}"
+            + "".join(f", {k}:{v}" for k, v in sorted(s["remote_consume_seq_ids"].items()))
+            for s in doc["subscriptions"]]
+    return [f"===== Topic Information : {doc['topic']} =====", "", f"Owner : {doc['owner'] or 'NULL'}", "",
+            ">>> Persistence Info <<<", *ledgers, "", ">>> Subscription Info <<<", *subs]
+
+
+async def test_json_of_show_and_describe_carries_the_text_facts(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "sub jtopic jsub 0", "closesub jtopic jsub", *(f"pub jtopic m{i}" for i in range(1, 5)),
+                     "consume jtopic jsub 1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    commands = ("show hubs", "show topics", "describe topic jtopic")
+    text = await _run(cluster, *commands)
+    per_command = await _run(cluster, *(f"{c} --json" for c in commands), "describe --json topic nosuch")
+    assert text.returncode == per_command.returncode == 0, per_command.stdout + per_command.stderr
+    blocks = [b.strip("\n").splitlines() for b in re.split(r"Finished \d+\.\d+ s\.\n", text.stdout)[:-1]]
+    lines = per_command.stdout.splitlines()
+    assert [line for line in lines if line.startswith("Finished ")] == lines[1::2] and len(lines) == 8
+    hubs, topics, described, nosuch = (json.loads(line) for line in lines[0::2])
+
+    # show hubs: the hub of the cluster, as the text lists it
+    assert blocks[0][0] == "Available Hub Servers:"
+    listed = [re.split(r"\s+:\s+", line.strip()) for line in blocks[0][1:]]
+    assert [address for address, _ in listed] == [h["address"] for h in hubs]
+    # the load is the hub's, republished as it acquires topics: it may move between the two runs
+    assert all(int(n) >= 1 for _, n in listed) and all(isinstance(h["num_topics"], int) and h["num_topics"] >= 1
+                                                       for h in hubs)
+    assert [f"{h['hostname']}:{h['port']}" for h in hubs] == cluster.hub_addresses
+    assert all(h["address"] == f"{h['hostname']}:{h['port']}:{h['ssl_port']}" for h in hubs)
+    # show topics
+    assert blocks[1] == ["Topic List:", "[" + ", ".join(t["topic"] for t in topics) + "]"]
+    assert "jtopic" in {t["topic"] for t in topics}
+    # describe topic: the same lines rebuilt from the document
+    assert _describe_text(described) == blocks[2]
+    assert described["owner"].startswith(cluster.hub_addresses[0] + ":")
+    assert [(r["start_seq_id"], r["end_seq_id"]) for r in described["ledgers"]] == [(1, 3), (4, None)]
+    assert described["subscriptions"] == [{"subscriber": "jsub", "consume_seq_id": 1, "remote_consume_seq_ids": {}}]
+    assert nosuch == {"topic": "nosuch", "owner": None, "ledgers": [], "subscriptions": []}
+
+    # quire console --json: stdout is only the documents, the rest goes to stderr
+    whole = await _run(cluster, *commands, "set", "describe topic", extra=("--json",))
+    assert whole.returncode == 1, "the usage error still counts"
+    docs = [json.loads(line) for line in whole.stdout.splitlines()]
+    assert [[h["address"] for h in docs[0]], docs[1], docs[2]] == [[h["address"] for h in hubs], topics, described]
+    assert whole.stderr.count("Finished ") == 5
+    assert "timeout = 10.0" in whole.stderr and "usage: describe topic {topic} [--json]" in whole.stderr

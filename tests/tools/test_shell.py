@@ -211,6 +211,98 @@ async def test_bookieinfo_writable_readonly_and_unreachable(setup: Setup) -> Non
                    "bookie 127.0.0.1:1 (not registered) did not answer")
 
 
+async def test_json_of_listbookies_and_bookieinfo_carries_the_text_facts(setup: Setup) -> None:
+    text, js, ro = await asyncio.gather(shell("listbookies", *setup.ms()), shell("listbookies", "--json", *setup.ms()),
+                                        shell("listbookies", "--readonly", "--json", *setup.ms()))
+    assert js.rc == 0, js.err
+    rows = json.loads(js.out)
+    cols = [line.split("\t") for line in text.lines]
+    assert [r["address"] for r in rows] == [c[0] for c in cols] == sorted(setup.writable)
+    for r, c in zip(rows, cols, strict=True):
+        assert set(r) == {"address", "network_location", "state", "free_disk", "total_disk"}
+        assert (r["network_location"], r["state"]) == (c[1], c[2]) == (RACKS[setup.writable.index(c[0])], "writable")
+        assert isinstance(r["free_disk"], int) and 0 < r["free_disk"] <= r["total_disk"]
+    assert [(r["address"], r["network_location"], r["state"]) for r in json.loads(ro.out)] == \
+        [(setup.readonly, RACKS[3], "readonly")]
+
+    for addr, state in ((setup.writable[0], "writable"), (setup.readonly, "readonly")):
+        text, js = await asyncio.gather(shell("bookieinfo", addr, *setup.ms()),
+                                        shell("bookieinfo", addr, "--json", *setup.ms()))
+        assert js.rc == 0, js.err
+        fields = dict(line.split(": ", 1) for line in text.lines)
+        d = json.loads(js.out)
+        assert (d["bookie"], d["state"], d["registered"], d["network_location"]) == \
+            (fields["bookie"], fields["state"], fields["registered"] == "yes", fields["network_location"]) == \
+            (addr, state, True, RACKS[setup.cluster.bookie_addresses.index(addr)])
+        assert d["total_disk"] == int(fields["total_disk"].split()[0])
+        assert 0 < d["free_disk"] <= d["total_disk"]   # free disk moves between the two runs
+        assert abs(d["disk_usage"] - (1 - d["free_disk"] / d["total_disk"])) < 1e-3
+    one_line_error(await shell("bookieinfo", "127.0.0.1:1", "--json", "--timeout", "2", *setup.ms()),
+                   "bookie 127.0.0.1:1 (not registered) did not answer")
+
+
+async def test_json_of_listledgers_with_and_without_long(setup: Setup) -> None:
+    text, js, on, none = await asyncio.gather(
+        shell("listledgers", *setup.ms()), shell("listledgers", "--json", *setup.ms()),
+        shell("listledgers", "--bookie", setup.not_on_pair, "--json", *setup.ms()),
+        shell("listledgers", "--bookie", setup.readonly, "--json", *setup.ms()))
+    assert js.rc == 0, js.err
+    assert json.loads(js.out) == [{"ledger_id": int(line)} for line in text.lines]
+    assert {setup.closed, setup.pair, setup.open} <= {d["ledger_id"] for d in json.loads(js.out)}
+    assert [d["ledger_id"] for d in json.loads(on.out)] == \
+        [i for i in (d["ledger_id"] for d in json.loads(js.out)) if i != setup.pair]
+    assert (none.rc, json.loads(none.out)) == (0, [])
+    text, js = await asyncio.gather(shell("listledgers", "--long", *setup.ms()),
+                                    shell("listledgers", "--long", "--json", *setup.ms()))
+    docs = json.loads(js.out)
+    assert len(docs) == len(text.lines)
+    for d, line in zip(docs, text.lines, strict=True):
+        lid, state, quorums, last, length, bookies = line.split("\t")
+        assert (str(d["ledger_id"]), d["state"], f"E{d['ensemble_size']} W{d['write_quorum']} A{d['ack_quorum']}",
+                f"last={d['last_entry_id']}", f"length={d['length']}", ",".join(d["bookies"])) == \
+            (lid, state, quorums, last, length, bookies)
+    closed = next(d for d in docs if d["ledger_id"] == setup.closed)
+    one = json.loads((await shell("ledgermetadata", str(setup.closed), "--json", *setup.ms())).out)
+    assert {k: v for k, v in closed.items() if k != "bookies"} == one   # the ledgermetadata --json object
+    assert closed["bookies"] == sorted(setup.metadata[setup.closed].bookies())  # type: ignore[attr-defined]
+
+
+async def test_json_of_listunderreplicated_and_autorecovery_status(setup: Setup) -> None:
+    from bookie.autorecovery import UnderReplicationManager
+
+    # the cluster's bookies run AutoRecovery workers, which would take the mark and drop it (nothing to copy):
+    # paused cluster-wide, a mark naming bookies that never were stays as made
+    ms = await open_metastore(setup.uri)
+    urm = await UnderReplicationManager.open(ms)
+    await urm.set_enabled(False)
+    try:
+        await urm.mark(setup.pair, {"127.0.0.1:2", "127.0.0.1:1"})
+        (marked_ms,) = [rec.marked_ms for rec in await urm.list()]
+        text, js, status, status_js = await asyncio.gather(
+            shell("listunderreplicated", *setup.ms()), shell("listunderreplicated", "--json", *setup.ms()),
+            shell("autorecovery", "status", *setup.ms()), shell("autorecovery", "--json", *setup.ms()))
+        assert js.rc == 0, js.err
+        assert json.loads(js.out) == [{"ledger_id": setup.pair, "missing_bookies": ["127.0.0.1:1", "127.0.0.1:2"],
+                                       "marked_ms": marked_ms}]
+        lid, missing, _age = text.lines[0].split("\t")
+        assert (int(lid), missing.split(",")) == (setup.pair, ["127.0.0.1:1", "127.0.0.1:2"])
+        fields = dict(line.split(": ", 1) for line in status.lines)
+        assert status_js.rc == 0, status_js.err
+        assert json.loads(status_js.out) == {
+            "enabled": fields["autorecovery"] == "enabled",
+            "auditor": None if fields["auditor"] == "none" else fields["auditor"],
+            "lost_bookie_recovery_delay_s": None, "under_replicated_ledgers": int(fields["under-replicated ledgers"])}
+        assert (fields["autorecovery"], fields["under-replicated ledgers"]) == ("disabled", "1")
+        bad = await shell("autorecovery", "disable", "--json", *setup.ms())
+        one_line_error(bad, "--json goes with autorecovery status only")
+        assert bad.rc == 2
+    finally:
+        await urm.unmark(setup.pair)
+        await urm.set_enabled(True)
+        await ms.close()
+    assert json.loads((await shell("listunderreplicated", "--json", *setup.ms())).out) == []
+
+
 async def test_recover_refuses_bad_destinations(setup: Setup) -> None:
     src = setup.writable[0]
     one_line_error(await shell("recover", src, src, *setup.ms()), "is the bookie being recovered")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -161,3 +162,51 @@ def test_cli_runs_in_foreground_until_sigterm(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=WAIT)
+
+
+def _listening_socket() -> socket.socket:
+    """A socket listening on a free loopback port (the "other process" holding it)."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1)
+    return s
+
+
+def test_cli_on_a_busy_port_prints_one_line_and_exits_1(tmp_path: Path) -> None:
+    _installed_or_skip()
+    with _listening_socket() as busy:
+        port = busy.getsockname()[1]
+        data = tmp_path / "busy"
+        res = subprocess.run([sys.executable, "-m", "tools.cli", "zookeeper", "--port", str(port),
+                              "--data", str(data)], capture_output=True, text=True, timeout=WAIT,
+                             cwd=str(Path(__file__).resolve().parents[2]))
+    assert res.returncode == 1
+    assert res.stderr.splitlines() == [f"quire zookeeper: cannot listen on 127.0.0.1:{port}: address already in use"]
+    assert res.stdout == ""
+    assert not (data / "zookeeper.log").exists(), "found before a JVM was started"
+
+
+def test_the_jvm_bind_failure_is_the_same_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port taken between the check and the JVM's bind: the JVM's log line maps to CannotListen."""
+    _installed_or_skip()
+    monkeypatch.setattr(launcher, "check_listen", lambda host, port: None)
+    with _listening_socket() as busy:
+        port = busy.getsockname()[1]
+        zk = ZooKeeperServer(tmp_path / "zk", port=port)
+        with pytest.raises(launcher.CannotListen) as info:
+            zk.start(timeout=WAIT)
+    assert str(info.value) == f"cannot listen on 127.0.0.1:{port}: address already in use"
+    assert "Address already in use" in zk.log_path.read_text(), "the JVM did try and fail"
+    assert not zk.running
+
+
+def test_check_listen_allows_a_just_stopped_port(zk_server_private: ZooKeeperServer) -> None:
+    """A listening server makes its port unusable; once stopped (TIME_WAIT left behind) it is usable again."""
+    zk = zk_server_private
+    assert four_letter_word(zk.host, zk.port, "ruok") == "imok"   # a connection the server closes
+    with pytest.raises(launcher.CannotListen, match="address already in use"):
+        launcher.check_listen(zk.host, zk.port)
+    zk.stop()
+    launcher.check_listen(zk.host, zk.port)
+    zk.restart()   # a fixed port now: start() checks it first
+    assert _answers(zk)

@@ -124,18 +124,25 @@ def _register(name: str, command: Command, help_text: str, example: str,
     COMMANDS[name] = (command, help_text, example, options)
 
 
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document (snake_case keys, bytes as integers, times as epoch ms)")
+
+
 def _listbookies(p: argparse.ArgumentParser) -> None:
     p.add_argument("--readonly", action="store_true", help="list the read-only bookies instead of the writable ones")
+    _json_option(p)
 
 
 def _listledgers(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie", type=bookie_address, metavar="ADDR", help="only ledgers with a segment on ADDR")
     p.add_argument("-l", "--long", action="store_true", help="also show state, quorums, last entry, length, bookies")
+    _json_option(p)
 
 
 def _ledgermetadata(p: argparse.ArgumentParser) -> None:
     p.add_argument("ledger_id", type=ledger_id, metavar="ID")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    _json_option(p)
 
 
 def _readledger(p: argparse.ArgumentParser) -> None:
@@ -157,6 +164,7 @@ def _simpletest(p: argparse.ArgumentParser) -> None:
 
 def _bookieinfo(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", type=bookie_address, metavar="ADDR")
+    _json_option(p)
 
 
 def _recover(p: argparse.ArgumentParser) -> None:
@@ -189,13 +197,10 @@ _register("decommission", commands.decommission,
           "127.0.0.1:3181", _decommission)
 
 
-def _no_options(p: argparse.ArgumentParser) -> None:
-    pass
-
-
 def _autorecovery(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=("status", "enable", "disable"), nargs="?", default="status",
                    help="status (default), or enable/disable every replication worker of the cluster")
+    _json_option(p)
 
 
 def _lostbookierecoverydelay(p: argparse.ArgumentParser) -> None:
@@ -205,7 +210,7 @@ def _lostbookierecoverydelay(p: argparse.ArgumentParser) -> None:
 
 _register("listunderreplicated", commands.listunderreplicated,
           "list the ledgers AutoRecovery's auditor marked under-replicated (ledger, missing bookies, age)",
-          "", _no_options)
+          "--json", _json_option)
 _register("autorecovery", commands.autorecovery,
           "AutoRecovery status, or enable/disable its replication workers cluster-wide", "disable", _autorecovery)
 _register("lostbookierecoverydelay", commands.lostbookierecoverydelay,

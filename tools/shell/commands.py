@@ -33,15 +33,24 @@ def _state_name(state: int) -> str:
     return "readonly" if state == READ_ONLY else "writable"
 
 
+def write_json(out: TextIO, doc: object) -> None:
+    """One JSON document (``--json``): snake_case keys, bytes as ints, times as epoch ms."""
+    out.write(json.dumps(doc, indent=2) + "\n")
+
+
 async def listbookies(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
     """One line per registered bookie: address, network location, state, free disk (writable ones, or --readonly)."""
     regs = await ops.registrations()
     wanted = READ_ONLY if args.readonly else None
     shown = {a: r for a, r in regs.items() if (r.state == READ_ONLY) == (wanted is not None)}
-    for addr in sorted(shown):
-        rec = shown[addr]
-        out.write(f"{addr}\t{rec.network_location or '-'}\t{_state_name(rec.state)}\t"
-                  f"free={tqdm.format_sizeof(rec.free_disk, 'B', 1024)}\n")
+    if args.json:
+        write_json(out, [{"address": addr, "network_location": rec.network_location or None,
+                          "state": _state_name(rec.state), "free_disk": int(rec.free_disk),
+                          "total_disk": int(rec.total_disk)} for addr, rec in sorted(shown.items())])
+    else:
+        for addr, rec in sorted(shown.items()):
+            out.write(f"{addr}\t{rec.network_location or '-'}\t{_state_name(rec.state)}\t"
+                      f"free={tqdm.format_sizeof(rec.free_disk, 'B', 1024)}\n")
     if not shown:
         sys.stderr.write(f"no {'read-only' if args.readonly else 'writable'} bookies registered\n")
     return 0
@@ -53,14 +62,32 @@ def _brief(lid: int, md: LedgerMetadata) -> str:
             f"last={md.last_entry_id}\tlength={md.length}\t{bookies}")
 
 
+def _ledger_json(lid: int, md: LedgerMetadata, long: bool) -> dict[str, object]:
+    if not long:
+        return {"ledger_id": lid}
+    return {**metadata_dict(lid, md), "bookies": sorted(md.bookies())}
+
+
 async def listledgers(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
-    """Ledger ids in order, one per line (only those on --bookie ADDR; --long adds their metadata)."""
+    """Ledger ids in order, one per line (only those on --bookie ADDR; --long adds their metadata).
+
+    ``--json``: a list of ``{"ledger_id": N}``, or with ``--long`` of the
+    ``ledgermetadata --json`` objects plus ``bookies``; written as the ledgers
+    are listed, not gathered first.
+    """
     n = 0
+    if args.json:
+        out.write("[")
     async for lid, md in ops.list_ledgers():
         if args.bookie is not None and args.bookie not in md.bookies():
             continue
+        if args.json:
+            out.write(("," if n else "") + "\n  " + json.dumps(_ledger_json(lid, md, args.long)))
+        else:
+            out.write((_brief(lid, md) if args.long else str(lid)) + "\n")
         n += 1
-        out.write((_brief(lid, md) if args.long else str(lid)) + "\n")
+    if args.json:
+        out.write("\n]\n" if n else "]\n")
     if n == 0:
         sys.stderr.write("no ledgers" + (f" on {args.bookie}" if args.bookie else "") + "\n")
     return 0
@@ -169,6 +196,12 @@ async def bookieinfo(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> i
         raise ShellError(f"bookie {args.address} ({registered}) did not answer: {exc}") from None
     rec = regs.get(args.address)
     used = 1 - info.free_disk / info.total_disk if info.total_disk else 0.0
+    if args.json:
+        write_json(out, {"bookie": args.address, "state": "readonly" if info.read_only else "writable",
+                         "free_disk": info.free_disk, "total_disk": info.total_disk, "disk_usage": round(used, 4),
+                         "registered": rec is not None,
+                         "network_location": (rec.network_location or None) if rec is not None else None})
+        return 0
     out.write(f"bookie: {args.address}\n")
     out.write(f"state: {'readonly' if info.read_only else 'writable'}\n")
     out.write(f"free_disk: {human_bytes(info.free_disk)}\n")
@@ -257,10 +290,15 @@ def _age(marked_ms: int, now_ms: float) -> str:
 
 
 async def listunderreplicated(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
-    """The ledgers the auditor marked: ``ledger<TAB>missing bookies<TAB>age``, in id order."""
+    """The ledgers the auditor marked: ``ledger<TAB>missing bookies<TAB>age``, in id order (or --json)."""
     urm = await UnderReplicationManager.open(ops.store)
     now_ms = time.time() * 1000
-    for rec in await urm.list():
+    marks = await urm.list()
+    if args.json:
+        write_json(out, [{"ledger_id": rec.ledger_id, "missing_bookies": sorted(rec.missing),
+                          "marked_ms": rec.marked_ms} for rec in marks])
+        return 0
+    for rec in marks:
         out.write(f"{rec.ledger_id}\t{','.join(sorted(rec.missing))}\t{_age(rec.marked_ms, now_ms)}\n")
     return 0
 
@@ -269,11 +307,17 @@ async def autorecovery(ops: BookieOps, args: argparse.Namespace, out: TextIO) ->
     """``status``: switch, auditor, delay, marks; ``enable``/``disable``: the cluster-wide switch."""
     urm = await UnderReplicationManager.open(ops.store)
     if args.action in ("enable", "disable"):
+        if args.json:
+            raise UsageError("--json goes with autorecovery status only")
         await urm.set_enabled(args.action == "enable")
         out.write(f"autorecovery {args.action}d cluster-wide\n")
         return 0
     delay = await urm.lost_bookie_recovery_delay_override()
     auditor = await urm.auditor()
+    if args.json:
+        write_json(out, {"enabled": await urm.enabled(), "auditor": auditor or None,
+                         "lost_bookie_recovery_delay_s": delay, "under_replicated_ledgers": len(await urm.list())})
+        return 0
     out.write(f"autorecovery: {'enabled' if await urm.enabled() else 'disabled'}\n")
     out.write(f"auditor: {auditor or 'none'}\n")
     out.write(f"lost_bookie_recovery_delay: {_delay_text(delay)}\n")
