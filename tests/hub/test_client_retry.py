@@ -55,7 +55,7 @@ async def test_tls_client_redirected_to_a_hub_without_tls_fails_at_once(tmp_path
 
     pem, _ = make_cert(tmp_path)
     async with scripted_hub(redirect_to("127.0.0.1:4080:0"), tls=server_context(pem)) as (address, _seen):
-        async with await HedwigClient.connect(address, conf={"ssl_enabled": "true"}) as c:   # 30 s timeout
+        async with await HedwigClient.connect(address, conf={"ssl_enabled": "true", "ssl_verify": "false"}) as c:
             t0 = time.monotonic()
             with pytest.raises(errors.CouldNotConnectError, match="serves no TLS") as info:
                 await asyncio.wait_for(c.publish(b"t", b"x"), TIMEOUT)
