@@ -29,8 +29,6 @@ MARK = "<!-- runnable"
 # Python blocks that are not complete scripts, and why
 NOT_RUNNABLE = {
     "from tools.scan import register_datasource": "needs Spark 4 and Java 17 (tests/tools/test_scan_spark.py)",
-    "from bookie.client import BookKeeper\nbk = await": "a fragment in the bookie section; the complete "
-                                                        "script is in 'Your first hour'",
 }
 
 
