@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +17,7 @@ from bookie.http import TOKEN_ENV, admin_token, resolve_http_port
 from bookie.testing import RawBookieClient
 from metastore import Value, Version, open_metastore
 from tests.bookie.conftest import StartBookie, add_req
+from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
 in_cluster = pytest.mark.asyncio(loop_scope="module")
@@ -49,17 +48,6 @@ async def get(http: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
     async with http.get(url) as resp:
         return resp.status, await resp.json(content_type=None)
 
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 15.0) -> Any:
-    """Await ``check()`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.1)
 
 
 @in_cluster

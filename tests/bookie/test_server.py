@@ -8,7 +8,6 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,22 +22,10 @@ from bookie.testing import BookieProcess, RawBookieClient
 from metastore import Value, Version, open_metastore
 from metastore.errors import NoKeyError
 from tests.bookie.conftest import KEY, StartBookie, add_req
+from tests.fixtures.polling import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
-
-async def eventually(check, timeout: float = 10.0, interval: float = 0.05):
-    """Poll ``check()`` (sync or async) until it returns a truthy value; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if asyncio.iscoroutine(got):
-            got = await got
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
 
 
 # --- the protocol against the shared process ------------------------------------------------------

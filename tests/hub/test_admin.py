@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
@@ -17,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bookie.client import BookKeeper
 from bookie.errors import NoSuchLedgerError
 from hub.client import HedwigClient, Message
+from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
 in_cluster = pytest.mark.asyncio(loop_scope="module")
@@ -56,17 +56,6 @@ async def call(http: aiohttp.ClientSession, method: str, url: str, **kw: Any) ->
     async with http.request(method, url, **kw) as resp:
         return resp.status, await resp.json(content_type=None)
 
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 20.0) -> Any:
-    """Await ``check()`` until it is truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.1)
 
 
 async def owner_index(cluster: LocalCluster, http: aiohttp.ClientSession, topic: str) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -14,19 +13,11 @@ from hub.client import HedwigClient, Message
 from hub.proto import pubsub_pb2 as pb
 from metastore import open_metastore
 from metastore.errors import NoKeyError
+from tests.fixtures.polling import eventually
 from tests.fixtures.standalone import quire_standalone
 from tools.cluster import LocalCluster
 
 from .conftest import HUB_CONF
-
-
-async def eventually(pred: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    """Poll another process's effect in the metastore (there is no event to await across processes)."""
-    for _ in range(int(timeout / 0.1)):
-        if await pred():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 @pytest.mark.slow
