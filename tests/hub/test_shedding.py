@@ -109,11 +109,14 @@ async def test_a_busy_hub_sheds_topics_to_hubs_started_later(tmp_path: Path) -> 
                         await asyncio.sleep(interval)  # a rebalance of the hubs' own timers: nothing to await
                         for t in topics:  # one access per topic: released ones go to the least loaded hub
                             published[t].append(await roaming.publish(t, b"%d" % round_))
+                        # a hub's own timer may release a topic again between the accesses and this read:
+                        # an unowned topic ("-") is not held against the spread (its next access places it)
                         counts = await ownership()
-                        if round_ >= 2 and max(counts.values()) <= 22 and counts["-"] == 0:
+                        owned = {hub: n for hub, n in counts.items() if hub != "-"}
+                        if round_ >= 2 and len(owned) == 3 and max(owned.values()) <= 22:
                             break
-                    assert counts["-"] == 0 and len(counts) == 3, counts
-                    assert max(counts.values()) <= 22, counts        # share 20, tolerance 10 %
+                    assert len(owned) == 3, counts
+                    assert max(owned.values()) <= 22, counts        # share 20, tolerance 10 %
             finally:
                 await ms.close()
             for t in topics:  # seq ids dense through every move: nothing stored twice or lost
