@@ -3,7 +3,7 @@
     from hub.client import HedwigClient          # the client library
     # quire hub --conf conf/hw_server.conf       # one hub process (hub.server.HubServer)
 
-Modules: ``conf`` (HubConf, ClientConf), ``protocol`` (sans-IO wire state
+Modules: ``conf`` (HubConf, HubClientConf), ``protocol`` (sans-IO wire state
 machine), ``server`` (the asyncio shell), ``ownership`` (topic claims and
 redirects), ``persistence`` (ledgers, batched entries, the read path),
 ``subscriptions`` and ``delivery``, ``metadata`` (MetaStore managers),

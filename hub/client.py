@@ -63,7 +63,7 @@ from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_
 
 from bookie.outbox import Outbox
 from hub import errors
-from hub.conf import ClientConf, client_conf
+from hub.conf import HubClientConf, client_conf
 from hub.message import Message, MessageId, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
@@ -77,6 +77,7 @@ from hub.protocol import (
     name_problem,
     status_name,
 )
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +266,7 @@ class _Sub:
 class HedwigClient:
     """See the module docstring."""
 
-    def __init__(self, addresses: list[str], conf: ClientConf) -> None:
+    def __init__(self, addresses: list[str], conf: HubClientConf) -> None:
         self.conf = conf
         self.addresses = addresses
         self._default = 0
@@ -287,7 +288,7 @@ class HedwigClient:
         self.closed = False
 
     @classmethod
-    async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | ClientConf | None = None
+    async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | HubClientConf | None = None
                       ) -> HedwigClient:
         """A client whose default hub is ``address`` ("host:port", or several comma separated).
 
@@ -396,9 +397,7 @@ class HedwigClient:
                 self._maybe_resubscribe(s)
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     # --- requests ---------------------------------------------------------------------------------
     async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]:

@@ -77,6 +77,7 @@ from hub.dedup import ProducerDedup
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -353,9 +354,7 @@ class TopicLog:
                 self._since_snapshot < self.conf.dedup_snapshot_interval:
             return
         self._since_snapshot = 0
-        task = asyncio.get_running_loop().create_task(self._write_snapshot(self.dedup.snapshot(self.last_seq)))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, self._write_snapshot(self.dedup.snapshot(self.last_seq)))
 
     async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
         try:

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hub import errors
-from hub.conf import ClientConf
+from hub.conf import HubClientConf
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from metastore.conf import ConfError, load_conf, setting
@@ -69,7 +69,7 @@ REGION_OPTION = "quire.region"
 
 
 @dataclass(frozen=True)
-class RegionClientConf(ClientConf):
+class RegionClientConf(HubClientConf):
     """``hw_region_client.conf``: the client keys used between regions, and each remote region's hubs."""
 
     remote_hubs: tuple[str, ...] = setting(

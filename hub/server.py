@@ -58,6 +58,7 @@ from hub.readahead import ReadAheadCache
 from hub.shedding import TopicLoadShedder
 from hub.subscriptions import SubState, TopicSubscriptions
 from metastore.errors import MetastoreError
+from metastore.tasks import keep, spawn
 
 log = logging.getLogger(__name__)
 
@@ -324,10 +325,7 @@ class HubConnection(asyncio.Protocol):
         return True
 
     def _track(self, coro: Any) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
+        return spawn(self.tasks, coro)
 
     def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
         t.last_active = time.monotonic()
@@ -534,14 +532,11 @@ class HubServer:
             flush()
 
     def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep ``task`` until it ends (cancelled on stop), like ``spawn``."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        keep(self._tasks, task)
 
     async def start(self) -> None:
         """Open the metastore and ledger client, listen, register; raises on any failure."""

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from hub.errors import CertificateError
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -194,9 +195,7 @@ class TlsListener:
         return self
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro)
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
