@@ -61,7 +61,7 @@ from typing import Any, cast
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
-from bookie.outbox import Outbox
+from bookie.wire import Outbox
 from hub import errors
 from hub.conf import HubClientConf, client_conf
 from hub.message import Message, MessageId, SubscriptionPreferences

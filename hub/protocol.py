@@ -1,6 +1,6 @@
 """The hub wire protocol without I/O: bytes in, events out (in the h11 sense).
 
-Framing is the bookie's (``bookie.protocol.FrameDecoder``: a 4-byte
+Framing is the bookie's (``bookie.wire.FrameDecoder``: a 4-byte
 big-endian length, then one protobuf message of ``hub/proto/pubsub.proto``).
 Every decision about frame limits, unknown operations and request validity
 lives here, so the hub server and the client are thin asyncio shells::
@@ -33,7 +33,8 @@ from typing import Generic, TypeVar
 from google.protobuf.message import DecodeError
 
 from bookie.errors import FrameTooLargeError
-from bookie.protocol import LENGTH_PREFIX, FrameDecoder, encode_frame
+from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
+from bookie.wire.outbox import Outbox
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = [
@@ -410,46 +411,39 @@ class ClientConnection(Generic[T]):
 
 # --- output coalescing ----------------------------------------------------------------------------
 
-class OutBuffer:
-    """Frames queued during one event-loop turn, handed to ``write`` together (one syscall, not one each).
+class _WriteCallback:
+    """A transport that is one ``write`` callback (``OutBuffer``); never closing."""
 
-    ``schedule(callback)`` arranges a call at the end of the turn (``loop.call_soon``);
-    past ``flush_bytes`` queued bytes the buffer is written at once, so a
-    transport's ``pause_writing`` is seen promptly. No I/O happens here.
+    __slots__ = ("write",)
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self.write = write
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.write(data[0] if len(data) == 1 else b"".join(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class OutBuffer(Outbox):
+    """An ``Outbox`` (``bookie.wire``, the one out-buffer) that writes through a callback.
+
+    The hub server's connections use ``Outbox`` itself; this keeps the former
+    interface: ``add`` queues, ``flush`` hands everything queued to ``write``
+    as one ``bytes``, ``close`` drops what is queued. No I/O happens here.
     """
-
-    __slots__ = ("_frames", "_size", "flush_bytes", "schedule", "write")
 
     def __init__(self, write: Callable[[bytes], None], schedule: Callable[[Callable[[], None]], object],
                  flush_bytes: int = 64 * 1024) -> None:
-        self.write = write
-        self.schedule = schedule
-        self.flush_bytes = flush_bytes
-        self._frames: list[bytes] = []
-        self._size = 0
+        super().__init__(schedule=schedule, flush_bytes=flush_bytes)
+        self.attach(_WriteCallback(write))
 
-    def add(self, frame: bytes) -> None:
-        self._frames.append(frame)
-        self._size += len(frame)
-        if self._size >= self.flush_bytes:
-            self.flush()
-        elif len(self._frames) == 1:
-            self.schedule(self.flush)
-
-    def flush(self) -> None:
-        frames, self._frames, self._size = self._frames, [], 0
-        if frames:
-            self.write(frames[0] if len(frames) == 1 else b"".join(frames))
+    add = Outbox.send
 
     def close(self) -> None:
-        """Drop what is queued and the callbacks (which usually point back at the connection)."""
-        self._frames, self._size = [], 0
-        self.write = _discard
-        self.schedule = _discard
-
-
-def _discard(_: object) -> None:
-    pass
+        """Drop what is queued and the write callback (which usually points back at the connection)."""
+        self.detach()
 
 
 # --- server-side builders -------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bookie.errors import BKError
-from bookie.protocol import FrameBudget
+from bookie.wire import FrameBudget, Outbox
 from hub import errors, protocol
 from hub.conf import HubConf
 from hub.message import Message
@@ -56,6 +56,7 @@ from hub.persistence import Done, TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.readahead import ReadAheadCache
 from hub.shedding import TopicLoadShedder
+from hub.stats import HubStats
 from hub.subscriptions import SubState, TopicSubscriptions
 from metastore.errors import MetastoreError
 from metastore.tasks import keep, spawn
@@ -63,23 +64,6 @@ from metastore.tasks import keep, spawn
 log = logging.getLogger(__name__)
 
 __all__ = ["HubServer", "HubStats"]
-
-
-class HubStats:
-    """Every counter of the hub, updated in this one place (the stats endpoint reads ``counters``)."""
-
-    def __init__(self) -> None:
-        self.counters: collections.Counter[str] = collections.Counter()
-
-    def incr(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
-
-    observer: Any = None     # hub.stats.HubMetrics.observe when the stats endpoint is on
-
-    def observe(self, op: str, seconds: float) -> None:
-        """A request's latency (``op``: publish, subscribe, unsubscribe, consume)."""
-        if self.observer is not None:
-            self.observer(op, seconds)
 
 
 _TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
@@ -92,6 +76,9 @@ class _Redirect(Exception):
         super().__init__(owner)
         self.owner = owner
 
+
+OUT_FLUSH_BYTES = 64 * 1024
+"""Queued answer bytes past which a connection writes at once (``pause_writing`` is then seen promptly)."""
 
 RATE_WINDOW = 10.0
 """Seconds over which a topic's publish rate is measured (``Topic.publish_rate``)."""
@@ -134,7 +121,7 @@ class HubConnection(asyncio.Protocol):
         self.subs: dict[tuple[bytes, bytes], SubState] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
-        self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
+        self._out = Outbox(schedule=server.flush_soon, flush_bytes=OUT_FLUSH_BYTES)
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
         self._serve_scheduled = False
@@ -146,6 +133,7 @@ class HubConnection(asyncio.Protocol):
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self._out.attach(self.transport)   # type: ignore[arg-type]
         transport.set_write_buffer_limits(high=self.conf.max_outbound_buffer)  # type: ignore[attr-defined]
         self.server.connections.add(self)
         self.server.stats.incr("connections")
@@ -158,7 +146,7 @@ class HubConnection(asyncio.Protocol):
         # cycles connection -> out-buffer -> bound method -> connection and connection <-> transport
         self.server.frame_budget.release(self.key)
         self.machine.clear()
-        self._out.close()
+        self._out.detach()
         self.transport = None
         self.partial_since = None
         if self.subs:
@@ -255,11 +243,7 @@ class HubConnection(asyncio.Protocol):
     # --- Attachment -------------------------------------------------------------------------------
     def _write(self, frame: bytes) -> None:
         if self.transport is not None and not self.closed:
-            self._out.add(frame)
-
-    def _write_now(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed and not self.transport.is_closing():
-            self.transport.write(data)
+            self._out.send(frame)
 
     def send(self, resp: pb.PubSubResponse) -> None:
         self._write(protocol.encode(resp))
@@ -520,7 +504,7 @@ class HubServer:
         loop.default_exception_handler(context)
 
     def flush_soon(self, flush: Callable[[], None]) -> None:
-        """A connection's ``OutBuffer`` has frames: write them at the end of this loop turn (``flush``)."""
+        """A connection's ``Outbox`` has frames: write them at the end of this loop turn (``flush``)."""
         self._unflushed.append(flush)
         if len(self._unflushed) == 1:
             asyncio.get_running_loop().call_soon(self.flush)

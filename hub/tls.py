@@ -133,7 +133,7 @@ class _PlaintextOnTlsPort(asyncio.Protocol):
     """A plaintext client on the TLS port: every request it sends is answered COULD_NOT_CONNECT, then it is closed."""
 
     def __init__(self, port: int, max_frame_size: int) -> None:
-        from bookie.protocol import FrameDecoder
+        from bookie.wire import FrameDecoder
 
         self.decoder = FrameDecoder(max_frame_size)
         self.port = port
