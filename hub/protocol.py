@@ -32,10 +32,12 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from bookie.errors import FrameTooLargeError
+from bookie.errors import BKError, FrameTooLargeError
 from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
 from bookie.wire.outbox import Outbox
+from hub.errors import PubSubError
 from hub.proto import pubsub_pb2 as pb
+from metastore.errors import MetastoreError
 
 __all__ = [
     "DEFAULT_MAX_REQUESTS_PER_TURN",
@@ -52,10 +54,14 @@ __all__ = [
     "ServerConnection",
     "SubscriptionEventReceived",
     "encode",
+    "expected_failure",
+    "failure_response",
     "name_problem",
+    "redirect_response",
     "request_topic",
     "response",
     "status_name",
+    "status_of",
     "subscriber_of",
 ]
 
@@ -92,6 +98,39 @@ def response(txn_id: int, status: int = pb.SUCCESS, message: str = "", *, topic:
                              redirect_to=redirect_to)
     resp.statusCode = status  # type: ignore[assignment]
     return resp
+
+
+def expected_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure the protocol has a status for (else: a bug, worth a traceback in the log)."""
+    return isinstance(exc, PubSubError | BKError | MetastoreError)
+
+
+def status_of(exc: BaseException) -> int:
+    """The status answering a request that failed with ``exc``.
+
+    A ``PubSubError`` answers with its own status (UNEXPECTED_CONDITION if
+    the name is not a wire status); ledger and metastore trouble is
+    SERVICE_DOWN (the client may retry); anything else UNEXPECTED_CONDITION.
+    """
+    if isinstance(exc, PubSubError):
+        try:
+            return pb.StatusCode.Value(exc.status)
+        except ValueError:
+            return pb.UNEXPECTED_CONDITION
+    if isinstance(exc, BKError | MetastoreError):
+        return pb.SERVICE_DOWN
+    return pb.UNEXPECTED_CONDITION
+
+
+def failure_response(request: pb.PubSubRequest, exc: BaseException) -> pb.PubSubResponse:
+    """The answer to ``request`` that failed with ``exc`` (``status_of``; the message is ``str(exc)``)."""
+    return response(request.txnId, status_of(exc), str(exc), topic=request_topic(request))
+
+
+def redirect_response(request: pb.PubSubRequest, owner: str) -> pb.PubSubResponse:
+    """NOT_RESPONSIBLE_FOR_TOPIC: ``owner`` (``host:port:sslport``) serves the request's topic."""
+    return response(request.txnId, pb.NOT_RESPONSIBLE_FOR_TOPIC, owner, topic=request_topic(request),
+                    redirect_to=owner)
 
 
 def request_topic(request: pb.PubSubRequest) -> bytes:
@@ -210,6 +249,7 @@ class ServerConnection:
         self.backlogged = False   # stopped at the per-turn budget: call next_events on the next turn
         self.in_flight = 0        # requests dispatched and not answered yet
         self.eof = False          # the client half-closed its side
+        self.partial_since: float | None = None   # clock time the incomplete frame now held was started
 
     @property
     def buffered(self) -> int:
@@ -250,6 +290,20 @@ class ServerConnection:
         """Drop every byte held (the connection is gone)."""
         self._decoder.clear()
         self.backlogged = False
+        self.partial_since = None
+
+    def track_partial(self, progressed: bool, now: Callable[[], float]) -> None:
+        """After serving a read: start, keep or stop the clock of the incomplete frame held.
+
+        ``progressed``: this read completed frames (a frame still incomplete is
+        a new one). Nothing incomplete held, or only complete frames left for a
+        later turn (our delay, not the client's): no clock. The shell closes a
+        connection whose clock runs past ``incomplete_frame_timeout``.
+        """
+        if not self._decoder.buffered or self.backlogged:
+            self.partial_since = None
+        elif progressed or self.partial_since is None:
+            self.partial_since = now()
 
     def request_started(self) -> None:
         """A request was dispatched; it will be answered (``request_finished``)."""
@@ -261,6 +315,10 @@ class ServerConnection:
     def eof_received(self) -> None:
         """The client half-closed: it sends nothing more, but still reads."""
         self.eof = True
+
+    def should_read(self, writable: bool) -> bool:
+        """Read more while the client reads what we write (``writable``) and no requests wait for a later turn."""
+        return writable and not self.backlogged and not self.eof
 
     @property
     def close_now(self) -> bool:

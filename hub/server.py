@@ -38,7 +38,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from bookie.errors import BKError
 from bookie.wire import FrameBudget, Outbox
 from hub import errors, protocol
 from hub.conf import HubConf
@@ -58,7 +57,6 @@ from hub.readahead import ReadAheadCache
 from hub.shedding import TopicLoadShedder
 from hub.stats import HubStats
 from hub.subscriptions import SubState, TopicSubscriptions
-from metastore.errors import MetastoreError
 from metastore.tasks import keep, spawn
 
 log = logging.getLogger(__name__)
@@ -107,6 +105,10 @@ class Topic:
         return (self.log.last_seq - seq) / elapsed if elapsed > 0 else 0.0
 
 
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
 class HubConnection(asyncio.Protocol):
     """One client connection."""
 
@@ -126,9 +128,13 @@ class HubConnection(asyncio.Protocol):
         self.closed = False
         self._serve_scheduled = False
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
-        self.partial_since: float | None = None   # loop time the incomplete frame now held was started
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
         self.region_hub = False        # authenticated with one of superuser_roles: may set srcRegion
+
+    @property
+    def partial_since(self) -> float | None:
+        """Loop time the incomplete frame now held was started (``ServerConnection.partial_since``)."""
+        return self.machine.partial_since
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,7 +154,6 @@ class HubConnection(asyncio.Protocol):
         self.machine.clear()
         self._out.detach()
         self.transport = None
-        self.partial_since = None
         if self.subs:
             self.server.spawn(self._detach_all())
 
@@ -174,7 +179,7 @@ class HubConnection(asyncio.Protocol):
         """Read while the client reads what we write and no requests wait for a later turn."""
         if self.transport is None or self.closed:
             return
-        if self.writable.is_set() and not self.machine.backlogged and not self.machine.eof:
+        if self.machine.should_read(self.writable.is_set()):
             self.transport.resume_reading()
         else:
             self.transport.pause_reading()
@@ -226,10 +231,7 @@ class HubConnection(asyncio.Protocol):
             stats.incr("turns_yielded")
             self._serve_soon()
         held = self.machine.buffered
-        if not held or self.machine.backlogged:
-            self.partial_since = None    # nothing incomplete, or what waits is complete frames (our delay)
-        elif events or self.partial_since is None:
-            self.partial_since = asyncio.get_running_loop().time()   # a new incomplete frame starts
+        self.machine.track_partial(bool(events), _loop_time)
         self.server.charge(self, held)
         self._update_reading()
         if self.machine.eof:
@@ -342,22 +344,14 @@ class HubConnection(asyncio.Protocol):
         stats.observe("publish", time.perf_counter() - t0)
 
     def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
+        """Answer ``req`` that failed with ``exc`` (the status is ``hub.protocol``'s decision)."""
         if isinstance(exc, _Redirect):
             self.server.stats.incr("redirects")
-            self.send(protocol.response(req.txnId, pb.NOT_RESPONSIBLE_FOR_TOPIC, exc.owner,
-                                        topic=protocol.request_topic(req), redirect_to=exc.owner))
+            self.send(protocol.redirect_response(req, exc.owner))
             return
-        if isinstance(exc, errors.PubSubError):
-            try:
-                status = pb.StatusCode.Value(exc.status)
-            except ValueError:
-                status = pb.UNEXPECTED_CONDITION
-        elif isinstance(exc, BKError | MetastoreError):
-            status = pb.SERVICE_DOWN
-        else:
+        if not protocol.expected_failure(exc):
             log.exception("unexpected failure of %s", pb.OperationType.Name(req.type), exc_info=exc)
-            status = pb.UNEXPECTED_CONDITION
-        self.send(protocol.response(req.txnId, status, str(exc), topic=protocol.request_topic(req)))
+        self.send(protocol.failure_response(req, exc))
 
     def _consume(self, ev: protocol.RequestReceived) -> None:
         t0 = time.perf_counter()
