@@ -23,6 +23,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from bookie.wire import Outbox
@@ -261,7 +262,7 @@ class HubConnection(asyncio.Protocol):
             return False
         return True
 
-    def _track(self, coro: Any) -> asyncio.Task[None]:
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return spawn(self.tasks, coro)
 
     def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hub import errors
 from hub.conf import HubConf
@@ -31,6 +31,9 @@ from hub.metadata import hub_address
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 from metastore.cas import cas_retry
+
+if TYPE_CHECKING:
+    from hub.metadata import HubRegistry, TopicOwnershipManager
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,8 @@ def same_hub(a: pb.HubInfo, b: pb.HubInfo) -> bool:
 class Ownership:
     """See the module docstring."""
 
-    def __init__(self, conf: HubConf, me: pb.HubInfo, owners: Any, registry: Any, session: Any) -> None:
+    def __init__(self, conf: HubConf, me: pb.HubInfo, owners: TopicOwnershipManager, registry: HubRegistry,
+                 session: Any) -> None:
         self.conf = conf
         self.me = me
         self.owners = owners

@@ -34,8 +34,8 @@ import math
 import os
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from bookie.wire import FrameBudget
 from hub import errors
@@ -59,6 +59,9 @@ from hub.stats import HubStats
 from hub.subscriptions import TopicSubscriptions
 from hub.topic import RATE_WINDOW, Topic
 from metastore.tasks import keep, spawn
+
+if TYPE_CHECKING:
+    from hub.regions import RegionManager
 
 log = logging.getLogger(__name__)
 
@@ -93,9 +96,9 @@ class HubServer:
         self.stopping = False
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.info = pb.HubInfo()
-        self.cache: Any = None
+        self.cache: Any = None          # hub.readahead.ReadAheadCache once started
         self.ownership: Ownership | None = None
-        self.regions: Any = None      # hub.regions.RegionManager once started
+        self.regions: RegionManager | None = None
         self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
         self._connection_keys = itertools.count(1)
@@ -172,7 +175,7 @@ class HubServer:
         for flush in pending:
             flush()
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         spawn(self._tasks, coro)
 
     def track(self, task: asyncio.Task[Any]) -> None:

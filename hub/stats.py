@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -39,7 +39,13 @@ from prometheus_client.registry import Collector
 
 from bookie.metrics import metric_name
 
-__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats"]
+if TYPE_CHECKING:
+    from hub.connection import HubConnection
+    from hub.readahead import ReadAheadCache
+    from hub.regions import RegionManager
+    from hub.topic import Topic
+
+__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats", "MetricsSource"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +71,7 @@ class HubStats:
     def incr(self, name: str, n: int = 1) -> None:
         self.counters[name] += n
 
-    observer: Any = None     # hub.stats.HubMetrics.observe when the stats endpoint is on
+    observer: Callable[[str, float], None] | None = None   # HubMetrics.observe when the stats endpoint is on
 
     def observe(self, op: str, seconds: float) -> None:
         """A request's latency (``op``: publish, subscribe, unsubscribe, consume)."""
@@ -77,10 +83,29 @@ def _name(subject: str) -> str:
     return metric_name("hub", subject)
 
 
-class HubMetrics(Collector):
-    """See the module docstring. ``server`` is a ``hub.server.HubServer`` (duck-typed)."""
+class MetricsSource(Protocol):
+    """What ``HubMetrics`` reads of its hub at scrape time (a ``hub.server.HubServer``)."""
 
-    def __init__(self, server: Any) -> None:
+    @property
+    def stats(self) -> HubStats: ...
+
+    @property
+    def connections(self) -> Collection[HubConnection]: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, Topic]: ...
+
+    @property
+    def regions(self) -> RegionManager | None: ...
+
+    @property
+    def cache(self) -> ReadAheadCache | None: ...
+
+
+class HubMetrics(Collector):
+    """See the module docstring. ``server`` is the hub it reports on (``MetricsSource``)."""
+
+    def __init__(self, server: MetricsSource) -> None:
         self.server = server
         self.registry = CollectorRegistry()
         self.latency = Histogram(_name("request_seconds"), "request latency by operation (PubSubServer)",

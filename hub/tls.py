@@ -37,7 +37,7 @@ import os
 import socket
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ class TlsListener:
         self._spawn(self._accept(sock))
         return self
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         spawn(self._tasks, coro)
 
     async def _accept(self, sock: socket.socket) -> None:
