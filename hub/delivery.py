@@ -13,6 +13,11 @@ are delivered and unconsumed at once. A server-side filter that rejects a
 message skips it; one that raises ends the delivery with
 ``InvalidMessageFilterError`` reported through ``on_error``.
 
+A bounded subscription's messages outside its bound may be deleted while
+it lags (retention counts it as consumed up to ``last_seq - messageBound``):
+a read that finds its message deleted skips to the newest N instead of
+stalling or failing.
+
 Skipped messages count as consumed (the client never sees them, so it
 never consumes them): once every delivered message before them is
 consumed, ``on_filtered(seq)`` moves the subscription's pointer through
@@ -57,6 +62,7 @@ class Delivery:
         self.filter = server_filter
         self.on_error = on_error
         self.on_filtered = on_filtered
+        self.message_bound = message_bound
         self._filtered = 0                # the newest seq id the filter rejected
         nxt = start_after + 1
         if message_bound:
@@ -91,6 +97,19 @@ class Delivery:
             if self.on_filtered is not None:
                 self.on_filtered(through)
 
+    def _skip_trimmed(self, seq: int) -> None:
+        """``seq`` was deleted under a bounded subscriber: go on from its newest ``message_bound`` messages.
+
+        Retention keeps every message after ``last_seq - message_bound`` for it
+        (``TopicSubscriptions.retained_after``); the dropped ones count as
+        consumed, like filtered ones.
+        """
+        nxt = max(seq + 1, self.last_seq() - self.message_bound + 1)
+        log.info("%r/%r: messages %d..%d were trimmed to the message bound %d; skipped",
+                 self.topic, self.subscriber, seq, nxt - 1, self.message_bound)
+        self.next_seq = nxt
+        self._filtered = nxt - 1
+
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -113,7 +132,13 @@ class Delivery:
                 seq = self.next_seq
                 msg = self.cache.cached(self.topic, seq)
                 if msg is None:
-                    msg = await self.cache.scan_single(self.topic, seq)
+                    try:
+                        msg = await self.cache.scan_single(self.topic, seq)
+                    except errors.NoTopicPersistenceInfoError:
+                        if not self.message_bound:
+                            raise
+                        self._skip_trimmed(seq)
+                        continue
                     run = 0
                 else:
                     run += 1

@@ -715,7 +715,7 @@ class HubServer:
     def _consumed(self, topic: bytes) -> None:
         t = self.topics.get(topic)
         if t is not None:
-            self.cache.consumed_up_to(topic, t.subs.min_consumed())
+            self.cache.consumed_up_to(topic, t.subs.retained_after())
 
     def _last_seq(self, topic: bytes) -> int:
         t = self.topics.get(topic)
@@ -801,10 +801,10 @@ class HubServer:
         return victims
 
     async def delete_consumed_ledgers(self) -> int:
-        """Delete ledgers every subscriber has consumed past, on every owned topic; how many."""
+        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many."""
         n = 0
         for t in list(self.topics.values()):
-            n += len(await t.log.delete_consumed(t.subs.min_consumed()))
+            n += len(await t.log.delete_consumed(t.subs.retained_after()))
         if n:
             self.stats.incr("ledgers_deleted", n)
         return n

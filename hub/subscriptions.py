@@ -51,7 +51,7 @@ from metastore.cas import cas_retry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attachment", "SubState", "TopicSubscriptions"]
+__all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed"]
 
 
 class Attachment(Protocol):
@@ -64,6 +64,13 @@ class Attachment(Protocol):
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
 
     def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None: ...
+
+
+def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
+    """What a subscriber counts as having consumed for retention: ``max(pointer, last - bound)`` when bounded."""
+    if message_bound:
+        return max(consumed, last_seq - message_bound)
+    return consumed
 
 
 class SubState:
@@ -105,6 +112,21 @@ class TopicSubscriptions:
         if not self.subs:
             return int(self.last_seq())
         return min(s.consumed for s in self.subs.values())
+
+    def retained_after(self) -> int:
+        """Messages up to this seq id may be deleted (consumed-ledger deletion, cache pruning).
+
+        Each subscriber counts as having consumed up to its pointer; one with a
+        ``messageBound`` N up to at least ``last_seq - N`` too, since it is never
+        delivered more than its newest N messages (Hedwig trims to the bound).
+        So an idle bounded subscriber does not keep the topic's ledgers; its
+        delivery skips what was deleted (``Delivery``). The last seq id when
+        there are no subscribers.
+        """
+        last = int(self.last_seq())
+        if not self.subs:
+            return last
+        return min(bounded_consumed(s.consumed, s.prefs.messageBound, last) for s in self.subs.values())
 
     @property
     def attached_count(self) -> int:
