@@ -10,7 +10,7 @@
 
 Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
 rmsub, consume, consumeto, pubsub, show hubs|topics, describe topic,
-readtopic, set, history, redo, help, quit, exit. After every command the
+readtopic, release topic, set, history, redo, help, quit, exit. After every command the
 console prints ``Finished N s.``. Interactive and admin commands talk to the
 hub through ``hub.client.HedwigClient``; ``show``, ``describe`` and
 ``readtopic`` read the metastore (and the topic's ledgers) directly, so what
@@ -23,7 +23,14 @@ ledger past its LAC, ``readtopic`` long-polls the LAC for up to
 ``READTOPIC_TAIL_WAIT`` seconds until it covers them: every acknowledged
 publish shows, the newest about a second after it was made.
 
-JSON for scripts: ``show hubs``, ``show topics`` and ``describe topic`` take
+``release topic T`` asks the hub admin HTTP API (``tools.hub_http``: the
+``--server`` hub, which forwards to the owner) to release the topic as load
+shedding does; it needs the admin token (the ``--conf``'s
+``http_admin_token``/``http_admin_token_file``, else
+``$QUIRE_HTTP_ADMIN_TOKEN``). A topic no hub owns is an error.
+
+JSON for scripts: ``show hubs``, ``show topics``, ``describe topic`` and
+``release topic`` take
 a ``--json`` word (``show hubs --json``) and then print one JSON document on
 one line instead of the text; ``quire console --json`` makes them all do so
 and sends everything else the console prints (``Finished N s.``, errors,
@@ -110,6 +117,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "           [{ledger_id, start_seq_id, end_seq_id}], subscriptions: [{subscriber,\n"
             "           consume_seq_id, remote_consume_seq_ids}]}; end_seq_id is null for\n"
             "           the open ledger, owner null when no hub owns the topic."),
+    Command("release", "Make the owner hub give a topic up, as load shedding does",
+            "release topic {topic} [--json]",
+            "  attached subscribers get TOPIC_MOVED, consume pointers are persisted and\n"
+            "  the ledger is closed; the next access lands on the least loaded hub.\n"
+            "  --json : print one JSON document on one line: {released, owner,\n"
+            "           last_seq_id, subscribers_moved}."),
     Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
             "readtopic {topic} [start_msg_id]"),
     Command("set", "Show or set a console setting", "set [{name} {value}]",
@@ -154,6 +167,8 @@ class HedwigConsole:
     region: str = "standalone"
     client_conf: dict[str, str] = field(default_factory=dict)
     out: TextIO = sys.stdout
+    admin_token: str = ""
+    """Bearer token for the hub admin HTTP API (``release topic``)."""
     json_output: bool = False
     """``quire console --json``: show/describe print JSON; everything else goes to ``err``."""
     err: TextIO = sys.stderr
@@ -580,6 +595,34 @@ class HedwigConsole:
             self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}")
         self.say()
 
+    async def cmd_release(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
+        if len(args) != 2 or args[0] != "topic":
+            raise UsageError
+        from urllib.parse import quote
+
+        from tools.hub_http import HubHttpError, admin_call, hub_http_url
+        topic = args[1]
+        try:
+            url = await asyncio.wait_for(hub_http_url(await self.store(), self.server), self.settings.timeout)
+            status, doc = await admin_call(url, "POST", f"/admin/v1/topics/{quote(topic, safe='')}/release",
+                                           token=self.admin_token, timeout=self.settings.timeout)
+        except TimeoutError:
+            raise CommandError(f"timed out after {self.settings.timeout} s") from None
+        except HubHttpError as exc:
+            raise CommandError(str(exc)) from None
+        if status != 200:
+            why = doc.get("error", doc) if isinstance(doc, dict) else doc
+            if status == 404:
+                raise CommandError(f"Topic {topic} is not owned by any hub: nothing to release.")
+            raise CommandError(f"cannot release topic {topic} (HTTP {status}): {why}")
+        if as_json:
+            self.emit(doc)
+            return
+        moved = doc.get("subscribers_moved") or []
+        self.say(f"Topic {doc.get('released')} released by hub {doc.get('owner')} at seq id "
+                 f"{doc.get('last_seq_id')}; subscribers moved: {', '.join(moved) if moved else 'none'}")
+
     async def cmd_readtopic(self, args: list[str]) -> None:
         if len(args) not in (1, 2):
             raise UsageError
@@ -675,7 +718,7 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
 
 def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     """The console ``quire console`` runs; ``ConfError`` for a bad conf file."""
-    from metastore.conf import read_properties
+    from metastore.conf import ConfError, read_properties
     from tools.cli_common import metastore_from_args
     server_conf_path = args.conf or os.environ.get("HEDWIG_CONSOLE_SERVER_CONF")
     client_conf_path = args.client_conf or os.environ.get("HEDWIG_CONSOLE_CLIENT_CONF")
@@ -693,6 +736,12 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     if getattr(args, "timeout", None):
         console.settings.timeout = args.timeout
     console.json_output = bool(getattr(args, "json", False))
+    from bookie.http import admin_token
+    try:
+        console.admin_token = admin_token(server_conf.get("http_admin_token", ""),
+                                          server_conf.get("http_admin_token_file", ""))
+    except OSError as exc:
+        raise ConfError(f"cannot read http_admin_token_file: {exc}") from None
     return console
 
 
