@@ -685,7 +685,7 @@ class HubServer:
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
-                                      track=self.track)
+                                      track=self.track, first_kept=tlog.first_kept)
             await subs.load()
         except BaseException as exc:
             await self.ownership.release(topic)

@@ -94,8 +94,10 @@ class TopicSubscriptions:
     """See the module docstring."""
 
     def __init__(self, topic: bytes, manager: Any, conf: HubConf, last_seq: Any,
-                 on_consumed: Any = None, track: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
+                 on_consumed: Any = None, track: Callable[[asyncio.Task[Any]], None] | None = None,
+                 first_kept: Callable[[], int] | None = None) -> None:
         self.topic = topic
+        self.first_kept = first_kept      # the log's oldest stored seq id (a bounded delivery skips to it)
         self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
         self.conf = conf
@@ -257,7 +259,7 @@ class TopicSubscriptions:
         state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
                                   send=conn.send_delivery, writable=conn.writable, window=window,
                                   message_bound=state.prefs.messageBound, server_filter=state.filter,
-                                  on_error=failed, on_filtered=filtered)
+                                  on_error=failed, on_filtered=filtered, first_kept=self.first_kept)
         state.delivery.start()
 
     async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:

@@ -99,8 +99,9 @@ async def test_idle_unbounded_subscriber_still_blocks_and_idle_bounded_one_does_
         await c.subscribe(blocked, b"idle")                       # unbounded, never attached again
         await c.close_subscription(blocked, b"idle")
         await publish_consumed(c, blocked, 20)
-        await c.subscribe(trimmed, b"bounded", message_bound=BOUND)
-        await c.close_subscription(trimmed, b"bounded")
+        for bounded in (b"bounded", b"raised"):
+            await c.subscribe(trimmed, bounded, message_bound=BOUND)
+            await c.close_subscription(trimmed, bounded)
         active = await publish_consumed(c, trimmed, BOUND)        # nothing past the bound yet: all kept
         before = await ranges_of(persistence, trimmed)
         assert before[0].startSeqIdIncluded == 1 and len(before) >= BOUND // 2
@@ -125,6 +126,13 @@ async def test_idle_unbounded_subscriber_still_blocks_and_idle_bounded_one_does_
         await c.publish(trimmed, b"next")
         await late.wait_for(41)
         assert late.got[-1] == 41 and len(late.got) == BOUND + 1
+
+        # its bound raised past what was kept: delivery starts at the oldest message still stored
+        await c.subscribe(trimmed, b"raised", create_or_attach="ATTACH", message_bound=3 * BOUND)
+        raised = Seqs()
+        await c.start_delivery(trimmed, b"raised", raised)
+        await raised.wait_for(41)
+        assert raised.got == list(range(40 - BOUND + 1, 42))
 
         await c.subscribe(blocked, b"idle", create_or_attach="ATTACH")
         everything = Seqs()
