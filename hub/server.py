@@ -453,6 +453,7 @@ class HubServer:
         self._http: Any = None          # bookie.http.HttpServer once started
         self.stopping = False
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
+        self.releasing: set[bytes] = set()  # topics being released: a moved subscriber's retry waits for it
         self.info = pb.HubInfo()
         self.cache: Any = None
         self.ownership: Ownership | None = None
@@ -664,6 +665,8 @@ class HubServer:
             return t
         if topic in self.deleting:
             raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
+        if topic in self.releasing:   # its owner record still names this hub: claiming now would keep it here
+            raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
         fut = self._acquiring.get(topic)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -728,18 +731,27 @@ class HubServer:
         return await t.log.scan(start, max_messages, max_bytes)
 
     async def release_topic(self, topic: bytes) -> None:
-        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed."""
+        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed.
+
+        Until the owner record is gone, requests for the topic get SERVICE_DOWN
+        (clients retry), so a moved subscriber re-attaching at once does not
+        claim it here again under the release.
+        """
         t = self.topics.pop(topic, None)
         if t is None:
             return
-        await t.subs.release()
-        await t.log.release()
-        self.cache.release_topic(topic)
-        if self.regions is not None:
-            await self.regions.topic_released(topic)
-        if self.ownership is not None:
-            await self.ownership.release(topic)
-            self.ownership.num_topics = len(self.topics)
+        self.releasing.add(topic)
+        try:
+            await t.subs.release()
+            await t.log.release()
+            self.cache.release_topic(topic)
+            if self.regions is not None:
+                await self.regions.topic_released(topic)
+            if self.ownership is not None:
+                await self.ownership.release(topic)
+                self.ownership.num_topics = len(self.topics)
+        finally:
+            self.releasing.discard(topic)
         log.info("released topic %r", topic)
 
     # --- timers -----------------------------------------------------------------------------------
