@@ -11,6 +11,8 @@
 ``DELETE /admin/v1/topics/{topic}[?force=true]``              subscriptions, ledgers, persistence info
 ``POST /admin/v1/topics/{topic}/subscriptions/{sub}/reset``   ``{"seq_id": N}``: redeliver from N
 ``DELETE /admin/v1/topics/{topic}/subscriptions/{sub}``       the subscription (``?force=true`` if attached)
+``GET|PUT|DELETE /admin/v1/permissions...``                   grants of produce/consume on topic prefixes
+                                                              (``hub.admin_permissions``)
 ============================================================  ==============================================
 
 Names are URL-encoded path segments (UTF-8). Any hub answers for any
@@ -57,6 +59,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from hub import errors
+from hub.admin_permissions import PermissionsAdmin
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
 from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
@@ -127,6 +130,7 @@ class HubAdmin:
             web.delete("/admin/v1/topics/{topic}", self._wrap(self.delete_topic)),
             web.post("/admin/v1/topics/{topic}/subscriptions/{sub}/reset", self._wrap(self.reset_subscription)),
             web.delete("/admin/v1/topics/{topic}/subscriptions/{sub}", self._wrap(self.delete_subscription)),
+            *PermissionsAdmin(self.server).routes(),      # /admin/v1/permissions: hub.admin_permissions
         ]
 
     @staticmethod
