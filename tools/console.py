@@ -563,7 +563,7 @@ class HedwigConsole:
         try:
             left = await (await self._permissions()).revoke(args[0], args[1], args[2] if len(args) == 3 else None)
         except (ValueError, LookupError) as exc:
-            raise CommandError(str(exc).strip("'\"")) from None
+            raise CommandError(str(exc)) from None
         what = f"may still {' and '.join(left.actions)}" if left else "has no grant left"
         self.say(f"Role {args[0]} {what} on topics starting with {args[1]!r}")
 
