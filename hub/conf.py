@@ -193,7 +193,8 @@ class HubConf:
     def filter_conf(self) -> dict[str, str]:
         """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.
 
-        Secrets (``password``, of the TLS certificate, and ``http_admin_token``) are left out.
+        Secrets (``password``, of the TLS certificate, ``http_admin_token``, ``token_secret_key`` and
+        ``region_auth_token``) are left out.
         """
         values = conf_values(self)
         for key in SECRET_KEYS:

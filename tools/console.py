@@ -720,7 +720,8 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
                         help="run this command and exit (repeatable)")
     parser.add_argument("--json", action="store_true",
-                        help="show hubs, show topics and describe topic print one JSON document per line on "
+                        help="show hubs, show topics, show grants and describe topic print one JSON document per "
+                             "line on "
                              "stdout; everything else (Finished lines, errors, other output) goes to stderr")
     return run_console
 
