@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from hub import errors
 from hub.metadata import SEPARATOR, _Manager
 from hub.proto import pubsub_pb2 as pb
+from hub.regions import is_hub_subscriber
 from metastore import errors as ms_errors
 from metastore.api import ALL_FIELDS, MetaStore, Value, Version
 from metastore.cas import cas_retry
@@ -245,8 +246,6 @@ class Authorizer:
         """``None`` when ``role`` may do ``op`` (a ``pb.OperationType``) on ``topic``; else the error to answer."""
         if role in self.superusers or op == pb.AUTHENTICATE:
             return None
-        from hub.regions import is_hub_subscriber
-
         if op != pb.PUBLISH and role in self.region_roles and is_hub_subscriber(subscriber):
             return None
         action = PRODUCE if op == pb.PUBLISH else CONSUME

@@ -23,6 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from hub import errors
 from hub.auth import create_secret_key, create_token
 from hub.client import HedwigClient, Message
+from hub.permissions import CONSUME, PRODUCE, Authorizer, Grant, PermissionCache, PermissionStore
+from hub.proto import pubsub_pb2 as pb
+from metastore import open_metastore
 from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
@@ -278,3 +281,40 @@ async def test_regions_replicate_with_region_tokens_and_refuse_a_region_without_
     # a token, but of a role that is neither a region role nor a superuser
     with pytest.raises(errors.CouldNotConnectError, match=r"region r2: .*role 'app' may not subscribe as a region hub"):
         await _replicates(key, {**conf, "region_auth_token": create_token(key, "app")}, tmp_path / "app")
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_grants_merge_revoke_and_match_prefixes(tmp_path: Path) -> None:
+    ms = await open_metastore(f"lmdb://{tmp_path / 'ms'}")
+    try:
+        store = PermissionStore(ms)
+        cache = PermissionCache(store, refresh_interval=60.0)
+        auth = Authorizer(cache, superuser_roles=["admin"], region_roles=["region-hub"])
+        await cache.start()
+        assert await store.grant("app", "orders/", "produce") == Grant("app", "orders/", ("produce",))
+        assert await store.grant("app", "orders/", ["consume"]) == Grant("app", "orders/", ("consume", "produce"))
+        await store.grant("app", "", "consume")                  # the empty prefix: every topic
+        assert not cache.allowed("app", b"orders/eu", PRODUCE)   # not re-read yet
+        generation = cache.generation
+        await cache.refresh()
+        assert cache.generation == generation + 1
+        assert cache.allowed("app", b"orders/eu", PRODUCE) and not cache.allowed("app", b"payments", PRODUCE)
+        assert cache.allowed("app", b"payments", CONSUME) and not cache.allowed("other", b"orders/eu", CONSUME)
+        assert auth.check("admin", pb.PUBLISH, b"anything", b"") is None
+        assert auth.check("region-hub", pb.SUBSCRIBE, b"t", b"__region_r2") is None
+        refused = auth.check("region-hub", pb.SUBSCRIBE, b"t", b"local-sub")
+        assert refused is not None and "role 'region-hub' is not authorized to consume on topic 't'" in str(refused)
+        assert await store.revoke("app", "orders/", ["produce"]) == Grant("app", "orders/", ("consume",))
+        assert await store.revoke("app", "orders/") is None
+        with pytest.raises(LookupError, match="no grant"):
+            await store.revoke("app", "orders/")
+        assert await store.grants() == [Grant("app", "", ("consume",))]
+        for bad in ("", "delete", "produce,publish"):
+            with pytest.raises(ValueError, match="action"):
+                await store.grant("app", "x", bad)
+        with pytest.raises(ValueError, match="role"):
+            await store.grant("", "x", "produce")
+        with pytest.raises(ValueError, match="x00"):
+            await store.grant("a\x00b", "x", "produce")
+    finally:
+        await ms.close()
