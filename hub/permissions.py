@@ -14,6 +14,11 @@
     auth = Authorizer(cache, superuser_roles=("admin",), region_roles=("region-hub",))
     exc = auth.check(role, pb.PUBLISH, topic, subscriber)   # None, or the NotAuthorizedError to answer
 
+Revoking ``consume`` also closes the subscriptions the role has attached
+(they get ``SUBSCRIPTION_FORCED_CLOSED``) on each hub once it has re-read
+the grants (``revoked_attachments`` lists them); publishes already
+acknowledged stay.
+
 Superusers may do anything. Region roles (and superusers) are region hubs:
 they may subscribe as a region's hub subscriber (``__region_<region>``,
 ``hubSubscriber``) on any topic and keep the ``srcRegion`` of what they
@@ -50,6 +55,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from hub import errors
 from hub.metadata import SEPARATOR, _Manager
@@ -60,7 +66,7 @@ from metastore.api import ALL_FIELDS, MetaStore, Value, Version
 from metastore.cas import cas_retry
 
 __all__ = ["ACTIONS", "CONSUME", "PERMISSIONS_TABLE", "PRODUCE", "Authorizer", "Grant", "PermissionCache",
-           "PermissionStore", "parse_actions"]
+           "PermissionStore", "parse_actions", "revoked_attachments"]
 
 log = logging.getLogger(__name__)
 
@@ -189,12 +195,14 @@ class PermissionCache:
     """A hub's copy of the grants, re-read every ``refresh_interval`` seconds (see the module docstring)."""
 
     def __init__(self, store: PermissionStore, refresh_interval: float,
-                 on_refresh_failure: Callable[[], None] | None = None) -> None:
+                 on_refresh_failure: Callable[[], None] | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.store = store
         self.refresh_interval = refresh_interval
         self._by_role: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {}
         self.generation = 0          # bumped whenever the grants read differ from the ones held
         self._on_failure = on_refresh_failure
+        self._on_change = on_change
 
     async def start(self) -> None:
         """Read the grants; errors propagate (a hub does not start without them). Then run ``refresh_forever``."""
@@ -209,6 +217,8 @@ class PermissionCache:
         if new != self._by_role:
             self._by_role = new
             self.generation += 1
+            if self._on_change is not None:
+                self._on_change()
 
     async def refresh_forever(self) -> None:
         """Re-read the table every ``refresh_interval`` seconds until cancelled."""
@@ -254,3 +264,18 @@ class Authorizer:
         name = topic.decode("utf-8", "backslashreplace")
         return errors.NotAuthorizedError(f"role {role!r} is not authorized to {action} on topic {name!r} "
                                          f"(no grant of {action} on a prefix of it)")
+
+
+def revoked_attachments(authorizer: Authorizer, connections: Iterable[Any]) -> list[tuple[Any, bytes, bytes]]:
+    """``(connection, topic, subscriber)`` of every attached subscription whose role may no longer consume.
+
+    ``connections`` are the hub's (each with ``role`` and ``subs`` keyed by ``(topic, subscriber)``)."""
+    out = []
+    for conn in connections:
+        role = getattr(conn, "role", None)
+        if role is None:
+            continue
+        for topic, sub in list(conn.subs):
+            if authorizer.check(role, pb.SUBSCRIBE, topic, sub) is not None:
+                out.append((conn, topic, sub))
+    return out

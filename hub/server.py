@@ -600,10 +600,25 @@ class HubServer:
         from hub.permissions import Authorizer, PermissionCache, PermissionStore
 
         cache = PermissionCache(PermissionStore(self.store), self.conf.permissions_refresh_interval / 1000.0,
-                                lambda: self.stats.incr("permissions_refresh_failures"))
+                                lambda: self.stats.incr("permissions_refresh_failures"), self._close_revoked)
         await cache.start()
         self.spawn(cache.refresh_forever())
         return Authorizer(cache, self.conf.superuser_roles, self.conf.region_roles)
+
+    def _close_revoked(self) -> None:
+        """The grants changed: close the attached subscriptions whose role lost ``consume`` there."""
+        from hub.permissions import revoked_attachments
+
+        if self.authorizer is None:
+            return
+        for conn, topic, sub in revoked_attachments(self.authorizer, self.connections):
+            log.info("closing subscription %r/%r: role %r may no longer consume there", topic, sub, conn.role)
+            self.stats.incr("subscriptions_closed_not_authorized")
+            conn.send_event(topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+            t = self.topics.get(topic)
+            state = t.subs.subs.get(sub) if t is not None else None
+            if t is not None and state is not None and state.conn is conn:
+                self.spawn(t.subs.detach(sub))
 
     async def _listen(self) -> None:
         """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""

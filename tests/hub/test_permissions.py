@@ -177,9 +177,15 @@ async def test_console_grant_and_revoke_take_effect_within_the_refresh_interval(
         assert json.loads(done.stdout.splitlines()[-2]) == [{"role": role, "prefix": prefix, "actions": ["consume"]}]
         await eventually(lambda: _not(publishes(c, topic)), timeout=REFRESH + SLACK, interval=0.1)
         await c.subscribe(topic, b"s")               # consume is still granted
+        closed: asyncio.Queue[tuple[bytes, bytes, str]] = asyncio.Queue()
+        c.add_subscription_listener(lambda t, s, event: closed.put_nowait((t, s, event)))
 
-    done = await asyncio.to_thread(console, cluster, f"revoke {role} {prefix}", f"revoke {role} {prefix}",
-                                   f"grant {role} {prefix} delete")
+        done = await asyncio.to_thread(console, cluster, f"revoke {role} {prefix}", f"revoke {role} {prefix}",
+                                       f"grant {role} {prefix} delete")
+        # revoking consume closes the attached subscription once the hub has re-read the grants
+        assert await asyncio.wait_for(closed.get(), REFRESH + SLACK) == (topic, b"s", "SUBSCRIPTION_FORCED_CLOSED")
+        with pytest.raises(errors.NotAuthorizedError, match="consume"):
+            await c.subscribe(topic, b"s")
     assert done.returncode == 1                       # the second revoke and the bad action fail
     assert f"Role {role} has no grant left on topics starting with '{prefix}'" in done.stdout
     assert f"role {role!r} has no grant on prefix {prefix!r}" in done.stdout
