@@ -136,12 +136,34 @@ async def test_a_grant_covers_its_prefix_only(cluster: LocalCluster, key: Path, 
             await c.subscribe(f"orders-{tag}/eu".encode(), b"s")       # produce does not grant consume
 
 
-def console(cluster: LocalCluster, *commands: str) -> subprocess.CompletedProcess[str]:
+def console(cluster: LocalCluster, *commands: str, options: tuple[str, ...] = (),
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "tools.cli", "console", "--server", cluster.hub_addresses[0],
-            "--metastore", cluster.metastore_uri]
+            "--metastore", cluster.metastore_uri, *options]
     for c in commands:
         args += ["-c", c]
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    environ = {k: v for k, v in os.environ.items() if k != "QUIRE_AUTH_TOKEN"}
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**environ, **(env or {})})
+
+
+@in_cluster
+async def test_console_takes_a_token(cluster: LocalCluster, key: Path, tmp_path: Path) -> None:
+    topic = f"console-{uuid.uuid4().hex[:8]}"
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(create_token(key, "admin") + "\n")
+    done = await asyncio.to_thread(console, cluster, f"pub {topic} one", options=("--auth-token-file",
+                                                                                 str(token_file)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = await asyncio.to_thread(console, cluster, f"pub {topic} two",
+                                   env={"QUIRE_AUTH_TOKEN": create_token(key, "admin")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = await asyncio.to_thread(console, cluster, f"pub {topic} three",
+                                   options=("--auth-token", create_token(key, "nobody")))
+    assert done.returncode == 1
+    assert f"NOT_AUTHORIZED: role 'nobody' is not authorized to produce on topic '{topic}'" in done.stdout
+    done = await asyncio.to_thread(console, cluster, f"pub {topic} four")
+    assert done.returncode == 1 and "AUTHENTICATION_FAILED: this hub requires authentication" in done.stdout
 
 
 async def publishes(c: HedwigClient, topic: bytes) -> bool:
