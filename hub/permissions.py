@@ -226,7 +226,7 @@ class PermissionCache:
             await asyncio.sleep(self.refresh_interval)   # the staleness bound: a periodic re-read
             try:
                 await self.refresh()
-            except (errors.PubSubError, OSError) as exc:
+            except Exception as exc:     # whatever failed, the loop goes on: it is the staleness bound
                 log.warning("could not re-read the permissions table (keeping the grants read before): %s", exc)
                 if self._on_failure is not None:
                     self._on_failure()
