@@ -13,6 +13,8 @@
 ``DELETE /admin/v1/topics/{topic}/subscriptions/{sub}``       the subscription (``?force=true`` if attached)
 ``POST /admin/v1/topics/{topic}/release``                     the owner gives the topic up, as load shedding
                                                               does
+``GET|PUT|DELETE /admin/v1/permissions...``                   grants of produce/consume on topic prefixes
+                                                              (``hub.admin_permissions``)
 ============================================================  ==============================================
 
 Names are URL-encoded path segments (UTF-8). Any hub answers for any
@@ -67,6 +69,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from hub import errors
+from hub.admin_permissions import PermissionsAdmin
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
 from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
@@ -138,6 +141,7 @@ class HubAdmin:
             web.post("/admin/v1/topics/{topic}/subscriptions/{sub}/reset", self._wrap(self.reset_subscription)),
             web.delete("/admin/v1/topics/{topic}/subscriptions/{sub}", self._wrap(self.delete_subscription)),
             web.post("/admin/v1/topics/{topic}/release", self._wrap(self.release_topic)),
+            *PermissionsAdmin(self.server).routes(),      # /admin/v1/permissions: hub.admin_permissions
         ]
 
     @staticmethod

@@ -140,7 +140,7 @@ class HubConnection(asyncio.Protocol):
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.partial_since: float | None = None   # loop time the incomplete frame now held was started
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
-        self.region_hub = False        # authenticated with one of superuser_roles: may set srcRegion
+        self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
 
     # --- transport callbacks ----------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -280,7 +280,7 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
-        if self.server.authenticator is not None and not self._authorized(req):
+        if self.server.authenticator is not None and not self._authorized(req, ev):
             return
         if req.type == pb.CONSUME:
             self._consume(ev)
@@ -301,8 +301,9 @@ class HubConnection(asyncio.Protocol):
         self.chains[key] = task
         task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
 
-    def _authorized(self, req: pb.PubSubRequest) -> bool:
-        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for superusers only."""
+    def _authorized(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
+        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for region roles only,
+        then the role's grants (``hub.permissions``)."""
         if req.type == pb.AUTHENTICATE:
             try:
                 self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
@@ -310,7 +311,7 @@ class HubConnection(asyncio.Protocol):
                 log.info("connection refused a token: %s", exc)
                 self._fail(req, exc)
                 return False
-            self.region_hub = self.role in self.conf.superuser_roles
+            self.region_hub = self.server.authorizer.is_region_hub(self.role)
             self.send(protocol.response(req.txnId))
             return False
         if self.role is None:
@@ -318,8 +319,14 @@ class HubConnection(asyncio.Protocol):
                                                        "auth_token or auth_token_file"))
             return False
         if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
+            self.server.stats.incr("not_authorized")
             self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
-                                                      "(superuser_roles)"))
+                                                      "(region_roles, superuser_roles)"))
+            return False
+        refused = self.server.authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
+        if refused is not None:
+            self.server.stats.incr("not_authorized")
+            self._fail(req, refused)
             return False
         return True
 
@@ -459,6 +466,7 @@ class HubServer:
         self.ownership: Ownership | None = None
         self.regions: Any = None      # hub.regions.RegionManager once started
         self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
+        self.authorizer: Any = None      # hub.permissions.Authorizer with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
         self._connection_keys = itertools.count(1)
         self._fd_warned_at = -math.inf
@@ -572,6 +580,7 @@ class HubServer:
             from hub.auth import TokenAuthenticator
 
             self.authenticator = TokenAuthenticator(self.conf.token_secret_key)
+            self.authorizer = await self._authorizer()
         await self._listen()
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
@@ -586,6 +595,31 @@ class HubServer:
         self.regions = regions
         regions.start()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
+
+    async def _authorizer(self) -> Any:
+        """The grants (``hub.permissions``), read now and re-read every ``permissions_refresh_interval``."""
+        from hub.permissions import Authorizer, PermissionCache, PermissionStore
+
+        cache = PermissionCache(PermissionStore(self.store), self.conf.permissions_refresh_interval / 1000.0,
+                                lambda: self.stats.incr("permissions_refresh_failures"), self._close_revoked)
+        await cache.start()
+        self.spawn(cache.refresh_forever())
+        return Authorizer(cache, self.conf.superuser_roles, self.conf.region_roles)
+
+    def _close_revoked(self) -> None:
+        """The grants changed: close the attached subscriptions whose role lost ``consume`` there."""
+        from hub.permissions import revoked_attachments
+
+        if self.authorizer is None:
+            return
+        for conn, topic, sub in revoked_attachments(self.authorizer, self.connections):
+            log.info("closing subscription %r/%r: role %r may no longer consume there", topic, sub, conn.role)
+            self.stats.incr("subscriptions_closed_not_authorized")
+            conn.send_event(topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+            t = self.topics.get(topic)
+            state = t.subs.subs.get(sub) if t is not None else None
+            if t is not None and state is not None and state.conn is conn:
+                self.spawn(t.subs.detach(sub))
 
     async def _listen(self) -> None:
         """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""
