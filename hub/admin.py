@@ -11,6 +11,10 @@
 ``DELETE /admin/v1/topics/{topic}[?force=true]``              subscriptions, ledgers, persistence info
 ``POST /admin/v1/topics/{topic}/subscriptions/{sub}/reset``   ``{"seq_id": N}``: redeliver from N
 ``DELETE /admin/v1/topics/{topic}/subscriptions/{sub}``       the subscription (``?force=true`` if attached)
+``POST /admin/v1/topics/{topic}/release``                     the owner gives the topic up, as load shedding
+                                                              does
+``GET|PUT|DELETE /admin/v1/permissions...``                   grants of produce/consume on topic prefixes
+                                                              (``hub.admin_permissions``)
 ============================================================  ==============================================
 
 Names are URL-encoded path segments (UTF-8). Any hub answers for any
@@ -37,6 +41,14 @@ that publish or subscribe to it get SERVICE_DOWN (and retry). ``reset`` stores c
 ``N - 1``: an attached subscriber gets SUBSCRIPTION_RESET and messages from
 N on; N is 1 .. last seq id + 1.
 
+``release`` is load shedding for one topic (``HubServer.release_topic``):
+attached subscribers get TOPIC_MOVED, consume pointers are persisted, the
+ledger is closed and the owner record removed, so the topic's next publish
+or subscribe lands on the least loaded hub. It answers ``{"released":
+topic, "owner": the hub that released it, "last_seq_id": N,
+"subscribers_moved": [attached subscribers]}``; a topic no hub owns is 404,
+one whose owner cannot be reached 409.
+
 Failure: bad JSON or a bad ``seq_id`` is 400; an unknown topic or
 subscription 404; a metastore or bookie failure 503; always
 ``{"error": ...}``.
@@ -57,6 +69,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from hub import errors
+from hub.admin_permissions import PermissionsAdmin
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
 from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
@@ -127,6 +140,8 @@ class HubAdmin:
             web.delete("/admin/v1/topics/{topic}", self._wrap(self.delete_topic)),
             web.post("/admin/v1/topics/{topic}/subscriptions/{sub}/reset", self._wrap(self.reset_subscription)),
             web.delete("/admin/v1/topics/{topic}/subscriptions/{sub}", self._wrap(self.delete_subscription)),
+            web.post("/admin/v1/topics/{topic}/release", self._wrap(self.release_topic)),
+            *PermissionsAdmin(self.server).routes(),      # /admin/v1/permissions: hub.admin_permissions
         ]
 
     @staticmethod
@@ -423,3 +438,25 @@ class HubAdmin:
         await server.follow_regions(topic, sub, False)
         log.warning("subscription %r/%r deleted by the admin API", topic, sub)
         return json_response({"topic": _name(topic), "deleted": _name(sub)})
+
+    async def release_topic(self, request: web.Request) -> web.Response:
+        """Release ``topic`` on its owner exactly as load shedding does (the owner answers; others forward)."""
+        topic = self._topic(request)
+        forwarded = await self._forwarded(request, topic)
+        if forwarded is not None:
+            return forwarded
+        server = self.server
+        t = server.topics.get(topic)
+        if t is None:
+            owner = await self._owner_elsewhere(topic)
+            if owner is not None:
+                raise HttpError(409, f"topic {_name(topic)!r} is owned by hub {owner}, which cannot be reached")
+            raise HttpError(404, f"topic {_name(topic)!r} is not owned by any hub")
+        moved = sorted(_name(sub) for sub, st in t.subs.subs.items() if st.conn is not None)
+        last = int(t.log.last_seq)
+        await server.release_topic(topic)
+        server.stats.incr("topics_released_by_admin")
+        await server.registry.update_load(server.info, len(server.topics))
+        log.warning("topic %r released by the admin API at seq id %d (subscribers moved: %s)", topic, last, moved)
+        return json_response({"released": _name(topic), "owner": server.address, "last_seq_id": last,
+                              "subscribers_moved": moved})

@@ -13,10 +13,11 @@ kept base64-encoded in a file readable by its owner only. Its subject
 With ``authentication_enabled`` a hub answers every request on a connection
 that has not authenticated (``AUTHENTICATE`` with a valid token, the first
 request a client with ``auth_token``/``auth_token_file`` sends) with
-``AUTHENTICATION_FAILED``. Roles in ``superuser_roles`` are region hubs and
-operators: only they may subscribe as a region's hub subscriber, or publish
-with their own ``srcRegion``/version vector; anyone else doing so gets
-``NOT_AUTHORIZED`` (a publish's fields are overwritten instead).
+``AUTHENTICATION_FAILED``. Roles in ``region_roles`` and ``superuser_roles``
+are region hubs: only they may subscribe as a region's hub subscriber, or
+publish with their own ``srcRegion``/version vector; anyone else doing so gets
+``NOT_AUTHORIZED`` (a publish's fields are overwritten instead). Every role
+but the superusers needs grants to produce or consume (``hub.permissions``).
 
 Failure: ``create_token``/``TokenAuthenticator`` raise ``CertificateError``-like
 ``OSError`` (``hub.errors.CertificateError``) for a missing or unreadable key

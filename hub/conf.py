@@ -18,7 +18,8 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
 ``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
 ``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``,
-``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``;
+``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``,
+``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``;
 client: ``ssl_ca_file``, ``ssl_verify``, ``producer_name``, ``auth_token``, ``auth_token_file``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
@@ -36,7 +37,7 @@ from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_
 __all__ = ["ClientConf", "ConfError", "HubClientConf", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
-SECRET_KEYS = frozenset({"password", "http_admin_token", "token_secret_key"})
+SECRET_KEYS = frozenset({"password", "http_admin_token", "token_secret_key", "region_auth_token"})
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,15 @@ class HubConf:
                                            "connection")
     token_secret_key: str = setting("", "path of the token secret key file (quire token create-secret-key)")
     superuser_roles: tuple[str, ...] = setting((), "token roles of region hubs and operators, space or comma "
-                                               "separated: they may subscribe as region hubs and keep srcRegion")
+                                               "separated: they may do anything, and act as region hubs")
+    region_roles: tuple[str, ...] = setting((), "token roles of other regions' hubs, space or comma separated: "
+                                            "they may subscribe as region hubs and keep srcRegion")
+    permissions_refresh_interval: int = setting(1000, "ms between re-reads of the permissions table: a grant or "
+                                                "revoke is in force on every hub within this", min=1)
+    region_auth_token: str = setting("", "token this hub's region clients present to other regions' hubs "
+                                     "(empty: region_auth_token_file, else the region client conf's auth_token)")
+    region_auth_token_file: str = setting("", "file holding the region token (used when region_auth_token is "
+                                          "empty)")
     # --- read-ahead cache ---
     readahead_enabled: bool = setting(True, "read messages ahead of the subscribers")
     readahead_count: int = setting(10, "number of messages to read ahead", min=1)
@@ -184,7 +193,8 @@ class HubConf:
     def filter_conf(self) -> dict[str, str]:
         """What a server filter's ``initialize(conf)`` gets: every key as a ``.conf`` file writes it.
 
-        Secrets (``password``, of the TLS certificate, and ``http_admin_token``) are left out.
+        Secrets (``password``, of the TLS certificate, ``http_admin_token``, ``token_secret_key`` and
+        ``region_auth_token``) are left out.
         """
         values = conf_values(self)
         for key in SECRET_KEYS:

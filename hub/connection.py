@@ -81,7 +81,7 @@ class HubConnection(asyncio.Protocol):
         self._serve_scheduled = False
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
-        self.region_hub = False        # authenticated with one of superuser_roles: may set srcRegion
+        self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
 
     @property
     def partial_since(self) -> float | None:
@@ -219,7 +219,7 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
-        if self.server.authenticator is not None and not self._authorized(req):
+        if self.server.authenticator is not None and not self._authorized(req, ev):
             return
         if req.type == pb.CONSUME:
             self._consume(ev)
@@ -240,8 +240,9 @@ class HubConnection(asyncio.Protocol):
         self.chains[key] = task
         task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
 
-    def _authorized(self, req: pb.PubSubRequest) -> bool:
-        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for superusers only."""
+    def _authorized(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
+        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for region roles only,
+        then the role's grants (``hub.permissions``)."""
         if req.type == pb.AUTHENTICATE:
             try:
                 self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
@@ -249,7 +250,7 @@ class HubConnection(asyncio.Protocol):
                 log.info("connection refused a token: %s", exc)
                 self._fail(req, exc)
                 return False
-            self.region_hub = self.role in self.conf.superuser_roles
+            self.region_hub = self.server.authorizer.is_region_hub(self.role)
             self.send(protocol.response(req.txnId))
             return False
         if self.role is None:
@@ -257,8 +258,14 @@ class HubConnection(asyncio.Protocol):
                                                        "auth_token or auth_token_file"))
             return False
         if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
+            self.server.stats.incr("not_authorized")
             self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
-                                                      "(superuser_roles)"))
+                                                      "(region_roles, superuser_roles)"))
+            return False
+        refused = self.server.authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
+        if refused is not None:
+            self.server.stats.incr("not_authorized")
+            self._fail(req, refused)
             return False
         return True
 

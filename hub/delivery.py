@@ -13,6 +13,11 @@ are delivered and unconsumed at once. A server-side filter that rejects a
 message skips it; one that raises ends the delivery with
 ``InvalidMessageFilterError`` reported through ``on_error``.
 
+A bounded subscription's messages outside its bound may be deleted while
+it lags (retention counts it as consumed up to ``last_seq - messageBound``):
+a read that finds its message deleted skips to the newest N instead of
+stalling or failing.
+
 Skipped messages count as consumed (the client never sees them, so it
 never consumes them): once every delivered message before them is
 consumed, ``on_filtered(seq)`` moves the subscription's pointer through
@@ -49,7 +54,8 @@ class Delivery:
                  last_seq: Callable[[], int], send: Callable[[bytes, bytes, Message], None],
                  writable: asyncio.Event, window: int, message_bound: int = 0, server_filter: Any = None,
                  on_error: Callable[[Exception], None] | None = None,
-                 on_filtered: Callable[[int], None] | None = None) -> None:
+                 on_filtered: Callable[[int], None] | None = None,
+                 first_kept: Callable[[], int] | None = None) -> None:
         self.topic = topic
         self.subscriber = subscriber
         self.cache = cache
@@ -60,6 +66,8 @@ class Delivery:
         self.filter = server_filter
         self.on_error = on_error
         self.on_filtered = on_filtered
+        self.message_bound = message_bound
+        self.first_kept = first_kept
         self._filtered = 0                # the newest seq id the filter rejected
         nxt = start_after + 1
         if message_bound:
@@ -94,6 +102,22 @@ class Delivery:
             if self.on_filtered is not None:
                 self.on_filtered(through)
 
+    def _skip_trimmed(self, seq: int) -> None:
+        """``seq`` was deleted under a bounded subscriber: go on from the oldest message still kept.
+
+        Retention keeps every message after ``last_seq - message_bound`` for it
+        (``TopicSubscriptions.retained_after``), so that is at most its newest
+        ``message_bound`` (``first_kept``, when known, covers a bound raised
+        since the deletion); the dropped ones count as consumed, like filtered
+        ones.
+        """
+        nxt = max(seq + 1, self.last_seq() - self.message_bound + 1,
+                  self.first_kept() if self.first_kept is not None else 0)
+        log.info("%r/%r: messages %d..%d were trimmed to the message bound %d; skipped",
+                 self.topic, self.subscriber, seq, nxt - 1, self.message_bound)
+        self.next_seq = nxt
+        self._filtered = nxt - 1
+
     @property
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
@@ -116,7 +140,15 @@ class Delivery:
                 seq = self.next_seq
                 msg = self.cache.cached(self.topic, seq)
                 if msg is None:
-                    msg = await self.cache.scan_single(self.topic, seq)
+                    try:
+                        msg = await self.cache.scan_single(self.topic, seq)
+                    except errors.NoTopicPersistenceInfoError:
+                        if not self.message_bound:
+                            log.warning("%r/%r: message %d was deleted before this unbounded subscriber "
+                                        "consumed it; delivery stops", self.topic, self.subscriber, seq)
+                            raise
+                        self._skip_trimmed(seq)
+                        continue
                     run = 0
                 else:
                     run += 1

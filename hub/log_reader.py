@@ -67,6 +67,12 @@ class LogReader:
         async def _close_quietly(lh: Any) -> None: ...
 
     # --- reading --------------------------------------------------------------------------------
+    def first_kept(self) -> int:
+        """The oldest seq id still stored (the ledgers before it were deleted); ``last_seq + 1`` when none."""
+        if not self.ranges.ranges:
+            return int(self.last_seq) + 1
+        return max(1, int(self.ranges.ranges[0].startSeqIdIncluded))
+
     def _range_for(self, seq: int) -> pb.LedgerRange | None:
         for r in self.ranges.ranges:
             end = r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded") else self.last_seq

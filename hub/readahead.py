@@ -52,7 +52,8 @@ stub is continued from where it stopped (at once if it made progress, else
 after the backoff, or sooner when ``on_published`` brings the message).
 ``scan_single`` raises ``ServiceDownError`` only once the cache is closed
 (also for readers waiting at ``close``) or the topic is released under a
-waiting reader.
+waiting reader, and ``NoTopicPersistenceInfoError`` (not retried) when the
+scanner says the message was deleted (a bounded subscriber's trimmed ones).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
-from hub.errors import ServiceDownError
+from hub.errors import NoTopicPersistenceInfoError, ServiceDownError
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 
@@ -366,6 +367,9 @@ class ReadAheadCache:
                 self._counters["scan_failures"] += 1
                 if not self._live(t):
                     return
+                if isinstance(exc, NoTopicPersistenceInfoError):   # deleted (trimmed): retrying cannot help
+                    self._fail_stubs(t, start, count, exc)
+                    return
                 if not self._waited(t, start, count):
                     log.info("read-ahead of %r from %d failed (%s); nobody waits, dropped", t.name, start, exc)
                     for s in range(start, start + count):
@@ -397,6 +401,17 @@ class ReadAheadCache:
     def _fulfil(self, stub: _Stub, message: Message) -> None:
         if not stub.future.done():
             stub.future.set_result(message)
+
+    def _fail_stubs(self, t: _Topic, start: int, count: int, exc: Exception) -> None:
+        """Fail the waiters of ``start ..`` (``count``) with ``exc``; drop the stubs nobody waits on."""
+        for s in range(start, start + count):
+            stub = t.stubs.pop(s, None)
+            if stub is None or stub.future.done():
+                continue
+            if stub.waiters:
+                stub.future.set_exception(exc)
+            else:
+                stub.future.cancel()
 
     def _drop_stub(self, t: _Topic, seq: int) -> None:
         stub = t.stubs.pop(seq, None)

@@ -154,6 +154,19 @@ class _Remote:
         self.task: asyncio.Task[None] | None = None
 
 
+def region_token(cconf: RegionClientConf, token: str, token_file: str) -> RegionClientConf:
+    """The region client conf with the hub's ``region_auth_token`` (else ``region_auth_token_file``) as the
+    token it presents to other regions' hubs; unchanged when both are empty. ``ConfError`` when the file
+    cannot be read (it is read again at every connect, so a rotated token is picked up)."""
+    if token:
+        return dataclasses.replace(cconf, auth_token=token, auth_token_file="")
+    if token_file:
+        if not os.access(token_file, os.R_OK):
+            raise ConfError(f"region_auth_token_file: cannot read {token_file}")
+        return dataclasses.replace(cconf, auth_token="", auth_token_file=token_file)
+    return cconf
+
+
 class RegionHost(Protocol):
     """What a ``RegionManager`` uses of its hub (a ``hub.server.HubServer``)."""
 
@@ -181,7 +194,7 @@ class RegionManager:
         cconf = load_region_client_conf(conf.region_client_conf or None)
         if conf.inter_region_ssl_enabled and not cconf.ssl_enabled:   # Hedwig's older switch for the same
             cconf = dataclasses.replace(cconf, ssl_enabled=True)
-        self.client_conf = cconf
+        self.client_conf = region_token(cconf, conf.region_auth_token, conf.region_auth_token_file)
         # standalone mode: no regions, whatever ``regions`` says
         self.remotes = {} if conf.standalone else parse_regions(conf.regions, cconf.remote_hubs, own=conf.region)
         self.subscriber_id = HUB_SUBSCRIBER_PREFIX + conf.region.encode()

@@ -95,11 +95,13 @@ class HubServer:
         self._http: Any = None          # bookie.http.HttpServer once started
         self.stopping = False
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
+        self.releasing: set[bytes] = set()  # topics being released: a moved subscriber's retry waits for it
         self.info = pb.HubInfo()
         self.cache: Any = None          # hub.readahead.ReadAheadCache once started
         self.ownership: Ownership | None = None
         self.regions: RegionManager | None = None
         self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
+        self.authorizer: Any = None      # hub.permissions.Authorizer with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
         self._connection_keys = itertools.count(1)
         self._fd_warned_at = -math.inf
@@ -210,6 +212,7 @@ class HubServer:
             from hub.auth import TokenAuthenticator
 
             self.authenticator = TokenAuthenticator(self.conf.token_secret_key)
+            self.authorizer = await self._authorizer()
         await self._listen()
         self.info = pb.HubInfo(hostname=self.conf.server_host, port=self._port,
                                sslPort=self._ssl_port,
@@ -224,6 +227,31 @@ class HubServer:
         self.regions = regions
         regions.start()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
+
+    async def _authorizer(self) -> Any:
+        """The grants (``hub.permissions``), read now and re-read every ``permissions_refresh_interval``."""
+        from hub.permissions import Authorizer, PermissionCache, PermissionStore
+
+        cache = PermissionCache(PermissionStore(self.store), self.conf.permissions_refresh_interval / 1000.0,
+                                lambda: self.stats.incr("permissions_refresh_failures"), self._close_revoked)
+        await cache.start()
+        self.spawn(cache.refresh_forever())
+        return Authorizer(cache, self.conf.superuser_roles, self.conf.region_roles)
+
+    def _close_revoked(self) -> None:
+        """The grants changed: close the attached subscriptions whose role lost ``consume`` there."""
+        from hub.permissions import revoked_attachments
+
+        if self.authorizer is None:
+            return
+        for conn, topic, sub in revoked_attachments(self.authorizer, self.connections):
+            log.info("closing subscription %r/%r: role %r may no longer consume there", topic, sub, conn.role)
+            self.stats.incr("subscriptions_closed_not_authorized")
+            conn.send_event(topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+            t = self.topics.get(topic)
+            state = t.subs.subs.get(sub) if t is not None else None
+            if t is not None and state is not None and state.conn is conn:
+                self.spawn(t.subs.detach(sub))
 
     async def _listen(self) -> None:
         """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""
@@ -303,6 +331,8 @@ class HubServer:
             return t
         if topic in self.deleting:
             raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
+        if topic in self.releasing:   # its owner record still names this hub: claiming now would keep it here
+            raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
         fut = self._acquiring.get(topic)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -324,7 +354,7 @@ class HubServer:
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
-                                      track=self.track)
+                                      track=self.track, first_kept=tlog.first_kept)
             await subs.load()
         except BaseException as exc:
             await self.ownership.release(topic)
@@ -354,7 +384,7 @@ class HubServer:
     def _consumed(self, topic: bytes) -> None:
         t = self.topics.get(topic)
         if t is not None:
-            self.cache.consumed_up_to(topic, t.subs.min_consumed())
+            self.cache.consumed_up_to(topic, t.subs.retained_after())
 
     def _last_seq(self, topic: bytes) -> int:
         t = self.topics.get(topic)
@@ -367,18 +397,27 @@ class HubServer:
         return await t.log.scan(start, max_messages, max_bytes)
 
     async def release_topic(self, topic: bytes) -> None:
-        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed."""
+        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed.
+
+        Until the owner record is gone, requests for the topic get SERVICE_DOWN
+        (clients retry), so a moved subscriber re-attaching at once does not
+        claim it here again under the release.
+        """
         t = self.topics.pop(topic, None)
         if t is None:
             return
-        await t.subs.release()
-        await t.log.release()
-        self.cache.release_topic(topic)
-        if self.regions is not None:
-            await self.regions.topic_released(topic)
-        if self.ownership is not None:
-            await self.ownership.release(topic)
-            self.ownership.num_topics = len(self.topics)
+        self.releasing.add(topic)
+        try:
+            await t.subs.release()
+            await t.log.release()
+            self.cache.release_topic(topic)
+            if self.regions is not None:
+                await self.regions.topic_released(topic)
+            if self.ownership is not None:
+                await self.ownership.release(topic)
+                self.ownership.num_topics = len(self.topics)
+        finally:
+            self.releasing.discard(topic)
         log.info("released topic %r", topic)
 
     # --- timers -----------------------------------------------------------------------------------
@@ -440,10 +479,10 @@ class HubServer:
         return victims
 
     async def delete_consumed_ledgers(self) -> int:
-        """Delete ledgers every subscriber has consumed past, on every owned topic; how many."""
+        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many."""
         n = 0
         for t in list(self.topics.values()):
-            n += len(await t.log.delete_consumed(t.subs.min_consumed()))
+            n += len(await t.log.delete_consumed(t.subs.retained_after()))
         if n:
             self.stats.incr("ledgers_deleted", n)
         return n

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attachment", "SubState", "TopicSubscriptions"]
+__all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed"]
 
 
 class Attachment(Protocol):
@@ -68,6 +68,13 @@ class Attachment(Protocol):
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
 
     def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None: ...
+
+
+def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
+    """What a subscriber counts as having consumed for retention: ``max(pointer, last - bound)`` when bounded."""
+    if message_bound:
+        return max(consumed, last_seq - message_bound)
+    return consumed
 
 
 class SubState:
@@ -92,8 +99,10 @@ class TopicSubscriptions:
 
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,
-                 track: Callable[[asyncio.Task[Any]], None] | None = None) -> None:
+                 track: Callable[[asyncio.Task[Any]], None] | None = None,
+                 first_kept: Callable[[], int] | None = None) -> None:
         self.topic = topic
+        self.first_kept = first_kept      # the log's oldest stored seq id (a bounded delivery skips to it)
         self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
         self.conf = conf
@@ -110,6 +119,21 @@ class TopicSubscriptions:
         if not self.subs:
             return int(self.last_seq())
         return min(s.consumed for s in self.subs.values())
+
+    def retained_after(self) -> int:
+        """Messages up to this seq id may be deleted (consumed-ledger deletion, cache pruning).
+
+        Each subscriber counts as having consumed up to its pointer; one with a
+        ``messageBound`` N up to at least ``last_seq - N`` too, since it is never
+        delivered more than its newest N messages (Hedwig trims to the bound).
+        So an idle bounded subscriber does not keep the topic's ledgers; its
+        delivery skips what was deleted (``Delivery``). The last seq id when
+        there are no subscribers.
+        """
+        last = int(self.last_seq())
+        if not self.subs:
+            return last
+        return min(bounded_consumed(s.consumed, s.prefs.messageBound, last) for s in self.subs.values())
 
     @property
     def attached_count(self) -> int:
@@ -240,7 +264,7 @@ class TopicSubscriptions:
         state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
                                   send=conn.send_delivery, writable=conn.writable, window=window,
                                   message_bound=state.prefs.messageBound, server_filter=state.filter,
-                                  on_error=failed, on_filtered=filtered)
+                                  on_error=failed, on_filtered=filtered, first_kept=self.first_kept)
         state.delivery.start()
 
     async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:

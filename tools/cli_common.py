@@ -37,12 +37,15 @@ from metastore.conf import EMBEDDED_METASTORE_URI, read_properties
 from metastore.errors import IllegalOpError, MetastoreError, StoreNotFoundError
 
 __all__ = [
+    "AUTH_TOKEN_ENV",
     "CONF_ENV",
     "METASTORE_ENV",
     "BadMetastoreURIError",
     "MetastoreOpenError",
     "MetastoreUnreachableError",
+    "add_auth_token_options",
     "add_common_options",
+    "auth_token_conf",
     "count_at_least",
     "metastore_from_args",
     "metastore_uri_of",
@@ -56,6 +59,8 @@ __all__ = [
 
 METASTORE_ENV = "QUIRE_METASTORE"
 CONF_ENV = "QUIRE_CONF"
+AUTH_TOKEN_ENV = "QUIRE_AUTH_TOKEN"
+"""Environment variable holding the hub client's token when neither --auth-token nor --auth-token-file is given."""
 
 
 def number_at_least(least: float, *, what: str = "a number", integer: bool = False) -> Callable[[str], float]:
@@ -100,6 +105,29 @@ def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_co
                        help=f"{conf_help}; default ${CONF_ENV}")
     group.add_argument("--timeout", metavar="SECONDS", type=seconds, default=unset if in_command else timeout,
                        help=f"bound for opening the metastore and each request (default {timeout:g})")
+
+
+def add_auth_token_options(parser: argparse.ArgumentParser) -> None:
+    """``--auth-token TOKEN`` / ``--auth-token-file FILE``: the token a hub client presents (``auth_token_conf``)."""
+    group = parser.add_argument_group("authentication")
+    group.add_argument("--auth-token", metavar="TOKEN",
+                       help=f"token for hubs with authentication_enabled (quire token create); default "
+                            f"${AUTH_TOKEN_ENV}")
+    group.add_argument("--auth-token-file", metavar="FILE",
+                       help="file holding the token (read at connect; used when --auth-token is not given)")
+
+
+def auth_token_conf(args: argparse.Namespace) -> dict[str, str]:
+    """The client conf keys ``auth_token``/``auth_token_file`` from ``--auth-token``, else ``--auth-token-file``,
+    else ``$QUIRE_AUTH_TOKEN``; empty when none is given."""
+    token = getattr(args, "auth_token", None)
+    if token:
+        return {"auth_token": token}
+    token_file = getattr(args, "auth_token_file", None)
+    if token_file:
+        return {"auth_token_file": token_file}
+    token = os.environ.get(AUTH_TOKEN_ENV, "")
+    return {"auth_token": token} if token else {}
 
 
 class MetastoreOpenError(Exception):

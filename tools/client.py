@@ -13,7 +13,10 @@ SUB`` on stderr, then prints each message as ``SEQ<TAB>BODY`` (or one JSON
 object per line with ``--json``) and consumes it once printed; it exits after
 ``COUNT`` messages (default 0: until Ctrl-C), leaving later ones unconsumed.
 
-The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080.
+The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080. For a
+hub with ``authentication_enabled``, ``--auth-token TOKEN`` or
+``--auth-token-file FILE`` (else ``$QUIRE_AUTH_TOKEN``) gives the token
+(client conf ``auth_token``/``auth_token_file``).
 Failures (hub unreachable, a refused publish) print one line and exit 1.
 """
 
@@ -29,7 +32,14 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tools.cli_common import count_at_least, number_at_least, seconds
+from tools.cli_common import (
+    AUTH_TOKEN_ENV,
+    add_auth_token_options,
+    auth_token_conf,
+    count_at_least,
+    number_at_least,
+    seconds,
+)
 
 SERVER_ENV = "QUIRE_SERVER"
 DEFAULT_SERVER = "127.0.0.1:4080"
@@ -52,6 +62,7 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                         help=f"hub to talk to (default ${SERVER_ENV}, else {DEFAULT_SERVER})")
     common.add_argument("--timeout", type=seconds, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"bound for connecting and each publish (default {DEFAULT_TIMEOUT:g})")
+    add_auth_token_options(common)
     p = sub.add_parser("produce", parents=[common], help="publish messages to a topic",
                        description="Publish each -m body COUNT times, or each line of standard input.")
     p.add_argument("topic", metavar="TOPIC")
@@ -79,23 +90,31 @@ def server_of(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import uvloop
 
-    from hub.errors import PubSubError
+    from hub.errors import AuthenticationError, PubSubError
 
     command = produce if args.client_command == "produce" else consume
     try:
         return int(uvloop.run(command(args)))
+    except AuthenticationError as exc:
+        sys.stderr.write(f"quire client {args.client_command}: {exc.status}: {exc} (give a token with "
+                         f"--auth-token, --auth-token-file or ${AUTH_TOKEN_ENV})\n")
+        return 1
     except (ClientCommandError, PubSubError, OSError) as exc:
-        sys.stderr.write(f"quire client {args.client_command}: {exc}\n")
+        status = f"{exc.status}: " if isinstance(exc, PubSubError) else ""
+        sys.stderr.write(f"quire client {args.client_command}: {status}{exc}\n")
         return 1
 
 
 async def _connect(args: argparse.Namespace, conf: dict[str, str] | None = None) -> Any:
     from hub.client import HedwigClient
-    from hub.errors import PubSubError
+    from hub.errors import AuthenticationError, PubSubError
 
     server = server_of(args)
+    conf = {**(conf or {}), **auth_token_conf(args)}
     try:
-        return await asyncio.wait_for(HedwigClient.connect(server, conf=conf), args.timeout or None)
+        return await asyncio.wait_for(HedwigClient.connect(server, conf=conf or None), args.timeout or None)
+    except AuthenticationError:
+        raise
     except (OSError, TimeoutError, PubSubError) as exc:
         raise ClientCommandError(f"cannot connect to hub {server}: {exc or 'timed out'}") from None
 

@@ -9,8 +9,11 @@
     echo "show hubs" | quire console --conf conf/hw_server.conf
 
 Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
-rmsub, consume, consumeto, pubsub, show hubs|topics, describe topic,
-readtopic, set, history, redo, help, quit, exit. After every command the
+rmsub, consume, consumeto, pubsub, show hubs|topics|grants, describe topic,
+readtopic, release topic, grant, revoke, set, history, redo, help, quit, exit. ``grant``,
+``revoke`` and ``show grants`` act on the metastore's ``permissions`` table
+(``hub.permissions``); hubs apply a change within their
+``permissions_refresh_interval``. After every command the
 console prints ``Finished N s.``. Interactive and admin commands talk to the
 hub through ``hub.client.HedwigClient``; ``show``, ``describe`` and
 ``readtopic`` read the metastore (and the topic's ledgers) directly, so what
@@ -23,7 +26,14 @@ ledger past its LAC, ``readtopic`` long-polls the LAC for up to
 ``READTOPIC_TAIL_WAIT`` seconds until it covers them: every acknowledged
 publish shows, the newest about a second after it was made.
 
-JSON for scripts: ``show hubs``, ``show topics`` and ``describe topic`` take
+``release topic T`` asks the hub admin HTTP API (``tools.hub_http``: the
+``--server`` hub, which forwards to the owner) to release the topic as load
+shedding does; it needs the admin token (the ``--conf``'s
+``http_admin_token``/``http_admin_token_file``, else
+``$QUIRE_HTTP_ADMIN_TOKEN``). A topic no hub owns is an error.
+
+JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``describe topic`` and
+``release topic`` take
 a ``--json`` word (``show hubs --json``) and then print one JSON document on
 one line instead of the text; ``quire console --json`` makes them all do so
 and sends everything else the console prints (``Finished N s.``, errors,
@@ -40,7 +50,9 @@ Where to connect: ``--server HOST:PORT`` (default: the hub conf's
 server conf (``hw_server.conf``), ``--client-conf FILE`` a client conf
 (``hw_client.conf``); the environment variables ``HEDWIG_CONSOLE_SERVER_CONF``
 and ``HEDWIG_CONSOLE_CLIENT_CONF`` stand in for those two options, as in
-Hedwig.
+Hedwig. ``--auth-token TOKEN`` / ``--auth-token-file FILE`` (else
+``$QUIRE_AUTH_TOKEN`` when the client conf names no token) give the token
+for a hub with ``authentication_enabled``.
 """
 
 from __future__ import annotations
@@ -99,17 +111,31 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "pubsub {topic} {subscriber} {timeout_secs} {message}",
             "  subscribes {subscriber}-{timestamp} to {topic}, publishes {message}-{timestamp}\n"
             "  and waits up to {timeout_secs} seconds for it to arrive."),
-    Command("show", "List the live hubs (with their number of topics) or all topics",
-            "show hubs [--json] | show topics [--json]",
+    Command("show", "List the live hubs (with their number of topics), all topics, or the grants",
+            "show hubs [--json] | show topics [--json] | show grants [{role}] [--json]",
             "  --json : print one JSON document on one line: show hubs, a list of\n"
             "           {address, hostname, port, ssl_port, num_topics}; show topics,\n"
-            "           a list of {topic}."),
+            "           a list of {topic}; show grants, a list of {role, prefix, actions}."),
+    Command("grant", "Let a role produce and/or consume on every topic starting with a prefix",
+            "grant {role} {prefix} {actions}",
+            "  {role}    : the token subject (quire token create --subject).\n"
+            "  {prefix}  : topic name prefix; \"\" means every topic.\n"
+            "  {actions} : produce, consume, or produce,consume (added to what the role has).\n"
+            "  written to the metastore; hubs apply it within permissions_refresh_interval."),
+    Command("revoke", "Take a role's actions on a topic prefix away", "revoke {role} {prefix} [action]",
+            "  [action] : produce or consume; default both."),
     Command("describe", "Show a topic's owner, ledger ranges and subscriptions (from the metastore)",
             "describe topic {topic} [--json]",
             "  --json : print one JSON document on one line: {topic, owner, ledgers:\n"
             "           [{ledger_id, start_seq_id, end_seq_id}], subscriptions: [{subscriber,\n"
             "           consume_seq_id, remote_consume_seq_ids}]}; end_seq_id is null for\n"
             "           the open ledger, owner null when no hub owns the topic."),
+    Command("release", "Make the owner hub give a topic up, as load shedding does",
+            "release topic {topic} [--json]",
+            "  attached subscribers get TOPIC_MOVED, consume pointers are persisted and\n"
+            "  the ledger is closed; the next access lands on the least loaded hub.\n"
+            "  --json : print one JSON document on one line: {released, owner,\n"
+            "           last_seq_id, subscribers_moved}."),
     Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
             "readtopic {topic} [start_msg_id]"),
     Command("set", "Show or set a console setting", "set [{name} {value}]",
@@ -154,6 +180,8 @@ class HedwigConsole:
     region: str = "standalone"
     client_conf: dict[str, str] = field(default_factory=dict)
     out: TextIO = sys.stdout
+    admin_token: str = ""
+    """Bearer token for the hub admin HTTP API (``release topic``)."""
     json_output: bool = False
     """``quire console --json``: show/describe print JSON; everything else goes to ``err``."""
     err: TextIO = sys.stderr
@@ -508,6 +536,8 @@ class HedwigConsole:
             self.say("Available Hub Servers:")
             for info, load in hubs:
                 self.say(f"        {hub_address(info)} :       {load.numTopics}")
+        elif args[:1] == ["grants"] and len(args) <= 2:
+            await self._show_grants(args[1] if len(args) == 2 else None, as_json)
         elif args == ["topics"]:
             topics = await self._topics()
             if as_json:
@@ -517,6 +547,40 @@ class HedwigConsole:
             self.say("[" + ", ".join(topics) + "]")
         else:
             raise UsageError
+
+    async def _permissions(self) -> Any:
+        from hub.permissions import PermissionStore
+        store = PermissionStore(await self.store())
+        await store.start()
+        return store
+
+    async def _show_grants(self, role: str | None, as_json: bool) -> None:
+        grants = [g for g in await (await self._permissions()).grants() if role is None or g.role == role]
+        if as_json:
+            self.emit([g.to_json() for g in grants])
+            return
+        self.say("Grants (role, topic prefix, actions):")
+        for g in grants:
+            self.say(f"        {g.role}    {g.prefix or '(every topic)'}    {','.join(g.actions)}")
+
+    async def cmd_grant(self, args: list[str]) -> None:
+        if len(args) != 3:
+            raise UsageError
+        try:
+            grant = await (await self._permissions()).grant(args[0], args[1], args[2])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.say(f"Role {grant.role} may now {' and '.join(grant.actions)} on topics starting with {grant.prefix!r}")
+
+    async def cmd_revoke(self, args: list[str]) -> None:
+        if len(args) not in (2, 3):
+            raise UsageError
+        try:
+            left = await (await self._permissions()).revoke(args[0], args[1], args[2] if len(args) == 3 else None)
+        except (ValueError, LookupError) as exc:
+            raise CommandError(str(exc)) from None
+        what = f"may still {' and '.join(left.actions)}" if left else "has no grant left"
+        self.say(f"Role {args[0]} {what} on topics starting with {args[1]!r}")
 
     async def _topics(self) -> list[str]:
         store = await self.store()
@@ -579,6 +643,34 @@ class HedwigConsole:
             seq = f"local:{data.state.msgId.localComponent}" + "".join(f", {k}:{v}" for k, v in sorted(remote.items()))
             self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}")
         self.say()
+
+    async def cmd_release(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
+        if len(args) != 2 or args[0] != "topic":
+            raise UsageError
+        from urllib.parse import quote
+
+        from tools.hub_http import HubHttpError, admin_call, hub_http_url
+        topic = args[1]
+        try:
+            url = await asyncio.wait_for(hub_http_url(await self.store(), self.server), self.settings.timeout)
+            status, doc = await admin_call(url, "POST", f"/admin/v1/topics/{quote(topic, safe='')}/release",
+                                           token=self.admin_token, timeout=self.settings.timeout)
+        except TimeoutError:
+            raise CommandError(f"timed out after {self.settings.timeout} s") from None
+        except HubHttpError as exc:
+            raise CommandError(str(exc)) from None
+        if status != 200:
+            why = doc.get("error", doc) if isinstance(doc, dict) else doc
+            if status == 404:
+                raise CommandError(f"Topic {topic} is not owned by any hub: nothing to release.")
+            raise CommandError(f"cannot release topic {topic} (HTTP {status}): {why}")
+        if as_json:
+            self.emit(doc)
+            return
+        moved = doc.get("subscribers_moved") or []
+        self.say(f"Topic {doc.get('released')} released by hub {doc.get('owner')} at seq id "
+                 f"{doc.get('last_seq_id')}; subscribers moved: {', '.join(moved) if moved else 'none'}")
 
     async def cmd_readtopic(self, args: list[str]) -> None:
         if len(args) not in (1, 2):
@@ -665,17 +757,21 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
                        "server_port, region); default $HEDWIG_CONSOLE_SERVER_CONF, then")
     parser.add_argument("--client-conf", metavar="FILE", help="client conf (hw_client.conf); "
                         "default $HEDWIG_CONSOLE_CLIENT_CONF")
+    from tools.cli_common import add_auth_token_options
+
+    add_auth_token_options(parser)
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
                         help="run this command and exit (repeatable)")
     parser.add_argument("--json", action="store_true",
-                        help="show hubs, show topics and describe topic print one JSON document per line on "
-                             "stdout; everything else (Finished lines, errors, other output) goes to stderr")
+                        help="show hubs, show topics, show grants, describe topic and release topic print one JSON "
+                             "document per line on stdout; everything else (Finished lines, errors, other output) "
+                             "goes to stderr")
     return run_console
 
 
 def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     """The console ``quire console`` runs; ``ConfError`` for a bad conf file."""
-    from metastore.conf import read_properties
+    from metastore.conf import ConfError, read_properties
     from tools.cli_common import metastore_from_args
     server_conf_path = args.conf or os.environ.get("HEDWIG_CONSOLE_SERVER_CONF")
     client_conf_path = args.client_conf or os.environ.get("HEDWIG_CONSOLE_CLIENT_CONF")
@@ -683,6 +779,13 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     metastore_uri, server_conf = metastore_from_args(args.metastore, server_conf_path or None,
                                                      default_zk_prefix="/hedwig")
     client_conf = read_properties(client_conf_path) if client_conf_path else {}
+    from tools.cli_common import auth_token_conf
+
+    token = auth_token_conf(args)      # --auth-token/--auth-token-file win; the env var only fills a gap
+    if token and (getattr(args, "auth_token", None) or getattr(args, "auth_token_file", None)
+                  or not (client_conf.get("auth_token") or client_conf.get("auth_token_file"))):
+        client_conf = {k: v for k, v in client_conf.items() if k not in ("auth_token", "auth_token_file")}
+        client_conf.update(token)
     if server_conf_path:
         from hub.conf import HubConf
         from metastore.conf import parse_conf
@@ -693,6 +796,12 @@ def console_from_args(args: argparse.Namespace) -> HedwigConsole:
     if getattr(args, "timeout", None):
         console.settings.timeout = args.timeout
     console.json_output = bool(getattr(args, "json", False))
+    from bookie.http import admin_token
+    try:
+        console.admin_token = admin_token(server_conf.get("http_admin_token", ""),
+                                          server_conf.get("http_admin_token_file", ""))
+    except OSError as exc:
+        raise ConfError(f"cannot read http_admin_token_file: {exc}") from None
     return console
 
 

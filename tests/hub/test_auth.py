@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 import pytest_asyncio
 
@@ -32,11 +33,22 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return root / "hub.key", root / "other.key"
 
 
+async def grant_everything(cluster: LocalCluster, role: str) -> None:
+    """Let ``role`` produce and consume on every topic (hub.permissions), on every hub of every region."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        for c in cluster.region_clusters.values():
+            for url in c.stats_urls[:len(c.hub_addresses)]:
+                async with http.put(url.removesuffix("/metrics") + f"/admin/v1/permissions/{role}/",
+                                    json={"actions": ["produce", "consume"]}) as resp:
+                    assert resp.status == 200, await resp.text()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(keys: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     conf = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1",
             "authentication_enabled": "true", "token_secret_key": str(keys[0]), "superuser_roles": "region-hub"}
     async with LocalCluster(bookies=1, hubs=1, data_dir=tmp_path_factory.mktemp("auth"), conf_overrides=conf) as c:
+        await grant_everything(c, "app")
         yield c
 
 
@@ -122,6 +134,7 @@ async def test_region_hubs_authenticate_with_a_superuser_token(keys: tuple[Path,
     app = {"auth_token": create_token(keys[0], "app")}
     async with LocalCluster(bookies=1, hubs=1, regions=["r1", "r2"], data_dir=tmp_path / "c",
                             conf_overrides=conf) as c:
+        await grant_everything(c, "app")
         topic = uuid.uuid4().hex.encode()
         got: asyncio.Queue[Message] = asyncio.Queue()
 

@@ -80,7 +80,8 @@ def test_filter_keys_parse_and_the_filter_conf_leaves_secrets_out() -> None:
     given = c.filter_conf()
     assert given["server_filter_allowlist"] == "acme.filters other.pkg:Cls" and given["consume_interval"] == "50"
     assert "password" not in given
-    assert set(given) == set(conf_keys(HubConf)) - {"password", "http_admin_token", "token_secret_key"}
+    assert set(given) == set(conf_keys(HubConf)) - {"password", "http_admin_token", "token_secret_key",
+                                                    "region_auth_token"}
     assert "admin-secret" not in given.values()
 
 
