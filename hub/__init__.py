@@ -5,7 +5,7 @@
 
 Modules: ``conf`` (HubConf, HubClientConf), ``protocol`` (sans-IO wire state
 machine), ``server`` (the asyncio shell), ``connection`` (one client
-connection), ``topic`` (an owned topic), ``ownership`` (topic claims and
+connection), ``topic`` (an owned topic), ``housekeeping`` (the timers), ``ownership`` (topic claims and
 redirects), ``persistence`` (ledgers, batched entries, the read path),
 ``subscriptions`` and ``delivery``, ``metadata`` (MetaStore managers),
 ``readahead`` (the read-ahead cache), ``filters`` (message filters),

@@ -41,6 +41,7 @@ from bookie.wire import FrameBudget
 from hub import errors
 from hub.conf import HubConf
 from hub.connection import HubConnection, Redirect
+from hub.housekeeping import HubHousekeeping
 from hub.message import Message
 from hub.metadata import (
     HubRegistry,
@@ -72,7 +73,7 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _FD_LOG_INTERVAL = 10.0   # seconds between log lines about running out of file descriptors
 
 
-class HubServer:
+class HubServer(HubHousekeeping):
     """See the module docstring."""
 
     def __init__(self, conf: HubConf) -> None:
@@ -129,23 +130,6 @@ class HubServer:
             self.stats.incr("connections_closed_partial_frame_budget")
             victim.machine.clear()
             victim.transport.abort()
-
-    async def _close_stalled_connections(self) -> None:
-        """Close connections whose request frame stays incomplete past ``incomplete_frame_timeout``."""
-        timeout = self.conf.incomplete_frame_timeout / 1000.0
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = loop.time()
-            for conn in list(self.connections):
-                since = conn.partial_since
-                if since is not None and now - since > timeout and conn.transport is not None:
-                    log.warning("closing a client connection whose request frame stayed incomplete for %.1f s "
-                                "(%d bytes held; incomplete_frame_timeout %d ms)", now - since, conn.machine.buffered,
-                                self.conf.incomplete_frame_timeout)
-                    self.stats.incr("connections_closed_incomplete_frame")
-                    conn.machine.clear()
-                    conn.transport.abort()
 
     def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """The loop's exception handler: running out of file descriptors is counted and logged
@@ -310,7 +294,6 @@ class HubServer:
             return "not registered in the metastore yet"
         if not self.session.alive:
             return "metastore session lost"
-        from hub.ownership import same_hub
 
         if not any(same_hub(info, self.info) for info, _ in await self.registry.live_hubs()):
             return "not registered in the metastore"
@@ -419,73 +402,6 @@ class HubServer:
         finally:
             self.releasing.discard(topic)
         log.info("released topic %r", topic)
-
-    # --- timers -----------------------------------------------------------------------------------
-    async def _timers(self) -> None:
-        """Load updates, retention, consumed-ledger deletion, session health; one loop."""
-        consumed_every = self.conf.messages_consumed_thread_run_interval / 1000.0
-        tick = min(1.0, consumed_every, max(0.1, self.conf.zk_timeout / 4000.0))
-        next_consumed = time.monotonic() + consumed_every
-        rebalance_every = float(self.conf.rebalance_interval_sec)
-        next_rebalance = time.monotonic() + rebalance_every
-        reported = -1
-        while True:
-            await asyncio.sleep(tick)
-            try:
-                if len(self.topics) != reported:
-                    reported = len(self.topics)
-                    await self.registry.update_load(self.info, reported)
-                now = time.monotonic()
-                for t in list(self.topics.values()):
-                    t.sample_rate(now)
-                if self.conf.retention_secs:
-                    for topic, t in list(self.topics.items()):
-                        if now - t.last_active > self.conf.retention_secs and not t.subs.attached_count:
-                            await self.release_topic(topic)
-                if now >= next_consumed:
-                    next_consumed = now + consumed_every
-                    await self.delete_consumed_ledgers()
-                if rebalance_every and now >= next_rebalance:
-                    next_rebalance = now + rebalance_every
-                    await self.shed_load()
-                if self.session is not None and not self.session.alive:
-                    log.warning("metastore session lost: releasing every topic")
-                    for topic in list(self.topics):
-                        await self.release_topic(topic)
-                    self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-                    await self.registry.register(self.info, self.session, self.http_url)
-                    if self.ownership is not None:
-                        self.ownership.session = self.session
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("hub timer: %s", exc)
-
-    async def shed_load(self) -> list[bytes]:
-        """Release the topics this hub owns above the cluster's mean (``hub.shedding``); returns them."""
-        if self.registry is None or self.ownership is None:
-            return []
-        others = [load.numTopics for info, load in await self.registry.live_hubs()
-                  if not same_hub(info, self.info)]
-        mine = {topic: t.last_active for topic, t in self.topics.items()}
-        victims = self.shedder.choose(mine, others)
-        if victims:
-            log.info("shedding %d of %d topics (other hubs own %s)", len(victims), len(mine), others)
-        for topic in victims:
-            await self.release_topic(topic)
-        if victims:
-            self.stats.incr("topics_shed", len(victims))
-            await self.registry.update_load(self.info, len(self.topics))
-        return victims
-
-    async def delete_consumed_ledgers(self) -> int:
-        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many."""
-        n = 0
-        for t in list(self.topics.values()):
-            n += len(await t.log.delete_consumed(t.subs.retained_after()))
-        if n:
-            self.stats.incr("ledgers_deleted", n)
-        return n
 
     async def stop(self) -> None:
         """Stop listening, release every topic, unregister, close clients."""
