@@ -25,6 +25,7 @@ for every message a subscriber's handler received.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 from collections.abc import Iterable
@@ -99,7 +100,7 @@ def check(ops: list[dict[str, Any]], subscribers: Iterable[str]) -> Verdict:
         by_producer[producer].append((n, seq))
     for producer, pairs in by_producer.items():
         pairs.sort()
-        for (n1, s1), (n2, s2) in zip(pairs, pairs[1:], strict=False):
+        for (n1, s1), (n2, s2) in itertools.pairwise(pairs):
             if s2 <= s1:
                 v.problems.append(f"order: producer {producer} message {n2} got seq id {s2} <= {s1} of message {n1}")
 
@@ -122,7 +123,7 @@ def check(ops: list[dict[str, Any]], subscribers: Iterable[str]) -> Verdict:
             v.problems.append(f"lost: {len(missing)} acknowledged publishes never reached {sub}: "
                               f"{missing[:10]}{' ...' if len(missing) > 10 else ''}")
         seqs = [s for s, _ in got]
-        for s1, s2 in zip(seqs, seqs[1:], strict=False):
+        for s1, s2 in itertools.pairwise(seqs):
             if s2 != s1 + 1:
                 v.problems.append(f"not dense: {sub} received seq id {s2} after {s1}")
                 break

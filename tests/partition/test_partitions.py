@@ -12,6 +12,8 @@ drives the nemesis' timings.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import random
 import time
@@ -136,7 +138,7 @@ def longest_gap(ops: list[dict[str, Any]], start: float, end: float) -> float:
     """The longest time between consecutive acknowledgements (any producer) overlapping [start, end]."""
     ts = sorted(o["t"] for o in ops if o["op"] == "ack")
     best = 0.0
-    for t1, t2 in zip(ts, ts[1:], strict=False):
+    for t1, t2 in itertools.pairwise(ts):
         if t2 >= start and t1 <= end:
             best = max(best, t2 - t1)
     return best
@@ -150,8 +152,7 @@ async def test_bookie_cut_from_hub(netbed: NetBed, run: int) -> None:
     await start_clients(c, f"{c.hubs[0].host.ip}:4080", [("c0", "p0")])
     await wait_acks(c, 10)
     ensemble = await current_ensemble(c.uri, c.topic)
-    victim = next(b for b in c.bookies if b.address in ensemble and rng.random() < 0.5) \
-        if rng.random() < 0.5 else next(b for b in c.bookies if b.address in ensemble)
+    victim = rng.choice([b for b in c.bookies if b.address in ensemble])
     await wait_acks(c, len(acks(c)) + rng.randint(1, 20))
     cut_at = time.monotonic()
     netbed.partition([victim.host.name], ["h0"])
@@ -168,3 +169,137 @@ async def test_bookie_cut_from_hub(netbed: NetBed, run: int) -> None:
           flush=True)
     if MAX_STALL_S is not None:
         assert stall <= MAX_STALL_S, f"publishing stalled {stall:.1f}s > {MAX_STALL_S}s (seed {netbed.seed})"
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def fails(c: Cluster) -> int:
+    return sum(1 for o in history(c) if o["op"] == "fail")
+
+
+def latencies(ops: list[dict[str, Any]], start: float, end: float) -> list[float]:
+    """Attempt-to-acknowledgement times of the publishes acknowledged within [start, end]."""
+    first_try: dict[tuple[str, int], float] = {}
+    out = []
+    for o in ops:
+        key = (o.get("producer", ""), o.get("n", 0))
+        if o["op"] == "attempt":
+            first_try.setdefault(key, o["t"])
+        elif o["op"] == "ack" and start <= o["t"] <= end:
+            out.append(o["t"] - first_try[key])
+    return out
+
+
+# --- (1) the owner hub cut off from the metastore and the clients, not from the bookies -----------
+@runs
+async def test_owner_cut_from_metastore_and_clients_is_fenced(netbed: NetBed, run: int) -> None:
+    """h0 owns the topic; [h0 + a stale client c0] | [zk, h1, subscriber, client c1]; bookies reach both.
+
+    h1 takes the topic once h0's session expires and fences h0's ledger: h0 must stop acknowledging
+    the stale client's publishes (no seq id acknowledged twice), and after healing every acknowledged
+    publish is delivered once.
+    """
+    rng = random.Random(netbed.seed)
+    c = await cluster(netbed, bookies=4, hubs=2)
+    h0, h1 = (f"{h.host.ip}:4080" for h in c.hubs)
+    # the subscriber claims the topic for h0; c0 talks to h0 only, c1 prefers h1
+    await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=3000)
+    for host, name, hubs in (("c0", "p0", h0), ("c1", "p1", f"{h1},{h0}")):
+        out = netbed.workdir / f"history-{name}.jsonl"
+        c.outs.append(out)
+        c.workloads.append(await netbed.start_workload(
+            host, "publish", "--hubs", hubs, "--topic", c.topic, "--out", str(out), "--producer", name,
+            "--interval", "0.02", "--ack-timeout-ms", "3000"))
+    await wait_acks(c, 10 + rng.randint(0, 30))
+    netbed.partition(["h0", "c0"], ["zk", "h1", "s0", "c1"])
+    cut_at = time.monotonic()
+    # past h0's session expiry, h1 must serve the topic to c1
+    await eventually(lambda: sum(1 for o in acks(c) if o["producer"] == "p1" and o["t"] > cut_at
+                                 + ZK_TIMEOUT_MS / 1000) > 5, timeout=45, interval=0.2)
+    stale_acks_before = {o["n"] for o in acks(c) if o["producer"] == "p0"}
+    await wait_acks(c, len(acks(c)) + rng.randint(5, 30), timeout=30)
+    netbed.heal()
+    await finish(c, "owner-cut-from-metastore-and-clients")
+    late = [o for o in acks(c) if o["producer"] == "p0" and o["n"] not in stale_acks_before
+            and o["t"] < time.monotonic()]
+    print(json.dumps({"scenario": "owner-cut", "seed": netbed.seed, "run": run,
+                      "stale_client_acks_during_cut": len(late)}), flush=True)
+
+
+# --- (3) a client cut off mid-publish and reconnected ----------------------------------------------
+@runs
+async def test_client_cut_mid_publish(netbed: NetBed, run: int) -> None:
+    """The producer's host loses the hub's answers (one way), then everything, then heals: its
+    exactly-once retries (same producer and sequence id) must store nothing twice."""
+    rng = random.Random(netbed.seed)
+    c = await cluster(netbed, bookies=3)
+    await start_clients(c, f"{c.hubs[0].host.ip}:4080", [("c0", "p0")], ack_timeout_ms=2000)
+    for _ in range(2):
+        await wait_acks(c, len(acks(c)) + rng.randint(5, 40))
+        failed = fails(c)
+        netbed.cut_one_way("h0", "c0")                     # requests arrive, answers vanish
+        try:   # until the client gives an attempt up (its 2 s answer timeout), at most 5 s
+            await eventually(lambda failed=failed: fails(c) > failed, timeout=rng.uniform(3.0, 5.0), interval=0.1)
+        except AssertionError:
+            pass
+        netbed.partition(["c0"], ["h0"])                   # then nothing at all
+        await asyncio.sleep(rng.uniform(1.0, 3.0))         # a nemesis hold: there is no event to wait for
+        netbed.heal()
+    retried = fails(c)
+    result = await finish(c, "client-cut-mid-publish")
+    print(json.dumps({"scenario": "client-cut-mid-publish", "seed": netbed.seed, "run": run,
+                      "failed_attempts_retried": retried, "acked": result["acked"]}), flush=True)
+    assert retried > 0, "the cut never made a publish fail: the scenario tested nothing"
+
+
+# --- (4) a slow, lossy link between the hub and the bookies ----------------------------------------
+@runs
+async def test_slow_lossy_link_to_bookies(netbed: NetBed, run: int) -> None:
+    """50 ms ± 20 ms each way and ~1 % of segments lost (a 200 ms retransmission stall each), through
+    the relay: publishing slows down, no publish fails and nothing is lost."""
+    rng = random.Random(netbed.seed)
+    c = await cluster(netbed, bookies=3, relayed=True)
+    await start_clients(c, f"{c.hubs[0].host.ip}:4080", [("c0", "p0")], interval=0.0)
+    await wait_acks(c, 20)
+    clean_from = time.monotonic()
+    await wait_acks(c, len(acks(c)) + 40)
+    slow_from = time.monotonic()
+    netbed.set_link(LinkFaults(delay=0.05, jitter=0.02, loss=0.01, loss_stall=0.2))
+    await wait_acks(c, len(acks(c)) + 30 + rng.randint(0, 20), timeout=60)
+    slow_to = time.monotonic()
+    netbed.heal()
+    ops = history(c)
+    clean, slow = latencies(ops, clean_from, slow_from), latencies(ops, slow_from + 0.5, slow_to)
+    stalls = sum(r.stalls for r in netbed.relays)
+    result = await finish(c, "slow-lossy-link")
+    fails = [o for o in history(c) if o["op"] == "fail"]
+    print(json.dumps({"scenario": "slow-lossy-link", "seed": netbed.seed, "run": run, "netem": netbed.netem_available,
+                      "clean_mean_ms": round(1000 * mean(clean), 1), "slow_mean_ms": round(1000 * mean(slow), 1),
+                      "slow_max_ms": round(1000 * max(slow), 1), "relay_stalls": stalls,
+                      "acked": result["acked"], "failed_attempts": len(fails)}), flush=True)
+    assert not fails, f"publishes failed on a slow link (seed {netbed.seed}): {fails[:3]}"
+    assert mean(slow) > mean(clean) + 0.05, \
+        f"the slow link did not slow publishing ({mean(clean):.3f}s -> {mean(slow):.3f}s): is the relay in the path?"
+
+
+# --- (5) the hub cut off from ZooKeeper for longer than its session timeout ----------------------
+@runs
+async def test_hub_cut_from_zookeeper_past_session_timeout(netbed: NetBed, run: int) -> None:
+    """ZooKeeper on its own host; the only hub loses it for 2-3 session timeouts, then gets it back."""
+    rng = random.Random(netbed.seed)
+    c = await cluster(netbed, bookies=3)
+    await start_clients(c, f"{c.hubs[0].host.ip}:4080", [("c0", "p0")], ack_timeout_ms=5000)
+    await wait_acks(c, 10 + rng.randint(0, 30))
+    netbed.partition(["h0"], ["zk"])
+    cut = time.monotonic()
+    hold = ZK_TIMEOUT_MS / 1000 * rng.uniform(2.0, 3.0)
+    await asyncio.sleep(hold)                              # a nemesis hold: there is no event to wait for
+    netbed.heal()
+    healed = time.monotonic()
+    result = await finish(c, "hub-cut-from-zookeeper")
+    gap = longest_gap(history(c), cut, healed)
+    print(json.dumps({"scenario": "hub-cut-from-zookeeper", "seed": netbed.seed, "run": run,
+                      "cut_s": round(hold, 2), "publish_stall_s": round(gap, 3), "acked": result["acked"]}),
+          flush=True)

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from hub.client import HedwigClient
 from hub.message import Message
+from tools.launch import die_with_parent
 
 log = logging.getLogger("tests.partition.workload")
 
@@ -129,5 +130,6 @@ if __name__ == "__main__":
     p.add_argument("--count", type=int, default=0, help="publishes (0: until stopped)")
     p.add_argument("--interval", type=float, default=0.0, help="seconds between publishes")
     p.add_argument("--ack-timeout-ms", type=int, default=30000)
+    die_with_parent()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(main(p.parse_args()))
