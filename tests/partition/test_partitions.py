@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from bookie.metadata import LedgerMetadataManager
+from hub.metadata import TopicPersistenceManager
 from metastore import open_metastore
 from tests.fixtures.netbed import LinkFaults, NetBed, Role
 from tests.fixtures.polling import eventually
@@ -38,6 +39,8 @@ ZK_TIMEOUT_MS = 2000
 MAX_STALL_S: float | None = None
 HUB_CONF = {"bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2",
             "zk_timeout": str(ZK_TIMEOUT_MS), "max_entries_per_ledger": "50", "consume_interval": "2"}
+RESUME_TIMEOUT = 30.0      # seconds after healing for publishing to resume
+DELIVERY_TIMEOUT = 30.0    # seconds after the producers stop for every acknowledged message to be delivered
 runs = pytest.mark.parametrize("run", range(RUNS))
 
 
@@ -96,9 +99,17 @@ async def wait_acks(c: Cluster, more_than: int, timeout: float = 30.0) -> int:
 
 
 async def finish(c: Cluster, scenario: str, settle_acks: int = 5) -> dict[str, Any]:
-    """After healing: a few more acknowledged publishes, stop producers, wait for delivery, check."""
+    """After healing: a few more acknowledged publishes, stop producers, wait for delivery, check.
+
+    Safety (the checker) is judged first; then liveness: publishing must resume within
+    ``RESUME_TIMEOUT`` seconds of healing. On failure the topic's ledgers are printed.
+    """
     before = len(acks(c))
-    await wait_acks(c, before + settle_acks, timeout=60)
+    resumed = True
+    try:
+        await wait_acks(c, before + settle_acks, timeout=RESUME_TIMEOUT)
+    except AssertionError:
+        resumed = False
     sub, producers = c.workloads[0], c.workloads[1:]
     for p in producers:
         await c.bed.stop_workload(p, timeout=40)
@@ -109,14 +120,52 @@ async def finish(c: Cluster, scenario: str, settle_acks: int = 5) -> dict[str, A
         return acked <= got
 
     try:
-        await eventually(delivered_all, timeout=40, interval=0.2)
+        await eventually(delivered_all, timeout=DELIVERY_TIMEOUT, interval=0.2)
     except AssertionError:
         pass  # the checker names what is missing
     await c.bed.stop_workload(sub, timeout=20)
-    verdict = assert_history(history(c), ["s0"], scenario, c.bed.seed)
+    try:
+        verdict = assert_history(history(c), ["s0"], scenario, c.bed.seed)
+        if not resumed:
+            errors = [o["error"] for o in history(c) if o["op"] == "fail"][-3:]
+            raise AssertionError(f"scenario {scenario} seed {c.bed.seed}: publishing did not resume within "
+                                 f"{RESUME_TIMEOUT}s of healing; last errors: {errors}")
+    except AssertionError:
+        print(json.dumps({"scenario": scenario, "seed": c.bed.seed, "topic": await describe_topic(c.uri, c.topic)}),
+              flush=True)
+        raise
     result = {"scenario": scenario, "seed": c.bed.seed, **verdict.summary()}
     print(json.dumps(result), flush=True)
     return result
+
+
+async def describe_topic(uri: str, topic: str) -> Any:
+    """The topic's ledger ranges and each ledger's state and last entry (for a failure's report)."""
+    try:
+        store = await open_metastore(uri)
+    except Exception as exc:
+        return f"metastore unreachable: {exc}"
+    try:
+        pm = TopicPersistenceManager(store)
+        await pm.start()
+        mm = await LedgerMetadataManager.open(store)
+        got = await pm.read_topic_persistence_info(topic.encode())
+        ranges = []
+        for r in (got[0].ranges if got is not None else []):
+            entry: dict[str, Any] = {"ledger": r.ledgerId, "start": r.startSeqIdIncluded,
+                                     "end": r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded")
+                                     else None}
+            try:
+                md, _ = await mm.read(r.ledgerId)
+                entry.update(state=md.state.name, last_entry_id=md.last_entry_id, ensembles=md.ensembles)
+            except Exception as exc:
+                entry["metadata"] = str(exc)
+            ranges.append(entry)
+        return ranges
+    except Exception as exc:
+        return f"cannot describe: {exc}"
+    finally:
+        await store.close()
 
 
 async def current_ensemble(uri: str, topic: str) -> list[str]:
@@ -193,39 +242,72 @@ def latencies(ops: list[dict[str, Any]], start: float, end: float) -> list[float
 
 
 # --- (1) the owner hub cut off from the metastore and the clients, not from the bookies -----------
+async def publisher(c: Cluster, host: str, name: str, hubs: str, *extra: str) -> None:
+    out = c.bed.workdir / f"history-{name}.jsonl"
+    c.outs.append(out)
+    c.workloads.append(await c.bed.start_workload(
+        host, "publish", "--hubs", hubs, "--topic", c.topic, "--out", str(out), "--producer", name,
+        "--interval", "0.02", "--ack-timeout-ms", "3000", *extra))
+
+
 @runs
 async def test_owner_cut_from_metastore_and_clients_is_fenced(netbed: NetBed, run: int) -> None:
     """h0 owns the topic; [h0 + a stale client c0] | [zk, h1, subscriber, client c1]; bookies reach both.
 
-    h1 takes the topic once h0's session expires and fences h0's ledger: h0 must stop acknowledging
-    the stale client's publishes (no seq id acknowledged twice), and after healing every acknowledged
-    publish is delivered once.
+    h0 keeps its ledger open (no rolls) and the stale client keeps publishing to it. h1 takes the
+    topic once h0's session expires and fences h0's ledger when it recovers it: from then on h0 must
+    not acknowledge anything (no seq id acknowledged twice), and after healing every acknowledged
+    publish is delivered once. c1 fails over with a fresh client after a timeout (see
+    ``test_client_fails_over_from_a_silently_cut_owner`` for why).
     """
     rng = random.Random(netbed.seed)
-    c = await cluster(netbed, bookies=4, hubs=2)
+    c = await cluster(netbed, bookies=4, hubs=2, hub_conf={"max_entries_per_ledger": "0"})
     h0, h1 = (f"{h.host.ip}:4080" for h in c.hubs)
-    # the subscriber claims the topic for h0; c0 talks to h0 only, c1 prefers h1
-    await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=3000)
-    for host, name, hubs in (("c0", "p0", h0), ("c1", "p1", f"{h1},{h0}")):
-        out = netbed.workdir / f"history-{name}.jsonl"
-        c.outs.append(out)
-        c.workloads.append(await netbed.start_workload(
-            host, "publish", "--hubs", hubs, "--topic", c.topic, "--out", str(out), "--producer", name,
-            "--interval", "0.02", "--ack-timeout-ms", "3000"))
+    await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=3000)   # the subscriber claims the topic for h0
+    await publisher(c, "c0", "p0", h0)
+    await publisher(c, "c1", "p1", f"{h1},{h0}", "--fresh-client-on-timeout")
     await wait_acks(c, 10 + rng.randint(0, 30))
     netbed.partition(["h0", "c0"], ["zk", "h1", "s0", "c1"])
     cut_at = time.monotonic()
-    # past h0's session expiry, h1 must serve the topic to c1
-    await eventually(lambda: sum(1 for o in acks(c) if o["producer"] == "p1" and o["t"] > cut_at
-                                 + ZK_TIMEOUT_MS / 1000) > 5, timeout=45, interval=0.2)
-    stale_acks_before = {o["n"] for o in acks(c) if o["producer"] == "p0"}
+
+    def acked_by(producer: str, after: float) -> list[dict[str, Any]]:
+        return [o for o in acks(c) if o["producer"] == producer and o["t"] > after]
+
+    # h1 serves the topic to c1 once h0's session is gone
+    await eventually(lambda: len(acked_by("p1", cut_at)) > 5, timeout=45, interval=0.2)
+    taken_at = acked_by("p1", cut_at)[0]["t"]
     await wait_acks(c, len(acks(c)) + rng.randint(5, 30), timeout=30)
     netbed.heal()
+    stale = acked_by("p0", cut_at)
     await finish(c, "owner-cut-from-metastore-and-clients")
-    late = [o for o in acks(c) if o["producer"] == "p0" and o["n"] not in stale_acks_before
-            and o["t"] < time.monotonic()]
     print(json.dumps({"scenario": "owner-cut", "seed": netbed.seed, "run": run,
-                      "stale_client_acks_during_cut": len(late)}), flush=True)
+                      "takeover_s": round(taken_at - cut_at, 2),
+                      "stale_owner_acks_after_cut": len(stale),
+                      "stale_owner_acks_after_takeover": sum(1 for o in stale if o["t"] > taken_at)}), flush=True)
+
+
+@pytest.mark.xfail(strict=False, reason="HedwigClient keeps the connection to an owner that is cut off silently "
+                   "(no FIN/RST): a ResponseTimeoutError neither drops that connection nor forgets the owner, "
+                   "so every retry goes to the old owner and the client never reaches the hub that took the topic")
+@runs
+async def test_client_fails_over_from_a_silently_cut_owner(netbed: NetBed, run: int) -> None:
+    """The owner h0 is cut off from everyone but the bookies: a plain producer client must reach h1,
+    which took the topic, within a few answer timeouts."""
+    c = await cluster(netbed, bookies=3, hubs=2)
+    h0, h1 = (f"{h.host.ip}:4080" for h in c.hubs)
+    await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=2000)   # claims the topic for h0
+    await publisher(c, "c1", "p1", f"{h1},{h0}")
+    await wait_acks(c, 10)
+    netbed.partition(["h0"], ["zk", "h1", "s0", "c1"])
+    cut_at = time.monotonic()
+    try:
+        await eventually(lambda: any(o["t"] > cut_at for o in acks(c)), timeout=20, interval=0.2)
+    finally:
+        errors = sorted({o["error"].split(" for ")[0] for o in history(c) if o["op"] == "fail"})
+        print(json.dumps({"scenario": "client-failover", "seed": netbed.seed, "run": run, "errors": errors[:5]}),
+              flush=True)
+    netbed.heal()
+    await finish(c, "client-failover")
 
 
 # --- (3) a client cut off mid-publish and reconnected ----------------------------------------------
