@@ -39,7 +39,7 @@ ZK_TIMEOUT_MS = 2000
 MAX_STALL_S: float | None = None
 HUB_CONF = {"bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2",
             "zk_timeout": str(ZK_TIMEOUT_MS), "max_entries_per_ledger": "50", "consume_interval": "2"}
-RESUME_TIMEOUT = 20.0      # seconds after healing for publishing to resume
+RESUME_TIMEOUT = 12.0      # seconds after healing for publishing to resume
 DELIVERY_TIMEOUT = 20.0    # seconds after the producers stop for every acknowledged message to be delivered
 runs = pytest.mark.parametrize("run", range(RUNS))
 
@@ -307,7 +307,7 @@ async def test_client_fails_over_from_a_silently_cut_owner(netbed: NetBed, run: 
     netbed.partition(["h0"], ["zk", "h1", "s0", "c1"])
     cut_at = time.monotonic()
     try:
-        await eventually(lambda: any(o["t"] > cut_at for o in acks(c)), timeout=20, interval=0.2)
+        await eventually(lambda: any(o["t"] > cut_at for o in acks(c)), timeout=12, interval=0.2)
     finally:
         errors = sorted({o["error"].split(" for ")[0] for o in history(c) if o["op"] == "fail"})
         print(json.dumps({"scenario": "client-failover", "seed": netbed.seed, "run": run, "errors": errors[:5]}),
