@@ -116,3 +116,26 @@ async def test_close_removes_everything_and_leftovers_of_dead_runs_go(tmp_path: 
     clean_leftovers()
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert stale not in listed, f"{stale} of a dead run was left"
+
+
+async def test_a_role_serves_on_its_host_and_dies_by_kill_9(netbed: NetBed) -> None:
+    bookie = await netbed.start_bookie("b0", f"lmdb://{netbed.workdir / 'metastore'}")
+    assert bookie.address == f"{netbed.hosts['b0'].ip}:3181"
+    ip, port = bookie.address.split(":")
+    assert await reaches_port(netbed, ip, int(port))
+    await netbed.kill(bookie)
+    assert bookie.proc.returncode == -9
+    assert not await reaches_port(netbed, ip, int(port))
+    pids = subprocess.run(["ip", "netns", "pids", bookie.host.ns], capture_output=True, text=True).stdout.split()
+    assert pids == [], f"processes left on {bookie.host.name}: {pids}"
+
+
+async def reaches_port(bed: NetBed, ip: str, port: int) -> bool:
+    """Whether the test process can open a TCP connection to ``ip:port``."""
+    try:
+        async with asyncio.timeout(2):
+            _, w = await asyncio.open_connection(ip, port)
+    except (OSError, TimeoutError):
+        return False
+    w.close()
+    return True

@@ -13,6 +13,7 @@ drives the nemesis' timings.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import random
@@ -64,7 +65,7 @@ async def cluster(bed: NetBed, bookies: int = 4, hubs: int = 1, relayed: bool = 
     for i in range(bookies):
         c.bookies.append(await bed.start_bookie(f"b{i}", uri, relayed=relayed))
     for i in range(hubs):
-        c.hubs.append(await bed.start_hub(f"h{i}", uri, **{**HUB_CONF, **(hub_conf or {})}))
+        c.hubs.append(await bed.start_hub(f"h{i}", uri, conf={**HUB_CONF, **(hub_conf or {})}))
     return c
 
 
@@ -229,6 +230,10 @@ def fails(c: Cluster) -> int:
     return sum(1 for o in history(c) if o["op"] == "fail")
 
 
+def more_fails(c: Cluster, than: int) -> bool:
+    return fails(c) > than
+
+
 def latencies(ops: list[dict[str, Any]], start: float, end: float) -> list[float]:
     """Attempt-to-acknowledgement times of the publishes acknowledged within [start, end]."""
     first_try: dict[tuple[str, int], float] = {}
@@ -329,7 +334,7 @@ async def test_client_cut_mid_publish(netbed: NetBed, run: int) -> None:
         failed = fails(c)
         netbed.cut_one_way("h0", "c0")                     # requests arrive, answers vanish
         try:   # until the client gives an attempt up (its 2 s answer timeout), at most 5 s
-            await eventually(lambda failed=failed: fails(c) > failed, timeout=rng.uniform(3.0, 5.0), interval=0.1)
+            await eventually(functools.partial(more_fails, c, failed), timeout=rng.uniform(3.0, 5.0), interval=0.1)
         except AssertionError:
             pass
         netbed.partition(["c0"], ["h0"])                   # then nothing at all
