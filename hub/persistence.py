@@ -118,7 +118,7 @@ class TopicLog(LogReader):
 
     def __init__(self, topic: bytes, bk: Any, pm: Any, conf: HubConf,
                  on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
-                 dedup_store: Any = None) -> None:
+                 dedup_store: Any = None, owned: Callable[[], bool] | None = None) -> None:
         self.topic = topic
         self.bk = bk
         self.pm = pm
@@ -153,36 +153,31 @@ class TopicLog(LogReader):
         self._since_snapshot = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.closed = False
+        self.owned = owned                # False once this hub may have lost the topic (its metastore session)
+        self._broken: str | None = None   # why this log may write no more ledger ranges (see _give_up)
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
     async def acquire(cls, topic: bytes, bk: Any, pm: Any, conf: HubConf,
                       on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
-                      dedup_store: Any = None) -> TopicLog:
-        """Recover the previous owner's last ledger and the dedup state; ``BadVersionError`` if raced."""
-        self = cls(topic, bk, pm, conf, on_persisted, dedup_store)
+                      dedup_store: Any = None, owned: Callable[[], bool] | None = None) -> TopicLog:
+        """Recover every range left open and the dedup state; ``BadVersionError`` if raced.
+
+        ``owned`` (the ownership claim's liveness: the hub's metastore session)
+        is asked before every new ledger: once it says False the log opens none.
+        """
+        self = cls(topic, bk, pm, conf, on_persisted, dedup_store, owned)
         got = await pm.read_topic_persistence_info(topic)
         if got is not None:
             self.ranges, self.version = got
+        empty = await self._recover_open_ranges()
         rs = self.ranges.ranges
-        if rs and not rs[-1].HasField("endSeqIdIncluded"):
-            last = rs[-1]
-            rh = await bk.open_ledger(last.ledgerId)
-            end = last.startSeqIdIncluded - 1
-            if rh.last_add_confirmed >= 0:
-                async for e in rh.read(rh.last_add_confirmed, rh.last_add_confirmed):
-                    batch = pb.MessageBatch.FromString(e.data)
-                    end = batch.first_local_seq_id + len(batch.messages) - 1
-            await rh.close()
-            if end < last.startSeqIdIncluded:
-                del rs[-1]        # an empty ledger: forget it
-                await self._delete_ledger_quietly(last.ledgerId)
-            else:
-                last.endSeqIdIncluded.localComponent = end
         if rs:
             self.last_seq = rs[-1].endSeqIdIncluded.localComponent
-        if got is not None:   # record the recovered end (and fence a racing owner) before anyone reads
+        if got is not None:   # record the recovered ends (and fence a racing owner) before anyone reads
             self.version = await pm.write_topic_persistence_info(topic, self.ranges, self.version)
+        for lid in empty:     # only once no range names them (a raced acquisition would still open them)
+            await self._delete_ledger_quietly(lid)
         if dedup_store is not None:
             snap = await dedup_store.read_snapshot(topic)
             if snap is not None:
@@ -190,6 +185,54 @@ class TopicLog(LogReader):
                 self._dedup_armed = True
                 await self._replay_dedup(snap.atSeqId + 1)
         return self   # the first publish creates the new ledger
+
+    async def _recover_open_ranges(self) -> list[int]:
+        """Recovery-open (fence and close) every ledger whose range has no end; record the ends.
+
+        Normally only the last range can be open; an earlier one is a previous
+        owner that started a ledger without closing the one before (its close
+        failed). Each is recovered, so nothing acknowledged is skipped: an end
+        past the next range's start is cut there (the writer never acknowledged
+        those entries: it started the next ledger after the last it had), an
+        empty ledger is forgotten (its id returned, to be deleted).
+        """
+        rs = self.ranges.ranges
+        empty: list[int] = []
+        i = 0
+        while i < len(rs):
+            r = rs[i]
+            if r.HasField("endSeqIdIncluded"):
+                i += 1
+                continue
+            end = await self._recovered_end(r)
+            if i + 1 < len(rs):
+                nxt = rs[i + 1].startSeqIdIncluded
+                log.warning("topic %r: ledger %d (seq ids %d..) was left open before ledger %d; recovered to "
+                            "seq id %d", self.topic, r.ledgerId, r.startSeqIdIncluded, rs[i + 1].ledgerId, end)
+                if end >= nxt:
+                    end = nxt - 1
+                elif end < nxt - 1:
+                    log.error("topic %r: seq ids %d..%d are in no ledger", self.topic, end + 1, nxt - 1)
+            if end < r.startSeqIdIncluded:
+                empty.append(r.ledgerId)
+                del rs[i]        # an empty ledger: forget it
+                continue
+            r.endSeqIdIncluded.localComponent = end
+            i += 1
+        return empty
+
+    async def _recovered_end(self, r: pb.LedgerRange) -> int:
+        """Open ``r``'s ledger with recovery (fencing its writer) and return its last seq id."""
+        rh = await self.bk.open_ledger(r.ledgerId)
+        end = r.startSeqIdIncluded - 1
+        try:
+            if rh.last_add_confirmed >= 0:
+                async for e in rh.read(rh.last_add_confirmed, rh.last_add_confirmed):
+                    batch = pb.MessageBatch.FromString(e.data)
+                    end = batch.first_local_seq_id + len(batch.messages) - 1
+        finally:
+            await rh.close()
+        return end
 
     async def _replay_dedup(self, start: int) -> None:
         """Feed the producer messages stored from ``start`` on to the dedup state."""
@@ -222,7 +265,28 @@ class TopicLog(LogReader):
         except BKError as exc:
             log.info("topic %r: could not delete ledger %d: %s", self.topic, ledger_id, exc)
 
+    def _give_up(self, why: str) -> None:
+        """This log may no longer change the topic's ranges: no new ledger, publishes fail, the hub releases it.
+
+        After a failed close of the current ledger (its range keeps no end) or
+        a failed or conflicting range write (the version this owner holds is
+        no longer known to be current) only the next owner's acquisition
+        (recovery, then a CAS on the version it read) may go on.
+        """
+        if self._broken is None:
+            log.warning("topic %r: giving the topic up: %s", self.topic, why)
+            self._broken = why
+        self.closed = True
+
+    def _may_start_ledger(self) -> None:
+        """``ServiceDownError`` unless this log may open a new ledger (``_give_up``, ``owned``)."""
+        if self._broken is None and self.owned is not None and not self.owned():
+            self._give_up("this hub lost its metastore session (and with it the topic's ownership)")
+        if self._broken is not None:
+            raise errors.ServiceDownError(f"topic {self.topic!r}: no new ledger ({self._broken}); retry")
+
     async def _new_ledger(self) -> None:
+        self._may_start_ledger()
         c = self.conf
         lh = await self.bk.create_ledger(ensemble=c.bk_ensemble_size, write_quorum=c.bk_write_quorum_size,
                                          ack_quorum=c.bk_ack_quorum_size,
@@ -230,16 +294,31 @@ class TopicLog(LogReader):
         ranges = pb.LedgerRanges()
         ranges.CopyFrom(self.ranges)
         ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=self.last_seq + 1)
+        tried = False
         try:
-            self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
-        except BaseException:
+            self._may_start_ledger()   # the create may have outlived the session
+            tried = True
+            self.version = await self._write_ranges(ranges)
+        except BaseException as exc:
             await self._close_quietly(lh)
-            await self._delete_ledger_quietly(lh.ledger_id)
+            # a write whose outcome is unknown (metastore down) may have recorded the ledger: the next
+            # owner recovers it (empty, closed), so it must stay; refused or rejected, it is nobody's
+            if not (tried and isinstance(exc, errors.ServiceDownError)):
+                await self._delete_ledger_quietly(lh.ledger_id)
             raise
         self.ranges = ranges
         self.lh = lh
         self.entries_in_ledger = 0
         self._index[lh.ledger_id] = []
+
+    async def _write_ranges(self, ranges: pb.LedgerRanges) -> Version:
+        """CAS ``ranges`` on the version this owner holds; any failure gives the topic up (``_give_up``)."""
+        try:
+            version: Version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+        except Exception as exc:
+            self._give_up(f"writing its ledger ranges failed: {exc}")
+            raise
+        return version
 
     @staticmethod
     async def _close_quietly(lh: Any) -> None:
@@ -256,6 +335,9 @@ class TopicLog(LogReader):
         self._closing = lh   # until its end is recorded, reads use the writer's LAC, not a half-closed ledger's
         try:
             await self._record_close(lh)
+        except Exception as exc:   # its range keeps no end: no ledger may follow it, only a recovery
+            self._give_up(f"closing ledger {lh.ledger_id} failed: {exc}")
+            raise
         finally:
             self._closing = None
 
@@ -272,7 +354,7 @@ class TopicLog(LogReader):
         else:
             cur.endSeqIdIncluded.localComponent = self.last_seq
             drop = False
-        self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+        self.version = await self._write_ranges(ranges)
         self.ranges = ranges
         del rs
         if drop:
@@ -510,7 +592,7 @@ class TopicLog(LogReader):
             except Exception as exc2:
                 log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
                 self.lh = None
-                self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
+                self._give_up(f"closing ledger {lh.ledger_id} failed: {exc2}")   # the next owner recovers it
         finally:
             self._slow = None
         self._pump()
@@ -543,7 +625,7 @@ class TopicLog(LogReader):
             for r in self.ranges.ranges:
                 if r.ledgerId not in ids:
                     ranges.ranges.append(r)
-            self.version = await self.pm.write_topic_persistence_info(self.topic, ranges, self.version)
+            self.version = await self._write_ranges(ranges)
             self.ranges = ranges
             for lid in ids:
                 self._index.pop(lid, None)

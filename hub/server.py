@@ -334,8 +334,11 @@ class HubServer(HubHousekeeping):
         owner = await self.ownership.claim(topic, should_claim)
         if owner is not None:
             raise Redirect(owner)
+        session = self.ownership.session   # the claim lives as long as this session (ephemeral or registration)
+        owned = (lambda: bool(session.alive)) if session is not None else None
         try:
-            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
+            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
+                                          owned=owned)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
                                       track=self.track, first_kept=tlog.first_kept)
             await subs.load()
