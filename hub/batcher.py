@@ -108,6 +108,8 @@ class EntryBatcher:
 
         async def _close_current(self) -> None: ...
 
+        def _may_write(self) -> None: ...
+
     # --- publishing -----------------------------------------------------------------------------
     async def publish(self, message: pb.Message) -> int:
         """Persist ``message``; its seq id once acknowledged. ``ServiceDownError`` when not durable."""
@@ -235,6 +237,11 @@ class EntryBatcher:
                         break
                     self._slow = loop.create_task(self._roll())
                 return
+            try:
+                self._may_write()   # a hub that lost the topic sends nothing more (the entries in flight may land)
+            except errors.ServiceDownError as exc:
+                self._fail_queue(exc)
+                break
             self._send(self._take_batch())
         if not inflight and not self._queue:
             idle, self._idle = self._idle, []

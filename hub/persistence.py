@@ -23,9 +23,11 @@ Fencing: only the version read at acquisition, and each version this log
 wrote after it, is ever used. Once a range write fails (a conflict, or the
 metastore down: its outcome unknown), once the current ledger cannot be
 closed (its range keeps no end), or once ``owned()`` says the hub lost its
-metastore session (the ownership claim), the log opens no new ledger:
-``closed`` turns True, publishes fail with ``ServiceDownError`` (the server
-releases the topic) and only the next acquisition's recovery goes on. So no
+metastore session (the ownership claim), the log opens no new ledger and
+sends no more entries (those in flight may still be acknowledged: they are
+in a recorded ledger, which the next owner recovers): ``closed`` turns
+True, publishes fail with ``ServiceDownError`` (the server releases the
+topic) and only the next acquisition's recovery goes on. So no
 publish is ever acknowledged in a ledger that follows one left open.
 
 Publishes are batched DistributedLog-style. A publish that finds no add in
@@ -259,15 +261,15 @@ class TopicLog(EntryBatcher, LogReader):
             self._broken = why
         self.closed = True
 
-    def _may_start_ledger(self) -> None:
-        """``ServiceDownError`` unless this log may open a new ledger (``_give_up``, ``owned``)."""
+    def _may_write(self) -> None:
+        """``ServiceDownError`` unless this log may open a ledger or send an entry (``_give_up``, ``owned``)."""
         if self._broken is None and self.owned is not None and not self.owned():
             self._give_up("this hub lost its metastore session (and with it the topic's ownership)")
         if self._broken is not None:
-            raise errors.ServiceDownError(f"topic {self.topic!r}: no new ledger ({self._broken}); retry")
+            raise errors.ServiceDownError(f"topic {self.topic!r}: not writable here ({self._broken}); retry")
 
     async def _new_ledger(self) -> None:
-        self._may_start_ledger()
+        self._may_write()
         c = self.conf
         lh = await self.bk.create_ledger(ensemble=c.bk_ensemble_size, write_quorum=c.bk_write_quorum_size,
                                          ack_quorum=c.bk_ack_quorum_size,
@@ -277,7 +279,7 @@ class TopicLog(EntryBatcher, LogReader):
         ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=self.last_seq + 1)
         tried = False
         try:
-            self._may_start_ledger()   # the create may have outlived the session
+            self._may_write()   # the create may have outlived the session
             tried = True
             self.version = await self._write_ranges(ranges)
         except BaseException as exc:

@@ -161,6 +161,17 @@ async def test_a_log_whose_hub_lost_its_session_opens_no_ledger(env: tuple[Any, 
     assert await ranges_of(pm, topic) == [(full, 1, 3)]
     await log.release()
 
+    session["alive"] = True
+    log = await TopicLog.acquire(b"session-lost-midway", bk, pm, conf, owned=lambda: session["alive"])
+    assert await publish(log, 1) == 1
+    current = log.lh
+    session["alive"] = False
+    with pytest.raises(errors.ServiceDownError):          # not sent: nothing more is acknowledged here
+        await publish(log, 2)
+    assert log.closed and current.last_add_confirmed == 0 and log.last_seq == 1
+    await log.release()
+    assert await ranges_of(pm, b"session-lost-midway") == [(current.ledger_id, 1, 1)]
+
     fresh = await TopicLog.acquire(b"session-lost-fresh", bk, pm, conf, owned=lambda: False)
     with pytest.raises(errors.ServiceDownError):
         await publish(fresh, 1)
