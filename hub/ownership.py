@@ -15,7 +15,10 @@ by CAS. An unowned topic goes to the least-loaded live hub: another hub
 answers with a redirect there, and the client's retry carries
 ``shouldClaim`` so that hub claims it.
 
-Failure: metastore errors propagate (the server answers SERVICE_DOWN).
+Failure: metastore errors propagate (the server answers SERVICE_DOWN); so
+does a claim while the hub's metastore session is lost (until the
+housekeeping timer registers a new one), rather than an ephemeral write on
+a dead session.
 """
 
 from __future__ import annotations
@@ -100,6 +103,9 @@ class Ownership:
 
     async def claim(self, topic: bytes, should_claim: bool) -> str | None:
         """``None`` once this hub owns ``topic``; else the address to redirect to."""
+        if self.session is not None and not self.session.alive:
+            # a claim would not outlive the session (the housekeeping timer registers a new one)
+            raise errors.ServiceDownError(f"cannot claim {topic!r}: this hub's metastore session is lost; retry")
         try:
             # a lost race reads the owner record again at once (no pause: the winner is known now)
             return await cas_retry(functools.partial(self._claim_once, topic, should_claim),

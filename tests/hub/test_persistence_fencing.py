@@ -33,18 +33,23 @@ CONF = {"bk_ensemble_size": 2, "max_entries_per_ledger": 3, "max_outstanding_add
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[Any, Any, Any]]:
+async def cluster(tmp_path_factory: Any) -> AsyncIterator[LocalCluster]:
     root: Path = tmp_path_factory.mktemp("fencing")
-    async with LocalCluster(bookies=3, hubs=0, data_dir=root) as cluster:
-        ms = await open_metastore(cluster.metastore_uri)
-        bk = await BookKeeper.connect(ms)
-        pm = TopicPersistenceManager(ms)
-        dm = TopicDedupManager(ms)
-        await pm.start()
-        await dm.start()
-        yield bk, pm, dm
-        await bk.close()
-        await ms.close()
+    async with LocalCluster(bookies=3, hubs=0, data_dir=root) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(cluster: LocalCluster) -> AsyncIterator[tuple[Any, Any, Any]]:
+    ms = await open_metastore(cluster.metastore_uri)
+    bk = await BookKeeper.connect(ms)
+    pm = TopicPersistenceManager(ms)
+    dm = TopicDedupManager(ms)
+    await pm.start()
+    await dm.start()
+    yield bk, pm, dm
+    await bk.close()
+    await ms.close()
 
 
 def msg(i: int) -> pb.Message:
@@ -201,3 +206,47 @@ async def test_two_owners_of_a_new_topic_the_second_gives_up_and_the_next_recove
     assert len(await ranges_of(pm, topic)) == 2
     await a.release()
     await c.release()
+
+
+async def test_a_hub_whose_close_fails_at_the_roll_and_session_expires_resumes_publishing(
+        env: tuple[Any, Any, Any], cluster: LocalCluster) -> None:
+    """The server's side, in process: the topic is given up and re-acquired; no acknowledged publish is lost."""
+    from hub.client import HedwigClient
+    from hub.server import HubServer
+    from tests.fixtures.polling import eventually
+
+    bk, pm, _dm = env
+    conf = load_hub_conf(None, {**{k: str(v) for k, v in CONF.items()}, "bk_write_quorum_size": "2",
+                                "bk_ack_quorum_size": "2", "zk_timeout": "1000", "server_port": "0",
+                                "rebalance_interval_sec": "0", "metastore_uri": cluster.metastore_uri})
+    server = HubServer(conf)
+    await server.start()
+    topic = b"hub-close-fails-at-roll"
+    try:
+        async with await HedwigClient.connect(server.address) as c:
+            for i in (1, 2, 3):                           # one entry each: the ledger is full
+                assert await c.publish(topic, b"m%d" % i, producer=b"p0", sequence_id=i) == i
+            t = server.topics[topic]
+            full = t.log.lh
+
+            async def close_cut_from_metastore() -> None:
+                raise ms_errors.ServiceDownError("ConnectionLoss")
+
+            full.close = close_cut_from_metastore
+            old_session = server.session
+            await old_session.close()                     # the session expires (its owner record goes)
+            # the roll's close fails, no ledger follows it; the hub gives the topic up, registers
+            # again, re-acquires (recovering ledger 1) and the client's retries get through
+            assert await asyncio.wait_for(c.publish(topic, b"m4", producer=b"p0", sequence_id=4), 30) == 4
+            assert server.session is not old_session
+            assert server.topics[topic] is not t
+            assert await c.publish(topic, b"m3", producer=b"p0", sequence_id=3) == 3   # deduplicated
+            rs = await ranges_of(pm, topic)
+            assert rs[0] == (full.ledger_id, 1, 3) and rs[1][1:] == (4, None)
+
+            async def closed() -> bool:
+                return await is_closed(bk, full.ledger_id)
+
+            await eventually(closed)
+    finally:
+        await server.stop()
