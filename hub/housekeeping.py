@@ -6,7 +6,8 @@
     await server.shed_load(); await server.delete_consumed_ledgers()   # one round now (tests call them)
 
 Every ``tick`` the timer loop reports the number of owned topics when it
-changed, samples publish rates, releases topics idle past
+changed, samples publish rates, releases topics whose log gave up
+(``hub.persistence``: a failed close or range write, a lost session) and topics idle past
 ``retention_secs`` (none attached), deletes consumed ledgers every
 ``messages_consumed_thread_run_interval``, sheds load every
 ``rebalance_interval_sec`` (``hub.shedding``) and, when the metastore
@@ -93,6 +94,9 @@ class HubHousekeeping:
                 now = time.monotonic()
                 for t in list(self.topics.values()):
                     t.sample_rate(now)
+                for topic, t in list(self.topics.items()):
+                    if t.log.closed:   # given up (hub.persistence: a failed close or range write): the next
+                        await self.release_topic(topic)   # acquisition recovers it
                 if self.conf.retention_secs:
                     for topic, t in list(self.topics.items()):
                         if now - t.last_active > self.conf.retention_secs and not t.subs.attached_count:
