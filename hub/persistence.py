@@ -96,6 +96,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "Done", "TopicLog", "decode_batch"]
 
+_REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, errors.NoTopicPersistenceInfoError)
+"""Range-write failures that certainly wrote nothing."""
+
+
 class TopicLog(EntryBatcher, LogReader):
     """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``."""
 
@@ -147,7 +151,8 @@ class TopicLog(EntryBatcher, LogReader):
         """Recover every range left open and the dedup state; ``BadVersionError`` if raced.
 
         ``owned`` (the ownership claim's liveness: the hub's metastore session)
-        is asked before every new ledger: once it says False the log opens none.
+        is asked before every new ledger and every entry sent: once it says
+        False the log gives the topic up (see "Fencing" in the module docstring).
         """
         self = cls(topic, bk, pm, conf, on_persisted, dedup_store, owned)
         got = await pm.read_topic_persistence_info(topic)
@@ -284,9 +289,9 @@ class TopicLog(EntryBatcher, LogReader):
             self.version = await self._write_ranges(ranges)
         except BaseException as exc:
             await self._close_quietly(lh)
-            # a write whose outcome is unknown (metastore down) may have recorded the ledger: the next
-            # owner recovers it (empty, closed), so it must stay; refused or rejected, it is nobody's
-            if not (tried and isinstance(exc, errors.ServiceDownError)):
+            # a write whose outcome is unknown (metastore down, cancelled) may have recorded the ledger:
+            # the next owner recovers it (empty, closed), so it must stay; refused or rejected, it is nobody's
+            if not tried or isinstance(exc, _REJECTED):
                 await self._delete_ledger_quietly(lh.ledger_id)
             raise
         self.ranges = ranges
