@@ -250,3 +250,32 @@ async def test_a_hub_whose_close_fails_at_the_roll_and_session_expires_resumes_p
             await eventually(closed)
     finally:
         await server.stop()
+
+
+async def test_a_new_ledger_whose_range_write_may_have_landed_is_left_to_the_next_owner(
+        env: tuple[Any, Any, Any]) -> None:
+    """The answer of the range write is lost (it landed): the ledger is kept for recovery, not deleted."""
+    bk, pm, _dm = env
+    conf = load_hub_conf(None, CONF)
+    topic = b"range-write-answer-lost"
+    log = await TopicLog.acquire(topic, bk, pm, conf)
+
+    class AnswerLost:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(pm, name)
+
+        async def write_topic_persistence_info(self, *args: Any) -> Any:
+            await pm.write_topic_persistence_info(*args)
+            raise errors.ServiceDownError("ConnectionLoss")
+
+    log.pm = AnswerLost()
+    with pytest.raises(errors.ServiceDownError):
+        await publish(log, 1)
+    assert log.closed
+    [(lid, start, end)] = await ranges_of(pm, topic)
+    assert (start, end) == (1, None) and await is_closed(bk, lid)
+    await log.release()
+    new = await TopicLog.acquire(topic, bk, pm, conf)     # the old code deleted it: NoSuchLedger here
+    assert new.last_seq == 0 and await ranges_of(pm, topic) == []   # empty: forgotten (and deleted)
+    assert await publish(new, 1) == 1
+    await new.release()
