@@ -140,6 +140,8 @@ class LedgerWriter:
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
         self._timeout = ctx.conf.add_entry_timeout
         self._quorum_timeout = ctx.conf.add_entry_quorum_timeout
+        # how often the oldest add is looked at: the per-bookie timeout, or the quorum timeout when shorter
+        self._check_interval = min(self._timeout, self._quorum_timeout or self._timeout)
         self._max_entry = ctx.conf.max_entry_size
         self.last_add_confirmed = last_add_confirmed
         self.length = length
@@ -227,7 +229,8 @@ class LedgerWriter:
         now = self._last_add_at = self._loop.time()
         if self._lac_timer is None and self._lac_interval:
             self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
-        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, now + self._timeout, future, callback))
+        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, now + self._check_interval, future,
+                                  callback))
         return entry_id
 
     def add(self, data: bytes) -> asyncio.Future[int]:
@@ -262,7 +265,8 @@ class LedgerWriter:
         self.length = ledger_length
         fut: asyncio.Future[int] = self._loop.create_future()
         now = self._loop.time()
-        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, now + self._timeout, fut, None))
+        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, now + self._check_interval, fut,
+                                  None))
         return fut
 
     def _enqueue(self, p: _PendingAdd) -> None:
@@ -370,7 +374,7 @@ class LedgerWriter:
             return
         self._lag_rechecked = False
         timeout = self._timeout
-        renewed = now + timeout
+        renewed = now + self._check_interval
         quorum_timeout = self._quorum_timeout
         late = 0
         following = renewed
