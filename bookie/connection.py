@@ -23,8 +23,9 @@ Failure detection: every connection turns on TCP keepalive
 stopped acknowledging packets (a cut-off host: no RST) in about that long,
 with or without requests outstanding. A bookie *process* that stopped
 answering while its host still acknowledges (stopped, hung) is left to the
-callers: ``conn.last_add_reply``/``conn.last_reply`` (loop time of the last
-ADD_ENTRY response, of any response) tell silence from slowness, and
+callers: ``conn.add_silence(now)`` (how long adds have been outstanding on
+the connection without any ADD_ENTRY response) and ``conn.last_reply`` (loop
+time of the last response of any kind) tell silence from slowness, and
 ``pool.drop(conn)`` closes a connection judged dead, so the next ``get``
 opens a fresh one instead of queueing behind it.
 """
@@ -108,8 +109,10 @@ class BookieConnection(asyncio.Protocol):
         """True once the connection is lost or closed (then ``pool.get`` opens a new one)."""
         self.done: asyncio.Future[None] = self._loop.create_future()
         """Resolves once the connection is lost or closed."""
-        self.last_reply = self.last_add_reply = self._loop.time()
-        """Loop time of the last response (of the last ADD_ENTRY response); the connection's start before one."""
+        self.last_reply = self._loop.time()
+        """Loop time of the last response of any kind (the connection's start before one)."""
+        self._adds_out = 0
+        self._add_wait_since = self.last_reply
 
     @classmethod
     async def connect(cls: type[C], address: str, timeout: float = 10.0,
@@ -164,13 +167,33 @@ class BookieConnection(asyncio.Protocol):
                     log.warning("bookie %s: %s", self.address, exc)
                 continue
             if response.op == _ADD_ENTRY:
-                self.last_add_reply = now
+                self._add_answered(now)
             callback(response)
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} lost"
                                           + (f": {exc}" if exc else "")))
+
+    # add liveness ----------------------------------------------------------------------------
+    def _add_sent(self) -> None:
+        if not self._adds_out:
+            self._add_wait_since = self._loop.time()
+        self._adds_out += 1
+
+    def _add_answered(self, now: float) -> None:
+        if self._adds_out:
+            self._adds_out -= 1
+        self._add_wait_since = now
+
+    def add_silence(self, now: float) -> float:
+        """Seconds (at loop time ``now``) adds have been outstanding here without any ADD_ENTRY response.
+
+        0 while no add is outstanding; measured from the later of the last add
+        response and the moment adds became outstanding, so a bookie that
+        answers slowly stays near 0 and only one that answers nothing grows.
+        """
+        return now - self._add_wait_since if self._adds_out else 0.0
 
     # API -------------------------------------------------------------------------------------
     def next_txn_id(self) -> int:
@@ -187,6 +210,8 @@ class BookieConnection(asyncio.Protocol):
         if not request.txn_id:
             request.txn_id = self._pending.next_txn_id()
         self._pending.add(request, callback)
+        if request.op == _ADD_ENTRY:
+            self._add_sent()
         self._outbox.send(protocol.encode_frame(request))
 
     def submit_add(self, body: bytes, callback: ResponseCallback) -> None:
@@ -195,6 +220,7 @@ class BookieConnection(asyncio.Protocol):
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
         txn_id = self._pending.add_next(protocol.ADD_ENTRY, callback)
+        self._add_sent()
         outbox = self._outbox
         outbox.put(protocol.add_frame_head(txn_id, body))
         outbox.send(body)
@@ -211,16 +237,17 @@ class BookieConnection(asyncio.Protocol):
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            self._pending.pop(request.txn_id)
+            self.forget(request.txn_id, request.op)
             raise
 
     def send_raw(self, data: bytes) -> None:
         """Queue raw bytes (tests send malformed frames with it)."""
         self._outbox.send(data)
 
-    def forget(self, txn_id: int) -> None:
-        """Drop an outstanding request (its callback will not run)."""
-        self._pending.pop(txn_id)
+    def forget(self, txn_id: int, op: int = 0) -> None:
+        """Drop an outstanding request of ``op`` (its callback will not run)."""
+        if self._pending.pop(txn_id) is not None and op == _ADD_ENTRY and self._adds_out:
+            self._adds_out -= 1
 
     def flush(self) -> None:
         """Write what is queued now, in one ``writelines``."""
@@ -228,6 +255,7 @@ class BookieConnection(asyncio.Protocol):
 
     def _fail(self, exc: BookieUnavailableError) -> None:
         self.is_closed = True
+        self._adds_out = 0
         self._outbox.detach()
         for callback in self._pending.drain():
             callback(exc)

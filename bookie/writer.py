@@ -18,12 +18,14 @@ the bookies it was sent to and acknowledged by), one request per bookie,
 and the caller's future if it asked for one. There is no timer per add: one
 timer per ledger watches the oldest pending add.
 
-Failure detection (BookKeeper's two add timeouts): when an add has waited
-``add_entry_timeout`` for a bookie, that bookie counts as failed only if its
-connection acknowledged no add at all (of any ledger) in as long: a bookie
-that stopped answering (a cut-off host, a stopped or hung process) is
-noticed in about ``add_entry_timeout``, one that answers slowly (fsync or
-link latency, a queue under load) is waited for. Its connection is dropped
+Failure detection (BookKeeper's two add timeouts): a bookie this writer
+waits on counts as failed once its connection has had adds outstanding for
+``add_entry_timeout`` without answering any (of any ledger;
+``BookieConnection.add_silence``): a bookie that stopped answering (a
+cut-off host, a stopped or hung process) is noticed in about
+``add_entry_timeout``, one that answers slowly (fsync or link latency, a
+queue under load) is waited for. The timer looks again exactly when a
+bookie would have been silent that long. Its connection is dropped
 from the pool (``BookieConnectionPool.drop``), so every other user fails
 over at once and the next ledger opens a fresh connection. An add that has
 not reached its ack quorum after ``add_entry_quorum_timeout`` (ensemble
@@ -105,16 +107,15 @@ _LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check wai
 class _PendingAdd:
     """One add in flight: masks are over indexes of the current ensemble."""
 
-    __slots__ = ("acked", "callback", "data_length", "deadline", "done", "entry_id", "future", "ledger_length",
+    __slots__ = ("acked", "callback", "data_length", "done", "entry_id", "future", "ledger_length",
                  "payload", "request", "sent", "started")
 
     def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, started: float,
-                 deadline: float, future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
+                 future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
         self.entry_id = entry_id
         self.payload = payload
         self.ledger_length = ledger_length
         self.data_length = data_length
-        self.deadline = deadline
         self.started = started
         self.future = future
         self.callback = callback
@@ -140,8 +141,6 @@ class LedgerWriter:
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
         self._timeout = ctx.conf.add_entry_timeout
         self._quorum_timeout = ctx.conf.add_entry_quorum_timeout
-        # how often the oldest add is looked at: the per-bookie timeout, or the quorum timeout when shorter
-        self._check_interval = min(self._timeout, self._quorum_timeout or self._timeout)
         self._max_entry = ctx.conf.max_entry_size
         self.last_add_confirmed = last_add_confirmed
         self.length = length
@@ -229,8 +228,7 @@ class LedgerWriter:
         now = self._last_add_at = self._loop.time()
         if self._lac_timer is None and self._lac_interval:
             self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
-        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, now + self._check_interval, future,
-                                  callback))
+        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, future, callback))
         return entry_id
 
     def add(self, data: bytes) -> asyncio.Future[int]:
@@ -265,14 +263,13 @@ class LedgerWriter:
         self.length = ledger_length
         fut: asyncio.Future[int] = self._loop.create_future()
         now = self._loop.time()
-        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, now + self._check_interval, fut,
-                                  None))
+        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, fut, None))
         return fut
 
     def _enqueue(self, p: _PendingAdd) -> None:
         self._pending.append(p)
         if self._timer is None:
-            self._arm_timer(p.deadline)
+            self._arm_timer(p.started + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
 
     def _send(self, p: _PendingAdd) -> None:
@@ -374,41 +371,38 @@ class LedgerWriter:
             return
         self._lag_rechecked = False
         timeout = self._timeout
-        renewed = now + self._check_interval
         quorum_timeout = self._quorum_timeout
+        nxt = now + timeout
         late = 0
-        following = renewed
         for p in self._pending:
-            if p.deadline > now:
-                following = p.deadline
-                break
-            if quorum_timeout and not p.done and now - p.started >= quorum_timeout:
-                self.fail_all(errors.BKTimeoutError(
-                    f"add of entry {p.entry_id} to ledger {self.ledger_id} did not reach its ack quorum within "
-                    f"add_entry_quorum_timeout {quorum_timeout:g} s"))
-                return
-            p.deadline = renewed
-            if not p.done:
-                late |= p.sent & ~p.acked
-        self._arm_timer(following)
-        silent: list[tuple[str, BookieConnection]] = []
+            if p.done:
+                continue
+            if quorum_timeout:
+                if now - p.started >= quorum_timeout:
+                    self.fail_all(errors.BKTimeoutError(
+                        f"add of entry {p.entry_id} to ledger {self.ledger_id} did not reach its ack quorum within "
+                        f"add_entry_quorum_timeout {quorum_timeout:g} s"))
+                    return
+                quorum_timeout = 0.0  # adds are in start order: the oldest decides
+                nxt = min(nxt, p.started + self._quorum_timeout)
+            late |= p.sent & ~p.acked
+        silent: list[tuple[str, BookieConnection, float]] = []
         for idx, addr in enumerate(self._ensemble):
             if not late >> idx & 1:
                 continue
             conn = self._conns[idx]
             if conn is None or conn.is_closed:
                 continue  # its requests failed with the connection: that failure is handled already
-            quiet = now - conn.last_add_reply
+            quiet = conn.add_silence(now)
             if quiet >= timeout:
-                silent.append((addr, conn))
-            else:
-                log.debug("ledger %d: bookie %s is slow (an add waited %g s) but answered %.2f s ago",
-                          self.ledger_id, addr, timeout, quiet)
-        for addr, conn in silent:
+                silent.append((addr, conn, quiet))
+            else:  # answering, however slowly: look again when it would have been silent long enough
+                nxt = min(nxt, now + timeout - quiet)
+        self._arm_timer(nxt)
+        for addr, conn, quiet in silent:
             self._bookie_failed(addr, errors.BKTimeoutError(
-                f"add to ledger {self.ledger_id} timed out on {addr}: no add answered for "
-                f"{now - conn.last_add_reply:.1f} s"))
-            self._ctx.pool.drop(conn, f"no add answered for {now - conn.last_add_reply:.1f} s")
+                f"add to ledger {self.ledger_id} timed out on {addr}: no add answered for {quiet:.1f} s"))
+            self._ctx.pool.drop(conn, f"no add answered for {quiet:.1f} s")
 
     # --- explicit LAC -----------------------------------------------------------------------------
     def _on_lac_timer(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import socket
@@ -91,7 +92,7 @@ class Writer:
     def longest_gap(self, since: float) -> float:
         """The longest time without an acknowledgement from ``since`` to the last one."""
         times = [since] + [t for t in self.ack_times if t > since]
-        return max(b - a for a, b in zip(times, times[1:], strict=False)) if len(times) > 1 else float("inf")
+        return max(b - a for a, b in itertools.pairwise(times)) if len(times) > 1 else float("inf")
 
 
 async def test_a_stopped_bookie_stalls_adds_at_most_about_two_seconds(tmp_path: Path) -> None:
