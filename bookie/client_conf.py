@@ -45,10 +45,10 @@ class ClientConf:
     """Ledger-client settings (the keys of ``conf/bk_client.conf`` other than placement's)."""
 
     add_entry_timeout: float = setting(
-        2.0, "Seconds a bookie may leave adds outstanding without answering any: then it counts as failed "
+        1.5, "Seconds a bookie may leave adds outstanding without answering any: then it counts as failed "
              "(ensemble change, or delay_ensemble_change), its connection is dropped and it is quarantined. A "
-             "bookie that keeps answering, however slowly (fsync or link latency), is not failed. 2 s notices a "
-             "cut-off bookie quickly and is far above a loaded bookie's add latency; "
+             "bookie that keeps answering, however slowly (fsync or link latency), is not failed. 1.5 s keeps "
+             "the stall a cut-off bookie causes under 2 s and is far above a loaded bookie's add latency; "
              "BookKeeper's addEntryTimeoutSec.", min=0.001)
     add_entry_quorum_timeout: float = setting(
         10.0, "Seconds an add may wait for its ack quorum, ensemble changes included, before it fails to the "

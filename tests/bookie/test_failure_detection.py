@@ -29,7 +29,7 @@ from tools.cluster import LocalCluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="function")
 
-STALL_LIMIT = 2.5   # seconds: add_entry_timeout (2 s) + ensemble change + re-send
+STALL_LIMIT = 2.0   # seconds: add_entry_timeout (1.5 s) + ensemble change + re-send
 REGISTERED = {"session_timeout": "30000"}  # a cut-off bookie stays registered (as with lmdb leases across hosts)
 
 
@@ -156,9 +156,9 @@ async def test_a_slow_bookie_that_keeps_answering_is_not_replaced(tmp_path: Path
             await writer.acks(100)
             start = writer.loop.time()
             try:
-                for _ in range(5):   # answers come in bursts 1.2 s apart: slow, never silent for 2 s
+                for _ in range(5):   # answers come in bursts 0.9 s apart: slow, never silent for 1.5 s
                     os.kill(pid, signal.SIGSTOP)
-                    await asyncio.sleep(1.2)  # the stall being modelled
+                    await asyncio.sleep(0.9)  # the stall being modelled
                     os.kill(pid, signal.SIGCONT)
                     await writer.acks(5)
                     await asyncio.sleep(0.1)
@@ -168,7 +168,7 @@ async def test_a_slow_bookie_that_keeps_answering_is_not_replaced(tmp_path: Path
         gap = writer.longest_gap(start)
         print(f"longest gap between acknowledgements with a stalling bookie: {gap:.3f} s")
         assert not writer.errors
-        assert gap >= 1.0                                   # the bookie really was slow
+        assert gap >= 0.8                                   # the bookie really was slow
         assert len(lh.metadata.ensembles) == 1 and slow in lh.metadata.current_ensemble
         assert slow not in bk.failure_history
         conn = bk.pool.connected(slow)

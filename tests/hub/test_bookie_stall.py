@@ -1,4 +1,4 @@
-"""A bookie that stops answering under publish load stalls a hub's publishing about ``add_entry_timeout`` (issue 20).
+"""A bookie that stops answering under publish load stalls a hub's publishing under 2 s (issue 20).
 
 SIGSTOP of the bookie process models a cut-off host for the hub's ledger
 client (its TCP stays up, nothing answers); the long ``session_timeout``
@@ -84,7 +84,7 @@ async def test_a_stopped_bookie_stalls_publishing_about_two_seconds(tmp_path: Pa
         stall = max(b - a for a, b in itertools.pairwise(times))
         print(f"longest publish gap after SIGSTOP of a bookie: {stall:.3f} s")
         assert not failed
-        assert stall <= 2.5
+        assert stall <= 2.0
         seqs = sorted(s for _, s in acked)
         assert seqs == list(range(1, len(seqs) + 1))
         got: list[int] = []
