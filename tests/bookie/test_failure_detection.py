@@ -55,6 +55,7 @@ class Writer:
         self.ack_times: list[float] = []
         self.errors: list[BaseException] = []
         self._room = asyncio.Semaphore(window)
+        self._progress = asyncio.Event()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -65,6 +66,7 @@ class Writer:
             self.ack_times.append(self.loop.time())
         else:
             self.errors.append(error)
+        self._progress.set()
 
     async def _run(self) -> None:
         i = 0
@@ -87,7 +89,10 @@ class Writer:
     async def acks(self, n: int, timeout: float = 20.0) -> None:
         """Wait until ``n`` more adds were acknowledged."""
         target = len(self.ack_times) + n
-        await eventually(lambda: len(self.ack_times) >= target or self.errors, timeout, interval=0.01)
+        async with asyncio.timeout(timeout):
+            while len(self.ack_times) < target and not self.errors:
+                self._progress.clear()
+                await self._progress.wait()
 
     def longest_gap(self, since: float) -> float:
         """The longest time without an acknowledgement from ``since`` to the last one."""
