@@ -148,32 +148,23 @@ class BookKeeper:
                             properties: Mapping[str, bytes] | None = None) -> LedgerHandle:
         """Create a ledger on ``ensemble`` bookies chosen by the placement policy.
 
-        Bookies that failed an add or a read in the last ``bookie_quarantine_time_s`` seconds are left out
-        while enough others are registered (BookKeeper's quarantine), and used when they are not.
-
         Raises ``ValueError`` for impossible quorums or an unknown digest,
-        ``NotEnoughBookiesError`` when too few writable bookies are registered.
+        ``NotEnoughBookiesError`` when too few writable bookies are registered (bookies that failed an add or
+        a read in the last ``bookie_quarantine_time_s`` seconds do not count).
         """
         self._check_open()
         if not (ensemble >= write_quorum >= ack_quorum >= 1):
             raise ValueError(f"need ensemble >= write_quorum >= ack_quorum >= 1, got {ensemble}/{write_quorum}/"
                              f"{ack_quorum}")
         digests.digest_type_of(digest)
-        quarantined = self._ctx.quarantined()
         try:
-            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, quarantined)
+            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, self._ctx.quarantined())
         except PlacementNotEnoughBookiesError:
             await self.watcher.refresh()
             try:
-                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, quarantined)
+                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, self._ctx.quarantined())
             except PlacementNotEnoughBookiesError as exc:
-                if not quarantined:
-                    raise NotEnoughBookiesError(str(exc)) from None
-                log.info("not enough bookies outside quarantine %s; using quarantined ones", sorted(quarantined))
-                try:
-                    bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, set())
-                except PlacementNotEnoughBookiesError as exc2:
-                    raise NotEnoughBookiesError(str(exc2)) from None
+                raise NotEnoughBookiesError(str(exc)) from None
         ledger_id = await self.ledgers.new_ledger_id()
         md = LedgerMetadata(ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
                             ensembles=[(0, list(bookies))], digest=str(digest),

@@ -83,8 +83,8 @@ class ClientConf:
                "writer keeps writing to the rest of the ensemble and replaces the bookie once a replacement exists "
                "(BookKeeper's delayEnsembleChange).")
     bookie_quarantine_time_s: float = setting(
-        3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles and of "
-             "replacements, unless too few others are left (BookKeeper's bookieQuarantineTime; a dead bookie "
+        3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles, and of "
+             "replacements while other bookies are available (BookKeeper's bookieQuarantineTime; a dead bookie "
              "stays registered up to its session_timeout); 0 = never.", min=0)
     failure_half_life_s: float = setting(
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)

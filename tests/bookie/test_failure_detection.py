@@ -131,8 +131,9 @@ async def test_a_stopped_bookie_stalls_adds_at_most_about_two_seconds(tmp_path: 
         assert old_conn.is_closed and bk.pool.connected(victim) is not old_conn
         assert bk.failure_history[victim] >= 1
         # continued: the next ledger on it opens a fresh connection, no wait behind the old one
+        await eventually(lambda: victim not in bk._ctx.quarantined(), 10)   # bookie_quarantine_time_s
         t0 = writer.loop.time()
-        again = await bk.create_ledger(4, 2, 2)     # every bookie, the quarantined one included
+        again = await bk.create_ledger(4, 2, 2)     # every bookie
         assert victim in again.metadata.current_ensemble
         assert await again.add_entries([b"x-%d" % i for i in range(8)]) == list(range(8))
         after_create = writer.loop.time() - t0
@@ -179,6 +180,23 @@ async def test_a_slow_bookie_that_keeps_answering_is_not_replaced(tmp_path: Path
         conn = bk.pool.connected(slow)
         assert conn is not None
         await lh.close()
+
+
+async def test_a_quarantined_bookie_is_left_out_of_new_ledgers(tmp_path: Path) -> None:
+    async with cluster_and_client(tmp_path, bookies=3, overrides=REGISTERED) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        assert await lh.add_entry(b"a") == 0
+        victim = lh.metadata.current_ensemble[0]
+        with stopped(cluster, victim):
+            with pytest.raises(errors.NotEnoughBookiesError):   # judged silent, no spare: the add fails
+                await asyncio.wait_for(lh.add_entries([b"b-%d" % i for i in range(3)]), 10)
+        assert victim in bk.failure_history and victim in bk.watcher.writable
+        with pytest.raises(errors.NotEnoughBookiesError):       # still registered, but quarantined
+            await bk.create_ledger(3, 2, 2)
+        await eventually(lambda: victim not in bk._ctx.quarantined(), 10)
+        again = await bk.create_ledger(3, 2, 2)
+        assert victim in again.metadata.current_ensemble and await again.add_entry(b"c") == 0
+        await again.close()
 
 
 async def test_the_quorum_timeout_fails_an_add_the_per_bookie_timeout_has_not_judged(tmp_path: Path) -> None:
