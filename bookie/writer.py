@@ -362,6 +362,7 @@ class LedgerWriter:
     def _on_timer(self) -> None:
         self._timer = None
         if self._error is not None or not self._pending:
+            self._lag_rechecked = False
             return
         now = self._loop.time()
         if now - self._timer_due > _LOOP_LAG and not self._lag_rechecked:
