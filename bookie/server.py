@@ -66,6 +66,9 @@ from metastore.errors import MetastoreError
 log = logging.getLogger(__name__)
 
 status_of = proto.status_of
+add_ok_frame = proto.add_ok_frame
+ADD_ENTRY = proto.ADD_ENTRY
+OK = proto.OK
 
 __all__ = ["BookieServer", "BookieServerProtocol", "DiskUsageMonitor", "status_of"]
 
@@ -192,10 +195,14 @@ class BookieServerProtocol(asyncio.Protocol):
 
     def send_later(self, response: proto.Response) -> None:
         """Queue a response from a completion callback; the flush is scheduled."""
+        if self.transport is not None:
+            self.send_frame_later(response.op, response.status, proto.encode_frame(response))
+
+    def send_frame_later(self, op: int, status: int, frame: bytes) -> None:
+        """``send_later`` of a response framed already (``op`` and ``status`` are counted)."""
         if self.transport is None:
             return
-        self._server.stats.count(response.op, response.status)
-        frame = proto.encode_frame(response)
+        self._server.stats.count(op, status)
         self.outbox.send(frame)
         if self.state.response_queued(len(frame)):
             self.outbox.flush()
@@ -510,15 +517,18 @@ class BookieServer:
         if self.read_only:
             conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
             return
-        ledger_id, entry_id, lac = proto.add_header(req)  # BadRequestError: answered by ``handle``
+        body = req.body  # read once: each read of a protobuf bytes field is a copy
+        ledger_id, entry_id, lac = proto.add_header(req, body)  # BadRequestError: answered by ``handle``
         txn_id = req.txn_id
 
         def done(exc: BaseException | None) -> None:
-            conn.send_later(proto.add_response(txn_id, ledger_id, entry_id, exc))
+            if exc is None:
+                conn.send_frame_later(ADD_ENTRY, OK, add_ok_frame(txn_id, ledger_id, entry_id))
+            else:
+                conn.send_later(proto.add_response(txn_id, ledger_id, entry_id, exc))
             conn.finished()
 
-        self.storage.submit_add(ledger_id, entry_id, req.master_key, req.body, lac, done,
-                                recovery=req.recovery)
+        self.storage.submit_add(ledger_id, entry_id, req.master_key, body, lac, done, recovery=req.recovery)
         conn.started()
 
     def _read(self, req: proto.Request, conn: BookieServerProtocol) -> None:
