@@ -1,11 +1,11 @@
-"""Ledger-client configuration: ``ClientConf`` on the one configuration layer (``metastore.conf``).
+"""Ledger-client configuration: ``LedgerClientConf`` (alias ``ClientConf``) on ``metastore.conf``.
 
     conf = load_client_conf("conf/bk_client.conf")        # {key: value} for BookKeeper.connect(conf=...)
     bk = await BookKeeper.connect(uri, conf=conf)
-    ClientConf.from_mapping({"add_entry_timeout": "5"})   # the client's own keys; placement keys pass through
+    LedgerClientConf.from_mapping({"add_entry_timeout": "5"})   # the client's own keys; placement keys pass through
 
 ``conf/bk_client.conf`` lists every key with its default and a comment:
-``render_client_conf()`` renders ``ClientConf`` and ``placement.PlacementConf``
+``render_client_conf()`` renders ``LedgerClientConf`` and ``placement.PlacementConf``
 (whose keys are ``PLACEMENT_KEYS``) and a test checks the file and the
 dataclasses agree. The placement keys are checked here and handed to
 ``placement.build_policy``.
@@ -32,6 +32,7 @@ __all__ = [
     "ADD_REQUEST_HEADROOM",
     "PLACEMENT_KEYS",
     "ClientConf",
+    "LedgerClientConf",
     "client_keys",
     "load_client_conf",
     "render_client_conf",
@@ -41,7 +42,7 @@ ADD_REQUEST_HEADROOM = 1024
 """Bytes of an ADD_ENTRY frame beyond the entry body (entry header, digest, request fields)."""
 
 @dataclass(frozen=True)
-class ClientConf:
+class LedgerClientConf:
     """Ledger-client settings (the keys of ``conf/bk_client.conf`` other than placement's)."""
 
     add_entry_timeout: float = setting(
@@ -90,7 +91,7 @@ class ClientConf:
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)
 
     @classmethod
-    def from_mapping(cls, conf: Mapping[str, Any] | None, *, source: str = "client conf") -> ClientConf:
+    def from_mapping(cls, conf: Mapping[str, Any] | None, *, source: str = "client conf") -> LedgerClientConf:
         """The client's keys of ``conf`` (strings or typed values); placement keys are skipped.
 
         Raises ``ConfError`` naming the key for a bad value or a key that
@@ -107,6 +108,10 @@ class ClientConf:
             raise ConfError(f"{source}: {exc}") from None
 
 
+ClientConf = LedgerClientConf
+"""The name ``bookie.client`` and its callers have used; ``LedgerClientConf`` says what it configures."""
+
+
 def load_client_conf(path: str | os.PathLike[str]) -> dict[str, str]:
     """Read a ledger-client conf file (``conf/bk_client.conf``) for ``BookKeeper.connect(conf=...)``.
 
@@ -117,13 +122,13 @@ def load_client_conf(path: str | os.PathLike[str]) -> dict[str, str]:
         props = read_properties(path)
     except BaseConfError as exc:
         raise ConfError(str(exc)) from None
-    ClientConf.from_mapping(props, source=os.path.basename(path))
+    LedgerClientConf.from_mapping(props, source=os.path.basename(path))
     return {k: v for k, v in props.items() if v != ""}
 
 
 def client_keys() -> frozenset[str]:
     """Every key a client conf may hold (the client's and the placement policy's)."""
-    return frozenset(conf_keys(ClientConf)) | PLACEMENT_KEYS
+    return frozenset(conf_keys(LedgerClientConf)) | PLACEMENT_KEYS
 
 
 _HEADER = """Quire ledger client configuration (BookKeeper.connect(uri, conf=load_client_conf(path))).
@@ -131,6 +136,6 @@ Every key is listed with its default. An unknown key or a bad value is a ConfErr
 Generated from bookie.client_conf.render_client_conf(); a test checks they agree."""
 
 def render_client_conf() -> str:
-    """The text of ``conf/bk_client.conf``: every ``ClientConf`` key, then every placement key."""
-    return (render_conf(ClientConf, _HEADER) + "\n"
+    """The text of ``conf/bk_client.conf``: every ``LedgerClientConf`` key, then every placement key."""
+    return (render_conf(LedgerClientConf, _HEADER) + "\n"
             + render_conf(PlacementConf, "--- placement (placement.PlacementConf) ---"))

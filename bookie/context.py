@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bookie.client_conf import ClientConf
+from bookie.client_conf import LedgerClientConf
 from bookie.connection import BookieConnectionPool
 from bookie.failures import FailureHistory
 from bookie.metadata import LedgerMetadataManager
@@ -29,7 +29,7 @@ class ClientContext:
     ledgers: LedgerMetadataManager
     policy: EnsemblePlacementPolicy
     watcher: BookieWatcher
-    conf: ClientConf
+    conf: LedgerClientConf
     pool: BookieConnectionPool
     failures: FailureHistory
 

@@ -63,6 +63,7 @@ from bookie.stats import BookieStats
 from bookie.storage import EntryStorage
 from metastore import MetaStore, open_metastore
 from metastore.errors import MetastoreError
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -437,9 +438,7 @@ class BookieServer:
         self.stats_url = await self._http.start(conf.http_host, port) + "/metrics"
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=f"bookie-{name}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, coro, name=f"bookie-{name}")
 
     async def stop(self) -> None:
         """Unregister, stop listening, finish in-flight commits (their acks are sent), close.

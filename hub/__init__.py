@@ -3,8 +3,9 @@
     from hub.client import HedwigClient          # the client library
     # quire hub --conf conf/hw_server.conf       # one hub process (hub.server.HubServer)
 
-Modules: ``conf`` (HubConf, ClientConf), ``protocol`` (sans-IO wire state
-machine), ``server`` (the asyncio shell), ``ownership`` (topic claims and
+Modules: ``conf`` (HubConf, HubClientConf), ``protocol`` (sans-IO wire state
+machine), ``server`` (the asyncio shell), ``connection`` (one client
+connection), ``topic`` (an owned topic), ``housekeeping`` (the timers), ``ownership`` (topic claims and
 redirects), ``persistence`` (ledgers, batched entries, the read path),
 ``subscriptions`` and ``delivery``, ``metadata`` (MetaStore managers),
 ``readahead`` (the read-ahead cache), ``filters`` (message filters),

@@ -47,42 +47,40 @@ Errors are ``hub.errors.PubSubError`` subclasses carrying the status name.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import heapq
 import inspect
 import logging
-import math
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
 
-from bookie.outbox import Outbox
 from hub import errors
-from hub.conf import ClientConf, client_conf
+from hub.channel import Deadlines, HubChannel
+from hub.client_subscription import ClientSubscription, Handler
+from hub.conf import HubClientConf, client_conf
 from hub.message import Message, MessageId, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
     MAX_SUBSCRIBER_BYTES,
     MAX_TOPIC_BYTES,
-    ClientConnection,
-    ConnectionBroken,
-    DeliveryReceived,
-    ResponseReceived,
-    SubscriptionEventReceived,
     name_problem,
     status_name,
 )
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
+__all__ = ["Handler", "HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
 
-Handler = Callable[[bytes, bytes, Message], Awaitable[Any]]
+# the names these had when they lived here
+_Deadlines = Deadlines
+_Conn = HubChannel
+_Sub = ClientSubscription
+
 SubscriptionListener = Callable[[bytes, bytes, str], Any]
 """``cb(topic, subscriber_id, event_name)``; may be a plain function or return an awaitable."""
 _MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.ATTACH,
@@ -110,162 +108,10 @@ async def _logged(awaitable: Awaitable[Any], what: str) -> None:
         log.exception("%s raised", what)
 
 
-class _Deadlines:
-    """Response timeouts of one connection's requests with one timer, not one per request.
-
-    Requests mostly come with ascending deadlines (one timeout, sent in order)
-    and are answered in order: those sit in a deque whose answered head is
-    dropped as new ones arrive; a retry with an earlier deadline goes to a
-    small heap. The timer is armed for the earliest deadline only.
-    """
-
-    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse]], None]) -> None:
-        self._on_expired = on_expired
-        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = collections.deque()
-        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = []
-        self._timer: asyncio.TimerHandle | None = None
-        self._at = math.inf
-
-    def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        at = loop.time() + timeout
-        order = self._order
-        while order and order[0][2].done():
-            order.popleft()
-        if order and at < order[-1][0]:
-            heapq.heappush(self._late, (at, txn_id, fut))
-        else:
-            order.append((at, txn_id, fut))
-        if at < self._at:
-            self._arm(loop, at)
-
-    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = loop.call_at(at, self._fire)
-        self._at = at
-
-    def _fire(self) -> None:
-        self._timer, self._at = None, math.inf
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        order, late = self._order, self._late
-        while order and (order[0][2].done() or order[0][0] <= now):
-            _, txn_id, fut = order.popleft()
-            if not fut.done():
-                self._on_expired(txn_id, fut)
-        while late and (late[0][2].done() or late[0][0] <= now):
-            _, txn_id, fut = heapq.heappop(late)
-            if not fut.done():
-                self._on_expired(txn_id, fut)
-        nxt = min(order[0][0] if order else math.inf, late[0][0] if late else math.inf)
-        if nxt < math.inf:
-            self._arm(loop, nxt)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._at = None, math.inf
-        self._order.clear()
-        self._late.clear()
-
-
-class _Conn(asyncio.Protocol):
-    """One connection to one hub."""
-
-    def __init__(self, client: HedwigClient, address: str) -> None:
-        self.client = client
-        self.address = address
-        self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
-            max(client.conf.max_message_size * 2 + 65536, 8 << 20))
-        self.transport: asyncio.Transport | None = None
-        self.lost = asyncio.get_running_loop().create_future()
-        self.paused_by: set[tuple[bytes, bytes]] = set()
-        self.deadlines = _Deadlines(self._expired)
-        self.outbox = Outbox()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.outbox.attach(self.transport)
-
-    def data_received(self, data: bytes) -> None:
-        for ev in self.machine.receive_data(data):
-            if isinstance(ev, ResponseReceived):
-                if not ev.value.done():
-                    ev.value.set_result(ev.response)
-            elif isinstance(ev, DeliveryReceived):
-                self.client._delivered(self, ev.topic, ev.subscriber, ev.message)
-            elif isinstance(ev, SubscriptionEventReceived):
-                self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
-            elif isinstance(ev, ConnectionBroken):
-                log.warning("connection to %s broken: %s", self.address, ev.reason)
-                if self.transport is not None:
-                    self.transport.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.outbox.detach()
-        self.deadlines.close()
-        for fut in self.machine.drain():
-            if not fut.done():
-                fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
-        if not self.lost.done():
-            self.lost.set_result(None)
-        self.client._conn_lost(self)
-
-    def _write(self, data: bytes) -> None:
-        # one write per loop turn: the requests a turn makes (a burst of publishes, the consumes
-        # of a run of handled messages) reach the hub as one segment, one read there
-        self.outbox.send(data)
-
-    @property
-    def alive(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
-
-    def request(self, req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
-        """The response to ``req``; ``ResponseTimeoutError`` when none comes within ``timeout`` seconds."""
-        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
-        if not self.alive:
-            fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
-            return fut
-        assert self.transport is not None
-        self._write(self.machine.send_request(req, fut))
-        self.deadlines.watch(req.txnId, fut, timeout)
-        return fut
-
-    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse]) -> None:
-        self.machine.forget(txn_id)
-        fut.set_exception(errors.ResponseTimeoutError(f"no answer from {self.address} within the timeout"))
-
-    def one_way(self, req: pb.PubSubRequest) -> None:
-        if self.alive:
-            assert self.transport is not None
-            self._write(self.machine.send_request(req, None))
-
-
-class _Sub:
-    def __init__(self, topic: bytes, sub: bytes, req: pb.SubscribeRequest) -> None:
-        self.topic = topic
-        self.sub = sub
-        self.req = req
-        self.conn: _Conn | None = None
-        self.prefs = SubscriptionPreferences()
-        self.handler: Handler | None = None
-        self.filter: Any = None
-        self.queue: collections.deque[Message] = collections.deque()
-        self.wake = asyncio.Event()
-        self.task: asyncio.Task[None] | None = None
-        self.last_handled = 0
-        self.last_queued = 0
-        self.unsent_consumes = 0
-        self.resets = 0               # SUBSCRIPTION_RESET events seen (the handler loop notices one)
-        self.closed = False
-        self.resubscribing = False
-
-
 class HedwigClient:
     """See the module docstring."""
 
-    def __init__(self, addresses: list[str], conf: ClientConf) -> None:
+    def __init__(self, addresses: list[str], conf: HubClientConf) -> None:
         self.conf = conf
         self.addresses = addresses
         self._default = 0
@@ -287,7 +133,7 @@ class HedwigClient:
         self.closed = False
 
     @classmethod
-    async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | ClientConf | None = None
+    async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | HubClientConf | None = None
                       ) -> HedwigClient:
         """A client whose default hub is ``address`` ("host:port", or several comma separated).
 
@@ -395,10 +241,8 @@ class HedwigClient:
                 s.conn = None
                 self._maybe_resubscribe(s)
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        spawn(self._tasks, coro)
 
     # --- requests ---------------------------------------------------------------------------------
     async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]:

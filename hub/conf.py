@@ -1,6 +1,6 @@
 """Hub and hub-client configuration: every key of the seed's tables, with its default.
 
-    from hub.conf import HubConf, ClientConf, load_hub_conf, client_conf
+    from hub.conf import HubConf, HubClientConf, load_hub_conf, client_conf
     conf = load_hub_conf("conf/hw_server.conf", overrides={"server_port": "0"})
     conf.server_port, conf.metastore, conf.max_message_size
     cconf = client_conf({"max_server_redirects": "3", "enable_resubscribe": "false"})
@@ -34,7 +34,7 @@ from typing import Any
 
 from metastore.conf import EMBEDDED_METASTORE_URI, ConfError, conf_values, load_conf, parse_conf, require, setting
 
-__all__ = ["ClientConf", "ConfError", "HubConf", "client_conf", "load_hub_conf"]
+__all__ = ["ClientConf", "ConfError", "HubClientConf", "HubConf", "client_conf", "load_hub_conf"]
 
 MIB = 1024 * 1024
 SECRET_KEYS = frozenset({"password", "http_admin_token", "token_secret_key", "region_auth_token"})
@@ -208,7 +208,7 @@ class HubConf:
 
 
 @dataclass(frozen=True)
-class ClientConf:
+class HubClientConf:
     """The client keys of the seed's region-client table, plus ``enable_resubscribe``."""
 
     default_server_host: str = setting("localhost:4080", "hub(s) to try first, host:port, comma separated")
@@ -236,8 +236,12 @@ def load_hub_conf(path: str | os.PathLike[str] | None = None, overrides: Mapping
     return load_conf(HubConf, path, overrides)
 
 
-def client_conf(values: Mapping[str, Any] | ClientConf | None = None) -> ClientConf:
-    """A ``ClientConf`` from a dict of client keys (strings or typed); ``ConfError`` when invalid."""
-    if isinstance(values, ClientConf):
+ClientConf = HubClientConf
+"""The name ``hub.conf`` has exported; ``HubClientConf`` says what it configures (a ``HedwigClient``)."""
+
+
+def client_conf(values: Mapping[str, Any] | HubClientConf | None = None) -> HubClientConf:
+    """A ``HubClientConf`` from a dict of client keys (strings or typed); ``ConfError`` when invalid."""
+    if isinstance(values, HubClientConf):
         return values
-    return parse_conf(ClientConf, values or {}, source="client conf")
+    return parse_conf(HubClientConf, values or {}, source="client conf")

@@ -31,11 +31,14 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hub import errors
 from hub.filters import safe_test
 from hub.message import Message
+
+if TYPE_CHECKING:
+    from hub.readahead import ReadAheadCache
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ _YIELD_EVERY = 64   # cache hits delivered without awaiting before the task yiel
 class Delivery:
     """See the module docstring."""
 
-    def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: Any,
+    def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: ReadAheadCache,
                  last_seq: Callable[[], int], send: Callable[[bytes, bytes, Message], None],
                  writable: asyncio.Event, window: int, message_bound: int = 0, server_filter: Any = None,
                  on_error: Callable[[Exception], None] | None = None,

@@ -20,15 +20,20 @@ Failure: metastore errors propagate (the server answers SERVICE_DOWN).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hub import errors
 from hub.conf import HubConf
 from hub.metadata import hub_address
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+from metastore.cas import cas_retry
+
+if TYPE_CHECKING:
+    from hub.metadata import HubRegistry, TopicOwnershipManager
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,10 @@ __all__ = ["Ownership", "same_hub"]
 _LIVE_CACHE_SECONDS = 0.5
 _SENT_MEMORY_SECONDS = 3.0
 """How long a redirect sent to a hub counts toward its load (its own load record catches up within a second)."""
+_CLAIM_ATTEMPTS = 5
+#: A claim another hub (or a release) got to first: read the owner record again.
+_CLAIM_CONFLICTS: tuple[type[Exception], ...] = (errors.BadVersionError, errors.NoTopicOwnerInfoError,
+                                                 errors.TopicOwnerInfoExistsError)
 
 
 def same_hub(a: pb.HubInfo, b: pb.HubInfo) -> bool:
@@ -46,7 +55,8 @@ def same_hub(a: pb.HubInfo, b: pb.HubInfo) -> bool:
 class Ownership:
     """See the module docstring."""
 
-    def __init__(self, conf: HubConf, me: pb.HubInfo, owners: Any, registry: Any, session: Any) -> None:
+    def __init__(self, conf: HubConf, me: pb.HubInfo, owners: TopicOwnershipManager, registry: HubRegistry,
+                 session: Any) -> None:
         self.conf = conf
         self.me = me
         self.owners = owners
@@ -90,37 +100,38 @@ class Ownership:
 
     async def claim(self, topic: bytes, should_claim: bool) -> str | None:
         """``None`` once this hub owns ``topic``; else the address to redirect to."""
-        for _ in range(5):
-            got = await self.owners.read_owner_info(topic)
-            if got is not None:
-                info, version = got
-                if same_hub(info, self.me):
-                    self.versions[topic] = version
-                    return None
-                alive = await self._alive(info)
-                if not alive and not self.cas_mode:
-                    # its ephemeral record outlives it until the lease runs out: not worth a redirect
-                    raise errors.ServiceDownError(f"owner {hub_address(info)} of {topic!r} is gone; "
-                                                  f"retry after zk_timeout")
-                if not alive:
-                    try:
-                        self.versions[topic] = await self.owners.write_owner_info(topic, self.me, version)
-                    except (errors.BadVersionError, errors.NoTopicOwnerInfoError):
-                        continue
-                    log.info("claimed %r from dead owner %s", topic, hub_address(info))
-                    return None
-                return str(hub_address(info))
-            if not should_claim:
-                target = await self._least_loaded()
-                if not same_hub(target, self.me):
-                    return str(hub_address(target))
-            try:
-                self.versions[topic] = await self.owners.write_owner_info(
-                    topic, self.me, Version.NEW, session=None if self.cas_mode else self.session)
-            except errors.TopicOwnerInfoExistsError:
-                continue
-            return None
-        raise errors.ServiceDownError(f"could not settle the owner of {topic!r}")
+        try:
+            # a lost race reads the owner record again at once (no pause: the winner is known now)
+            return await cas_retry(functools.partial(self._claim_once, topic, should_claim),
+                                   attempts=_CLAIM_ATTEMPTS, first_delay=0, max_delay=0, retry_on=_CLAIM_CONFLICTS)
+        except _CLAIM_CONFLICTS:
+            raise errors.ServiceDownError(f"could not settle the owner of {topic!r}") from None
+
+    async def _claim_once(self, topic: bytes, should_claim: bool) -> str | None:
+        """One read-and-claim; raises one of ``_CLAIM_CONFLICTS`` when another hub wrote first."""
+        got = await self.owners.read_owner_info(topic)
+        if got is not None:
+            info, version = got
+            if same_hub(info, self.me):
+                self.versions[topic] = version
+                return None
+            alive = await self._alive(info)
+            if not alive and not self.cas_mode:
+                # its ephemeral record outlives it until the lease runs out: not worth a redirect
+                raise errors.ServiceDownError(f"owner {hub_address(info)} of {topic!r} is gone; "
+                                              f"retry after zk_timeout")
+            if not alive:
+                self.versions[topic] = await self.owners.write_owner_info(topic, self.me, version)
+                log.info("claimed %r from dead owner %s", topic, hub_address(info))
+                return None
+            return str(hub_address(info))
+        if not should_claim:
+            target = await self._least_loaded()
+            if not same_hub(target, self.me):
+                return str(hub_address(target))
+        self.versions[topic] = await self.owners.write_owner_info(
+            topic, self.me, Version.NEW, session=None if self.cas_mode else self.session)
+        return None
 
     async def release(self, topic: bytes) -> None:
         """Give ``topic`` up (delete the owner record if it is still ours)."""

@@ -1,6 +1,6 @@
 """The hub wire protocol without I/O: bytes in, events out (in the h11 sense).
 
-Framing is the bookie's (``bookie.protocol.FrameDecoder``: a 4-byte
+Framing is the bookie's (``bookie.wire.FrameDecoder``: a 4-byte
 big-endian length, then one protobuf message of ``hub/proto/pubsub.proto``).
 Every decision about frame limits, unknown operations and request validity
 lives here, so the hub server and the client are thin asyncio shells::
@@ -32,9 +32,12 @@ from typing import Generic, TypeVar
 
 from google.protobuf.message import DecodeError
 
-from bookie.errors import FrameTooLargeError
-from bookie.protocol import LENGTH_PREFIX, FrameDecoder, encode_frame
+from bookie.errors import BKError, FrameTooLargeError
+from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
+from bookie.wire.outbox import Outbox
+from hub.errors import PubSubError
 from hub.proto import pubsub_pb2 as pb
+from metastore.errors import MetastoreError
 
 __all__ = [
     "DEFAULT_MAX_REQUESTS_PER_TURN",
@@ -51,10 +54,14 @@ __all__ = [
     "ServerConnection",
     "SubscriptionEventReceived",
     "encode",
+    "expected_failure",
+    "failure_response",
     "name_problem",
+    "redirect_response",
     "request_topic",
     "response",
     "status_name",
+    "status_of",
     "subscriber_of",
 ]
 
@@ -91,6 +98,39 @@ def response(txn_id: int, status: int = pb.SUCCESS, message: str = "", *, topic:
                              redirect_to=redirect_to)
     resp.statusCode = status  # type: ignore[assignment]
     return resp
+
+
+def expected_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure the protocol has a status for (else: a bug, worth a traceback in the log)."""
+    return isinstance(exc, PubSubError | BKError | MetastoreError)
+
+
+def status_of(exc: BaseException) -> int:
+    """The status answering a request that failed with ``exc``.
+
+    A ``PubSubError`` answers with its own status (UNEXPECTED_CONDITION if
+    the name is not a wire status); ledger and metastore trouble is
+    SERVICE_DOWN (the client may retry); anything else UNEXPECTED_CONDITION.
+    """
+    if isinstance(exc, PubSubError):
+        try:
+            return pb.StatusCode.Value(exc.status)
+        except ValueError:
+            return pb.UNEXPECTED_CONDITION
+    if isinstance(exc, BKError | MetastoreError):
+        return pb.SERVICE_DOWN
+    return pb.UNEXPECTED_CONDITION
+
+
+def failure_response(request: pb.PubSubRequest, exc: BaseException) -> pb.PubSubResponse:
+    """The answer to ``request`` that failed with ``exc`` (``status_of``; the message is ``str(exc)``)."""
+    return response(request.txnId, status_of(exc), str(exc), topic=request_topic(request))
+
+
+def redirect_response(request: pb.PubSubRequest, owner: str) -> pb.PubSubResponse:
+    """NOT_RESPONSIBLE_FOR_TOPIC: ``owner`` (``host:port:sslport``) serves the request's topic."""
+    return response(request.txnId, pb.NOT_RESPONSIBLE_FOR_TOPIC, owner, topic=request_topic(request),
+                    redirect_to=owner)
 
 
 def request_topic(request: pb.PubSubRequest) -> bytes:
@@ -209,6 +249,7 @@ class ServerConnection:
         self.backlogged = False   # stopped at the per-turn budget: call next_events on the next turn
         self.in_flight = 0        # requests dispatched and not answered yet
         self.eof = False          # the client half-closed its side
+        self.partial_since: float | None = None   # clock time the incomplete frame now held was started
 
     @property
     def buffered(self) -> int:
@@ -249,6 +290,20 @@ class ServerConnection:
         """Drop every byte held (the connection is gone)."""
         self._decoder.clear()
         self.backlogged = False
+        self.partial_since = None
+
+    def track_partial(self, progressed: bool, now: Callable[[], float]) -> None:
+        """After serving a read: start, keep or stop the clock of the incomplete frame held.
+
+        ``progressed``: this read completed frames (a frame still incomplete is
+        a new one). Nothing incomplete held, or only complete frames left for a
+        later turn (our delay, not the client's): no clock. The shell closes a
+        connection whose clock runs past ``incomplete_frame_timeout``.
+        """
+        if not self._decoder.buffered or self.backlogged:
+            self.partial_since = None
+        elif progressed or self.partial_since is None:
+            self.partial_since = now()
 
     def request_started(self) -> None:
         """A request was dispatched; it will be answered (``request_finished``)."""
@@ -260,6 +315,10 @@ class ServerConnection:
     def eof_received(self) -> None:
         """The client half-closed: it sends nothing more, but still reads."""
         self.eof = True
+
+    def should_read(self, writable: bool) -> bool:
+        """Read more while the client reads what we write (``writable``) and no requests wait for a later turn."""
+        return writable and not self.backlogged and not self.eof
 
     @property
     def close_now(self) -> bool:
@@ -410,46 +469,39 @@ class ClientConnection(Generic[T]):
 
 # --- output coalescing ----------------------------------------------------------------------------
 
-class OutBuffer:
-    """Frames queued during one event-loop turn, handed to ``write`` together (one syscall, not one each).
+class _WriteCallback:
+    """A transport that is one ``write`` callback (``OutBuffer``); never closing."""
 
-    ``schedule(callback)`` arranges a call at the end of the turn (``loop.call_soon``);
-    past ``flush_bytes`` queued bytes the buffer is written at once, so a
-    transport's ``pause_writing`` is seen promptly. No I/O happens here.
+    __slots__ = ("write",)
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self.write = write
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.write(data[0] if len(data) == 1 else b"".join(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class OutBuffer(Outbox):
+    """An ``Outbox`` (``bookie.wire``, the one out-buffer) that writes through a callback.
+
+    The hub server's connections use ``Outbox`` itself; this keeps the former
+    interface: ``add`` queues, ``flush`` hands everything queued to ``write``
+    as one ``bytes``, ``close`` drops what is queued. No I/O happens here.
     """
-
-    __slots__ = ("_frames", "_size", "flush_bytes", "schedule", "write")
 
     def __init__(self, write: Callable[[bytes], None], schedule: Callable[[Callable[[], None]], object],
                  flush_bytes: int = 64 * 1024) -> None:
-        self.write = write
-        self.schedule = schedule
-        self.flush_bytes = flush_bytes
-        self._frames: list[bytes] = []
-        self._size = 0
+        super().__init__(schedule=schedule, flush_bytes=flush_bytes)
+        self.attach(_WriteCallback(write))
 
-    def add(self, frame: bytes) -> None:
-        self._frames.append(frame)
-        self._size += len(frame)
-        if self._size >= self.flush_bytes:
-            self.flush()
-        elif len(self._frames) == 1:
-            self.schedule(self.flush)
-
-    def flush(self) -> None:
-        frames, self._frames, self._size = self._frames, [], 0
-        if frames:
-            self.write(frames[0] if len(frames) == 1 else b"".join(frames))
+    add = Outbox.send
 
     def close(self) -> None:
-        """Drop what is queued and the callbacks (which usually point back at the connection)."""
-        self._frames, self._size = [], 0
-        self.write = _discard
-        self.schedule = _discard
-
-
-def _discard(_: object) -> None:
-    pass
+        """Drop what is queued and the write callback (which usually points back at the connection)."""
+        self.detach()
 
 
 # --- server-side builders -------------------------------------------------------------------------

@@ -49,18 +49,23 @@ import contextlib
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import errors
-from hub.conf import ClientConf
+from hub.conf import HubClientConf
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from metastore.conf import ConfError, load_conf, setting
 
-__all__ = ["HUB_SUBSCRIBER_PREFIX", "RegionClientConf", "RegionFilter", "RegionManager", "is_hub_subscriber",
-           "load_region_client_conf", "parse_regions"]
+if TYPE_CHECKING:
+    from hub.conf import HubConf
+    from hub.stats import HubStats
+    from hub.topic import Topic
+
+__all__ = ["HUB_SUBSCRIBER_PREFIX", "RegionClientConf", "RegionFilter", "RegionHost", "RegionManager",
+           "is_hub_subscriber", "load_region_client_conf", "parse_regions"]
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +74,7 @@ REGION_OPTION = "quire.region"
 
 
 @dataclass(frozen=True)
-class RegionClientConf(ClientConf):
+class RegionClientConf(HubClientConf):
     """``hw_region_client.conf``: the client keys used between regions, and each remote region's hubs."""
 
     remote_hubs: tuple[str, ...] = setting(
@@ -162,10 +167,27 @@ def region_token(cconf: RegionClientConf, token: str, token_file: str) -> Region
     return cconf
 
 
-class RegionManager:
-    """See the module docstring. ``server`` is a ``hub.server.HubServer`` (duck-typed)."""
+class RegionHost(Protocol):
+    """What a ``RegionManager`` uses of its hub (a ``hub.server.HubServer``)."""
 
-    def __init__(self, server: Any) -> None:
+    @property
+    def conf(self) -> HubConf: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, Topic]: ...
+
+    @property
+    def stats(self) -> HubStats: ...
+
+    def track(self, task: asyncio.Task[Any]) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
+
+
+class RegionManager:
+    """See the module docstring. ``server`` is the hub it works for (``RegionHost``)."""
+
+    def __init__(self, server: RegionHost) -> None:
         self.server = server
         conf = server.conf
         self.region = conf.region

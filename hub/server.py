@@ -5,8 +5,9 @@
     server.address                # "127.0.0.1:4080"
     await server.stop()
 
-One connection carries any number of subscriptions. Requests are decoded
-and validated by ``hub.protocol.ServerConnection``; this module claims
+One connection (``hub.connection.HubConnection``) carries any number of
+subscriptions; each owned topic is a ``hub.topic.Topic``. Requests are
+decoded and validated by ``hub.protocol.ServerConnection``; this module claims
 topics (``hub.ownership``), persists publishes (``hub.persistence``), keeps
 subscriptions (``hub.subscriptions``) and delivers (``hub.delivery``)
 through the read-ahead cache. A client that stops reading makes the
@@ -25,23 +26,22 @@ keeps serving; an oversized frame closes that connection only.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import errno
-import functools
 import itertools
 import logging
 import math
 import os
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
-from bookie.errors import BKError
-from bookie.protocol import FrameBudget
-from hub import errors, protocol
+from bookie.wire import FrameBudget
+from hub import errors
 from hub.conf import HubConf
+from hub.connection import HubConnection, Redirect
+from hub.housekeeping import HubHousekeeping
 from hub.message import Message
 from hub.metadata import (
     HubRegistry,
@@ -52,392 +52,28 @@ from hub.metadata import (
     hub_address,
 )
 from hub.ownership import Ownership, same_hub
-from hub.persistence import Done, TopicLog
+from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.readahead import ReadAheadCache
 from hub.shedding import TopicLoadShedder
-from hub.subscriptions import SubState, TopicSubscriptions
-from metastore.errors import MetastoreError
+from hub.stats import HubStats
+from hub.subscriptions import TopicSubscriptions
+from hub.topic import RATE_WINDOW, Topic
+from metastore.tasks import keep, spawn
+
+if TYPE_CHECKING:
+    from hub.regions import RegionManager
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HubServer", "HubStats"]
+__all__ = ["RATE_WINDOW", "HubConnection", "HubServer", "HubStats", "Topic"]
 
 
-class HubStats:
-    """Every counter of the hub, updated in this one place (the stats endpoint reads ``counters``)."""
-
-    def __init__(self) -> None:
-        self.counters: collections.Counter[str] = collections.Counter()
-
-    def incr(self, name: str, n: int = 1) -> None:
-        self.counters[name] += n
-
-    observer: Any = None     # hub.stats.HubMetrics.observe when the stats endpoint is on
-
-    def observe(self, op: str, seconds: float) -> None:
-        """A request's latency (``op``: publish, subscribe, unsubscribe, consume)."""
-        if self.observer is not None:
-            self.observer(op, seconds)
-
-
-_TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
 _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _FD_LOG_INTERVAL = 10.0   # seconds between log lines about running out of file descriptors
 
 
-class _Redirect(Exception):
-    def __init__(self, owner: str) -> None:
-        super().__init__(owner)
-        self.owner = owner
-
-
-RATE_WINDOW = 10.0
-"""Seconds over which a topic's publish rate is measured (``Topic.publish_rate``)."""
-
-
-class Topic:
-    """An owned topic: its log, its subscriptions, its activity clock, its publish rate."""
-
-    def __init__(self, log_: TopicLog, subs: TopicSubscriptions) -> None:
-        self.log = log_
-        self.subs = subs
-        self.last_active = time.monotonic()
-        # (when, last seq id) sampled by the hub's timer loop: the rate costs nothing per publish
-        self.rate_samples: collections.deque[tuple[float, int]] = collections.deque([(self.last_active,
-                                                                                      log_.last_seq)])
-
-    def sample_rate(self, now: float) -> None:
-        self.rate_samples.append((now, self.log.last_seq))
-        while len(self.rate_samples) > 2 and now - self.rate_samples[1][0] >= RATE_WINDOW:
-            self.rate_samples.popleft()
-
-    def publish_rate(self, now: float) -> float:
-        """Messages per second published over the last ``RATE_WINDOW`` seconds (about)."""
-        when, seq = self.rate_samples[0]
-        elapsed = now - when
-        return (self.log.last_seq - seq) / elapsed if elapsed > 0 else 0.0
-
-
-class HubConnection(asyncio.Protocol):
-    """One client connection."""
-
-    def __init__(self, server: HubServer) -> None:
-        self.server = server
-        self.conf = server.conf
-        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
-                                                 self.conf.max_requests_per_turn)
-        self.transport: asyncio.Transport | None = None
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.subs: dict[tuple[bytes, bytes], SubState] = {}
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
-        self._out = protocol.OutBuffer(self._write_now, server.flush_soon)
-        self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
-        self.closed = False
-        self._serve_scheduled = False
-        self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
-        self.partial_since: float | None = None   # loop time the incomplete frame now held was started
-        self.role: str | None = None   # the authenticated token's subject (hub.auth)
-        self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
-
-    # --- transport callbacks ----------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        transport.set_write_buffer_limits(high=self.conf.max_outbound_buffer)  # type: ignore[attr-defined]
-        self.server.connections.add(self)
-        self.server.stats.incr("connections")
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.writable.set()
-        self.server.connections.discard(self)
-        # nothing of a closed connection may outlive it: its partial frame, queued answers, and the
-        # cycles connection -> out-buffer -> bound method -> connection and connection <-> transport
-        self.server.frame_budget.release(self.key)
-        self.machine.clear()
-        self._out.close()
-        self.transport = None
-        self.partial_since = None
-        if self.subs:
-            self.server.spawn(self._detach_all())
-
-    async def _detach_all(self) -> None:
-        for (topic, sub) in list(self.subs):
-            t = self.server.topics.get(topic)
-            if t is not None:
-                await t.subs.detach(sub)
-        self.subs.clear()
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-        self._update_reading()
-        self.server.stats.incr("write_pauses")
-
-    def resume_writing(self) -> None:
-        self.writable.set()
-        if self.machine.backlogged:
-            self._serve_soon()
-        self._update_reading()
-
-    def _update_reading(self) -> None:
-        """Read while the client reads what we write and no requests wait for a later turn."""
-        if self.transport is None or self.closed:
-            return
-        if self.writable.is_set() and not self.machine.backlogged and not self.machine.eof:
-            self.transport.resume_reading()
-        else:
-            self.transport.pause_reading()
-
-    def eof_received(self) -> bool:
-        """The client half-closed: answer what it sent (publishes in flight included), then close."""
-        self.machine.eof_received()
-        self._close_if_done()
-        # keep the transport open for the answers; TLS has no half-close (asyncio would warn each time)
-        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
-
-    def _close_if_done(self) -> None:
-        if self.machine.close_now and self.transport is not None and not self.closed:
-            self._out.flush()
-            self.transport.close()
-
-
-    def data_received(self, data: bytes) -> None:
-        self._serve(self.machine.receive_data(data))
-
-    def _serve_soon(self) -> None:
-        if not self._serve_scheduled:
-            self._serve_scheduled = True
-            asyncio.get_running_loop().call_soon(self._serve_more)
-
-    def _serve_more(self) -> None:
-        """The next turn's share of requests already read (``ServerConnection.backlogged``)."""
-        self._serve_scheduled = False
-        if self.closed or not self.writable.is_set():
-            return    # resume_writing serves the rest
-        self._serve(self.machine.next_events())
-
-    def _serve(self, events: list[protocol.ServerEvent]) -> None:
-        stats = self.server.stats
-        for event in events:
-            if isinstance(event, protocol.RequestReceived):
-                stats.incr("packets_received")
-                if event.request.type != pb.CONSUME:
-                    self.machine.request_started()
-                self._dispatch(event)
-            elif isinstance(event, protocol.Reject):
-                stats.incr("requests_rejected")
-                self.send(event.response)
-            else:
-                log.info("closing connection: %s", event.reason)
-                if self.transport is not None:
-                    self.transport.close()
-        if self.machine.backlogged:
-            stats.incr("turns_yielded")
-            self._serve_soon()
-        held = self.machine.buffered
-        if not held or self.machine.backlogged:
-            self.partial_since = None    # nothing incomplete, or what waits is complete frames (our delay)
-        elif events or self.partial_since is None:
-            self.partial_since = asyncio.get_running_loop().time()   # a new incomplete frame starts
-        self.server.charge(self, held)
-        self._update_reading()
-        if self.machine.eof:
-            self._close_if_done()
-        if self._published_to:   # the publishes of this read go out as one entry per topic, now
-            logs, self._published_to = self._published_to, []
-            for tlog in logs:
-                tlog.send_queued()
-            self.server.bk.pool.flush()   # and the adds leave for the bookies before anything else runs
-
-    # --- Attachment -------------------------------------------------------------------------------
-    def _write(self, frame: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self._out.add(frame)
-
-    def _write_now(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def send(self, resp: pb.PubSubResponse) -> None:
-        self._write(protocol.encode(resp))
-        self.server.stats.incr("packets_sent")
-
-    def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None:
-        self._write(protocol.delivery(topic, subscriber, message.wire))
-        self.server.stats.incr("messages_delivered")
-
-    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None:
-        self._write(protocol.subscription_event(topic, subscriber, event))
-
-    def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None:
-        if state is None:
-            self.subs.pop((topic, subscriber), None)
-        else:
-            self.subs[(topic, subscriber)] = state
-
-    # --- dispatch ---------------------------------------------------------------------------------
-    def _dispatch(self, ev: protocol.RequestReceived) -> None:
-        req = ev.request
-        if self.server.authenticator is not None and not self._authorized(req, ev):
-            return
-        if req.type == pb.CONSUME:
-            self._consume(ev)
-            return
-        t = self.server.topics.get(ev.topic)
-        if req.type == pb.PUBLISH and t is not None:
-            # synchronously: publish order on a connection is seq order
-            self._enqueue(t, ev, functools.partial(self._published, req, t, time.perf_counter()))
-            if not self._published_to or self._published_to[-1] is not t.log:
-                self._published_to.append(t.log)
-            return
-        if req.type == pb.PUBLISH:
-            self._track(self._handle(ev, None))
-            return
-        # requests of one subscription are applied in the order they arrived
-        key = (ev.topic, ev.subscriber)
-        task = self._track(self._handle(ev, self.chains.get(key)))
-        self.chains[key] = task
-        task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
-
-    def _authorized(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
-        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for region roles only,
-        then the role's grants (``hub.permissions``)."""
-        if req.type == pb.AUTHENTICATE:
-            try:
-                self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
-            except errors.AuthenticationError as exc:
-                log.info("connection refused a token: %s", exc)
-                self._fail(req, exc)
-                return False
-            self.region_hub = self.server.authorizer.is_region_hub(self.role)
-            self.send(protocol.response(req.txnId))
-            return False
-        if self.role is None:
-            self._fail(req, errors.AuthenticationError("this hub requires authentication: set the client conf "
-                                                       "auth_token or auth_token_file"))
-            return False
-        if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
-            self.server.stats.incr("not_authorized")
-            self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
-                                                      "(region_roles, superuser_roles)"))
-            return False
-        refused = self.server.authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
-        if refused is not None:
-            self.server.stats.incr("not_authorized")
-            self._fail(req, refused)
-            return False
-        return True
-
-    def _track(self, coro: Any) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-        return task
-
-    def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
-        t.last_active = time.monotonic()
-        msg = ev.request.publishRequest.msg
-        if not self.region_hub or not msg.srcRegion:
-            # only an authenticated region hub may name another region or carry a version vector:
-            # a crafted remoteComponents would otherwise become the topic's vector-max
-            msg.srcRegion = self.server.region_bytes
-            msg.ClearField("msgId")
-        if self.server.regions is not None:
-            self.server.regions.stamp(ev.topic, msg)
-        self.server.stats.incr("publishes")
-        t.log.submit(msg, done)
-
-    def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
-        self.machine.request_finished()
-        if exc is not None:
-            self._fail(req, exc)
-            if self.machine.eof:
-                self._close_if_done()
-            if t.log.closed and self.server.topics.get(t.log.topic) is t:
-                # its ledger could not be closed: let the next owner recover it
-                self.server.spawn(self.server.release_topic(t.log.topic))
-            return
-        self._write(protocol.published(req.txnId, req.topic, seq))
-        if self.machine.eof:
-            self._close_if_done()
-        stats = self.server.stats
-        stats.incr("packets_sent")
-        stats.observe("publish", time.perf_counter() - t0)
-
-    def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
-        if isinstance(exc, _Redirect):
-            self.server.stats.incr("redirects")
-            self.send(protocol.response(req.txnId, pb.NOT_RESPONSIBLE_FOR_TOPIC, exc.owner,
-                                        topic=protocol.request_topic(req), redirect_to=exc.owner))
-            return
-        if isinstance(exc, errors.PubSubError):
-            try:
-                status = pb.StatusCode.Value(exc.status)
-            except ValueError:
-                status = pb.UNEXPECTED_CONDITION
-        elif isinstance(exc, BKError | MetastoreError):
-            status = pb.SERVICE_DOWN
-        else:
-            log.exception("unexpected failure of %s", pb.OperationType.Name(req.type), exc_info=exc)
-            status = pb.UNEXPECTED_CONDITION
-        self.send(protocol.response(req.txnId, status, str(exc), topic=protocol.request_topic(req)))
-
-    def _consume(self, ev: protocol.RequestReceived) -> None:
-        t0 = time.perf_counter()
-        t = self.server.topics.get(ev.topic)
-        try:
-            if t is None or (ev.topic, ev.subscriber) not in self.subs:
-                raise errors.ClientNotSubscribedError(f"{ev.subscriber!r} not attached to {ev.topic!r}")
-            self.server.stats.incr("consumes")
-            if t.subs.consume(self, ev.subscriber, ev.request.consumeRequest.msgId.localComponent):
-                task = t.subs.persist_soon(ev.subscriber)   # one write in flight per subscription
-                if task is not None:
-                    self.server.track(task)
-            self.server.stats.observe("consume", time.perf_counter() - t0)
-        except errors.PubSubError as exc:
-            self._fail(ev.request, exc)
-
-    async def _handle(self, ev: protocol.RequestReceived, after: asyncio.Task[None] | None) -> None:
-        req = ev.request
-        t0 = time.perf_counter()
-        if after is not None:
-            await asyncio.gather(after, return_exceptions=True)
-        try:
-            t = await self.server.topic(ev.topic, req.shouldClaim)
-            t.last_active = time.monotonic()
-            resp = protocol.response(req.txnId, topic=ev.topic)
-            if req.type == pb.PUBLISH:
-                self._enqueue(t, ev, functools.partial(self._published, req, t, t0))
-                return
-            if req.type == pb.SUBSCRIBE:
-                self.server.stats.incr("subscribes")
-                prefs = await t.subs.subscribe(self, ev.subscriber, req.subscribeRequest)
-                resp.subscribeResponse.preferences.CopyFrom(prefs)
-                await self.server.follow_regions(ev.topic, ev.subscriber, req.subscribeRequest.synchronous)
-            elif req.type == pb.START_DELIVERY:
-                t.subs.start_delivery(self, ev.subscriber, self.server.cache)
-            elif req.type == pb.STOP_DELIVERY:
-                await t.subs.stop_delivery(self, ev.subscriber)
-            elif req.type == pb.CLOSESUBSCRIPTION:
-                await t.subs.close(self, ev.subscriber)
-            elif req.type == pb.UNSUBSCRIBE:
-                self.server.stats.incr("unsubscribes")
-                await t.subs.unsubscribe(self, ev.subscriber)
-                await self.server.follow_regions(ev.topic, ev.subscriber, False)
-            self.machine.request_finished()
-            self.send(resp)
-            if req.type in _TIMED:
-                self.server.stats.observe(_TIMED[req.type], time.perf_counter() - t0)
-        except Exception as exc:
-            self.machine.request_finished()
-            self._fail(req, exc)
-        if self.machine.eof:
-            self._close_if_done()
-
-
-class HubServer:
+class HubServer(HubHousekeeping):
     """See the module docstring."""
 
     def __init__(self, conf: HubConf) -> None:
@@ -462,9 +98,9 @@ class HubServer:
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.releasing: set[bytes] = set()  # topics being released: a moved subscriber's retry waits for it
         self.info = pb.HubInfo()
-        self.cache: Any = None
+        self.cache: Any = None          # hub.readahead.ReadAheadCache once started
         self.ownership: Ownership | None = None
-        self.regions: Any = None      # hub.regions.RegionManager once started
+        self.regions: RegionManager | None = None
         self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
         self.authorizer: Any = None      # hub.permissions.Authorizer with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
@@ -495,23 +131,6 @@ class HubServer:
             victim.machine.clear()
             victim.transport.abort()
 
-    async def _close_stalled_connections(self) -> None:
-        """Close connections whose request frame stays incomplete past ``incomplete_frame_timeout``."""
-        timeout = self.conf.incomplete_frame_timeout / 1000.0
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(min(1.0, timeout / 4))
-            now = loop.time()
-            for conn in list(self.connections):
-                since = conn.partial_since
-                if since is not None and now - since > timeout and conn.transport is not None:
-                    log.warning("closing a client connection whose request frame stayed incomplete for %.1f s "
-                                "(%d bytes held; incomplete_frame_timeout %d ms)", now - since, conn.machine.buffered,
-                                self.conf.incomplete_frame_timeout)
-                    self.stats.incr("connections_closed_incomplete_frame")
-                    conn.machine.clear()
-                    conn.transport.abort()
-
     def loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         """The loop's exception handler: running out of file descriptors is counted and logged
         (at most every ``_FD_LOG_INTERVAL`` seconds); anything else goes to the default handler."""
@@ -531,7 +150,7 @@ class HubServer:
         loop.default_exception_handler(context)
 
     def flush_soon(self, flush: Callable[[], None]) -> None:
-        """A connection's ``OutBuffer`` has frames: write them at the end of this loop turn (``flush``)."""
+        """A connection's ``Outbox`` has frames: write them at the end of this loop turn (``flush``)."""
         self._unflushed.append(flush)
         if len(self._unflushed) == 1:
             asyncio.get_running_loop().call_soon(self.flush)
@@ -542,15 +161,12 @@ class HubServer:
         for flush in pending:
             flush()
 
-    def spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        spawn(self._tasks, coro)
 
     def track(self, task: asyncio.Task[Any]) -> None:
         """Keep ``task`` until it ends (cancelled on stop), like ``spawn``."""
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        keep(self._tasks, task)
 
     async def start(self) -> None:
         """Open the metastore and ledger client, listen, register; raises on any failure."""
@@ -678,7 +294,6 @@ class HubServer:
             return "not registered in the metastore yet"
         if not self.session.alive:
             return "metastore session lost"
-        from hub.ownership import same_hub
 
         if not any(same_hub(info, self.info) for info, _ in await self.registry.live_hubs()):
             return "not registered in the metastore"
@@ -693,7 +308,7 @@ class HubServer:
 
     # --- topics -----------------------------------------------------------------------------------
     async def topic(self, topic: bytes, should_claim: bool) -> Topic:
-        """The owned topic (claiming and acquiring it first); ``_Redirect`` when another hub owns it."""
+        """The owned topic (claiming and acquiring it first); ``Redirect`` when another hub owns it."""
         t = self.topics.get(topic)
         if t is not None:
             return t
@@ -718,7 +333,7 @@ class HubServer:
         assert self.ownership is not None
         owner = await self.ownership.claim(topic, should_claim)
         if owner is not None:
-            raise _Redirect(owner)
+            raise Redirect(owner)
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
@@ -787,73 +402,6 @@ class HubServer:
         finally:
             self.releasing.discard(topic)
         log.info("released topic %r", topic)
-
-    # --- timers -----------------------------------------------------------------------------------
-    async def _timers(self) -> None:
-        """Load updates, retention, consumed-ledger deletion, session health; one loop."""
-        consumed_every = self.conf.messages_consumed_thread_run_interval / 1000.0
-        tick = min(1.0, consumed_every, max(0.1, self.conf.zk_timeout / 4000.0))
-        next_consumed = time.monotonic() + consumed_every
-        rebalance_every = float(self.conf.rebalance_interval_sec)
-        next_rebalance = time.monotonic() + rebalance_every
-        reported = -1
-        while True:
-            await asyncio.sleep(tick)
-            try:
-                if len(self.topics) != reported:
-                    reported = len(self.topics)
-                    await self.registry.update_load(self.info, reported)
-                now = time.monotonic()
-                for t in list(self.topics.values()):
-                    t.sample_rate(now)
-                if self.conf.retention_secs:
-                    for topic, t in list(self.topics.items()):
-                        if now - t.last_active > self.conf.retention_secs and not t.subs.attached_count:
-                            await self.release_topic(topic)
-                if now >= next_consumed:
-                    next_consumed = now + consumed_every
-                    await self.delete_consumed_ledgers()
-                if rebalance_every and now >= next_rebalance:
-                    next_rebalance = now + rebalance_every
-                    await self.shed_load()
-                if self.session is not None and not self.session.alive:
-                    log.warning("metastore session lost: releasing every topic")
-                    for topic in list(self.topics):
-                        await self.release_topic(topic)
-                    self.session = await self.store.session(timeout=self.conf.zk_timeout / 1000.0)
-                    await self.registry.register(self.info, self.session, self.http_url)
-                    if self.ownership is not None:
-                        self.ownership.session = self.session
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("hub timer: %s", exc)
-
-    async def shed_load(self) -> list[bytes]:
-        """Release the topics this hub owns above the cluster's mean (``hub.shedding``); returns them."""
-        if self.registry is None or self.ownership is None:
-            return []
-        others = [load.numTopics for info, load in await self.registry.live_hubs()
-                  if not same_hub(info, self.info)]
-        mine = {topic: t.last_active for topic, t in self.topics.items()}
-        victims = self.shedder.choose(mine, others)
-        if victims:
-            log.info("shedding %d of %d topics (other hubs own %s)", len(victims), len(mine), others)
-        for topic in victims:
-            await self.release_topic(topic)
-        if victims:
-            self.stats.incr("topics_shed", len(victims))
-            await self.registry.update_load(self.info, len(self.topics))
-        return victims
-
-    async def delete_consumed_ledgers(self) -> int:
-        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many."""
-        n = 0
-        for t in list(self.topics.values()):
-            n += len(await t.log.delete_consumed(t.subs.retained_after()))
-        if n:
-            self.stats.incr("ledgers_deleted", n)
-        return n
 
     async def stop(self) -> None:
         """Stop listening, release every topic, unregister, close clients."""

@@ -2,7 +2,8 @@
 
     metrics = HubMetrics(server)              # reads server.stats, topics, connections, cache
     metrics.registry                          # what bookie.http.HttpServer serves (hub.server._start_http)
-    server.stats.observe("publish", 0.002)    # latency, through hub.server.HubStats
+    server.stats = HubStats()                 # the counters: server.stats.incr("packets_sent")
+    server.stats.observe("publish", 0.002)    # latency, handed to HubMetrics.observe once it is on
 
 What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
 
@@ -27,9 +28,10 @@ because of one broken source: a gauge that cannot be read is skipped.
 
 from __future__ import annotations
 
+import collections
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -37,7 +39,13 @@ from prometheus_client.registry import Collector
 
 from bookie.metrics import metric_name
 
-__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics"]
+if TYPE_CHECKING:
+    from hub.connection import HubConnection
+    from hub.readahead import ReadAheadCache
+    from hub.regions import RegionManager
+    from hub.topic import Topic
+
+__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats", "MetricsSource"]
 
 log = logging.getLogger(__name__)
 
@@ -54,14 +62,50 @@ _OP_COUNTERS = {"publishes": "publish", "subscribes": "subscribe", "unsubscribes
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
+class HubStats:
+    """Every counter of the hub, updated in this one place (the stats endpoint reads ``counters``)."""
+
+    def __init__(self) -> None:
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    def incr(self, name: str, n: int = 1) -> None:
+        self.counters[name] += n
+
+    observer: Callable[[str, float], None] | None = None   # HubMetrics.observe when the stats endpoint is on
+
+    def observe(self, op: str, seconds: float) -> None:
+        """A request's latency (``op``: publish, subscribe, unsubscribe, consume)."""
+        if self.observer is not None:
+            self.observer(op, seconds)
+
+
 def _name(subject: str) -> str:
     return metric_name("hub", subject)
 
 
-class HubMetrics(Collector):
-    """See the module docstring. ``server`` is a ``hub.server.HubServer`` (duck-typed)."""
+class MetricsSource(Protocol):
+    """What ``HubMetrics`` reads of its hub at scrape time (a ``hub.server.HubServer``)."""
 
-    def __init__(self, server: Any) -> None:
+    @property
+    def stats(self) -> HubStats: ...
+
+    @property
+    def connections(self) -> Collection[HubConnection]: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, Topic]: ...
+
+    @property
+    def regions(self) -> RegionManager | None: ...
+
+    @property
+    def cache(self) -> ReadAheadCache | None: ...
+
+
+class HubMetrics(Collector):
+    """See the module docstring. ``server`` is the hub it reports on (``MetricsSource``)."""
+
+    def __init__(self, server: MetricsSource) -> None:
         self.server = server
         self.registry = CollectorRegistry()
         self.latency = Histogram(_name("request_seconds"), "request latency by operation (PubSubServer)",

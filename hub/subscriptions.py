@@ -38,7 +38,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from hub import errors
 from hub.conf import HubConf
@@ -48,6 +48,10 @@ from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 from metastore.cas import cas_retry
+
+if TYPE_CHECKING:
+    from hub.metadata import SubscriptionDataManager
+    from hub.readahead import ReadAheadCache
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +97,9 @@ class SubState:
 class TopicSubscriptions:
     """See the module docstring."""
 
-    def __init__(self, topic: bytes, manager: Any, conf: HubConf, last_seq: Any,
-                 on_consumed: Any = None, track: Callable[[asyncio.Task[Any]], None] | None = None,
+    def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
+                 on_consumed: Callable[[bytes], None] | None = None,
+                 track: Callable[[asyncio.Task[Any]], None] | None = None,
                  first_kept: Callable[[], int] | None = None) -> None:
         self.topic = topic
         self.first_kept = first_kept      # the log's oldest stored seq id (a bounded delivery skips to it)
@@ -236,7 +241,7 @@ class TopicSubscriptions:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r} on this connection")
         return state
 
-    def start_delivery(self, conn: Attachment, sub: bytes, cache: Any) -> None:
+    def start_delivery(self, conn: Attachment, sub: bytes, cache: ReadAheadCache) -> None:
         state = self.attached(conn, sub)
         if state.delivery is not None and state.delivery.running:
             return
@@ -385,7 +390,7 @@ class TopicSubscriptions:
         if state.filter is not None:
             safe_uninitialize(state.filter)
 
-    async def reset(self, sub: bytes, consumed: int, cache: Any) -> None:
+    async def reset(self, sub: bytes, consumed: int, cache: ReadAheadCache) -> None:
         """Move ``sub``'s consume pointer to ``consumed`` (the admin API), older or newer, and store it.
 
         An attached subscriber gets a SUBSCRIPTION_RESET event, then (when it

@@ -37,11 +37,12 @@ import os
 import socket
 import ssl
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 from hub.errors import CertificateError
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class _PlaintextOnTlsPort(asyncio.Protocol):
     """A plaintext client on the TLS port: every request it sends is answered COULD_NOT_CONNECT, then it is closed."""
 
     def __init__(self, port: int, max_frame_size: int) -> None:
-        from bookie.protocol import FrameDecoder
+        from bookie.wire import FrameDecoder
 
         self.decoder = FrameDecoder(max_frame_size)
         self.port = port
@@ -193,10 +194,8 @@ class TlsListener:
         self._spawn(self._accept(sock))
         return self
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        spawn(self._tasks, coro)
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

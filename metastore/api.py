@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, NamedTuple
 
 from metastore.errors import IllegalOpError, NoKeyError
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -476,9 +477,7 @@ class PollingWatches:
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     def add(self, table: MetastoreTable, key: str, seen: Version | None, watcher: Watcher) -> None:
-        task = asyncio.get_running_loop().create_task(self._poll(table, key, seen, watcher))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        spawn(self._tasks, self._poll(table, key, seen, watcher))
 
     async def _poll(self, table: MetastoreTable, key: str, seen: Version | None,
                     watcher: Watcher) -> None:

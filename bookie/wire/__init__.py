@@ -1,0 +1,26 @@
+"""Wire plumbing shared by the bookie and the hub (a hub may import bookie, never the reverse).
+
+    from bookie.wire import FrameDecoder, encode_frame, FrameBudget, Outbox
+
+* ``framing``: the 4-byte length prefix, ``FrameDecoder`` (split a stream),
+  ``encode_frame`` (frame a protobuf message), ``FrameBudget`` (partial
+  frames held across all connections of a server);
+* ``outbox``: ``Outbox``, a connection's outgoing frames, written together
+  once per loop turn.
+
+Both are free of protocol decisions; ``bookie.protocol`` and
+``hub.protocol`` build on them.
+"""
+
+from bookie.wire.framing import (
+    DEFAULT_MAX_FRAME_SIZE,
+    LENGTH_PREFIX,
+    PREFIX_SIZE,
+    FrameBudget,
+    FrameDecoder,
+    encode_frame,
+)
+from bookie.wire.outbox import Outbox
+
+__all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "PREFIX_SIZE", "FrameBudget", "FrameDecoder", "Outbox",
+           "encode_frame"]

@@ -1,0 +1,102 @@
+"""Outgoing frames of one connection, written with one ``writelines`` per loop turn.
+
+The one out-buffer of Quire: the bookie server's connections, the ledger
+client's, the hub client's and the hub server's use it::
+
+    outbox = Outbox(on_flush=state.flushed)     # on_flush: optional, called after each write
+    outbox = Outbox(schedule=server.flush_soon, flush_bytes=64 * 1024)   # the hub server's connections
+    outbox.attach(transport)                    # in connection_made
+    outbox.put(frame)                           # queue; the caller flushes (end of data_received)
+    outbox.send(frame)                          # queue and flush at the end of this loop turn
+    outbox.flush()                              # write what is queued now
+    outbox.detach()                             # in connection_lost: queued frames are dropped
+
+Frames queued while no transport is attached, or once it is closing, are
+dropped at the next flush (the connection is gone; its requests fail by
+other means). ``queued_bytes`` is what waits for the next flush.
+
+``schedule(callback)`` replaces ``loop.call_soon`` for the end-of-turn
+flush (a server that flushes all its connections from one callback); with
+``flush_bytes`` set, ``send`` writes at once when that many bytes wait, so a
+transport's ``pause_writing`` is seen promptly. No decision about what to
+send is made here; the only I/O is the transport's ``writelines``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["Outbox"]
+
+
+class _Transport(Protocol):
+    def writelines(self, data: list[bytes]) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
+class Outbox:
+    """See the module docstring."""
+
+    __slots__ = ("_frames", "_loop", "_on_flush", "_schedule", "_scheduled", "flush_bytes", "queued_bytes",
+                 "transport")
+
+    def __init__(self, on_flush: Callable[[], None] | None = None, *,
+                 schedule: Callable[[Callable[[], None]], object] | None = None, flush_bytes: int = 0) -> None:
+        self._frames: list[bytes] = []
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_flush = on_flush
+        self._schedule = schedule
+        self.flush_bytes = flush_bytes
+        self.queued_bytes = 0
+        self.transport: _Transport | None = None
+
+    def attach(self, transport: _Transport) -> None:
+        self.transport = transport
+
+    def detach(self) -> None:
+        """Forget the transport and drop what is queued."""
+        self.transport = None
+        self._frames.clear()
+        self.queued_bytes = 0
+
+    def put(self, frame: bytes) -> None:
+        """Queue ``frame``; it leaves at the caller's next ``flush``."""
+        self._frames.append(frame)
+        self.queued_bytes += len(frame)
+
+    def send(self, frame: bytes) -> None:
+        """Queue ``frame`` and make sure a flush runs at the end of this loop turn (now: past ``flush_bytes``)."""
+        self._frames.append(frame)
+        self.queued_bytes += len(frame)
+        if self.flush_bytes and self.queued_bytes >= self.flush_bytes:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            if self._schedule is not None:
+                self._schedule(self.flush)
+                return
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Write every queued frame in one ``writelines`` (or drop them when the transport is gone)."""
+        self._scheduled = False
+        frames = self._frames
+        if not frames:
+            return
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.writelines(frames)  # transports copy what they keep: the list is reused
+        frames.clear()
+        self.queued_bytes = 0
+        if self._on_flush is not None:
+            self._on_flush()
+
+    def __len__(self) -> int:
+        return len(self._frames)

@@ -1,0 +1,187 @@
+"""One client connection to one hub (Hedwig's channel), and its response timeouts.
+
+    conn = HubChannel(client, "host:port")        # the protocol factory of loop.create_connection
+    fut = conn.request(req, timeout)              # the response; ResponseTimeoutError after timeout s
+    conn.one_way(consume_req)                     # no response expected (CONSUME)
+    conn.alive; await conn.lost                   # the connection is usable; resolves once it is gone
+
+Bytes go through the sans-IO ``hub.protocol.ClientConnection`` (txn ids,
+response matching); requests leave through an ``Outbox`` (``bookie.wire``),
+one write per loop turn. Deliveries, subscription events and the loss of
+the connection go to the owning client (``ChannelOwner``, a
+``HedwigClient``).
+
+Failure: a request in flight when the connection drops fails with
+``UncertainStateError``; one without an answer in time with
+``ResponseTimeoutError``; a broken stream closes the connection (logged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import heapq
+import logging
+import math
+from collections.abc import Callable
+from typing import Protocol, cast
+
+from bookie.wire import Outbox
+from hub import errors
+from hub.conf import HubClientConf
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import (
+    ClientConnection,
+    ConnectionBroken,
+    DeliveryReceived,
+    ResponseReceived,
+    SubscriptionEventReceived,
+)
+
+log = logging.getLogger("hub.client")   # the client's log keeps the name it always had
+
+__all__ = ["ChannelOwner", "Deadlines", "HubChannel"]
+
+
+class ChannelOwner(Protocol):
+    """What a ``HubChannel`` needs of the client that owns it."""
+
+    conf: HubClientConf
+
+    def _delivered(self, conn: HubChannel, topic: bytes, sub: bytes, proto: pb.Message) -> None: ...
+
+    def _sub_event(self, conn: HubChannel, topic: bytes, sub: bytes, event: int) -> None: ...
+
+    def _conn_lost(self, conn: HubChannel) -> None: ...
+
+
+class Deadlines:
+    """Response timeouts of one connection's requests with one timer, not one per request.
+
+    Requests mostly come with ascending deadlines (one timeout, sent in order)
+    and are answered in order: those sit in a deque whose answered head is
+    dropped as new ones arrive; a retry with an earlier deadline goes to a
+    small heap. The timer is armed for the earliest deadline only.
+    """
+
+    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse]], None]) -> None:
+        self._on_expired = on_expired
+        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = collections.deque()
+        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._at = math.inf
+
+    def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        at = loop.time() + timeout
+        order = self._order
+        while order and order[0][2].done():
+            order.popleft()
+        if order and at < order[-1][0]:
+            heapq.heappush(self._late, (at, txn_id, fut))
+        else:
+            order.append((at, txn_id, fut))
+        if at < self._at:
+            self._arm(loop, at)
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._fire)
+        self._at = at
+
+    def _fire(self) -> None:
+        self._timer, self._at = None, math.inf
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        order, late = self._order, self._late
+        while order and (order[0][2].done() or order[0][0] <= now):
+            _, txn_id, fut = order.popleft()
+            if not fut.done():
+                self._on_expired(txn_id, fut)
+        while late and (late[0][2].done() or late[0][0] <= now):
+            _, txn_id, fut = heapq.heappop(late)
+            if not fut.done():
+                self._on_expired(txn_id, fut)
+        nxt = min(order[0][0] if order else math.inf, late[0][0] if late else math.inf)
+        if nxt < math.inf:
+            self._arm(loop, nxt)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._at = None, math.inf
+        self._order.clear()
+        self._late.clear()
+
+
+class HubChannel(asyncio.Protocol):
+    """One connection to one hub."""
+
+    def __init__(self, client: ChannelOwner, address: str) -> None:
+        self.client = client
+        self.address = address
+        self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
+            max(client.conf.max_message_size * 2 + 65536, 8 << 20))
+        self.transport: asyncio.Transport | None = None
+        self.lost = asyncio.get_running_loop().create_future()
+        self.paused_by: set[tuple[bytes, bytes]] = set()
+        self.deadlines = Deadlines(self._expired)
+        self.outbox = Outbox()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.outbox.attach(self.transport)
+
+    def data_received(self, data: bytes) -> None:
+        for ev in self.machine.receive_data(data):
+            if isinstance(ev, ResponseReceived):
+                if not ev.value.done():
+                    ev.value.set_result(ev.response)
+            elif isinstance(ev, DeliveryReceived):
+                self.client._delivered(self, ev.topic, ev.subscriber, ev.message)
+            elif isinstance(ev, SubscriptionEventReceived):
+                self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
+            elif isinstance(ev, ConnectionBroken):
+                log.warning("connection to %s broken: %s", self.address, ev.reason)
+                if self.transport is not None:
+                    self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.outbox.detach()
+        self.deadlines.close()
+        for fut in self.machine.drain():
+            if not fut.done():
+                fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.client._conn_lost(self)
+
+    def _write(self, data: bytes) -> None:
+        # one write per loop turn: the requests a turn makes (a burst of publishes, the consumes
+        # of a run of handled messages) reach the hub as one segment, one read there
+        self.outbox.send(data)
+
+    @property
+    def alive(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
+
+    def request(self, req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        """The response to ``req``; ``ResponseTimeoutError`` when none comes within ``timeout`` seconds."""
+        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+            return fut
+        assert self.transport is not None
+        self._write(self.machine.send_request(req, fut))
+        self.deadlines.watch(req.txnId, fut, timeout)
+        return fut
+
+    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse]) -> None:
+        self.machine.forget(txn_id)
+        fut.set_exception(errors.ResponseTimeoutError(f"no answer from {self.address} within the timeout"))
+
+    def one_way(self, req: pb.PubSubRequest) -> None:
+        if self.alive:
+            assert self.transport is not None
+            self._write(self.machine.send_request(req, None))

@@ -1,0 +1,365 @@
+"""One client connection of a hub: the asyncio ``Protocol`` around ``hub.protocol.ServerConnection``.
+
+    server.connections                          # every HubConnection of a HubServer
+    conn = HubConnection(server)                # made by the listener for each accepted socket
+    conn.send(response); conn.send_delivery(topic, sub, message)   # queued, written once per loop turn
+
+Bytes go into the sans-IO ``ServerConnection``; its events are dispatched
+here: publishes to the owned topic's log (in arrival order), subscription
+requests chained per subscription, consumes applied at once. Answers leave
+through an ``Outbox`` (``bookie.wire``) that the server flushes for all its
+connections at the end of each loop turn. A client that stops reading makes
+the transport pause: its deliveries wait and its requests are not read until
+the buffer drains (``max_outbound_buffer``).
+
+Failure: a request that fails is answered with the status
+``hub.protocol.failure_response`` gives it; a ``Redirect`` raised by the
+server becomes NOT_RESPONSIBLE_FOR_TOPIC; the connection keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from bookie.wire import Outbox
+from hub import errors, protocol
+from hub.message import Message
+from hub.persistence import Done, TopicLog
+from hub.proto import pubsub_pb2 as pb
+from hub.subscriptions import SubState
+from hub.topic import Topic
+from metastore.tasks import spawn
+
+if TYPE_CHECKING:
+    from hub.server import HubServer
+
+log = logging.getLogger("hub.server")   # the hub's request log keeps the name it always had
+
+__all__ = ["OUT_FLUSH_BYTES", "HubConnection", "Redirect"]
+
+_TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
+
+
+class Redirect(Exception):
+    """Raised by ``HubServer.topic`` when another hub owns the topic: the request is redirected to ``owner``."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(owner)
+        self.owner = owner
+
+
+OUT_FLUSH_BYTES = 64 * 1024
+"""Queued answer bytes past which a connection writes at once (``pause_writing`` is then seen promptly)."""
+
+
+def _loop_time() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class HubConnection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, server: HubServer) -> None:
+        self.server = server
+        self.conf = server.conf
+        self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
+                                                 self.conf.max_requests_per_turn)
+        self.transport: asyncio.Transport | None = None
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.subs: dict[tuple[bytes, bytes], SubState] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
+        self._out = Outbox(schedule=server.flush_soon, flush_bytes=OUT_FLUSH_BYTES)
+        self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
+        self.closed = False
+        self._serve_scheduled = False
+        self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
+        self.role: str | None = None   # the authenticated token's subject (hub.auth)
+        self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
+
+    @property
+    def partial_since(self) -> float | None:
+        """Loop time the incomplete frame now held was started (``ServerConnection.partial_since``)."""
+        return self.machine.partial_since
+
+    # --- transport callbacks ----------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self._out.attach(self.transport)   # type: ignore[arg-type]
+        transport.set_write_buffer_limits(high=self.conf.max_outbound_buffer)  # type: ignore[attr-defined]
+        self.server.connections.add(self)
+        self.server.stats.incr("connections")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.writable.set()
+        self.server.connections.discard(self)
+        # nothing of a closed connection may outlive it: its partial frame, queued answers, and the
+        # cycles connection -> out-buffer -> bound method -> connection and connection <-> transport
+        self.server.frame_budget.release(self.key)
+        self.machine.clear()
+        self._out.detach()
+        self.transport = None
+        if self.subs:
+            self.server.spawn(self._detach_all())
+
+    async def _detach_all(self) -> None:
+        for (topic, sub) in list(self.subs):
+            t = self.server.topics.get(topic)
+            if t is not None:
+                await t.subs.detach(sub)
+        self.subs.clear()
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+        self._update_reading()
+        self.server.stats.incr("write_pauses")
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+        if self.machine.backlogged:
+            self._serve_soon()
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read while the client reads what we write and no requests wait for a later turn."""
+        if self.transport is None or self.closed:
+            return
+        if self.machine.should_read(self.writable.is_set()):
+            self.transport.resume_reading()
+        else:
+            self.transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        """The client half-closed: answer what it sent (publishes in flight included), then close."""
+        self.machine.eof_received()
+        self._close_if_done()
+        # keep the transport open for the answers; TLS has no half-close (asyncio would warn each time)
+        return self.transport is not None and self.transport.get_extra_info("sslcontext") is None
+
+    def _close_if_done(self) -> None:
+        if self.machine.close_now and self.transport is not None and not self.closed:
+            self._out.flush()
+            self.transport.close()
+
+
+    def data_received(self, data: bytes) -> None:
+        self._serve(self.machine.receive_data(data))
+
+    def _serve_soon(self) -> None:
+        if not self._serve_scheduled:
+            self._serve_scheduled = True
+            asyncio.get_running_loop().call_soon(self._serve_more)
+
+    def _serve_more(self) -> None:
+        """The next turn's share of requests already read (``ServerConnection.backlogged``)."""
+        self._serve_scheduled = False
+        if self.closed or not self.writable.is_set():
+            return    # resume_writing serves the rest
+        self._serve(self.machine.next_events())
+
+    def _serve(self, events: list[protocol.ServerEvent]) -> None:
+        stats = self.server.stats
+        for event in events:
+            if isinstance(event, protocol.RequestReceived):
+                stats.incr("packets_received")
+                if event.request.type != pb.CONSUME:
+                    self.machine.request_started()
+                self._dispatch(event)
+            elif isinstance(event, protocol.Reject):
+                stats.incr("requests_rejected")
+                self.send(event.response)
+            else:
+                log.info("closing connection: %s", event.reason)
+                if self.transport is not None:
+                    self.transport.close()
+        if self.machine.backlogged:
+            stats.incr("turns_yielded")
+            self._serve_soon()
+        held = self.machine.buffered
+        self.machine.track_partial(bool(events), _loop_time)
+        self.server.charge(self, held)
+        self._update_reading()
+        if self.machine.eof:
+            self._close_if_done()
+        if self._published_to:   # the publishes of this read go out as one entry per topic, now
+            logs, self._published_to = self._published_to, []
+            for tlog in logs:
+                tlog.send_queued()
+            self.server.bk.pool.flush()   # and the adds leave for the bookies before anything else runs
+
+    # --- Attachment -------------------------------------------------------------------------------
+    def _write(self, frame: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self._out.send(frame)
+
+    def send(self, resp: pb.PubSubResponse) -> None:
+        self._write(protocol.encode(resp))
+        self.server.stats.incr("packets_sent")
+
+    def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None:
+        self._write(protocol.delivery(topic, subscriber, message.wire))
+        self.server.stats.incr("messages_delivered")
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None:
+        self._write(protocol.subscription_event(topic, subscriber, event))
+
+    def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None:
+        if state is None:
+            self.subs.pop((topic, subscriber), None)
+        else:
+            self.subs[(topic, subscriber)] = state
+
+    # --- dispatch ---------------------------------------------------------------------------------
+    def _dispatch(self, ev: protocol.RequestReceived) -> None:
+        req = ev.request
+        if self.server.authenticator is not None and not self._authorized(req, ev):
+            return
+        if req.type == pb.CONSUME:
+            self._consume(ev)
+            return
+        t = self.server.topics.get(ev.topic)
+        if req.type == pb.PUBLISH and t is not None:
+            # synchronously: publish order on a connection is seq order
+            self._enqueue(t, ev, functools.partial(self._published, req, t, time.perf_counter()))
+            if not self._published_to or self._published_to[-1] is not t.log:
+                self._published_to.append(t.log)
+            return
+        if req.type == pb.PUBLISH:
+            self._track(self._handle(ev, None))
+            return
+        # requests of one subscription are applied in the order they arrived
+        key = (ev.topic, ev.subscriber)
+        task = self._track(self._handle(ev, self.chains.get(key)))
+        self.chains[key] = task
+        task.add_done_callback(lambda t: self.chains.pop(key, None) if self.chains.get(key) is t else None)
+
+    def _authorized(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
+        """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for region roles only,
+        then the role's grants (``hub.permissions``)."""
+        if req.type == pb.AUTHENTICATE:
+            try:
+                self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
+            except errors.AuthenticationError as exc:
+                log.info("connection refused a token: %s", exc)
+                self._fail(req, exc)
+                return False
+            self.region_hub = self.server.authorizer.is_region_hub(self.role)
+            self.send(protocol.response(req.txnId))
+            return False
+        if self.role is None:
+            self._fail(req, errors.AuthenticationError("this hub requires authentication: set the client conf "
+                                                       "auth_token or auth_token_file"))
+            return False
+        if req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber and not self.region_hub:
+            self.server.stats.incr("not_authorized")
+            self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
+                                                      "(region_roles, superuser_roles)"))
+            return False
+        refused = self.server.authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
+        if refused is not None:
+            self.server.stats.incr("not_authorized")
+            self._fail(req, refused)
+            return False
+        return True
+
+    def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return spawn(self.tasks, coro)
+
+    def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
+        t.last_active = time.monotonic()
+        msg = ev.request.publishRequest.msg
+        if not self.region_hub or not msg.srcRegion:
+            # only an authenticated region hub may name another region or carry a version vector:
+            # a crafted remoteComponents would otherwise become the topic's vector-max
+            msg.srcRegion = self.server.region_bytes
+            msg.ClearField("msgId")
+        if self.server.regions is not None:
+            self.server.regions.stamp(ev.topic, msg)
+        self.server.stats.incr("publishes")
+        t.log.submit(msg, done)
+
+    def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
+        self.machine.request_finished()
+        if exc is not None:
+            self._fail(req, exc)
+            if self.machine.eof:
+                self._close_if_done()
+            if t.log.closed and self.server.topics.get(t.log.topic) is t:
+                # its ledger could not be closed: let the next owner recover it
+                self.server.spawn(self.server.release_topic(t.log.topic))
+            return
+        self._write(protocol.published(req.txnId, req.topic, seq))
+        if self.machine.eof:
+            self._close_if_done()
+        stats = self.server.stats
+        stats.incr("packets_sent")
+        stats.observe("publish", time.perf_counter() - t0)
+
+    def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
+        """Answer ``req`` that failed with ``exc`` (the status is ``hub.protocol``'s decision)."""
+        if isinstance(exc, Redirect):
+            self.server.stats.incr("redirects")
+            self.send(protocol.redirect_response(req, exc.owner))
+            return
+        if not protocol.expected_failure(exc):
+            log.exception("unexpected failure of %s", pb.OperationType.Name(req.type), exc_info=exc)
+        self.send(protocol.failure_response(req, exc))
+
+    def _consume(self, ev: protocol.RequestReceived) -> None:
+        t0 = time.perf_counter()
+        t = self.server.topics.get(ev.topic)
+        try:
+            if t is None or (ev.topic, ev.subscriber) not in self.subs:
+                raise errors.ClientNotSubscribedError(f"{ev.subscriber!r} not attached to {ev.topic!r}")
+            self.server.stats.incr("consumes")
+            if t.subs.consume(self, ev.subscriber, ev.request.consumeRequest.msgId.localComponent):
+                task = t.subs.persist_soon(ev.subscriber)   # one write in flight per subscription
+                if task is not None:
+                    self.server.track(task)
+            self.server.stats.observe("consume", time.perf_counter() - t0)
+        except errors.PubSubError as exc:
+            self._fail(ev.request, exc)
+
+    async def _handle(self, ev: protocol.RequestReceived, after: asyncio.Task[None] | None) -> None:
+        req = ev.request
+        t0 = time.perf_counter()
+        if after is not None:
+            await asyncio.gather(after, return_exceptions=True)
+        try:
+            t = await self.server.topic(ev.topic, req.shouldClaim)
+            t.last_active = time.monotonic()
+            resp = protocol.response(req.txnId, topic=ev.topic)
+            if req.type == pb.PUBLISH:
+                self._enqueue(t, ev, functools.partial(self._published, req, t, t0))
+                return
+            if req.type == pb.SUBSCRIBE:
+                self.server.stats.incr("subscribes")
+                prefs = await t.subs.subscribe(self, ev.subscriber, req.subscribeRequest)
+                resp.subscribeResponse.preferences.CopyFrom(prefs)
+                await self.server.follow_regions(ev.topic, ev.subscriber, req.subscribeRequest.synchronous)
+            elif req.type == pb.START_DELIVERY:
+                t.subs.start_delivery(self, ev.subscriber, self.server.cache)
+            elif req.type == pb.STOP_DELIVERY:
+                await t.subs.stop_delivery(self, ev.subscriber)
+            elif req.type == pb.CLOSESUBSCRIPTION:
+                await t.subs.close(self, ev.subscriber)
+            elif req.type == pb.UNSUBSCRIBE:
+                self.server.stats.incr("unsubscribes")
+                await t.subs.unsubscribe(self, ev.subscriber)
+                await self.server.follow_regions(ev.topic, ev.subscriber, False)
+            self.machine.request_finished()
+            self.send(resp)
+            if req.type in _TIMED:
+                self.server.stats.observe(_TIMED[req.type], time.perf_counter() - t0)
+        except Exception as exc:
+            self.machine.request_finished()
+            self._fail(req, exc)
+        if self.machine.eof:
+            self._close_if_done()

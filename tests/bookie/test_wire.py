@@ -1,0 +1,55 @@
+"""bookie.wire: the framing and the Outbox both the bookie and the hub use, on a fake transport."""
+
+from collections.abc import Callable
+
+import bookie.protocol
+from bookie.proto import bookie_pb2 as pb
+from bookie.wire import FrameDecoder, Outbox, encode_frame
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.writes: list[list[bytes]] = []
+        self.closing = False
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.writes.append(list(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+def test_bookie_protocol_still_exports_the_framing() -> None:
+    assert bookie.protocol.FrameDecoder is FrameDecoder and bookie.protocol.encode_frame is encode_frame
+    frame = encode_frame(pb.Request(txn_id=3))
+    assert [pb.Request.FromString(f).txn_id for f in FrameDecoder().feed(frame * 2)] == [3, 3]
+
+
+def test_a_scheduled_outbox_flushes_once_per_schedule_and_at_once_past_flush_bytes() -> None:
+    scheduled: list[Callable[[], None]] = []
+    out = Outbox(schedule=scheduled.append, flush_bytes=10)
+    t = Transport()
+    out.attach(t)
+    out.send(b"abc")
+    out.send(b"def")
+    assert len(scheduled) == 1 and t.writes == [] and out.queued_bytes == 6
+    out.send(b"ghijk")                     # 11 bytes wait: written now
+    assert t.writes == [[b"abc", b"def", b"ghijk"]] and out.queued_bytes == 0
+    scheduled[0]()                         # the end-of-turn flush finds nothing
+    assert len(t.writes) == 1
+    out.send(b"x")
+    assert len(scheduled) == 2
+    scheduled[1]()
+    assert t.writes[-1] == [b"x"]
+
+
+def test_a_detached_outbox_drops_what_it_held() -> None:
+    scheduled: list[Callable[[], None]] = []
+    out = Outbox(schedule=scheduled.append)
+    t = Transport()
+    out.attach(t)
+    out.send(b"late")
+    out.detach()
+    for flush in scheduled:
+        flush()
+    assert t.writes == [] and len(out) == 0
