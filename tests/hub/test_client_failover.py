@@ -25,6 +25,7 @@ from hub import errors, protocol
 from hub.channel import tcp_keepalive
 from hub.client import HedwigClient
 from hub.proto import pubsub_pb2 as pb
+from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
 TIMEOUT_MS = 300
@@ -97,9 +98,7 @@ async def test_a_silent_owner_is_dropped_and_the_publish_asked_again_elsewhere_w
                      if r.publishRequest.msg.body == b"two"]
             assert asked == [(a.address, 2), (b.address, 2)]
             # the subscription attached through the dropped connection attaches again at b
-            async with asyncio.timeout(10):
-                while not b.seen(pb.SUBSCRIBE):
-                    await asyncio.sleep(0.02)
+            await eventually(lambda: b.seen(pb.SUBSCRIBE), timeout=10, interval=0.02)
             # a plain publish goes to b from now on; a is not asked again
             before = len(a.requests)
             await c.publish(b"t", b"three")
@@ -194,23 +193,18 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
                     await asyncio.sleep(0.01)
 
             task = asyncio.create_task(publisher())
-            async with asyncio.timeout(20):
-                while len(acked) < 20:
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: len(acked) >= 20)
             pid = cluster.hub_pid(owner)
             assert pid is not None
             os.kill(pid, signal.SIGSTOP)
             stopped_at = time.monotonic()
             try:
-                async with asyncio.timeout(FAILOVER_BOUND + 10):
-                    while not any(t > stopped_at and by == other for t, _, _, by in acked):
-                        await asyncio.sleep(0.05)
+                await eventually(lambda: any(t > stopped_at and by == other for t, _, _, by in acked),
+                                 timeout=FAILOVER_BOUND + 10)
                 resumed = next(t for t, _, _, by in acked if t > stopped_at and by == other) - stopped_at
                 assert resumed < FAILOVER_BOUND, f"publishing resumed {resumed:.1f}s after SIGSTOP; {failures[-3:]}"
                 n = len(acked)
-                async with asyncio.timeout(20):
-                    while len(acked) < n + 20:
-                        await asyncio.sleep(0.05)
+                await eventually(lambda: len(acked) >= n + 20)
             finally:
                 os.kill(pid, signal.SIGCONT)
             # the stale owner, running again, acknowledges nothing: its ledger is fenced and it lets the topic go
@@ -222,9 +216,7 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
                     print(f"a publish to the stale owner: {type(exc).__name__}: {exc}")
                 else:   # acknowledged, but by the new owner, through a redirect
                     assert late.owner[topic] == other, f"the stale owner acknowledged seq {seq}"
-            async with asyncio.timeout(20):
-                while len(acked) < n + 40:
-                    await asyncio.sleep(0.05)
+            await eventually(lambda: len(acked) >= n + 40)
             stop.set()
             await task
         print(f"failover after SIGSTOP: {resumed:.2f}s, {len(acked)} acknowledged, failures seen: {failures[:3]}")
