@@ -288,7 +288,7 @@ class HedwigClient:
                                                           f"within {remaining:.1f} s") from None
                 except errors.CouldNotConnectError:
                     self.owner.pop(topic, None)   # the owner we were sent to is gone: start over at a live hub
-                    if len(self.addresses) > 1 and address == self.addresses[self._default]:
+                    if len(self.addresses) > 1:
                         self._default = (self._default + 1) % len(self.addresses)
                     address = self.addresses[self._default]
                     req.shouldClaim = False
