@@ -17,14 +17,15 @@ Failure: a request in flight when the connection drops fails with
 ``ResponseTimeoutError``; a broken stream closes the connection (logged).
 
 A silent hub (a host cut off without a FIN or RST reaching the client, a
-stopped process: TCP stays up, nothing answers) is detected by this rule: **a
-request that times out when nothing at all (no response, delivery or event)
-has arrived on the connection since that request was sent makes the
-connection suspect, and it is dropped at once** — its other requests in
-flight fail with ``UncertainStateError`` (an exactly-once publish asks again
-with the same sequence id), and the client forgets the topics it routed
-through it and resubscribes the subscriptions attached through it (Hedwig's
-and Pulsar's clients close a channel that stops answering the same way). A
+stopped process: TCP stays up, nothing answers) is detected by this rule:
+**a request that times out when nothing at all (no response, delivery or
+event) has arrived on its connection since it was sent, while the client was
+not holding reading back (``paused_by``), makes the connection suspect, and
+it is dropped at once** — its other requests in flight fail with
+``UncertainStateError`` (an exactly-once publish asks again with the same
+sequence id), the client forgets the owners of the topics it routed through
+it and resubscribes the subscriptions attached through it elsewhere (as
+Pulsar's client closes a connection whose keep-alive goes unanswered). A
 slow answer on a busy connection, where other answers keep arriving, only
 fails that request: one slow topic does not cost the others their
 connection. The timed-out request's ``ResponseTimeoutError`` has
@@ -180,7 +181,8 @@ class HubChannel(asyncio.Protocol):
         self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
             max(client.conf.max_message_size * 2 + 65536, 8 << 20))
         self.transport: asyncio.Transport | None = None
-        self.lost = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.lost = self._loop.create_future()
         self.paused_by: set[tuple[bytes, bytes]] = set()
         self.deadlines = Deadlines(self._expired)
         self.outbox = Outbox()
@@ -194,7 +196,7 @@ class HubChannel(asyncio.Protocol):
         tcp_keepalive(self.transport.get_extra_info("socket"), self.client.conf.server_ack_response_timeout / 1000.0)
 
     def data_received(self, data: bytes) -> None:
-        self.last_heard = asyncio.get_running_loop().time()
+        self.last_heard = self._loop.time()
         for ev in self.machine.receive_data(data):
             if isinstance(ev, ResponseReceived):
                 if not ev.value.done():
@@ -257,13 +259,14 @@ class HubChannel(asyncio.Protocol):
     def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], sent_at: float) -> None:
         """No answer in time; when nothing at all was heard since ``sent_at``, the connection is dropped."""
         self.machine.forget(txn_id)
-        silent = self.last_heard < sent_at
+        # while the client itself stopped reading (its handlers are behind), silence proves nothing
+        silent = self.last_heard < sent_at and not self.paused_by
         fut.set_exception(errors.ResponseTimeoutError(
             f"no answer from {self.address} within the timeout" + ("; nothing heard from it since the request "
                                                                    "was sent: connection dropped" if silent else ""),
             channel_dropped=silent))
         if silent:
-            waited = asyncio.get_running_loop().time() - sent_at
+            waited = self._loop.time() - sent_at
             self.drop(f"a request went unanswered for {waited:.1f} s and nothing else came from the hub meanwhile")
 
     def one_way(self, req: pb.PubSubRequest) -> None:
