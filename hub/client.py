@@ -30,7 +30,10 @@ follow NOT_RESPONSIBLE_FOR_TOPIC redirects up to ``max_server_redirects``
 (a dead owner's lease running out; then ``ServiceDownError``).
 ``connect`` accepts several comma-separated hubs; the next is tried when one
 is unreachable. A request in flight when its connection drops fails with
-``UncertainStateError`` (a publish may or may not have been persisted). With
+``UncertainStateError`` (a publish may or may not have been persisted). A
+request that times out on a connection that heard nothing since it was sent
+drops that connection as silent (the rule is in ``hub.channel``): the client
+forgets the owners it learned through it and goes to the default hub next. With
 ``enable_resubscribe`` the client re-attaches its subscriptions after a hub
 failure or a topic move and resumes delivery, skipping messages it already
 handled — except after a SUBSCRIPTION_RESET event (an operator moved the
