@@ -23,7 +23,7 @@ import pytest
 
 from hub import errors, protocol
 from hub.channel import tcp_keepalive
-from hub.client import HedwigClient
+from hub.client import HedwigClient, Message
 from hub.proto import pubsub_pb2 as pb
 from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
@@ -164,6 +164,11 @@ recovers (fences) the old owner's ledger."""
 
 @pytest.mark.slow
 async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twice(tmp_path: Path) -> None:
+    """SIGSTOP of the owner while one client publishes exactly-once (``producer_name``) and subscribes.
+
+    The publish that times out drops the connection; it is asked again at the other hub with its
+    sequence id, and the subscription (on the same connection) attaches there. Nothing acknowledged
+    is lost or stored twice; after SIGCONT the stale owner acknowledges nothing."""
     from tests.hub.test_exactly_once import stored_bodies
 
     topic = uuid.uuid4().hex.encode()
@@ -176,6 +181,13 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
             await c.publish(topic, b"body-0")
             owner = cluster.hub_addresses.index(c.owner[topic])
             other = cluster.hub_addresses[1 - owner]
+            delivered: list[tuple[int, bytes]] = []
+
+            async def handler(t: bytes, s: bytes, m: Message) -> None:
+                delivered.append((m.seq_id, m.body))
+
+            await c.subscribe(topic, b"s")
+            await c.start_delivery(topic, b"s", handler)
 
             async def publisher() -> None:
                 i = 0
@@ -205,6 +217,9 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
                 assert resumed < FAILOVER_BOUND, f"publishing resumed {resumed:.1f}s after SIGSTOP; {failures[-3:]}"
                 n = len(acked)
                 await eventually(lambda: len(acked) >= n + 20)
+                # the subscription moved too, while the old owner is still stopped
+                await eventually(lambda: delivered and delivered[-1][0] >= acked[n + 19][1])
+                assert c.subs[(topic, b"s")].conn is c.conns[other]
             finally:
                 os.kill(pid, signal.SIGCONT)
             # the stale owner, running again, acknowledges nothing: its ledger is fenced and it lets the topic go
@@ -219,6 +234,7 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
             await eventually(lambda: len(acked) >= n + 40)
             stop.set()
             await task
+            await eventually(lambda: delivered and delivered[-1][0] >= max(s for _, s, _, _ in acked))
         print(f"failover after SIGSTOP: {resumed:.2f}s, {len(acked)} acknowledged, failures seen: {failures[:3]}")
         await cluster.stop_hub(owner)
         await cluster.stop_hub(1 - owner)        # release the topic: its ledgers closed, to be read back
@@ -230,3 +246,6 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
     seqs = [s for _, s, _, _ in acked]
     assert len(set(seqs)) == len(seqs), "two publishes acknowledged with one seq id"
     assert not failures, f"a publish failed instead of failing over: {failures[:3]}"
+    got = [s for s, _ in delivered]
+    assert got == sorted(set(got)), "delivered in order, once"
+    assert set(seqs) <= set(got), "every acknowledged publish delivered"
