@@ -163,7 +163,9 @@ recovers (fences) the old owner's ledger."""
 
 
 @pytest.mark.slow
-async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twice(tmp_path: Path) -> None:
+@pytest.mark.parametrize("metastore", ["lmdb", "zookeeper"])   # the owner's lease / its ZooKeeper session expires
+async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twice(tmp_path: Path,
+                                                                                   metastore: str) -> None:
     """SIGSTOP of the owner while one client publishes exactly-once (``producer_name``) and subscribes.
 
     The publish that times out drops the connection; it is asked again at the other hub with its
@@ -172,7 +174,8 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
     from tests.hub.test_exactly_once import stored_bodies
 
     topic = uuid.uuid4().hex.encode()
-    async with LocalCluster(bookies=2, hubs=2, data_dir=tmp_path, conf_overrides=STOP_CONF) as cluster:
+    async with LocalCluster(bookies=2, hubs=2, data_dir=tmp_path, metastore=metastore,
+                            conf_overrides=STOP_CONF) as cluster:
         conf = {"producer_name": "p", "server_ack_response_timeout": str(ACK_TIMEOUT_MS)}
         acked: list[tuple[float, int, bytes, str]] = []   # when, seq id, body, the hub that answered
         stop = asyncio.Event()
