@@ -140,6 +140,18 @@ async def test_requests_in_flight_on_a_dropped_connection_fail_uncertain_at_once
             assert not conn.alive and conn.dropped
 
 
+async def test_silence_while_the_client_holds_reading_back_drops_nothing() -> None:
+    async with scripted_hub() as hub:
+        hub.answers = lambda req: False
+        async with await HedwigClient.connect(hub.address, conf={"server_ack_response_timeout": "2000"}) as c:
+            conn = c.conns[hub.address]
+            conn.paused_by.add((b"t", b"s"))        # a subscription's handler is behind: nothing is read
+            with pytest.raises(errors.ResponseTimeoutError) as got:
+                await conn.request(pb.PubSubRequest(type=pb.PUBLISH, topic=b"t"), 0.2)
+            assert not got.value.channel_dropped
+            assert conn.alive and c.conns[hub.address] is conn
+
+
 async def test_client_sockets_get_keepalive_and_a_user_timeout() -> None:
     async with scripted_hub() as hub:
         async with await HedwigClient.connect(hub.address, conf={"server_ack_response_timeout": "4000"}) as c:
