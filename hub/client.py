@@ -284,11 +284,13 @@ class HedwigClient:
                     raise errors.ResponseTimeoutError(f"no answer for {topic!r} within "
                                                       f"{self.conf.server_ack_response_timeout} ms")
                 try:
-                    try:
-                        conn = await asyncio.wait_for(self._conn(address), remaining)
-                    except TimeoutError:   # a host that drops SYNs: no sooner than the request's deadline
-                        raise errors.CouldNotConnectError(f"cannot connect to hub {address}: no answer "
-                                                          f"within {remaining:.1f} s") from None
+                    conn = self.conns.get(address)
+                    if conn is None or not conn.alive:
+                        try:
+                            conn = await asyncio.wait_for(self._conn(address), remaining)
+                        except TimeoutError:   # a host that drops SYNs: give up at the request's deadline
+                            raise errors.CouldNotConnectError(f"cannot connect to hub {address}: no answer "
+                                                              f"within {remaining:.1f} s") from None
                 except errors.CouldNotConnectError:
                     self.owner.pop(topic, None)   # the owner we were sent to is gone: start over at a live hub
                     if len(self.addresses) > 1:
