@@ -126,7 +126,9 @@ class BookKeeper:
             raise
         watcher.start()
         ctx = ClientContext(ledgers=manager, policy=placement_policy, watcher=watcher, conf=cconf,
-                            pool=BookieConnectionPool(cconf.connect_timeout, cconf.max_frame_size),
+                            pool=BookieConnectionPool(cconf.connect_timeout, cconf.max_frame_size,
+                                                      user_timeout=cconf.tcp_user_timeout,
+                                                      keepalive=cconf.tcp_keepalive_interval),
                             failures=FailureHistory(cconf.failure_half_life_s))
         return cls(store, ctx, owns)
 
@@ -155,15 +157,12 @@ class BookKeeper:
             raise ValueError(f"need ensemble >= write_quorum >= ack_quorum >= 1, got {ensemble}/{write_quorum}/"
                              f"{ack_quorum}")
         digests.digest_type_of(digest)
-        quarantine = self.conf.bookie_quarantine_time_s
         try:
-            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum,
-                                               self._ctx.failures.recent(quarantine) if quarantine else set())
+            bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, self._ctx.quarantined())
         except PlacementNotEnoughBookiesError:
             await self.watcher.refresh()
             try:
-                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum,
-                                                   self._ctx.failures.recent(quarantine) if quarantine else set())
+                bookies = self.policy.new_ensemble(ensemble, write_quorum, ack_quorum, self._ctx.quarantined())
             except PlacementNotEnoughBookiesError as exc:
                 raise NotEnoughBookiesError(str(exc)) from None
         ledger_id = await self.ledgers.new_ledger_id()

@@ -46,11 +46,27 @@ class LedgerClientConf:
     """Ledger-client settings (the keys of ``conf/bk_client.conf`` other than placement's)."""
 
     add_entry_timeout: float = setting(
-        10.0, "Seconds an add waits for a bookie before that bookie counts as failed (ensemble change).", min=0.001)
+        1.5, "Seconds a bookie may leave adds outstanding without answering any: then it counts as failed "
+             "(ensemble change, or delay_ensemble_change), its connection is dropped and it is quarantined. A "
+             "bookie that keeps answering, however slowly (fsync or link latency), is not failed. 1.5 s keeps "
+             "the stall a cut-off bookie causes under 2 s and is far above a loaded bookie's add latency; "
+             "BookKeeper's addEntryTimeoutSec.", min=0.001)
+    add_entry_quorum_timeout: float = setting(
+        10.0, "Seconds an add may wait for its ack quorum, ensemble changes included, before it fails to the "
+              "application with bookie.errors.TimeoutError (and, entries completing in order, every later add "
+              "too); keep it well above add_entry_timeout; 0 = never. BookKeeper's addEntryQuorumTimeoutSec.",
+        min=0)
     read_entry_timeout: float = setting(5.0, "Seconds a read waits for one bookie.", min=0.001)
     speculative_read_timeout_ms: int = setting(
         500, "After this many milliseconds without an answer a read also asks the next replica; 0 = never.", min=0)
-    connect_timeout: float = setting(3.0, "Seconds to wait for a TCP connection to a bookie.", min=0.001)
+    connect_timeout: float = setting(2.0, "Seconds to wait for a TCP connection to a bookie.", min=0.001)
+    tcp_user_timeout: float = setting(
+        2.0, "Seconds data sent to a bookie may stay unacknowledged by its host before the connection is dropped "
+             "(TCP_USER_TIMEOUT, also bounds keepalive probes): a cut-off host's connection fails in about this "
+             "long even with no add outstanding; 0 = the system default (minutes).", min=0)
+    tcp_keepalive_interval: float = setting(
+        1.0, "Seconds of idleness before a TCP keepalive probe, and between probes, on bookie connections "
+             "(SO_KEEPALIVE); 0 = no keepalive.", min=0)
     bookie_watch_interval_ms: int = setting(1000, "How often (ms) the client re-reads the bookie registrations.",
                                             min=1)
     read_window: int = setting(64, "Entries read concurrently by LedgerHandle.read(first, last).", min=1)
@@ -68,8 +84,9 @@ class LedgerClientConf:
                "writer keeps writing to the rest of the ensemble and replaces the bookie once a replacement exists "
                "(BookKeeper's delayEnsembleChange).")
     bookie_quarantine_time_s: float = setting(
-        3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles (BookKeeper's "
-             "bookieQuarantineTime; a dead bookie stays registered up to its session_timeout); 0 = never.", min=0)
+        3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles, and of "
+             "replacements while other bookies are available (BookKeeper's bookieQuarantineTime; a dead bookie "
+             "stays registered up to its session_timeout); 0 = never.", min=0)
     failure_half_life_s: float = setting(
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)
 

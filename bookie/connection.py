@@ -16,12 +16,25 @@ connection drops, a ``BookieUnavailableError``. ``send``/``request`` wrap it
 in a future. A response that matches no request (txn id 0: the bookie could
 not decode a frame) goes to ``on_orphan``. The next ``pool.get`` after a
 loss reconnects.
+
+Failure detection: every connection turns on TCP keepalive
+(``keepalive`` seconds idle and between probes) and ``TCP_USER_TIMEOUT``
+(``user_timeout`` seconds), so the kernel drops a connection whose peer host
+stopped acknowledging packets (a cut-off host: no RST) in about that long,
+with or without requests outstanding. A bookie *process* that stopped
+answering while its host still acknowledges (stopped, hung) is left to the
+callers: ``conn.add_silence(now)`` (how long adds have been outstanding on
+the connection without any ADD_ENTRY response) and ``conn.last_reply`` (loop
+time of the last response of any kind) tell silence from slowness, and
+``pool.drop(conn)`` closes a connection judged dead, so the next ``get``
+opens a fresh one instead of queueing behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import TypeVar, cast
 
@@ -31,12 +44,41 @@ from bookie.outbox import Outbox
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BookieConnection", "BookieConnectionPool", "ResponseCallback"]
+__all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "BookieConnection", "BookieConnectionPool",
+           "ResponseCallback", "set_tcp_liveness"]
+
+_ADD_ENTRY = protocol.ADD_ENTRY
 
 ResponseCallback = Callable[[protocol.Response | BKError], None]
 """Gets the response to one request (any status), or the error that lost the connection."""
 
 C = TypeVar("C", bound="BookieConnection")
+
+DEFAULT_TCP_USER_TIMEOUT = 2.0
+DEFAULT_TCP_KEEPALIVE = 1.0
+
+
+def set_tcp_liveness(sock: socket.socket | None, user_timeout: float, keepalive: float) -> None:
+    """Turn on keepalive probes every ``keepalive`` s and ``TCP_USER_TIMEOUT`` of ``user_timeout`` s (0: leave off).
+
+    Options the platform lacks are skipped; errors are logged, never raised.
+    """
+    if sock is None:
+        return
+    opts: list[tuple[int, int, int]] = []
+    if keepalive > 0:
+        secs = max(1, round(keepalive))
+        opts.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+        for name, value in (("TCP_KEEPIDLE", secs), ("TCP_KEEPINTVL", secs), ("TCP_KEEPCNT", 2)):
+            if hasattr(socket, name):
+                opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    if user_timeout > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
+        opts.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(user_timeout * 1000))))
+    for level, opt, value in opts:
+        try:
+            sock.setsockopt(level, opt, value)
+        except OSError as exc:
+            log.debug("setsockopt(%d, %d, %d) failed: %s", level, opt, value, exc)
 
 
 def _resolve(fut: asyncio.Future[protocol.Response], result: protocol.Response | BKError) -> None:
@@ -52,9 +94,12 @@ class BookieConnection(asyncio.Protocol):
     """One TCP connection to one bookie; requests pipeline, responses match by txn id."""
 
     def __init__(self, address: str = "", max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE,
-                 on_orphan: Callable[[protocol.Response], None] | None = None) -> None:
+                 on_orphan: Callable[[protocol.Response], None] | None = None, *,
+                 user_timeout: float = DEFAULT_TCP_USER_TIMEOUT, keepalive: float = DEFAULT_TCP_KEEPALIVE) -> None:
         self.address = address
         self.on_orphan = on_orphan
+        self._user_timeout = user_timeout
+        self._keepalive = keepalive
         self._decoder = protocol.FrameDecoder(max_frame_size)
         self._pending: protocol.ClientTxns[ResponseCallback] = protocol.ClientTxns()
         self._transport: asyncio.Transport | None = None
@@ -64,16 +109,27 @@ class BookieConnection(asyncio.Protocol):
         """True once the connection is lost or closed (then ``pool.get`` opens a new one)."""
         self.done: asyncio.Future[None] = self._loop.create_future()
         """Resolves once the connection is lost or closed."""
+        self.last_reply = self._loop.time()
+        """Loop time of the last response of any kind (the connection's start before one)."""
+        self._adds_out = 0
+        self._add_wait_since = self.last_reply
 
     @classmethod
     async def connect(cls: type[C], address: str, timeout: float = 10.0,
-                      max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE) -> C:
-        """Open a connection to ``host:port``; ``BookieUnavailableError`` when that fails in ``timeout``."""
+                      max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE, *,
+                      user_timeout: float = DEFAULT_TCP_USER_TIMEOUT, keepalive: float = DEFAULT_TCP_KEEPALIVE) -> C:
+        """Open a connection to ``host:port``; ``BookieUnavailableError`` when that fails in ``timeout``.
+
+        ``user_timeout``/``keepalive`` (seconds, 0 = off) set ``TCP_USER_TIMEOUT`` and keepalive probes.
+        """
         host, _, port = address.rpartition(":")
         loop = asyncio.get_running_loop()
+
+        def factory() -> C:
+            return cls(address, max_frame_size, user_timeout=user_timeout, keepalive=keepalive)
+
         try:
-            _, proto = await asyncio.wait_for(
-                loop.create_connection(lambda: cls(address, max_frame_size), host, int(port)), timeout)
+            _, proto = await asyncio.wait_for(loop.create_connection(factory, host, int(port)), timeout)
         except (OSError, TimeoutError, ValueError) as exc:
             raise BookieUnavailableError(f"cannot connect to bookie {address}: {exc or 'timeout'}") from None
         return proto
@@ -82,6 +138,7 @@ class BookieConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport
         self._outbox.attach(self._transport)
+        set_tcp_liveness(transport.get_extra_info("socket"), self._user_timeout, self._keepalive)
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -90,8 +147,11 @@ class BookieConnection(asyncio.Protocol):
             log.warning("bookie %s sent a bad frame: %s", self.address, exc)
             self._fail(BookieUnavailableError(f"bookie {self.address}: {exc}"))
             return
+        if not frames:
+            return
         parse = protocol.parse_response
         complete = self._pending.complete
+        now = self.last_reply = self._loop.time()
         for frame in frames:
             try:
                 response = parse(frame)
@@ -106,12 +166,34 @@ class BookieConnection(asyncio.Protocol):
                 else:
                     log.warning("bookie %s: %s", self.address, exc)
                 continue
+            if response.op == _ADD_ENTRY:
+                self._add_answered(now)
             callback(response)
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} lost"
                                           + (f": {exc}" if exc else "")))
+
+    # add liveness ----------------------------------------------------------------------------
+    def _add_sent(self) -> None:
+        if not self._adds_out:
+            self._add_wait_since = self._loop.time()
+        self._adds_out += 1
+
+    def _add_answered(self, now: float) -> None:
+        if self._adds_out:
+            self._adds_out -= 1
+        self._add_wait_since = now
+
+    def add_silence(self, now: float) -> float:
+        """Seconds (at loop time ``now``) adds have been outstanding here without any ADD_ENTRY response.
+
+        0 while no add is outstanding; measured from the later of the last add
+        response and the moment adds became outstanding, so a bookie that
+        answers slowly stays near 0 and only one that answers nothing grows.
+        """
+        return now - self._add_wait_since if self._adds_out else 0.0
 
     # API -------------------------------------------------------------------------------------
     def next_txn_id(self) -> int:
@@ -128,6 +210,8 @@ class BookieConnection(asyncio.Protocol):
         if not request.txn_id:
             request.txn_id = self._pending.next_txn_id()
         self._pending.add(request, callback)
+        if request.op == _ADD_ENTRY:
+            self._add_sent()
         self._outbox.send(protocol.encode_frame(request))
 
     def submit_add(self, body: bytes, callback: ResponseCallback) -> None:
@@ -136,6 +220,7 @@ class BookieConnection(asyncio.Protocol):
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
         txn_id = self._pending.add_next(protocol.ADD_ENTRY, callback)
+        self._add_sent()
         outbox = self._outbox
         outbox.put(protocol.add_frame_head(txn_id, body))
         outbox.send(body)
@@ -152,16 +237,17 @@ class BookieConnection(asyncio.Protocol):
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
-            self._pending.pop(request.txn_id)
+            self.forget(request.txn_id, request.op)
             raise
 
     def send_raw(self, data: bytes) -> None:
         """Queue raw bytes (tests send malformed frames with it)."""
         self._outbox.send(data)
 
-    def forget(self, txn_id: int) -> None:
-        """Drop an outstanding request (its callback will not run)."""
-        self._pending.pop(txn_id)
+    def forget(self, txn_id: int, op: int = 0) -> None:
+        """Drop an outstanding request of ``op`` (its callback will not run)."""
+        if self._pending.pop(txn_id) is not None and op == _ADD_ENTRY and self._adds_out:
+            self._adds_out -= 1
 
     def flush(self) -> None:
         """Write what is queued now, in one ``writelines``."""
@@ -169,6 +255,7 @@ class BookieConnection(asyncio.Protocol):
 
     def _fail(self, exc: BookieUnavailableError) -> None:
         self.is_closed = True
+        self._adds_out = 0
         self._outbox.detach()
         for callback in self._pending.drain():
             callback(exc)
@@ -177,18 +264,21 @@ class BookieConnection(asyncio.Protocol):
         if not self.done.done():
             self.done.set_result(None)
 
-    def close(self) -> None:
+    def close(self, reason: str = "closed") -> None:
         """Close now: outstanding requests fail with ``BookieUnavailableError``."""
-        self._fail(BookieUnavailableError(f"connection to bookie {self.address} closed"))
+        self._fail(BookieUnavailableError(f"connection to bookie {self.address} {reason}"))
 
 
 class BookieConnectionPool:
     """Connections by bookie address, opened on first use and re-opened after a loss."""
 
-    def __init__(self, connect_timeout: float = 3.0,
-                 max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(self, connect_timeout: float = 2.0,
+                 max_frame_size: int = protocol.DEFAULT_MAX_FRAME_SIZE, *,
+                 user_timeout: float = DEFAULT_TCP_USER_TIMEOUT, keepalive: float = DEFAULT_TCP_KEEPALIVE) -> None:
         self.connect_timeout = connect_timeout
         self.max_frame_size = max_frame_size
+        self.user_timeout = user_timeout
+        self.keepalive = keepalive
         self._conns: dict[str, BookieConnection] = {}
         self._connecting: dict[str, asyncio.Future[BookieConnection]] = {}
 
@@ -208,7 +298,8 @@ class BookieConnectionPool:
         fut: asyncio.Future[BookieConnection] = asyncio.get_running_loop().create_future()
         self._connecting[address] = fut
         try:
-            conn = await BookieConnection.connect(address, self.connect_timeout, self.max_frame_size)
+            conn = await BookieConnection.connect(address, self.connect_timeout, self.max_frame_size,
+                                                  user_timeout=self.user_timeout, keepalive=self.keepalive)
             self._conns[address] = conn
             fut.set_result(conn)
             return conn
@@ -218,6 +309,19 @@ class BookieConnectionPool:
             raise
         finally:
             self._connecting.pop(address, None)
+
+    def drop(self, conn: BookieConnection, reason: str = "dropped: bookie not answering") -> None:
+        """Close ``conn`` (its outstanding requests fail) and forget it, so the next ``get`` reconnects.
+
+        For a connection judged dead (a bookie that answers nothing): every
+        user of the pool then fails over at once instead of waiting on it.
+        Nothing happens when ``conn`` is already closed.
+        """
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+        if not conn.is_closed:
+            log.warning("dropping the connection to bookie %s: %s", conn.address, reason)
+            conn.close(reason)
 
     def flush(self) -> None:
         """Write what every connection has queued now, not at the end of the loop turn."""

@@ -32,3 +32,8 @@ class ClientContext:
     conf: LedgerClientConf
     pool: BookieConnectionPool
     failures: FailureHistory
+
+    def quarantined(self) -> set[str]:
+        """Bookies that failed an add or a read in the last ``bookie_quarantine_time_s`` seconds."""
+        seconds = self.conf.bookie_quarantine_time_s
+        return self.failures.recent(seconds) if seconds else set()

@@ -141,12 +141,15 @@ class LedgerReader:
         ``bookie.errors.TimeoutError`` or ``BookieUnavailableError``; the last three
         count as failures of the bookie.
         """
+        timeout = self._ctx.conf.read_entry_timeout
         try:
             conn = await self._ctx.pool.get(addr)
-            resp = await conn.request(protocol.read_request(conn.next_txn_id(), self.ledger_id, entry_id),
-                                      self._ctx.conf.read_entry_timeout)
+            resp = await conn.request(protocol.read_request(conn.next_txn_id(), self.ledger_id, entry_id), timeout)
         except TimeoutError:
             self._ctx.failures.note(addr)
+            quiet = asyncio.get_running_loop().time() - conn.last_reply
+            if quiet >= timeout:  # nothing at all came back meanwhile: a dead bookie, not a slow read
+                self._ctx.pool.drop(conn, f"no answer for {quiet:.1f} s")
             raise errors.BKTimeoutError(f"read {self.ledger_id}:{entry_id} from {addr} timed out") from None
         except BKError:
             self._ctx.failures.note(addr)

@@ -16,8 +16,23 @@ acknowledged. Sends to one bookie in one loop turn leave in one
 Cost per add: the entry (payload and one small record with bit masks for
 the bookies it was sent to and acknowledged by), one request per bookie,
 and the caller's future if it asked for one. There is no timer per add: one
-timer per ledger watches the oldest pending add; when it is older than
-``add_entry_timeout`` the bookies that have not answered it count as failed.
+timer per ledger watches the oldest pending add.
+
+Failure detection (BookKeeper's two add timeouts): a bookie this writer
+waits on counts as failed once its connection has had adds outstanding for
+``add_entry_timeout`` without answering any (of any ledger;
+``BookieConnection.add_silence``): a bookie that stopped answering (a
+cut-off host, a stopped or hung process) is noticed in about
+``add_entry_timeout``, one that answers slowly (fsync or link latency, a
+queue under load) is waited for. The timer looks again exactly when a
+bookie would have been silent that long. Its connection is dropped
+from the pool (``BookieConnectionPool.drop``), so every other user fails
+over at once and the next ledger opens a fresh connection. An add that has
+not reached its ack quorum after ``add_entry_quorum_timeout`` (ensemble
+changes included) fails with ``bookie.errors.TimeoutError``, and so does
+every later add. When this process's own loop was stalled past the
+timer's deadline (replies may sit unread in the socket), the check is made
+again shortly after, once they were read.
 
 A failed bookie (error status, lost connection, timeout) is replaced: the
 placement policy picks a replacement, the new segment starting after
@@ -86,21 +101,22 @@ AddCallback = Callable[[int, BKError | None], None]
 _OK = protocol.OK
 add_request_body = protocol.add_request_body
 _FATAL = frozenset({protocol.FENCED, protocol.UNAUTHORIZED})
+_LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check waits for unread replies
 
 
 class _PendingAdd:
     """One add in flight: masks are over indexes of the current ensemble."""
 
-    __slots__ = ("acked", "callback", "data_length", "deadline", "done", "entry_id", "future", "ledger_length",
-                 "payload", "request", "sent")
+    __slots__ = ("acked", "callback", "data_length", "done", "entry_id", "future", "ledger_length",
+                 "payload", "request", "sent", "started")
 
-    def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, deadline: float,
+    def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, started: float,
                  future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
         self.entry_id = entry_id
         self.payload = payload
         self.ledger_length = ledger_length
         self.data_length = data_length
-        self.deadline = deadline
+        self.started = started
         self.future = future
         self.callback = callback
         self.request = b""  # the ADD_ENTRY encoded once, without txn id (``protocol.add_request_body``)
@@ -124,6 +140,7 @@ class LedgerWriter:
         self._recovery = recovery
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
         self._timeout = ctx.conf.add_entry_timeout
+        self._quorum_timeout = ctx.conf.add_entry_quorum_timeout
         self._max_entry = ctx.conf.max_entry_size
         self.last_add_confirmed = last_add_confirmed
         self.length = length
@@ -138,6 +155,8 @@ class LedgerWriter:
         self._change_task: asyncio.Task[None] | None = None
         self._connecting: dict[str, asyncio.Task[None]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
+        self._lag_rechecked = False
         self._error: BKError | None = None
         self._closing = False
         self._loop = asyncio.get_running_loop()
@@ -209,7 +228,7 @@ class LedgerWriter:
         now = self._last_add_at = self._loop.time()
         if self._lac_timer is None and self._lac_interval:
             self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
-        self._enqueue(_PendingAdd(entry_id, payload, length, size, now + self._timeout, future, callback))
+        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, future, callback))
         return entry_id
 
     def add(self, data: bytes) -> asyncio.Future[int]:
@@ -243,14 +262,14 @@ class LedgerWriter:
         self.next_entry_id = entry_id + 1
         self.length = ledger_length
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), self._loop.time() + self._timeout,
-                                  fut, None))
+        now = self._loop.time()
+        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, fut, None))
         return fut
 
     def _enqueue(self, p: _PendingAdd) -> None:
         self._pending.append(p)
         if self._timer is None:
-            self._timer = self._loop.call_at(p.deadline, self._on_timer)
+            self._arm_timer(p.started + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
 
     def _send(self, p: _PendingAdd) -> None:
@@ -336,25 +355,55 @@ class LedgerWriter:
             if p.callback is not None:
                 p.callback(p.entry_id, None)
 
+    def _arm_timer(self, when: float) -> None:
+        self._timer_due = when
+        self._timer = self._loop.call_at(when, self._on_timer)
+
     def _on_timer(self) -> None:
         self._timer = None
         if self._error is not None or not self._pending:
+            self._lag_rechecked = False
             return
         now = self._loop.time()
-        renewed = now + self._timeout
-        slow: set[str] = set()
-        following = renewed
+        if now - self._timer_due > _LOOP_LAG and not self._lag_rechecked:
+            # this loop ran late: answers may wait unread in the sockets; judge after they were read
+            self._lag_rechecked = True
+            self._arm_timer(now + _LOOP_LAG)
+            return
+        self._lag_rechecked = False
+        timeout = self._timeout
+        quorum_timeout = self._quorum_timeout
+        nxt = now + timeout
+        late = 0
         for p in self._pending:
-            if p.deadline > now:
-                following = p.deadline
-                break
-            p.deadline = renewed
-            late = 0 if p.done else p.sent & ~p.acked
-            if late:
-                slow.update(addr for i, addr in enumerate(self._ensemble) if late >> i & 1)
-        self._timer = self._loop.call_at(following, self._on_timer)
-        for addr in slow:
-            self._bookie_failed(addr, errors.BKTimeoutError(f"add to ledger {self.ledger_id} timed out on {addr}"))
+            if p.done:
+                continue
+            if quorum_timeout:
+                if now - p.started >= quorum_timeout:
+                    self.fail_all(errors.BKTimeoutError(
+                        f"add of entry {p.entry_id} to ledger {self.ledger_id} did not reach its ack quorum within "
+                        f"add_entry_quorum_timeout {quorum_timeout:g} s"))
+                    return
+                quorum_timeout = 0.0  # adds are in start order: the oldest decides
+                nxt = min(nxt, p.started + self._quorum_timeout)
+            late |= p.sent & ~p.acked
+        silent: list[tuple[str, BookieConnection, float]] = []
+        for idx, addr in enumerate(self._ensemble):
+            if not late >> idx & 1:
+                continue
+            conn = self._conns[idx]
+            if conn is None or conn.is_closed:
+                continue  # its requests failed with the connection: that failure is handled already
+            quiet = conn.add_silence(now)
+            if quiet >= timeout:
+                silent.append((addr, conn, quiet))
+            else:  # answering, however slowly: look again when it would have been silent long enough
+                nxt = min(nxt, now + timeout - quiet)
+        self._arm_timer(nxt)
+        for addr, conn, quiet in silent:
+            self._bookie_failed(addr, errors.BKTimeoutError(
+                f"add to ledger {self.ledger_id} timed out on {addr}: no add answered for {quiet:.1f} s"))
+            self._ctx.pool.drop(conn, f"no add answered for {quiet:.1f} s")
 
     # --- explicit LAC -----------------------------------------------------------------------------
     def _on_lac_timer(self) -> None:
@@ -492,11 +541,18 @@ class LedgerWriter:
                 raise LedgerClosedError(f"ledger {self.ledger_id} was closed")
             ensemble = list(md.current_ensemble)
             exclude = set(ensemble) | failed | self._to_replace
+            quarantined = self._ctx.quarantined()
             for addr in failed:
                 if addr not in ensemble:
                     continue
-                replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
-                                                    addr, exclude)
+                try:  # a bookie that just failed elsewhere is not a good replacement, unless it is the only one
+                    replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                                                        addr, exclude | quarantined)
+                except PlacementNotEnoughBookiesError:
+                    if not quarantined - exclude:
+                        raise
+                    replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
+                                                        addr, exclude)
                 ensemble[ensemble.index(addr)] = replacement
                 exclude.add(replacement)
             first = self.last_add_confirmed + 1

@@ -6,6 +6,10 @@
     deleted = await log.delete_consumed(min_consumed_seq)            # consumed-ledger deletion
     await log.release()                          # close the current ledger
 
+``TopicLog`` is three modules: this one (acquisition, ledger ranges,
+consumed-ledger deletion, release), ``hub.batcher`` (the publishing path:
+``EntryBatcher``) and ``hub.log_reader`` (the read path: ``LogReader``).
+
 Acquisition reads the topic's ``LedgerRanges``; a last range left open by a
 previous owner is recovery-opened (``bk.open_ledger`` fences and closes it)
 and its end seq id read from its last entry; then a new ledger is created
@@ -61,59 +65,24 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from bookie.errors import BKError
 from hub import errors
+from hub.batcher import Batch, Done, EntryBatcher, InflightAdd
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.log_reader import LogReader, decode_batch
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
-from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TopicLog", "decode_batch"]
+__all__ = ["Batch", "Done", "TopicLog", "decode_batch"]
 
-Done = Callable[[int, BaseException | None], None]
-"""A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
-Batch = list[tuple[pb.Message, Done]]
-
-
-class _Add:
-    """One entry sent to the ledger: its batch and, once the add's callback ran, the outcome."""
-
-    __slots__ = ("batch", "error", "first", "lh", "settled")
-
-    def __init__(self, lh: Any, first: int, batch: Batch) -> None:
-        self.lh = lh
-        self.first = first
-        self.batch = batch
-        self.settled = False
-        self.error: BaseException | None = None
-
-
-def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is not None:
-        fut.set_exception(error)
-    else:
-        fut.set_result(seq)
-
-
-def _call(done: Done, seq: int, error: BaseException | None) -> None:
-    try:
-        done(seq, error)
-    except Exception:
-        log.exception("publish completion callback raised")
-
-
-class TopicLog(LogReader):
+class TopicLog(EntryBatcher, LogReader):
     """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``."""
 
     def __init__(self, topic: bytes, bk: Any, pm: Any, conf: HubConf,
@@ -136,7 +105,7 @@ class TopicLog(LogReader):
         self._closing: Any = None         # the writer handle being closed (reads go through it meanwhile)
         self._queue: collections.deque[tuple[pb.Message, Done]] = collections.deque()
         self._queued_bytes = 0
-        self._inflight: collections.deque[_Add] = collections.deque()   # sent, in entry order
+        self._inflight: collections.deque[InflightAdd] = collections.deque()   # sent, in entry order
         self._pump_soon = False           # a _pump is scheduled for the end of this loop turn
         self._pumping = False             # a _pump is running (an add settled inside it waits for it)
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
@@ -277,257 +246,6 @@ class TopicLog(LogReader):
         del rs
         if drop:
             await self._delete_ledger_quietly(lh.ledger_id)
-
-    # --- publishing -----------------------------------------------------------------------------
-    async def publish(self, message: pb.Message) -> int:
-        """Persist ``message``; its seq id once acknowledged. ``ServiceDownError`` when not durable."""
-        return await self.enqueue(message)
-
-    def enqueue(self, message: pb.Message) -> asyncio.Future[int]:
-        """Queue ``message`` now (publish order is call order); the future gets its seq id."""
-        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self.submit(message, functools.partial(_resolve, fut))
-        return fut
-
-    def submit(self, message: pb.Message, done: Done) -> None:
-        """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
-
-        The callback form of ``enqueue`` (no future, no extra loop turn): the
-        server answers a publish from inside the add's acknowledgement.
-        ``done`` runs on the loop, in publish order, exactly once.
-        """
-        if self.closed:
-            done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
-            return
-        if message.producer:
-            producer, sequence_id = message.producer, message.sequenceId
-            if not self.dedup.admit(producer, sequence_id, done):
-                return     # a duplicate: answered (or waiting for its original)
-            done = functools.partial(self._dedup_settled, producer, sequence_id, done)
-            if not self._dedup_armed:
-                self._needs_arm = True
-        self._queue.append((message, done))
-        self._queued_bytes += len(message.body)
-        if (not self._pump_soon and self._slow is None
-                and (not self._inflight or self._queued_bytes >= self.conf.batch_flush_bytes)):
-            # at the end of this loop turn, so the publishes of one read share an entry
-            self._pump_soon = True
-            asyncio.get_running_loop().call_soon(self._pump)
-
-    def _dedup_settled(self, producer: bytes, sequence_id: int, done: Done, seq: int,
-                       error: BaseException | None) -> None:
-        self.dedup.settle(producer, sequence_id, seq, error)
-        done(seq, error)
-
-    async def _arm_dedup(self) -> None:
-        """Create the topic's ``topic_dedup`` record before its first producer message is sent."""
-        try:
-            await self._dedup_store.write_snapshot(self.topic, self.dedup.snapshot(self.last_seq), create=True)
-            self._dedup_armed = True
-        except Exception as exc:
-            self._fail_queue(self._error(exc))
-        finally:
-            self._needs_arm = False
-            self._slow = None
-        self._pump()
-
-    def _snapshot_soon(self, batch_len: int) -> None:
-        self._since_snapshot += batch_len
-        if self._dedup_store is None or not self._dedup_armed or \
-                self._since_snapshot < self.conf.dedup_snapshot_interval:
-            return
-        self._since_snapshot = 0
-        spawn(self._tasks, self._write_snapshot(self.dedup.snapshot(self.last_seq)))
-
-    async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
-        try:
-            await self._dedup_store.write_snapshot(self.topic, snap)
-        except Exception as exc:   # the next owner reads a longer tail
-            log.info("topic %r: dedup snapshot at seq id %d not written: %s", self.topic, snap.atSeqId, exc)
-
-    def send_queued(self) -> None:
-        """Send what ``submit`` queued for the end of this loop turn now (the server calls it after a read)."""
-        if self._pump_soon:
-            self._pump()
-
-    def _settle(self, add: _Add, entry_id: int, error: BaseException | None) -> None:
-        """A ledger add's callback: complete what is acknowledged in order, send what may go."""
-        add.settled = True
-        add.error = error
-        if self._pumping:
-            return   # settled from inside _send (a refusal): the running _pump sees it next
-        if self._slow is None:
-            self._pump()
-        elif self._drain is not None and all(a.settled for a in self._inflight) and not self._drain.done():
-            self._drain.set_result(None)
-
-    def _pump(self) -> None:
-        """Complete the settled adds at the head, in order, then send batches (see the module docstring).
-
-        Synchronous; a ledger roll or a failed add hands over to a task
-        (``_slow``) that calls this again when done.
-        """
-        self._pump_soon = False
-        if self._slow is not None or self._pumping:
-            return
-        self._pumping = True
-        try:
-            self._pump_once()
-        finally:
-            self._pumping = False
-
-    def _pump_once(self) -> None:
-        inflight = self._inflight
-        conf = self.conf
-        while True:
-            while inflight and inflight[0].settled:
-                head = inflight[0]
-                if head.error is not None:
-                    self._slow = asyncio.get_running_loop().create_task(self._add_failed(head))
-                    return
-                inflight.popleft()
-                self._acked(head)
-            if not (self._queue and len(inflight) < conf.max_outstanding_adds
-                    and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
-                break
-            if self._needs_arm:
-                self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())
-                return
-            maxe = conf.max_entries_per_ledger
-            if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
-                if not inflight:   # roll once the entries in flight are settled
-                    loop = asyncio.get_running_loop()
-                    wait = self._start_not_before - loop.time()
-                    if wait > 0 and self.lh is None:
-                        self._fail_queue(errors.ServiceDownError(
-                            f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
-                            f"{wait * 1000:.0f} ms"))
-                        break
-                    self._slow = loop.create_task(self._roll())
-                return
-            self._send(self._take_batch())
-        if not inflight and not self._queue:
-            idle, self._idle = self._idle, []
-            for w in idle:
-                if not w.done():
-                    w.set_result(None)
-
-    def _send(self, batch: Batch) -> None:
-        first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
-        entry = pb.MessageBatch(first_local_seq_id=first)
-        entry.messages.extend(m for m, _ in batch)
-        add = _Add(self.lh, first, batch)
-        self._inflight.append(add)
-        self.entries_in_ledger += 1
-        try:
-            add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
-        except Exception as exc:   # refused before anything was sent: a failed add, in order
-            add.settled, add.error = True, exc
-
-    def _take_batch(self) -> Batch:
-        batch: Batch = []
-        size = 0
-        queue = self._queue
-        while queue and len(batch) < self.conf.max_batch_messages:
-            m = queue[0][0]
-            if batch and size + len(m.body) > self.conf.max_batch_bytes:
-                break
-            batch.append(queue.popleft())
-            size += len(m.body)
-            self._queued_bytes -= len(m.body)
-        return batch
-
-    async def _roll(self) -> None:
-        """Start the first ledger, or close the full one and start the next; then carry on publishing."""
-        try:
-            async with self._lock:
-                if self.lh is not None:
-                    await self._close_current()
-                await self._new_ledger()
-        except Exception as exc:
-            self._start_failed(exc)
-            self._fail_queue(self._error(exc))
-        finally:
-            self._slow = None
-        self._pump()
-
-    def _start_failed(self, exc: BaseException) -> None:
-        """A ledger could not be started (or failed empty): back off before the next (module docstring)."""
-        self._start_failures += 1
-        delay = min(self.conf.ledger_create_backoff_ms * 2 ** min(self._start_failures - 1, 30),
-                    self.conf.ledger_create_backoff_max_ms) / 1000.0
-        self._start_not_before = asyncio.get_running_loop().time() + delay
-        self._start_error = exc
-        log.warning("topic %r: no ledger (%s); next attempt in %.0f ms", self.topic, exc, delay * 1000)
-
-    async def _drained(self) -> None:
-        """Return once nothing is queued or in flight."""
-        while self._queue or self._inflight or self._slow is not None:
-            if self._slow is not None:
-                await asyncio.gather(self._slow, return_exceptions=True)
-                continue
-            idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._idle.append(idle)
-            if not self._pump_soon:
-                self._pump()
-            if not idle.done():
-                await idle
-
-    def _error(self, exc: BaseException) -> errors.PubSubError:
-        if isinstance(exc, errors.PubSubError):
-            return exc
-        return errors.ServiceDownError(f"publish to {self.topic!r} not durable: {exc}")
-
-    def _fail_queue(self, err: errors.PubSubError, batches: Any = ()) -> None:
-        for batch in batches:
-            for _, done in batch:
-                _call(done, 0, err)
-        while self._queue:
-            _, done = self._queue.popleft()
-            _call(done, 0, err)
-        self._queued_bytes = 0
-
-    async def _add_failed(self, head: _Add) -> None:
-        """An add failed: the entries after it fail too; close the ledger at its last acknowledged entry."""
-        lh, exc = head.lh, head.error
-        assert exc is not None
-        try:
-            log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
-            if not all(a.settled for a in self._inflight):   # the writer fails the adds after it
-                self._drain = asyncio.get_running_loop().create_future()
-                try:
-                    await self._drain
-                finally:
-                    self._drain = None
-            failed = [a.batch for a in self._inflight]
-            self._inflight.clear()
-            if not self._index.get(lh.ledger_id):   # nothing acknowledged on it: as good as never started
-                self._start_failed(exc)
-            self._fail_queue(self._error(exc), failed)
-            try:
-                async with self._lock:
-                    await self._close_current()
-            except Exception as exc2:
-                log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
-                self.lh = None
-                self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
-        finally:
-            self._slow = None
-        self._pump()
-
-    def _acked(self, add: _Add) -> None:
-        self._start_failures = 0
-        first, batch = add.first, add.batch
-        self._index[add.lh.ledger_id].append(first)
-        self.last_seq = first + len(batch) - 1
-        msgs = []
-        for seq, (m, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
-            m.msgId.localComponent = seq
-            msgs.append(m)
-            _call(done, seq, None)
-        self._snapshot_soon(len(batch))
-        if self.on_persisted is not None:
-            self.on_persisted(self.topic, msgs)
 
     # --- consumed ledgers and release -----------------------------------------------------------
     async def delete_consumed(self, consumed: int) -> list[int]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from bookie.client import BookKeeper
 from tools.cluster import LocalCluster
 
-FAST_CLIENT = {"add_entry_timeout": "10", "read_entry_timeout": "5", "speculative_read_timeout_ms": "200",
+FAST_CLIENT = {"read_entry_timeout": "5", "speculative_read_timeout_ms": "200",
                "bookie_watch_interval_ms": "200"}
 
 

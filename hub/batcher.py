@@ -1,0 +1,360 @@
+"""Publishes of a topic's log batched into ledger entries, DistributedLog-style, with dense seq ids.
+
+    topic_log.submit(message, done)             # done(seq, None) once durable, done(0, error) if not
+    fut = topic_log.enqueue(message); seq = await topic_log.publish(message)
+    topic_log.send_queued()                     # the server: the publishes of this read leave now
+
+``EntryBatcher`` is the publishing half of ``hub.persistence.TopicLog`` (a
+mixin: the ledger it writes to, its ranges and the dedup state belong to
+the log). A publish that finds no add in flight is sent at once (with the
+other publishes of the same read); publishes arriving while adds are in
+flight queue up and leave together as one ``MessageBatch`` entry, bounded
+by ``max_batch_messages`` / ``max_batch_bytes``, once no add is in flight
+or ``batch_flush_bytes`` have queued (up to ``max_outstanding_adds``). An
+acknowledged entry completes its publishes, then goes to ``on_persisted``.
+The ledger rolls after ``max_entries_per_ledger`` entries.
+
+Failure: see ``hub.persistence`` (a failed add fails its batch and every
+publish queued behind it with ``ServiceDownError``; ledger start failures
+back off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hub import errors
+from hub.conf import HubConf
+from hub.dedup import ProducerDedup
+from hub.proto import pubsub_pb2 as pb
+from metastore.tasks import spawn
+
+log = logging.getLogger("hub.persistence")   # these lines have always been the log's
+
+__all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd"]
+
+Done = Callable[[int, BaseException | None], None]
+"""A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
+Batch = list[tuple[pb.Message, Done]]
+
+
+class InflightAdd:
+    """One entry sent to the ledger: its batch and, once the add's callback ran, the outcome."""
+
+    __slots__ = ("batch", "error", "first", "lh", "settled")
+
+    def __init__(self, lh: Any, first: int, batch: Batch) -> None:
+        self.lh = lh
+        self.first = first
+        self.batch = batch
+        self.settled = False
+        self.error: BaseException | None = None
+
+
+def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is not None:
+        fut.set_exception(error)
+    else:
+        fut.set_result(seq)
+
+
+def _call(done: Done, seq: int, error: BaseException | None) -> None:
+    try:
+        done(seq, error)
+    except Exception:
+        log.exception("publish completion callback raised")
+
+
+class EntryBatcher:
+    """The publishing path of ``hub.persistence.TopicLog`` (see the module docstring)."""
+
+    # the log's state this uses (set by TopicLog.__init__)
+    topic: bytes
+    conf: HubConf
+    last_seq: int
+    lh: Any
+    entries_in_ledger: int
+    on_persisted: Callable[[bytes, list[pb.Message]], None] | None
+    closed: bool
+    _index: dict[int, list[int]]
+    _queue: collections.deque[tuple[pb.Message, Done]]
+    _queued_bytes: int
+    _inflight: collections.deque[InflightAdd]
+    _pump_soon: bool
+    _pumping: bool
+    _slow: asyncio.Task[None] | None
+    _drain: asyncio.Future[None] | None
+    _idle: list[asyncio.Future[None]]
+    _lock: asyncio.Lock
+    _start_failures: int
+    _start_not_before: float
+    _start_error: BaseException | None
+    dedup: ProducerDedup
+    _dedup_store: Any
+    _dedup_armed: bool
+    _needs_arm: bool
+    _since_snapshot: int
+    _tasks: set[asyncio.Task[Any]]
+
+    if TYPE_CHECKING:
+        async def _new_ledger(self) -> None: ...
+
+        async def _close_current(self) -> None: ...
+
+    # --- publishing -----------------------------------------------------------------------------
+    async def publish(self, message: pb.Message) -> int:
+        """Persist ``message``; its seq id once acknowledged. ``ServiceDownError`` when not durable."""
+        return await self.enqueue(message)
+
+    def enqueue(self, message: pb.Message) -> asyncio.Future[int]:
+        """Queue ``message`` now (publish order is call order); the future gets its seq id."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.submit(message, functools.partial(_resolve, fut))
+        return fut
+
+    def submit(self, message: pb.Message, done: Done) -> None:
+        """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
+
+        The callback form of ``enqueue`` (no future, no extra loop turn): the
+        server answers a publish from inside the add's acknowledgement.
+        ``done`` runs on the loop, in publish order, exactly once.
+        """
+        if self.closed:
+            done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
+            return
+        if message.producer:
+            producer, sequence_id = message.producer, message.sequenceId
+            if not self.dedup.admit(producer, sequence_id, done):
+                return     # a duplicate: answered (or waiting for its original)
+            done = functools.partial(self._dedup_settled, producer, sequence_id, done)
+            if not self._dedup_armed:
+                self._needs_arm = True
+        self._queue.append((message, done))
+        self._queued_bytes += len(message.body)
+        if (not self._pump_soon and self._slow is None
+                and (not self._inflight or self._queued_bytes >= self.conf.batch_flush_bytes)):
+            # at the end of this loop turn, so the publishes of one read share an entry
+            self._pump_soon = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _dedup_settled(self, producer: bytes, sequence_id: int, done: Done, seq: int,
+                       error: BaseException | None) -> None:
+        self.dedup.settle(producer, sequence_id, seq, error)
+        done(seq, error)
+
+    async def _arm_dedup(self) -> None:
+        """Create the topic's ``topic_dedup`` record before its first producer message is sent."""
+        try:
+            await self._dedup_store.write_snapshot(self.topic, self.dedup.snapshot(self.last_seq), create=True)
+            self._dedup_armed = True
+        except Exception as exc:
+            self._fail_queue(self._error(exc))
+        finally:
+            self._needs_arm = False
+            self._slow = None
+        self._pump()
+
+    def _snapshot_soon(self, batch_len: int) -> None:
+        self._since_snapshot += batch_len
+        if self._dedup_store is None or not self._dedup_armed or \
+                self._since_snapshot < self.conf.dedup_snapshot_interval:
+            return
+        self._since_snapshot = 0
+        spawn(self._tasks, self._write_snapshot(self.dedup.snapshot(self.last_seq)))
+
+    async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
+        try:
+            await self._dedup_store.write_snapshot(self.topic, snap)
+        except Exception as exc:   # the next owner reads a longer tail
+            log.info("topic %r: dedup snapshot at seq id %d not written: %s", self.topic, snap.atSeqId, exc)
+
+    def send_queued(self) -> None:
+        """Send what ``submit`` queued for the end of this loop turn now (the server calls it after a read)."""
+        if self._pump_soon:
+            self._pump()
+
+    def _settle(self, add: InflightAdd, entry_id: int, error: BaseException | None) -> None:
+        """A ledger add's callback: complete what is acknowledged in order, send what may go."""
+        add.settled = True
+        add.error = error
+        if self._pumping:
+            return   # settled from inside _send (a refusal): the running _pump sees it next
+        if self._slow is None:
+            self._pump()
+        elif self._drain is not None and all(a.settled for a in self._inflight) and not self._drain.done():
+            self._drain.set_result(None)
+
+    def _pump(self) -> None:
+        """Complete the settled adds at the head, in order, then send batches (see the module docstring).
+
+        Synchronous; a ledger roll or a failed add hands over to a task
+        (``_slow``) that calls this again when done.
+        """
+        self._pump_soon = False
+        if self._slow is not None or self._pumping:
+            return
+        self._pumping = True
+        try:
+            self._pump_once()
+        finally:
+            self._pumping = False
+
+    def _pump_once(self) -> None:
+        inflight = self._inflight
+        conf = self.conf
+        while True:
+            while inflight and inflight[0].settled:
+                head = inflight[0]
+                if head.error is not None:
+                    self._slow = asyncio.get_running_loop().create_task(self._add_failed(head))
+                    return
+                inflight.popleft()
+                self._acked(head)
+            if not (self._queue and len(inflight) < conf.max_outstanding_adds
+                    and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
+                break
+            if self._needs_arm:
+                self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())
+                return
+            maxe = conf.max_entries_per_ledger
+            if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
+                if not inflight:   # roll once the entries in flight are settled
+                    loop = asyncio.get_running_loop()
+                    wait = self._start_not_before - loop.time()
+                    if wait > 0 and self.lh is None:
+                        self._fail_queue(errors.ServiceDownError(
+                            f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
+                            f"{wait * 1000:.0f} ms"))
+                        break
+                    self._slow = loop.create_task(self._roll())
+                return
+            self._send(self._take_batch())
+        if not inflight and not self._queue:
+            idle, self._idle = self._idle, []
+            for w in idle:
+                if not w.done():
+                    w.set_result(None)
+
+    def _send(self, batch: Batch) -> None:
+        first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
+        entry = pb.MessageBatch(first_local_seq_id=first)
+        entry.messages.extend(m for m, _ in batch)
+        add = InflightAdd(self.lh, first, batch)
+        self._inflight.append(add)
+        self.entries_in_ledger += 1
+        try:
+            add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
+        except Exception as exc:   # refused before anything was sent: a failed add, in order
+            add.settled, add.error = True, exc
+
+    def _take_batch(self) -> Batch:
+        batch: Batch = []
+        size = 0
+        queue = self._queue
+        while queue and len(batch) < self.conf.max_batch_messages:
+            m = queue[0][0]
+            if batch and size + len(m.body) > self.conf.max_batch_bytes:
+                break
+            batch.append(queue.popleft())
+            size += len(m.body)
+            self._queued_bytes -= len(m.body)
+        return batch
+
+    async def _roll(self) -> None:
+        """Start the first ledger, or close the full one and start the next; then carry on publishing."""
+        try:
+            async with self._lock:
+                if self.lh is not None:
+                    await self._close_current()
+                await self._new_ledger()
+        except Exception as exc:
+            self._start_failed(exc)
+            self._fail_queue(self._error(exc))
+        finally:
+            self._slow = None
+        self._pump()
+
+    def _start_failed(self, exc: BaseException) -> None:
+        """A ledger could not be started (or failed empty): back off before the next (module docstring)."""
+        self._start_failures += 1
+        delay = min(self.conf.ledger_create_backoff_ms * 2 ** min(self._start_failures - 1, 30),
+                    self.conf.ledger_create_backoff_max_ms) / 1000.0
+        self._start_not_before = asyncio.get_running_loop().time() + delay
+        self._start_error = exc
+        log.warning("topic %r: no ledger (%s); next attempt in %.0f ms", self.topic, exc, delay * 1000)
+
+    async def _drained(self) -> None:
+        """Return once nothing is queued or in flight."""
+        while self._queue or self._inflight or self._slow is not None:
+            if self._slow is not None:
+                await asyncio.gather(self._slow, return_exceptions=True)
+                continue
+            idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle.append(idle)
+            if not self._pump_soon:
+                self._pump()
+            if not idle.done():
+                await idle
+
+    def _error(self, exc: BaseException) -> errors.PubSubError:
+        if isinstance(exc, errors.PubSubError):
+            return exc
+        return errors.ServiceDownError(f"publish to {self.topic!r} not durable: {exc}")
+
+    def _fail_queue(self, err: errors.PubSubError, batches: Any = ()) -> None:
+        for batch in batches:
+            for _, done in batch:
+                _call(done, 0, err)
+        while self._queue:
+            _, done = self._queue.popleft()
+            _call(done, 0, err)
+        self._queued_bytes = 0
+
+    async def _add_failed(self, head: InflightAdd) -> None:
+        """An add failed: the entries after it fail too; close the ledger at its last acknowledged entry."""
+        lh, exc = head.lh, head.error
+        assert exc is not None
+        try:
+            log.warning("topic %r: add to ledger %d failed: %s; rolling", self.topic, lh.ledger_id, exc)
+            if not all(a.settled for a in self._inflight):   # the writer fails the adds after it
+                self._drain = asyncio.get_running_loop().create_future()
+                try:
+                    await self._drain
+                finally:
+                    self._drain = None
+            failed = [a.batch for a in self._inflight]
+            self._inflight.clear()
+            if not self._index.get(lh.ledger_id):   # nothing acknowledged on it: as good as never started
+                self._start_failed(exc)
+            self._fail_queue(self._error(exc), failed)
+            try:
+                async with self._lock:
+                    await self._close_current()
+            except Exception as exc2:
+                log.warning("topic %r: closing ledger %d failed: %s", self.topic, lh.ledger_id, exc2)
+                self.lh = None
+                self.closed = True   # the owner must give the topic up; the next owner recovers the ledger
+        finally:
+            self._slow = None
+        self._pump()
+
+    def _acked(self, add: InflightAdd) -> None:
+        self._start_failures = 0
+        first, batch = add.first, add.batch
+        self._index[add.lh.ledger_id].append(first)
+        self.last_seq = first + len(batch) - 1
+        msgs = []
+        for seq, (m, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
+            m.msgId.localComponent = seq
+            msgs.append(m)
+            _call(done, seq, None)
+        self._snapshot_soon(len(batch))
+        if self.on_persisted is not None:
+            self.on_persisted(self.topic, msgs)
