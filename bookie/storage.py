@@ -23,6 +23,10 @@ The write path (an add is acknowledged once durable):
    rose), writes them with one ``pwrite`` and syncs them with one
    ``fdatasync``. Groups that fill meanwhile go next. One hand-off each way
    per group: a queue put to the thread, one ``call_soon_threadsafe`` back.
+   A small group (at most ``_INLINE_ENTRIES`` adds, while syncs take under
+   ``_INLINE_SYNC``) handed over at the end of a loop turn is written by the
+   loop thread itself: at low rates the hand-off and the wake-ups cost more
+   CPU than the write, and the adds wait for a sync either way.
 3. Back on the loop the group's entries enter the *write cache* (a dict
    keyed by the 16-byte storage key) and its callbacks run in order.
 4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds half
@@ -98,6 +102,10 @@ DEFAULT_JOURNAL_PREALLOCATE = 16 << 20
 _MAX_ID = (1 << 63) - 1
 _SLICE = 32
 """Completion callbacks run between two checks for handing over the next group."""
+_INLINE_ENTRIES = 16
+"""A group of at most this many adds is written by the loop thread itself (see ``_start_commit``)."""
+_INLINE_SYNC = 0.002
+"""... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
 _CHECKPOINT_KEY = b"checkpoint"
 _POSITION = struct.Struct(">QQ")
 
@@ -675,8 +683,19 @@ class EntryStorage:
                 self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
         return batch
 
-    def _start_commit(self) -> bool:
-        """Hand the open group to the journal thread (on the loop; one write in flight at most)."""
+    def _inline(self, batch: _Batch) -> bool:
+        """Whether the loop thread writes ``batch`` itself: small, and the disk syncs fast."""
+        return len(batch.keys) <= _INLINE_ENTRIES and self.last_sync_seconds < _INLINE_SYNC
+
+    def _start_commit(self, inline: bool = True) -> bool:
+        """Hand the open group to the journal thread (on the loop; one write in flight at most).
+
+        A small group (``_inline``) is written on the loop thread at once when
+        ``inline``: at low rates a group of a few adds then costs no thread
+        hand-off (a queue put, a GIL hand-over each way, a loop wake-up),
+        which costs more CPU than the write. Callers pass ``inline=False``
+        while responses of the previous group still wait to be written.
+        """
         self._kicked = False
         batch = self._batch
         if batch is None or self._committing:
@@ -694,29 +713,35 @@ class EntryStorage:
             self._dirty |= batch.dirty
         self._batch = None
         self._committing = True
-        self._jobs.put(batch)
+        if inline and self._inline(batch):
+            self._commit_done(batch, self._write_group(batch))
+        else:
+            self._jobs.put(batch)
         return True
+
+    def _write_group(self, batch: _Batch) -> BaseException | None:
+        """Write and sync the group's records (on the journal thread, or on the loop for a small group)."""
+        try:
+            parts = batch.parts
+            t0 = time.perf_counter()
+            batch.position = self._writer.append(b"".join(parts)) if parts else self._writer.position
+            batch.sync_seconds = time.perf_counter() - t0
+            batch.nbytes = sum(map(len, batch.values))
+            batch.parts = []
+        except BaseException as exc:  # reported to every waiter of the group
+            return exc
+        return None
 
     def _journal_thread(self, loop: asyncio.AbstractEventLoop) -> None:
         """The journal thread: write each group handed over (one synchronous write), report it on the loop."""
         jobs = self._jobs
         done = self._commit_done
-        writer = self._writer
-        clock = time.perf_counter
+        write = self._write_group
         while True:
             batch = jobs.get()
             if batch is None:
                 return
-            error: BaseException | None = None
-            try:
-                parts = batch.parts
-                t0 = clock()
-                batch.position = writer.append(b"".join(parts)) if parts else writer.position
-                batch.sync_seconds = clock() - t0
-                batch.nbytes = sum(map(len, batch.values))
-                batch.parts = []
-            except BaseException as exc:  # reported to every waiter of the group
-                error = exc
+            error = write(batch)
             try:
                 loop.call_soon_threadsafe(done, batch, error)
             except RuntimeError:  # the loop is closed: nobody is left to tell
@@ -789,7 +814,7 @@ class EntryStorage:
             if handover and not self._committing and self._batch is not None:
                 size = len(self._batch.keys)
                 if size >= left or size == seen:
-                    self._start_commit()
+                    self._start_commit(inline=False)
                 seen = size
             run = min(left, _SLICE)
             left -= run
@@ -817,8 +842,14 @@ class EntryStorage:
 
     def _schedule_commit(self, batch: _Batch) -> None:
         wait = self._group_wait - (time.perf_counter() - batch.started)
-        if wait <= 0:
-            self._start_commit()
+        if wait <= 0 and not self._inline(batch):
+            self._start_commit(inline=False)
+        elif wait <= 0:  # written on the loop: after the responses queued now (their flushes come first)
+            if not self._kicked:
+                self._kicked = True
+                loop = self._loop
+                assert loop is not None
+                loop.call_soon(self._start_commit)
         elif not self._kicked:
             self._kicked = True
             loop = self._loop

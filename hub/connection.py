@@ -243,14 +243,16 @@ class HubConnection(asyncio.Protocol):
     def _authorized(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
         """With authentication_enabled: AUTHENTICATE first, region-hub subscriptions for region roles only,
         then the role's grants (``hub.permissions``)."""
+        authenticator, authorizer = self.server.authenticator, self.server.authorizer
+        assert authenticator is not None and authorizer is not None   # both exist with authentication_enabled
         if req.type == pb.AUTHENTICATE:
             try:
-                self.role = self.server.authenticator.authenticate(req.authenticateRequest.token)
+                self.role = authenticator.authenticate(req.authenticateRequest.token)
             except errors.AuthenticationError as exc:
                 log.info("connection refused a token: %s", exc)
                 self._fail(req, exc)
                 return False
-            self.region_hub = self.server.authorizer.is_region_hub(self.role)
+            self.region_hub = authorizer.is_region_hub(self.role)
             self.send(protocol.response(req.txnId))
             return False
         if self.role is None:
@@ -262,7 +264,7 @@ class HubConnection(asyncio.Protocol):
             self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
                                                       "(region_roles, superuser_roles)"))
             return False
-        refused = self.server.authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
+        refused = authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
         if refused is not None:
             self.server.stats.incr("not_authorized")
             self._fail(req, refused)

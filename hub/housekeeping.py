@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hub.ownership import Ownership, same_hub
 from hub.proto import pubsub_pb2 as pb
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from hub.connection import HubConnection
     from hub.metadata import HubRegistry
     from hub.topic import Topic
+    from metastore.api import MetaStore, Session
 
 log = logging.getLogger("hub.server")   # these lines have always been the server's
 
@@ -48,8 +49,8 @@ class HubHousekeeping:
     connections: set[HubConnection]
     registry: HubRegistry
     info: pb.HubInfo
-    session: Any
-    store: Any
+    session: Session | None
+    store: MetaStore
     http_url: str
     ownership: Ownership | None
     shedder: TopicLoadShedder

@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hub import errors
 from hub.conf import HubConf
@@ -34,6 +34,7 @@ from metastore.cas import cas_retry
 
 if TYPE_CHECKING:
     from hub.metadata import HubRegistry, TopicOwnershipManager
+    from metastore.api import Session
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Ownership:
     """See the module docstring."""
 
     def __init__(self, conf: HubConf, me: pb.HubInfo, owners: TopicOwnershipManager, registry: HubRegistry,
-                 session: Any) -> None:
+                 session: Session) -> None:
         self.conf = conf
         self.me = me
         self.owners = owners

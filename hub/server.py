@@ -62,7 +62,11 @@ from hub.topic import RATE_WINDOW, Topic
 from metastore.tasks import keep, spawn
 
 if TYPE_CHECKING:
+    from bookie.client import BookKeeper
+    from hub.auth import TokenAuthenticator
+    from hub.permissions import Authorizer
     from hub.regions import RegionManager
+    from metastore.api import MetaStore, Session
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +80,10 @@ _FD_LOG_INTERVAL = 10.0   # seconds between log lines about running out of file 
 class HubServer(HubHousekeeping):
     """See the module docstring."""
 
+    store: MetaStore            # opened by start()
+    bk: BookKeeper              # connected by start()
+    cache: ReadAheadCache       # built by start()
+
     def __init__(self, conf: HubConf) -> None:
         self.conf = conf
         self.stats = HubStats()
@@ -87,9 +95,8 @@ class HubServer(HubHousekeeping):
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
         self._servers: list[Any] = []     # asyncio.Server, hub.tls.TlsListener
-        self.store: Any = None
-        self.bk: Any = None
-        self.session: Any = None
+        # store, bk and cache exist from start() on (class annotations above); session once registered
+        self.session: Session | None = None
         self.address = ""
         self.stats_url = ""
         self.http_url = ""              # the HTTP server's base URL ("" when off)
@@ -98,11 +105,10 @@ class HubServer(HubHousekeeping):
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.releasing: set[bytes] = set()  # topics being released: a moved subscriber's retry waits for it
         self.info = pb.HubInfo()
-        self.cache: Any = None          # hub.readahead.ReadAheadCache once started
         self.ownership: Ownership | None = None
         self.regions: RegionManager | None = None
-        self.authenticator: Any = None   # hub.auth.TokenAuthenticator with authentication_enabled
-        self.authorizer: Any = None      # hub.permissions.Authorizer with authentication_enabled
+        self.authenticator: TokenAuthenticator | None = None   # with authentication_enabled
+        self.authorizer: Authorizer | None = None      # with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
         self._connection_keys = itertools.count(1)
         self._fd_warned_at = -math.inf
@@ -212,7 +218,7 @@ class HubServer(HubHousekeeping):
         regions.start()
         log.info("hub %s serving (pid %d)", hub_address(self.info), os.getpid())
 
-    async def _authorizer(self) -> Any:
+    async def _authorizer(self) -> Authorizer:
         """The grants (``hub.permissions``), read now and re-read every ``permissions_refresh_interval``."""
         from hub.permissions import Authorizer, PermissionCache, PermissionStore
 
@@ -423,15 +429,15 @@ class HubServer(HubHousekeeping):
         if self.regions is not None:
             with contextlib.suppress(Exception):
                 await self.regions.close()
-        if self.cache is not None:
+        if (started_cache := getattr(self, "cache", None)) is not None:
             with contextlib.suppress(Exception):
-                await self.cache.close()
+                await started_cache.close()
         if self.session is not None:
             with contextlib.suppress(Exception):
                 await self.session.close()
-        if self.bk is not None:
+        if (started_bk := getattr(self, "bk", None)) is not None:
             with contextlib.suppress(Exception):
-                await self.bk.close()
-        if self.store is not None:
+                await started_bk.close()
+        if (started_store := getattr(self, "store", None)) is not None:
             with contextlib.suppress(Exception):
-                await self.store.close()
+                await started_store.close()

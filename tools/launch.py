@@ -168,8 +168,11 @@ def run_bookie_command(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
+    from bookie.server import tune_gc
+
     die_with_parent()
     sys.setswitchinterval(0.0005)
+    tune_gc()
     return int(uvloop.run(_serve_bookie(conf)))
 
 

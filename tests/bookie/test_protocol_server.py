@@ -139,6 +139,22 @@ def test_add_header_validation_and_status_mapping() -> None:
     assert proto.add_response(7, 5, 2).status == proto.OK
 
 
+@settings(max_examples=300)
+@given(st.integers(0, 2**64 - 1), st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+def test_add_ok_frame_is_the_encoded_ok_response(txn_id: int, ledger_id: int, entry_id: int) -> None:
+    frame = proto.add_ok_frame(txn_id, ledger_id, entry_id)
+    assert frame == proto.encode_frame(proto.add_response(txn_id, ledger_id, entry_id))
+    (resp,) = proto.FrameDecoder().feed(frame)
+    assert proto.parse_response(resp) == proto.add_response(txn_id, ledger_id, entry_id)
+
+
+def test_add_header_takes_the_payload_read_already() -> None:
+    good = proto.add_request(1, 5, 2, b"k", encode_entry(5, 2, 1, 3, b"abc"))
+    assert proto.add_header(good, good.body) == (5, 2, 1)
+    with pytest.raises(errors.BadRequestError, match="shorter than its header"):
+        proto.add_header(good, b"tiny")
+
+
 def test_frame_budget_closes_the_newest_offenders() -> None:
     budget = proto.FrameBudget(100)
     assert budget.update(1, 60) == []

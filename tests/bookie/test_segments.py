@@ -1,0 +1,60 @@
+"""``bookie.segments``: checkpoints of any shape read back as a plain dict of entries would."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import struct
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from bookie.segments import SLICE, SegmentStore
+
+KEY = struct.Struct(">QQ")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_checkpoints_in_slices_match_a_dict(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    env = lmdb.open(str(tmp_path / "env"), map_size=1 << 30, max_dbs=4)
+    store = SegmentStore(env)
+    model: dict[bytes, bytes] = {}
+    ledgers = [1, 2, 7, (1 << 63) - 1]
+    try:
+        for rnd in range(4):
+            batch: dict[bytes, bytes] = {}
+            for ledger in ledgers:  # ascending runs, interleaved ledgers, spanning several slices
+                start = rng.randrange(0, 3 * SLICE)
+                for eid in range(start, start + rng.randrange(1, 2 * SLICE)):
+                    batch[KEY.pack(ledger, eid)] = b"%d:%d:%d" % (rnd, ledger, eid)
+            rewrites = rng.sample(sorted(model), min(len(model), 500)) if model else []
+            for key in rewrites:  # out of order: recovery adds over stored segments
+                batch[key] = b"again %d" % rnd
+            items = list(batch.items())
+            head = items[: len(items) // 3]
+            rng.shuffle(head)  # some insertion disorder
+            items[: len(head)] = head
+            entries = dict(items)
+            skip = {rng.choice(ledgers)} if rnd == 3 else set()
+            with env.begin(write=True) as txn:
+                store.write(txn, entries, skip)
+            model.update((k, v) for k, v in entries.items() if KEY.unpack(k)[0] not in skip)
+        with env.begin(buffers=True) as txn:
+            assert store.count(txn) == len(model)
+            for key in rng.sample(sorted(model), 3000):
+                assert store.read(txn, *KEY.unpack(key)) == model[key]
+            for ledger in ledgers:
+                mine = [KEY.unpack(k)[1] for k in model if KEY.unpack(k)[0] == ledger]
+                last = store.last_entry(txn, ledger)
+                assert (last[0] if last else None) == (max(mine) if mine else None)
+            cur = txn.cursor(db=store.segments)  # segments of one ledger never overlap
+            spans = []
+            for key, value in cur:
+                (n,) = struct.unpack_from(">I", value, 0)
+                spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
+            for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
+                assert a_first <= a_last < b_first
+    finally:
+        env.close()
