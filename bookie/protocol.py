@@ -37,7 +37,6 @@ buffered.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
@@ -53,6 +52,7 @@ from bookie.wire.framing import PREFIX_SIZE as PREFIX_SIZE
 from bookie.wire.framing import FrameBudget as FrameBudget
 from bookie.wire.framing import FrameDecoder as FrameDecoder
 from bookie.wire.framing import encode_frame as encode_frame
+from bookie.wire.txns import TXN_ID_MASK, TxnTable
 
 Request = pb.Request
 Response = pb.Response
@@ -604,24 +604,16 @@ class LongPolls(Generic[K]):
 T = TypeVar("T")
 
 
-class PendingRequests(Generic[T]):
-    """Outstanding requests of one connection, keyed by txn id.
+class PendingRequests(TxnTable[tuple[int, T]], Generic[T]):
+    """Outstanding requests of one connection, keyed by txn id (``bookie.wire.TxnTable``).
 
-    Holds any value per request (a future, a callback...). Responses may
-    arrive in any order; ``complete`` matches one to its request and checks
-    the op. Txn ids come from ``next_txn_id`` (1, 2, ...; 0 is reserved for
-    the bookie's replies to undecodable frames).
+    Holds any value per request (a future, a callback...) with the request's
+    op. Responses may arrive in any order; ``complete`` matches one to its
+    request and checks the op. Txn ids come from ``next_txn_id`` (1, 2, ...;
+    0 is reserved for the bookie's replies to undecodable frames).
     """
 
-    __slots__ = ("_next", "_pending")
-
-    def __init__(self) -> None:
-        self._pending: dict[int, tuple[int, T]] = {}
-        self._next = 0
-
-    def next_txn_id(self) -> int:
-        self._next = (self._next + 1) & 0xFFFFFFFFFFFFFFFF or 1
-        return self._next
+    __slots__ = ()
 
     def add(self, request: Request, value: T) -> None:
         """Remember ``value`` for ``request``; ``ProtocolError`` if its txn id is outstanding."""
@@ -655,18 +647,7 @@ class PendingRequests(Generic[T]):
 
     def drain(self) -> list[T]:
         """Forget every request (connection lost) and return their values."""
-        values = [v for _, v in self._pending.values()]
-        self._pending.clear()
-        return values
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def __contains__(self, txn_id: object) -> bool:
-        return txn_id in self._pending
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(self._pending))
+        return [v for _, v in self.drain_values()]
 
 
 # --- client side: one ADD_ENTRY encoding framed for every bookie (the ledger client's section) ---
@@ -715,7 +696,7 @@ class ClientTxns(PendingRequests[T]):
     def add_next(self, op: int, value: T) -> int:
         """Take the next txn id for a request of ``op`` sent as a pre-encoded frame; return it."""
         pending = self._pending
-        txn_id = self._next = (self._next + 1) & 0xFFFFFFFFFFFFFFFF or 1
+        txn_id = self._next = (self._next + 1) & TXN_ID_MASK or 1    # TxnTable.take inlined: the add path
         while txn_id in pending:  # after 2**64 requests: skip ids still outstanding
             txn_id = self.next_txn_id()
         pending[txn_id] = (op, value)

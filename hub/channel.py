@@ -4,6 +4,7 @@
     fut = conn.request(req, timeout)              # the response; ResponseTimeoutError after timeout s
     conn.one_way(consume_req)                     # no response expected (CONSUME)
     conn.alive; await conn.lost                   # the connection is usable; resolves once it is gone
+    conn.drop("why")                              # close it now: as if the connection had been lost
 
 Bytes go through the sans-IO ``hub.protocol.ClientConnection`` (txn ids,
 response matching); requests leave through an ``Outbox`` (``bookie.wire``),
@@ -14,6 +15,29 @@ the connection go to the owning client (``ChannelOwner``, a
 Failure: a request in flight when the connection drops fails with
 ``UncertainStateError``; one without an answer in time with
 ``ResponseTimeoutError``; a broken stream closes the connection (logged).
+
+A silent hub (a host cut off without a FIN or RST reaching the client, a
+stopped process: TCP stays up, nothing answers) is detected by this rule:
+**a request that times out when nothing at all (no response, delivery or
+event) has arrived on its connection since it was sent, while the client was
+not holding reading back (``paused_by``), makes the connection suspect, and
+it is dropped at once** — its other requests in flight fail with
+``UncertainStateError`` (an exactly-once publish asks again with the same
+sequence id), the client forgets the owners of the topics it routed through
+it and resubscribes the subscriptions attached through it elsewhere (as
+Pulsar's client closes a connection whose keep-alive goes unanswered). A
+slow answer on a busy connection, where other answers keep arriving, only
+fails that request: one slow topic does not cost the others their
+connection. The timed-out request's ``ResponseTimeoutError`` has
+``channel_dropped`` set when it condemned the connection.
+
+Idle connections (a subscriber waiting for messages sends nothing, so no
+request times out) rely on TCP keepalive: probes after
+``server_ack_response_timeout`` of silence, and ``TCP_USER_TIMEOUT`` bounds
+how long sent data may stay unacknowledged (``tcp_keepalive``). The protocol
+has no ping request, so a hub process that is stopped but whose kernel still
+answers probes is noticed only by a request timing out (or by the hub's
+TOPIC_MOVED once it runs again).
 """
 
 from __future__ import annotations
@@ -23,6 +47,7 @@ import collections
 import heapq
 import logging
 import math
+import socket
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -40,7 +65,35 @@ from hub.protocol import (
 
 log = logging.getLogger("hub.client")   # the client's log keeps the name it always had
 
-__all__ = ["ChannelOwner", "Deadlines", "HubChannel"]
+__all__ = ["ChannelOwner", "Deadlines", "HubChannel", "tcp_keepalive"]
+
+_KEEPALIVE_PROBES = 3
+
+
+def tcp_keepalive(sock: socket.socket | None, idle: float) -> bool:
+    """Turn TCP keepalive on for ``sock``: the peer counts as gone after about ``2 * idle`` seconds.
+
+    Probes start after ``idle`` seconds without traffic and repeat ``_KEEPALIVE_PROBES`` times
+    ``idle / _KEEPALIVE_PROBES`` apart; ``TCP_USER_TIMEOUT`` makes sent data that stays
+    unacknowledged for ``2 * idle`` seconds fail the connection too (a peer cut off silently while
+    requests are in flight). Options the platform lacks are skipped; False when the socket refused
+    them (logged at debug), the connection is usable either way.
+    """
+    if sock is None:
+        return False
+    whole = max(1, math.ceil(idle))
+    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
+    for name, value in (("TCP_KEEPIDLE", whole), ("TCP_KEEPINTVL", max(1, whole // _KEEPALIVE_PROBES)),
+                        ("TCP_KEEPCNT", _KEEPALIVE_PROBES), ("TCP_USER_TIMEOUT", 2 * whole * 1000)):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    try:
+        for level, option, value in options:
+            sock.setsockopt(level, option, value)
+    except (OSError, AttributeError) as exc:
+        log.debug("keepalive options refused: %s", exc)
+        return False
+    return True
 
 
 class ChannelOwner(Protocol):
@@ -64,23 +117,27 @@ class Deadlines:
     small heap. The timer is armed for the earliest deadline only.
     """
 
-    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse]], None]) -> None:
+    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse], float], None]) -> None:
+        """``on_expired(txn_id, future, sent_at)`` for each request unanswered at its deadline (``sent_at``:
+        the loop time it was watched)."""
         self._on_expired = on_expired
-        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = collections.deque()
-        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse]]] = []
+        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = \
+            collections.deque()
+        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
 
     def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
         loop = asyncio.get_running_loop()
-        at = loop.time() + timeout
+        now = loop.time()
+        at = now + timeout
         order = self._order
         while order and order[0][2].done():
             order.popleft()
         if order and at < order[-1][0]:
-            heapq.heappush(self._late, (at, txn_id, fut))
+            heapq.heappush(self._late, (at, txn_id, fut, now))
         else:
-            order.append((at, txn_id, fut))
+            order.append((at, txn_id, fut, now))
         if at < self._at:
             self._arm(loop, at)
 
@@ -96,13 +153,13 @@ class Deadlines:
         now = loop.time()
         order, late = self._order, self._late
         while order and (order[0][2].done() or order[0][0] <= now):
-            _, txn_id, fut = order.popleft()
+            _, txn_id, fut, sent = order.popleft()
             if not fut.done():
-                self._on_expired(txn_id, fut)
+                self._on_expired(txn_id, fut, sent)
         while late and (late[0][2].done() or late[0][0] <= now):
-            _, txn_id, fut = heapq.heappop(late)
+            _, txn_id, fut, sent = heapq.heappop(late)
             if not fut.done():
-                self._on_expired(txn_id, fut)
+                self._on_expired(txn_id, fut, sent)
         nxt = min(order[0][0] if order else math.inf, late[0][0] if late else math.inf)
         if nxt < math.inf:
             self._arm(loop, nxt)
@@ -124,16 +181,22 @@ class HubChannel(asyncio.Protocol):
         self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
             max(client.conf.max_message_size * 2 + 65536, 8 << 20))
         self.transport: asyncio.Transport | None = None
-        self.lost = asyncio.get_running_loop().create_future()
+        self._loop = asyncio.get_running_loop()
+        self.lost = self._loop.create_future()
         self.paused_by: set[tuple[bytes, bytes]] = set()
         self.deadlines = Deadlines(self._expired)
         self.outbox = Outbox()
+        self.last_heard = -math.inf      # loop time of the last bytes from the hub
+        self.gone = False                # lost or dropped: nothing more goes through it
+        self.dropped: str | None = None  # why the client dropped it (``drop``), None if it was lost
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.outbox.attach(self.transport)
+        tcp_keepalive(self.transport.get_extra_info("socket"), self.client.conf.server_ack_response_timeout / 1000.0)
 
     def data_received(self, data: bytes) -> None:
+        self.last_heard = self._loop.time()
         for ev in self.machine.receive_data(data):
             if isinstance(ev, ResponseReceived):
                 if not ev.value.done():
@@ -148,13 +211,29 @@ class HubChannel(asyncio.Protocol):
                     self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self._gone(f"connection to {self.address} lost")
+
+    def drop(self, reason: str) -> None:
+        """Close the connection now and act as if it were lost (requests in flight: ``UncertainStateError``)."""
+        if self.gone:
+            return
+        log.warning("dropping the connection to %s: %s", self.address, reason)
+        self.dropped = reason
+        if self.transport is not None:
+            self.transport.abort()
+        self._gone(f"connection to {self.address} dropped: {reason}")
+
+    def _gone(self, why: str) -> None:
+        if self.gone:
+            return
+        self.gone = True
         self.outbox.detach()
         self.deadlines.close()
         for fut in self.machine.drain():
             if not fut.done():
-                fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
-        if not self.lost.done():
-            self.lost.set_result(None)
+                fut.set_exception(errors.UncertainStateError(why))
         self.client._conn_lost(self)
 
     def _write(self, data: bytes) -> None:
@@ -164,7 +243,7 @@ class HubChannel(asyncio.Protocol):
 
     @property
     def alive(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing()
+        return not self.gone and self.transport is not None and not self.transport.is_closing()
 
     def request(self, req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
         """The response to ``req``; ``ResponseTimeoutError`` when none comes within ``timeout`` seconds."""
@@ -177,9 +256,18 @@ class HubChannel(asyncio.Protocol):
         self.deadlines.watch(req.txnId, fut, timeout)
         return fut
 
-    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse]) -> None:
+    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], sent_at: float) -> None:
+        """No answer in time; when nothing at all was heard since ``sent_at``, the connection is dropped."""
         self.machine.forget(txn_id)
-        fut.set_exception(errors.ResponseTimeoutError(f"no answer from {self.address} within the timeout"))
+        # while the client itself stopped reading (its handlers are behind), silence proves nothing
+        silent = self.last_heard < sent_at and not self.paused_by
+        fut.set_exception(errors.ResponseTimeoutError(
+            f"no answer from {self.address} within the timeout" + ("; nothing heard from it since the request "
+                                                                   "was sent: connection dropped" if silent else ""),
+            channel_dropped=silent))
+        if silent:
+            waited = self._loop.time() - sent_at
+            self.drop(f"a request went unanswered for {waited:.1f} s and nothing else came from the hub meanwhile")
 
     def one_way(self, req: pb.PubSubRequest) -> None:
         if self.alive:

@@ -30,7 +30,10 @@ follow NOT_RESPONSIBLE_FOR_TOPIC redirects up to ``max_server_redirects``
 (a dead owner's lease running out; then ``ServiceDownError``).
 ``connect`` accepts several comma-separated hubs; the next is tried when one
 is unreachable. A request in flight when its connection drops fails with
-``UncertainStateError`` (a publish may or may not have been persisted). With
+``UncertainStateError`` (a publish may or may not have been persisted). A
+request that times out on a connection that heard nothing since it was sent
+drops that connection as silent (the rule is in ``hub.channel``): the client
+forgets the owners it learned through it and goes to the default hub next. With
 ``enable_resubscribe`` the client re-attaches its subscriptions after a hub
 failure or a topic move and resumes delivery, skipping messages it already
 handled — except after a SUBSCRIPTION_RESET event (an operator moved the
@@ -232,8 +235,15 @@ class HedwigClient:
             raise errors.error_for_status(status_name(resp.statusCode), resp.statusMsg)
 
     def _conn_lost(self, conn: _Conn) -> None:
+        """``conn`` is gone (lost, or dropped as silent): forget the topics routed through it, resubscribe.
+
+        A default hub dropped as silent stops being the default (the next hub given to ``connect`` is),
+        so that new requests do not reconnect to a hub that accepts connections but does not answer.
+        """
         if self.conns.get(conn.address) is conn:
             del self.conns[conn.address]
+        if conn.dropped is not None and len(self.addresses) > 1 and self.addresses[self._default] == conn.address:
+            self._default = (self._default + 1) % len(self.addresses)
         for topic in [t for t, a in self.owner.items() if a == conn.address]:
             del self.owner[topic]
         for s in list(self.subs.values()):
@@ -274,7 +284,13 @@ class HedwigClient:
                     raise errors.ResponseTimeoutError(f"no answer for {topic!r} within "
                                                       f"{self.conf.server_ack_response_timeout} ms")
                 try:
-                    conn = await self._conn(address)
+                    conn = self.conns.get(address)
+                    if conn is None or not conn.alive:
+                        try:
+                            conn = await asyncio.wait_for(self._conn(address), remaining)
+                        except TimeoutError:   # a host that drops SYNs: give up at the request's deadline
+                            raise errors.CouldNotConnectError(f"cannot connect to hub {address}: no answer "
+                                                              f"within {remaining:.1f} s") from None
                 except errors.CouldNotConnectError:
                     self.owner.pop(topic, None)   # the owner we were sent to is gone: start over at a live hub
                     if len(self.addresses) > 1:
@@ -284,8 +300,9 @@ class HedwigClient:
                     raise
                 try:
                     resp = await conn.request(req, remaining)
-                except errors.ResponseTimeoutError:
-                    raise errors.ResponseTimeoutError(f"no answer from {address} for {topic!r}") from None
+                except errors.ResponseTimeoutError as exc:
+                    raise errors.ResponseTimeoutError(f"{exc} (request for {topic!r})",
+                                                      channel_dropped=exc.channel_dropped) from None
                 status = resp.statusCode
                 if status == pb.SUCCESS:
                     self.owner[topic] = address
@@ -339,7 +356,10 @@ class HedwigClient:
         from the time in microseconds at its first one (so a restarted client continues above its
         earlier numbers). Such a publish is retried with the same sequence id when its answer is lost
         (a connection dropped, an owner failed) until ``server_ack_response_timeout``, instead of
-        raising ``UncertainStateError``.
+        raising ``UncertainStateError``; when its answer timed out on a silent hub (the connection
+        dropped, see ``hub.channel``) it is asked once more, through the default hub and its redirect
+        to the topic's current owner, with a fresh ``server_ack_response_timeout``: such a publish
+        fails over within about twice that time and is still stored at most once.
         """
         self._check_open()
         self._check_names(topic)
@@ -385,10 +405,20 @@ class HedwigClient:
 
     async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
         """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
-        deadline = time.monotonic() + self.conf.server_ack_response_timeout / 1000.0
+        timeout = self.conf.server_ack_response_timeout / 1000.0
+        deadline = time.monotonic() + timeout
+        failed_over = False
         while True:
             try:
                 return await self._publish(topic, req)
+            except errors.ResponseTimeoutError as exc:
+                if not exc.channel_dropped or failed_over:
+                    raise
+                failed_over = True      # once: a second silent hub in a row is reported to the caller
+                deadline = time.monotonic() + timeout
+                log.info("publish of %r sequence id %d: %s; asking again elsewhere",
+                         req.publishRequest.msg.producer, req.publishRequest.msg.sequenceId, exc)
+                self.owner.pop(topic, None)
             except errors.UncertainStateError as exc:
                 if time.monotonic() >= deadline:
                     raise

@@ -202,9 +202,17 @@ class TooManyRedirectsError(PubSubError):
 
 
 class ResponseTimeoutError(PubSubError):
-    """No response within ``server_ack_response_timeout``."""
+    """No response within ``server_ack_response_timeout``.
+
+    ``channel_dropped`` is True when the connection it was sent on heard nothing at all from its hub
+    since the request was sent: the client dropped that connection as silent (see ``hub.channel``).
+    """
 
     status = "RESPONSE_TIMEOUT"
+
+    def __init__(self, message: str = "", *, status: str | None = None, channel_dropped: bool = False) -> None:
+        super().__init__(message, status=status)
+        self.channel_dropped = channel_dropped
 
 
 _BY_STATUS: dict[str, type[PubSubError]] = {

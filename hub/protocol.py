@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, FrameTooLargeError
 from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
 from bookie.wire.outbox import Outbox
+from bookie.wire.txns import TxnTable
 from hub.errors import PubSubError
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
@@ -400,33 +401,28 @@ class ClientConnection(Generic[T]):
 
     def __init__(self, max_frame_size: int) -> None:
         self._decoder = FrameDecoder(max_frame_size)
-        self._pending: dict[int, T] = {}
-        self._next = 0
+        self._pending: TxnTable[T] = TxnTable()
         self.broken = False
 
     def send_request(self, request: pb.PubSubRequest, value: T | None) -> bytes:
-        self._next += 1
-        request.txnId = self._next
+        pending = self._pending
+        request.txnId = pending.take(value) if value is not None else pending.next_txn_id()
         request.protocolVersion = pb.VERSION_ONE
-        if value is not None:
-            self._pending[self._next] = value
         return encode(request)
 
     def forget(self, txn_id: int) -> T | None:
         """Drop an outstanding request (timed out)."""
-        return self._pending.pop(txn_id, None)
+        return self._pending.forget(txn_id)
 
     def drain(self) -> list[T]:
         """Every outstanding request's value (the connection is gone)."""
-        values = list(self._pending.values())
-        self._pending.clear()
-        return values
+        return self._pending.drain_values()
 
     def __len__(self) -> int:
         return len(self._pending)
 
     def __iter__(self) -> Iterator[int]:
-        return iter(list(self._pending))
+        return iter(self._pending)
 
     def receive_data(self, data: bytes) -> list[ResponseReceived[T] | DeliveryReceived | SubscriptionEventReceived
                                                 | ConnectionBroken]:
@@ -453,7 +449,7 @@ class ClientConnection(Generic[T]):
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))
             else:
-                value = self._pending.pop(resp.txnId, None)
+                value = self._pending.forget(resp.txnId)
                 if value is None:
                     if resp.txnId == 0:
                         tail = ConnectionBroken(f"hub rejected a frame: {status_name(resp.statusCode)} "

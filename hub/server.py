@@ -322,6 +322,8 @@ class HubServer(HubHousekeeping):
             raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
         if topic in self.releasing:   # its owner record still names this hub: claiming now would keep it here
             raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
+        if self.stopping:
+            raise errors.ServiceDownError("this hub is stopping; retry")
         fut = self._acquiring.get(topic)
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
@@ -413,7 +415,14 @@ class HubServer(HubHousekeeping):
         log.info("released topic %r", topic)
 
     async def stop(self) -> None:
-        """Stop listening, release every topic, unregister, close clients."""
+        """Stop listening, release every topic, then close clients and unregister.
+
+        Topics are released while the clients are still connected, as load
+        shedding does: publishes already in flight are answered (a publish
+        whose answer was lost would be retried and stored twice), attached
+        subscribers get TOPIC_MOVED. Meanwhile ``topic()`` refuses to acquire
+        anything (SERVICE_DOWN: the client retries, and finds the next owner).
+        """
         self.stopping = True
         for srv in self._servers:
             srv.close()
@@ -421,14 +430,15 @@ class HubServer(HubHousekeeping):
             with contextlib.suppress(Exception):
                 await self._http.stop()
             self._http = None
+        for topic in list(self.topics):
+            with contextlib.suppress(Exception):
+                await self.release_topic(topic)
+        self.flush()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
         for task in list(self._tasks):
             task.cancel()
-        for topic in list(self.topics):
-            with contextlib.suppress(Exception):
-                await self.release_topic(topic)
         if self.regions is not None:
             with contextlib.suppress(Exception):
                 await self.regions.close()

@@ -1,12 +1,14 @@
 """Wire plumbing shared by the bookie and the hub (a hub may import bookie, never the reverse).
 
-    from bookie.wire import FrameDecoder, encode_frame, FrameBudget, Outbox
+    from bookie.wire import FrameDecoder, encode_frame, FrameBudget, Outbox, TxnTable
 
 * ``framing``: the 4-byte length prefix, ``FrameDecoder`` (split a stream),
   ``encode_frame`` (frame a protobuf message), ``FrameBudget`` (partial
   frames held across all connections of a server);
 * ``outbox``: ``Outbox``, a connection's outgoing frames, written together
-  once per loop turn.
+  once per loop turn;
+* ``txns``: ``TxnTable``, a client connection's outstanding requests by txn
+  id (``bookie.protocol.PendingRequests`` and ``hub.protocol.ClientConnection``).
 
 Both are free of protocol decisions; ``bookie.protocol`` and
 ``hub.protocol`` build on them.
@@ -21,6 +23,7 @@ from bookie.wire.framing import (
     encode_frame,
 )
 from bookie.wire.outbox import Outbox
+from bookie.wire.txns import TxnTable
 
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "PREFIX_SIZE", "FrameBudget", "FrameDecoder", "Outbox",
-           "encode_frame"]
+           "TxnTable", "encode_frame"]

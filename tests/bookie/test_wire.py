@@ -53,3 +53,17 @@ def test_a_detached_outbox_drops_what_it_held() -> None:
     for flush in scheduled:
         flush()
     assert t.writes == [] and len(out) == 0
+
+
+def test_txn_table_numbers_requests_from_1_wraps_past_2_64_and_skips_outstanding_ids() -> None:
+    from bookie.wire import TxnTable
+    from bookie.wire.txns import TXN_ID_MASK
+
+    table: TxnTable[str] = TxnTable()
+    assert table.take("a") == 1 and table.take("b") == 2 and len(table) == 2
+    assert table.forget(1) == "a" and table.forget(1) is None and 1 not in table and 2 in table
+    table._next = TXN_ID_MASK - 1                # almost 2**64 requests later: 2 is still outstanding
+    assert table.take("c") == TXN_ID_MASK        # the last id, then 0 is skipped (reserved) and 2 too
+    assert table.take("d") == 1 and table.take("e") == 3
+    assert sorted(table) == [1, 2, 3, TXN_ID_MASK]
+    assert sorted(table.drain_values()) == ["b", "c", "d", "e"] and len(table) == 0

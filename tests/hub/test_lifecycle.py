@@ -166,3 +166,58 @@ async def test_hubs_on_the_hbase_metastore(tmp_path: Path) -> None:
         async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
             await c.subscribe(b"hb", b"s")
             assert [await c.publish(b"hb", b"%d" % i) for i in range(3)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+async def test_owner_stop_under_load_answers_in_flight_publishes_and_stores_nothing_twice(tmp_path: Path) -> None:
+    """SIGTERM of the owner while publishers keep 4 publishes in flight (plain clients, no producer
+    deduplication): the hub releases its topics before it closes the connections, so every publish it
+    stored is answered and none is retried into a second copy; every acknowledged body is stored once."""
+    async with LocalCluster(bookies=3, hubs=2, data_dir=tmp_path, conf_overrides=HUB_CONF) as cluster:
+        addrs = ",".join(cluster.hub_addresses)
+        topic = b"stop-under-load"
+        async with await HedwigClient.connect(addrs) as sub:
+            await sub.subscribe(topic, b"all")
+            await sub.close_subscription(topic, b"all")
+        acked: list[bytes] = []
+        stop = asyncio.Event()
+        enough = asyncio.Event()
+        target = [200]        # acknowledgements to wait for: before the stop, then through the other hub
+
+        async def publisher(n: int, pub: HedwigClient) -> None:
+            i = 0
+            while not stop.is_set():
+                body = b"%d-%d" % (n, i)
+                await pub.publish(topic, body)
+                acked.append(body)
+                i += 1
+                if len(acked) >= target[0]:
+                    enough.set()
+
+        async with await HedwigClient.connect(addrs) as pub:
+            await pub.publish(topic, b"first")
+            acked.append(b"first")
+            owner = cluster.hub_addresses.index(pub.owner[topic])
+            tasks = [asyncio.create_task(publisher(n, pub)) for n in range(4)]
+            await asyncio.wait_for(enough.wait(), 30)
+            await cluster.stop_hub(owner)                    # SIGTERM while publishes are in flight
+            target[0] = len(acked) + 100                     # publishing goes on through the other hub
+            enough.clear()
+            await asyncio.wait_for(enough.wait(), 30)
+            stop.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        async with await HedwigClient.connect(cluster.hub_addresses[1 - owner]) as sub:
+            stored: list[bytes] = []
+            done = asyncio.Event()
+
+            async def handler(t: bytes, s: bytes, m: Message) -> None:
+                stored.append(m.body)
+                if set(acked) <= set(stored):
+                    done.set()
+
+            await sub.subscribe(topic, b"all", create_or_attach="ATTACH")
+            await sub.start_delivery(topic, b"all", handler)
+            await asyncio.wait_for(done.wait(), 30)
+        twice = sorted({b for b in stored if stored.count(b) > 1})
+        assert not twice, f"stored more than once: {twice[:10]} ({len(twice)} bodies)"
+        assert set(acked) <= set(stored)

@@ -263,16 +263,16 @@ async def test_owner_cut_from_metastore_and_clients_is_fenced(netbed: NetBed, ru
     h0 keeps its ledger open (no rolls) and the stale client keeps publishing to it. h1 takes the
     topic once h0's session expires and fences h0's ledger when it recovers it: from then on h0 must
     not acknowledge anything (no seq id acknowledged twice), and after healing every acknowledged
-    publish is delivered once. c1 fails over with a fresh client after a timeout, and the subscriber
-    stays on h0's side, which closes its subscription when it lets the topic go (a client cut off from
-    its hub silently never fails over: ``test_client_fails_over_from_a_silently_cut_owner``).
+    publish is delivered once. c1's client drops its connection to h0 when a publish times out on it
+    (``test_client_fails_over_from_a_silently_cut_owner``) and goes on at h1; the subscriber stays on
+    h0's side, which closes its subscription when it lets the topic go.
     """
     rng = random.Random(netbed.seed)
     c = await cluster(netbed, bookies=4, hubs=2, hub_conf={"max_entries_per_ledger": "0"})
     h0, h1 = (f"{h.host.ip}:4080" for h in c.hubs)
     await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=3000)   # the subscriber claims the topic for h0
     await publisher(c, "c0", "p0", h0)
-    await publisher(c, "c1", "p1", f"{h1},{h0}", "--fresh-client-on-timeout")
+    await publisher(c, "c1", "p1", f"{h1},{h0}")
     await wait_acks(c, 10 + rng.randint(0, 30))
     netbed.partition(["h0", "c0", "s0"], ["zk", "h1", "c1"])
     cut_at = time.monotonic()
@@ -296,14 +296,11 @@ async def test_owner_cut_from_metastore_and_clients_is_fenced(netbed: NetBed, ru
                       f"(seed {netbed.seed}): {late[:3]}")
 
 
-@pytest.mark.xfail(strict=False, reason="HedwigClient keeps the connection to an owner that is cut off silently "
-                   "(no FIN/RST): a ResponseTimeoutError neither drops that connection nor forgets the owner, "
-                   "so every retry (publish or resubscribe) goes to the old owner and the client never reaches "
-                   "the hub that took the topic")
 @pytest.mark.parametrize("run", [0])   # a liveness probe of the client, not a nemesis scenario: one run
 async def test_client_fails_over_from_a_silently_cut_owner(netbed: NetBed, run: int) -> None:
     """The owner h0 is cut off from everyone but the bookies: a plain producer client must reach h1,
-    which took the topic, within a few answer timeouts."""
+    which took the topic, within a few answer timeouts (the request that times out on the silent
+    connection drops it, ``hub.channel``, and is asked again at h1 with the same sequence id)."""
     c = await cluster(netbed, bookies=3, hubs=2)
     h0, h1 = (f"{h.host.ip}:4080" for h in c.hubs)
     await start_clients(c, f"{h0},{h1}", [], ack_timeout_ms=2000)   # claims the topic for h0

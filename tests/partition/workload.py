@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import sys
 import time
 from typing import Any, TextIO
 
-from hub import errors
 from hub.client import HedwigClient
 from hub.message import Message
 from tools.launch import die_with_parent
@@ -79,12 +77,6 @@ async def publish(args: argparse.Namespace, out: TextIO, stop: asyncio.Event) ->
                     _record(out, op="fail", producer=producer, n=n, body=body, error=f"{type(exc).__name__}: {exc}")
                     if stop.is_set():
                         return
-                    if args.fresh_client_on_timeout and isinstance(exc, errors.ResponseTimeoutError):
-                        # the client keeps a silently cut owner's connection (and the owner) after a timeout:
-                        # an application that wants to fail over starts a new client
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(client.close(), 5)
-                        client = await _client(args)
                     await asyncio.sleep(0.1)
                     continue
                 _record(out, op="ack", producer=producer, n=n, body=body, seq=seq)
@@ -138,8 +130,6 @@ if __name__ == "__main__":
     p.add_argument("--count", type=int, default=0, help="publishes (0: until stopped)")
     p.add_argument("--interval", type=float, default=0.0, help="seconds between publishes")
     p.add_argument("--ack-timeout-ms", type=int, default=30000)
-    p.add_argument("--fresh-client-on-timeout", action="store_true",
-                   help="after a publish timed out, publish through a new client")
     die_with_parent()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     asyncio.run(main(p.parse_args()))
