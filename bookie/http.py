@@ -34,14 +34,15 @@ import hmac
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["TOKEN_ENV", "HttpError", "HttpServer", "admin_token", "json_body", "json_response", "resolve_http_port"]
+__all__ = ["TOKEN_ENV", "HttpError", "HttpServer", "admin_token", "errors_as_statuses", "json_body", "json_response",
+           "resolve_http_port"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,31 @@ class HttpError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+ErrorStatuses = Sequence[tuple[type[Exception] | tuple[type[Exception], ...], int]]
+
+
+def errors_as_statuses(handler: Callable[[web.Request], Awaitable[web.Response]],
+                       statuses: ErrorStatuses) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """``handler`` with its exceptions answered as HTTP errors: the first ``(types, status)`` that matches.
+
+    A 4xx answer carries the exception's message, a 5xx one its type too;
+    ``HttpError`` and unmatched exceptions pass through (the server answers
+    those with their own status, or 500).
+    """
+    async def run(request: web.Request) -> web.Response:
+        try:
+            return await handler(request)
+        except HttpError:
+            raise
+        except Exception as exc:
+            for types, status in statuses:
+                if isinstance(exc, types):
+                    message = str(exc) if status < 500 else f"{type(exc).__name__}: {exc}"
+                    raise HttpError(status, message) from None
+            raise
+    return run
 
 
 def resolve_http_port(http_server_port: int, stats_http_port: int) -> int | None:

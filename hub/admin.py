@@ -67,7 +67,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 
 from bookie.errors import BKError, NoSuchLedgerError
-from bookie.http import HttpError, json_body, json_response
+from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.admin_permissions import PermissionsAdmin
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
@@ -146,17 +146,8 @@ class HubAdmin:
 
     @staticmethod
     def _wrap(handler: Any) -> Any:
-        async def run(request: web.Request) -> web.Response:
-            try:
-                resp: web.Response = await handler(request)
-                return resp
-            except errors.ClientNotSubscribedError as exc:
-                raise HttpError(404, str(exc)) from None
-            except errors.MalformedRequestError as exc:
-                raise HttpError(400, str(exc)) from None
-            except (errors.PubSubError, MetastoreError, BKError) as exc:
-                raise HttpError(503, f"{type(exc).__name__}: {exc}") from None
-        return run
+        return errors_as_statuses(handler, ((errors.ClientNotSubscribedError, 404), (errors.MalformedRequestError, 400),
+                                            ((errors.PubSubError, MetastoreError, BKError), 503)))
 
     # --- names ------------------------------------------------------------------------------------
     @staticmethod

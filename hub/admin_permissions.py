@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from bookie.http import HttpError, json_body, json_response
+from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.permissions import Grant, PermissionStore
 
@@ -49,17 +49,7 @@ class PermissionsAdmin:
 
     @staticmethod
     def _wrap(handler: Any) -> Any:
-        async def run(request: web.Request) -> web.Response:
-            try:
-                resp: web.Response = await handler(request)
-                return resp
-            except ValueError as exc:
-                raise HttpError(400, str(exc)) from None
-            except LookupError as exc:
-                raise HttpError(404, str(exc)) from None
-            except errors.PubSubError as exc:
-                raise HttpError(503, f"{type(exc).__name__}: {exc}") from None
-        return run
+        return errors_as_statuses(handler, ((ValueError, 400), (LookupError, 404), (errors.PubSubError, 503)))
 
     def store(self) -> PermissionStore:
         if self._store is None:
