@@ -19,6 +19,8 @@ from hub.client import HedwigClient, Message
 from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
+from .conftest import hub_url
+
 in_cluster = pytest.mark.asyncio(loop_scope="module")
 pytestmark = pytest.mark.timeout(120)
 
@@ -35,17 +37,6 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
     async with LocalCluster(bookies=1, hubs=2, data_dir=tmp_path_factory.mktemp("hubadmin"),
                             conf_overrides=CONF) as c:
         yield c
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
-
-
-def hub_url(cluster: LocalCluster, i: int) -> str:
-    """The HTTP base URL of hub ``i`` (``stats_urls`` lists hubs first)."""
-    return cluster.stats_urls[i].removesuffix("/metrics")
 
 
 def topic_url(cluster: LocalCluster, i: int, topic: str) -> str:

@@ -29,6 +29,8 @@ from metastore import open_metastore
 from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
+from .conftest import hub_url
+
 in_cluster = pytest.mark.asyncio(loop_scope="module")
 pytestmark = pytest.mark.timeout(180)
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,16 +56,6 @@ async def cluster(key: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
             "permissions_refresh_interval": str(int(REFRESH * 1000))}
     async with LocalCluster(bookies=1, hubs=2, data_dir=tmp_path_factory.mktemp("perms"), conf_overrides=conf) as c:
         yield c
-
-
-@pytest_asyncio.fixture(loop_scope="module")
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
-        yield session
-
-
-def hub_url(cluster: LocalCluster, i: int) -> str:
-    return cluster.stats_urls[i].removesuffix("/metrics")
 
 
 def grant_url(cluster: LocalCluster, i: int, role: str, prefix: str) -> str:
