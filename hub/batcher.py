@@ -34,6 +34,10 @@ from hub.dedup import ProducerDedup
 from hub.proto import pubsub_pb2 as pb
 from metastore.tasks import spawn
 
+if TYPE_CHECKING:
+    from bookie.ledger import LedgerHandle
+    from hub.metadata import TopicDedupManager
+
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
 __all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd"]
@@ -48,7 +52,7 @@ class InflightAdd:
 
     __slots__ = ("batch", "error", "first", "lh", "settled")
 
-    def __init__(self, lh: Any, first: int, batch: Batch) -> None:
+    def __init__(self, lh: LedgerHandle, first: int, batch: Batch) -> None:
         self.lh = lh
         self.first = first
         self.batch = batch
@@ -79,7 +83,7 @@ class EntryBatcher:
     topic: bytes
     conf: HubConf
     last_seq: int
-    lh: Any
+    lh: LedgerHandle | None
     entries_in_ledger: int
     on_persisted: Callable[[bytes, list[pb.Message]], None] | None
     closed: bool
@@ -97,7 +101,7 @@ class EntryBatcher:
     _start_not_before: float
     _start_error: BaseException | None
     dedup: ProducerDedup
-    _dedup_store: Any
+    _dedup_store: TopicDedupManager | None
     _dedup_armed: bool
     _needs_arm: bool
     _since_snapshot: int
@@ -153,8 +157,10 @@ class EntryBatcher:
 
     async def _arm_dedup(self) -> None:
         """Create the topic's ``topic_dedup`` record before its first producer message is sent."""
+        store = self._dedup_store
+        assert store is not None       # armed only when the hub keeps dedup records
         try:
-            await self._dedup_store.write_snapshot(self.topic, self.dedup.snapshot(self.last_seq), create=True)
+            await store.write_snapshot(self.topic, self.dedup.snapshot(self.last_seq), create=True)
             self._dedup_armed = True
         except Exception as exc:
             self._fail_queue(self._error(exc))
@@ -172,8 +178,10 @@ class EntryBatcher:
         spawn(self._tasks, self._write_snapshot(self.dedup.snapshot(self.last_seq)))
 
     async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
+        store = self._dedup_store
+        assert store is not None       # _snapshot_soon checked it
         try:
-            await self._dedup_store.write_snapshot(self.topic, snap)
+            await store.write_snapshot(self.topic, snap)
         except Exception as exc:   # the next owner reads a longer tail
             log.info("topic %r: dedup snapshot at seq id %d not written: %s", self.topic, snap.atSeqId, exc)
 
@@ -253,7 +261,9 @@ class EntryBatcher:
         first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
         entry = pb.MessageBatch(first_local_seq_id=first)
         entry.messages.extend(m for m, _ in batch)
-        add = InflightAdd(self.lh, first, batch)
+        lh = self.lh
+        assert lh is not None          # _pump sends only into an open ledger
+        add = InflightAdd(lh, first, batch)
         self._inflight.append(add)
         self.entries_in_ledger += 1
         try:

@@ -30,6 +30,10 @@ from hub.conf import HubConf
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 
+if TYPE_CHECKING:
+    from bookie.client import BookKeeper
+    from bookie.ledger import LedgerHandle
+
 __all__ = ["LogReader", "decode_batch"]
 
 
@@ -52,19 +56,19 @@ class LogReader:
     # the log's state this reads (set by TopicLog.__init__)
     topic: bytes
     conf: HubConf
-    bk: Any
+    bk: BookKeeper
     ranges: pb.LedgerRanges
     last_seq: int
-    lh: Any
-    _closing: Any
-    _readers: dict[int, Any]
+    lh: LedgerHandle | None
+    _closing: LedgerHandle | None
+    _readers: dict[int, LedgerHandle]
     _index: dict[int, list[int]]
     _known: dict[int, list[tuple[int, int]]]
     _decoded: tuple[tuple[int, int], list[pb.Message]]
 
     if TYPE_CHECKING:
         @staticmethod
-        async def _close_quietly(lh: Any) -> None: ...
+        async def _close_quietly(lh: LedgerHandle) -> None: ...
 
     # --- reading --------------------------------------------------------------------------------
     def first_kept(self) -> int:
@@ -80,7 +84,7 @@ class LogReader:
                 return r
         return None
 
-    async def _reader(self, r: pb.LedgerRange, *, reopen: bool = False) -> Any:
+    async def _reader(self, r: pb.LedgerRange, *, reopen: bool = False) -> LedgerHandle:
         """A read handle on ``r``'s ledger: the writer's while it is current or closing, else a cached reader.
 
         A cached reader opened while its ledger was still open knows a LAC
@@ -107,7 +111,7 @@ class LogReader:
             self._readers[lid] = rh
         return rh
 
-    def _may_be_short(self, rh: Any) -> bool:
+    def _may_be_short(self, rh: LedgerHandle) -> bool:
         """``rh`` is a reader whose LAC may lag its ledger (not a writer's, not on closed metadata)."""
         return rh is not self.lh and rh is not self._closing and not rh.is_closed
 
@@ -120,7 +124,7 @@ class LogReader:
         if i == len(known) or known[i] != (first_seq, entry_id):
             known.insert(i, (first_seq, entry_id))
 
-    async def _entry_of(self, rh: Any, seq: int) -> int:
+    async def _entry_of(self, rh: LedgerHandle, seq: int) -> int:
         """The entry id of ``rh`` holding ``seq``: our own index, else a binary search by reads.
 
         Ledgers this owner wrote have a complete in-memory index; for a
@@ -149,7 +153,7 @@ class LogReader:
                 hi = mid - 1
         return lo
 
-    async def _read_decoded(self, rh: Any, first: int, last: int) -> AsyncIterator[list[pb.Message]]:
+    async def _read_decoded(self, rh: LedgerHandle, first: int, last: int) -> AsyncIterator[list[pb.Message]]:
         async for e in rh.read(first, last):
             batch = decode_batch(e.data)
             if batch:

@@ -81,7 +81,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bookie.errors import BKError
 from hub import errors
@@ -91,6 +91,11 @@ from hub.dedup import ProducerDedup
 from hub.log_reader import LogReader, decode_batch
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+
+if TYPE_CHECKING:
+    from bookie.client import BookKeeper
+    from bookie.ledger import LedgerHandle
+    from hub.metadata import TopicDedupManager, TopicPersistenceManager
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +108,9 @@ _REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, err
 class TopicLog(EntryBatcher, LogReader):
     """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``."""
 
-    def __init__(self, topic: bytes, bk: Any, pm: Any, conf: HubConf,
+    def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
-                 dedup_store: Any = None, owned: Callable[[], bool] | None = None) -> None:
+                 dedup_store: TopicDedupManager | None = None, owned: Callable[[], bool] | None = None) -> None:
         self.topic = topic
         self.bk = bk
         self.pm = pm
@@ -114,13 +119,13 @@ class TopicLog(EntryBatcher, LogReader):
         self.ranges = pb.LedgerRanges()
         self.version: Version = Version.NEW
         self.last_seq = 0                 # last acknowledged seq id
-        self.lh: Any = None               # current ledger (writer handle)
+        self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
         self._index: dict[int, list[int]] = {}      # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
-        self._readers: dict[int, Any] = {}           # read-only handles on ledgers that are not current
-        self._closing: Any = None         # the writer handle being closed (reads go through it meanwhile)
+        self._readers: dict[int, LedgerHandle] = {}  # read-only handles on ledgers that are not current
+        self._closing: LedgerHandle | None = None   # the writer handle being closed (reads go through it meanwhile)
         self._queue: collections.deque[tuple[pb.Message, Done]] = collections.deque()
         self._queued_bytes = 0
         self._inflight: collections.deque[InflightAdd] = collections.deque()   # sent, in entry order
@@ -145,9 +150,10 @@ class TopicLog(EntryBatcher, LogReader):
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
-    async def acquire(cls, topic: bytes, bk: Any, pm: Any, conf: HubConf,
+    async def acquire(cls, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                       on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
-                      dedup_store: Any = None, owned: Callable[[], bool] | None = None) -> TopicLog:
+                      dedup_store: TopicDedupManager | None = None,
+                      owned: Callable[[], bool] | None = None) -> TopicLog:
         """Recover every range left open and the dedup state; ``BadVersionError`` if raced.
 
         ``owned`` (the ownership claim's liveness: the hub's metastore session)
@@ -309,7 +315,7 @@ class TopicLog(EntryBatcher, LogReader):
         return version
 
     @staticmethod
-    async def _close_quietly(lh: Any) -> None:
+    async def _close_quietly(lh: LedgerHandle) -> None:
         try:
             await lh.close()
         except BKError as exc:
@@ -329,7 +335,7 @@ class TopicLog(EntryBatcher, LogReader):
         finally:
             self._closing = None
 
-    async def _record_close(self, lh: Any) -> None:
+    async def _record_close(self, lh: LedgerHandle) -> None:
         await lh.close()
         rs = self.ranges.ranges
         ranges = pb.LedgerRanges()
