@@ -41,6 +41,7 @@ from typing import TypeVar, cast
 from bookie import protocol
 from bookie.errors import BKError, BookieUnavailableError, ProtocolError
 from bookie.outbox import Outbox
+from bookie.wire.sockets import set_tcp_liveness as wire_liveness
 
 log = logging.getLogger(__name__)
 
@@ -59,26 +60,8 @@ DEFAULT_TCP_KEEPALIVE = 1.0
 
 
 def set_tcp_liveness(sock: socket.socket | None, user_timeout: float, keepalive: float) -> None:
-    """Turn on keepalive probes every ``keepalive`` s and ``TCP_USER_TIMEOUT`` of ``user_timeout`` s (0: leave off).
-
-    Options the platform lacks are skipped; errors are logged, never raised.
-    """
-    if sock is None:
-        return
-    opts: list[tuple[int, int, int]] = []
-    if keepalive > 0:
-        secs = max(1, round(keepalive))
-        opts.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
-        for name, value in (("TCP_KEEPIDLE", secs), ("TCP_KEEPINTVL", secs), ("TCP_KEEPCNT", 2)):
-            if hasattr(socket, name):
-                opts.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    if user_timeout > 0 and hasattr(socket, "TCP_USER_TIMEOUT"):
-        opts.append((socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, max(1, round(user_timeout * 1000))))
-    for level, opt, value in opts:
-        try:
-            sock.setsockopt(level, opt, value)
-        except OSError as exc:
-            log.debug("setsockopt(%d, %d, %d) failed: %s", level, opt, value, exc)
+    """Probes every ``keepalive`` s (two lost: dead) and ``TCP_USER_TIMEOUT`` of ``user_timeout`` s (0: off)."""
+    wire_liveness(sock, idle=keepalive, interval=keepalive, probes=2, user_timeout=user_timeout)
 
 
 def _resolve(fut: asyncio.Future[protocol.Response], result: protocol.Response | BKError) -> None:

@@ -51,7 +51,7 @@ import socket
 from collections.abc import Callable
 from typing import Protocol, cast
 
-from bookie.wire import Outbox
+from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors
 from hub.conf import HubClientConf
 from hub.proto import pubsub_pb2 as pb
@@ -75,25 +75,11 @@ def tcp_keepalive(sock: socket.socket | None, idle: float) -> bool:
 
     Probes start after ``idle`` seconds without traffic and repeat ``_KEEPALIVE_PROBES`` times
     ``idle / _KEEPALIVE_PROBES`` apart; ``TCP_USER_TIMEOUT`` makes sent data that stays
-    unacknowledged for ``2 * idle`` seconds fail the connection too (a peer cut off silently while
-    requests are in flight). Options the platform lacks are skipped; False when the socket refused
-    them (logged at debug), the connection is usable either way.
+    unacknowledged for ``2 * idle`` seconds fail the connection too (``bookie.wire.set_tcp_liveness``).
     """
-    if sock is None:
-        return False
     whole = max(1, math.ceil(idle))
-    options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)]
-    for name, value in (("TCP_KEEPIDLE", whole), ("TCP_KEEPINTVL", max(1, whole // _KEEPALIVE_PROBES)),
-                        ("TCP_KEEPCNT", _KEEPALIVE_PROBES), ("TCP_USER_TIMEOUT", 2 * whole * 1000)):
-        if hasattr(socket, name):
-            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    try:
-        for level, option, value in options:
-            sock.setsockopt(level, option, value)
-    except (OSError, AttributeError) as exc:
-        log.debug("keepalive options refused: %s", exc)
-        return False
-    return True
+    return set_tcp_liveness(sock, idle=whole, interval=max(1, whole // _KEEPALIVE_PROBES), probes=_KEEPALIVE_PROBES,
+                            user_timeout=2 * whole)
 
 
 class ChannelOwner(Protocol):

@@ -7,6 +7,8 @@
   frames held across all connections of a server);
 * ``outbox``: ``Outbox``, a connection's outgoing frames, written together
   once per loop turn;
+* ``sockets``: ``set_tcp_liveness``, keepalive and ``TCP_USER_TIMEOUT`` on
+  a client's socket (the ledger client's and the hub client's);
 * ``txns``: ``TxnTable``, a client connection's outstanding requests by txn
   id (``bookie.protocol.PendingRequests`` and ``hub.protocol.ClientConnection``).
 
@@ -23,7 +25,8 @@ from bookie.wire.framing import (
     encode_frame,
 )
 from bookie.wire.outbox import Outbox
+from bookie.wire.sockets import set_tcp_liveness
 from bookie.wire.txns import TxnTable
 
 __all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "PREFIX_SIZE", "FrameBudget", "FrameDecoder", "Outbox",
-           "TxnTable", "encode_frame"]
+           "TxnTable", "encode_frame", "set_tcp_liveness"]
