@@ -34,7 +34,6 @@ from google.protobuf.message import DecodeError
 
 from bookie.errors import BKError, FrameTooLargeError
 from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
-from bookie.wire.outbox import Outbox
 from bookie.wire.txns import TxnTable
 from hub.errors import PubSubError
 from hub.proto import pubsub_pb2 as pb
@@ -48,7 +47,6 @@ __all__ = [
     "ClientConnection",
     "ConnectionBroken",
     "DeliveryReceived",
-    "OutBuffer",
     "Reject",
     "RequestReceived",
     "ResponseReceived",
@@ -461,43 +459,6 @@ class ClientConnection(Generic[T]):
             self.broken = True
             out.append(tail)
         return out
-
-
-# --- output coalescing ----------------------------------------------------------------------------
-
-class _WriteCallback:
-    """A transport that is one ``write`` callback (``OutBuffer``); never closing."""
-
-    __slots__ = ("write",)
-
-    def __init__(self, write: Callable[[bytes], None]) -> None:
-        self.write = write
-
-    def writelines(self, data: list[bytes]) -> None:
-        self.write(data[0] if len(data) == 1 else b"".join(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-
-class OutBuffer(Outbox):
-    """An ``Outbox`` (``bookie.wire``, the one out-buffer) that writes through a callback.
-
-    The hub server's connections use ``Outbox`` itself; this keeps the former
-    interface: ``add`` queues, ``flush`` hands everything queued to ``write``
-    as one ``bytes``, ``close`` drops what is queued. No I/O happens here.
-    """
-
-    def __init__(self, write: Callable[[bytes], None], schedule: Callable[[Callable[[], None]], object],
-                 flush_bytes: int = 64 * 1024) -> None:
-        super().__init__(schedule=schedule, flush_bytes=flush_bytes)
-        self.attach(_WriteCallback(write))
-
-    add = Outbox.send
-
-    def close(self) -> None:
-        """Drop what is queued and the write callback (which usually points back at the connection)."""
-        self.detach()
 
 
 # --- server-side builders -------------------------------------------------------------------------

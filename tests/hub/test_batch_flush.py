@@ -182,20 +182,33 @@ async def test_an_acknowledged_batch_is_answered_before_it_is_handed_on_for_deli
 
 
 async def test_the_server_writes_every_connections_queued_frames_when_told() -> None:
-    from hub import protocol
+    from bookie.wire import Outbox
     from hub.server import HubServer
 
     server = HubServer(load_hub_conf(None, {}))
     written: list[tuple[int, bytes]] = []
-    outs = [protocol.OutBuffer(lambda data, i=i: written.append((i, data)), server.flush_soon) for i in range(2)]
-    outs[0].add(b"a")
-    outs[1].add(b"b")
-    outs[0].add(b"c")
+
+    class Recorder:                              # a transport that records what each connection writes
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def writelines(self, data: list[bytes]) -> None:
+            written.append((self.i, b"".join(data)))
+
+        def is_closing(self) -> bool:
+            return False
+
+    outs = [Outbox(schedule=server.flush_soon) for _ in range(2)]
+    for i, out in enumerate(outs):
+        out.attach(Recorder(i))
+    outs[0].send(b"a")
+    outs[1].send(b"b")
+    outs[0].send(b"c")
     assert written == []                         # queued for the end of the loop turn ...
     server.flush()
     assert written == [(0, b"ac"), (1, b"b")]    # ... or now (publish answers before deliveries are built)
     await turns()
     assert written == [(0, b"ac"), (1, b"b")]    # the scheduled flush finds nothing left
-    outs[1].add(b"d")
+    outs[1].send(b"d")
     await turns()
     assert written[-1] == (1, b"d")              # and the end-of-turn flush still happens by itself
