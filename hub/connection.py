@@ -61,6 +61,17 @@ def _loop_time() -> float:
     return asyncio.get_running_loop().time()
 
 
+PIPELINE_PUBLISHES = 16
+"""Publishes of one read after which what is queued leaves (``_serve``).
+
+A client with many publishes in flight sends them in one burst; had the
+whole burst gone as one entry, the bookies would idle while the hub parsed
+it and the client while the bookies synced it (lock-step). Sending the first
+publishes at once and batching the rest behind them (``hub.batcher``) keeps
+the stages overlapping.
+"""
+
+
 class HubConnection(asyncio.Protocol):
     """One client connection."""
 
@@ -166,12 +177,19 @@ class HubConnection(asyncio.Protocol):
 
     def _serve(self, events: list[protocol.ServerEvent]) -> None:
         stats = self.server.stats
+        unsent = 0
         for event in events:
             if isinstance(event, protocol.RequestReceived):
                 stats.incr("packets_received")
                 if event.request.type != pb.CONSUME:
                     self.machine.request_started()
                 self._dispatch(event)
+                if self._published_to:
+                    unsent += 1
+                    if unsent >= PIPELINE_PUBLISHES:
+                        # a long read: its first publishes leave now, the rest batch behind them
+                        self._send_published()
+                        unsent = 0
             elif isinstance(event, protocol.Reject):
                 stats.incr("requests_rejected")
                 self.send(event.response)
@@ -189,10 +207,13 @@ class HubConnection(asyncio.Protocol):
         if self.machine.eof:
             self._close_if_done()
         if self._published_to:   # the publishes of this read go out as one entry per topic, now
-            logs, self._published_to = self._published_to, []
-            for tlog in logs:
-                tlog.send_queued()
-            self.server.bk.pool.flush()   # and the adds leave for the bookies before anything else runs
+            self._send_published()
+
+    def _send_published(self) -> None:
+        logs, self._published_to = self._published_to, []
+        for tlog in logs:
+            tlog.send_queued()
+        self.server.bk.pool.flush()   # and the adds leave for the bookies before anything else runs
 
     # --- Attachment -------------------------------------------------------------------------------
     def _write(self, frame: bytes) -> None:

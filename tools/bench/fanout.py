@@ -39,9 +39,12 @@ from tools.bench.publish import (
     Outcome,
     RedisPipe,
     Runner,
+    add_conf_argument,
     bench_data_dir,
     client_conf,
     closed_loop,
+    conf_fields,
+    conf_overrides,
     quire_cluster,
     quire_pids,
     ratio_lines,
@@ -68,6 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="repeat the cases; ratios use each side's best round")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, without Redis")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
+    add_conf_argument(parser)
 
 
 class Deliveries:
@@ -206,13 +210,13 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 peer = stack.enter_context(RedisPeer(data_dir))
             except PeerNotInstalled as exc:
                 yield {"bench": "fanout", "case": "redis", "system": "redis", "skipped": str(exc)}
-        cluster = quire_cluster(data_dir, 3, 2, 2)
+        cluster = quire_cluster(data_dir, 3, 2, 2, **conf_overrides(args))
         loop.run(cluster.start())
         try:
             for _ in range(args.rounds):
                 for n, m in cases:  # interleaved: both sides see the same background load
                     measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, m, args))
-                    lines.append(_line("quire", n, m, measured, args, config="E3W2A2", **cpu))
+                    lines.append(_line("quire", n, m, measured, args, config="E3W2A2", **conf_fields(args), **cpu))
                     yield lines[-1]
                     if peer is not None:
                         measured, cpu = with_cpu([peer.pid or 0], loop, redis_case(peer.url, n, m, args))

@@ -72,6 +72,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to compare against (comma-separated)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, no peers")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
+    add_conf_argument(parser)
+
+
+def add_conf_argument(parser: argparse.ArgumentParser) -> None:
+    """``--conf KEY=VALUE`` (repeatable): a hub or bookie conf key for the Quire cluster the benchmark starts."""
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="hub/bookie conf key for the Quire cluster (repeatable; say "
+                             "journal_max_group_wait_ms=1 to trade latency for CPU); results carry it")
+
+
+def conf_overrides(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--conf`` pairs as a dict; a pair without ``=`` is a usage error."""
+    out: dict[str, str] = {}
+    for item in getattr(args, "conf", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"quire bench: --conf takes KEY=VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def conf_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """``{"conf": {...}}`` for a result line when ``--conf`` was given (else nothing)."""
+    overrides = conf_overrides(args)
+    return {"conf": overrides} if overrides else {}
 
 
 @contextlib.contextmanager
@@ -418,7 +443,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         for e, w, a in CONFIGS:
             config = f"E{e}W{w}A{a}"
             last = (e, w, a) == CONFIGS[-1]
-            cluster = quire_cluster(data_dir, e, w, a)
+            cluster = quire_cluster(data_dir, e, w, a, **conf_overrides(args))
             loop.run(cluster.start())
             try:
                 # Interleaved, so that Quire and the peers see the same background load of a shared machine.
@@ -428,7 +453,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                         out, cpu = with_cpu(quire_pids(cluster), loop,
                                             _measure("quire", cluster, args, body, per_publisher))
                         lines.append(result("quire", f"quire {config}", size, args, out, "throughput",
-                                            config=config, **cpu))
+                                            config=config, **conf_fields(args), **cpu))
                         yield lines[-1]
                         for peer in peers if last else []:
                             out, cpu = with_cpu([peer.pid or 0], loop,
@@ -443,7 +468,8 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 if last and args.rate > 0:
                     body = os.urandom(sizes[0])
                     out, cpu = with_cpu(quire_pids(cluster), loop, _measure("quire", cluster, args, body, None))
-                    yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config, **cpu)
+                    yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
+                                     **conf_fields(args), **cpu)
                     for peer in peers:
                         out, cpu = with_cpu([peer.pid or 0], loop, _measure(peer.name, peer.url, args, body, None))
                         yield _rate_line(peer.name, peer.name, sizes[0], args, out, version=peer.version,
