@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bookie.errors import BKError
+from bookie.wire.framing import FrameDecoder
 from hub import errors
 from hub.conf import load_hub_conf
 from hub.persistence import TopicLog, decode_batch
@@ -212,3 +213,38 @@ async def test_the_server_writes_every_connections_queued_frames_when_told() -> 
     outs[1].send(b"d")
     await turns()
     assert written[-1] == (1, b"d")              # and the end-of-turn flush still happens by itself
+
+
+async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_rest() -> None:
+    from types import SimpleNamespace
+
+    from hub import protocol
+    from hub.connection import PIPELINE_PUBLISHES, HubConnection
+    from hub.server import HubServer
+    from hub.topic import Topic
+
+    server = HubServer(load_hub_conf(None, {}))          # not started: the topic and the pool are stand-ins
+    flushed: list[list[list[int]]] = []
+    log, lh = held_log()                                  # batch_flush_bytes 8192 (the default)
+    server.bk = SimpleNamespace(pool=SimpleNamespace(flush=lambda: flushed.append(lh.entries())))  # type: ignore[assignment]
+    server.topics[b"t"] = Topic(log, None)               # type: ignore[arg-type]
+    conn = HubConnection(server)
+    written: list[bytes] = []
+    conn.connection_made(SimpleNamespace(                 # type: ignore[arg-type]
+        writelines=lambda data: written.append(b"".join(data)), is_closing=lambda: False,
+        get_extra_info=lambda name, default=None: default, set_write_buffer_limits=lambda **kw: None,
+        is_reading=lambda: True, pause_reading=lambda: None, resume_reading=lambda: None))
+    n = 100
+    burst = b"".join(protocol.encode(pb.PubSubRequest(
+        protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=i, topic=b"t",
+        publishRequest=pb.PublishRequest(topic=b"t", msg=body(100)))) for i in range(1, n + 1))
+    conn.data_received(burst)                             # one read: a client's whole window
+    first = list(range(1, PIPELINE_PUBLISHES + 1))
+    assert flushed[0] == [first]                          # the first publishes left for the bookies at once ...
+    assert lh.entries() == [first, list(range(PIPELINE_PUBLISHES + 1, n + 1))]   # ... the rest batched behind
+    for i in range(len(lh.adds)):
+        lh.settle(i)
+    server.flush()
+    seqs = [(r.txnId, r.publishResponse.publishedMsgId.localComponent)
+            for r in (pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(b"".join(written)))]
+    assert seqs == [(i, i) for i in range(1, n + 1)]      # every publish answered, in order, dense seq ids

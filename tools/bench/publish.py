@@ -83,13 +83,29 @@ def add_conf_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def conf_overrides(args: argparse.Namespace) -> dict[str, str]:
-    """The ``--conf`` pairs as a dict; a pair without ``=`` is a usage error."""
+    """The ``--conf`` pairs as a dict; a pair without ``=``, or a key neither a hub nor a bookie knows, is a
+    usage error (before any process starts)."""
+    from bookie.conf import BookieConf
+    from hub.conf import HubConf, load_hub_conf
+    from metastore.conf import ConfError, conf_keys
+
+    hub_keys, bookie_keys = set(conf_keys(HubConf)), set(conf_keys(BookieConf))
+    known = hub_keys | bookie_keys
     out: dict[str, str] = {}
     for item in getattr(args, "conf", None) or []:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise SystemExit(f"quire bench: --conf takes KEY=VALUE, got {item!r}")
-        out[key.strip()] = value.strip()
+        if key not in known:
+            raise SystemExit(f"quire bench: --conf {key}: not a hub or bookie configuration key "
+                             "(see conf/hw_server.conf and conf/bk_server.conf)")
+        out[key] = value.strip()
+    try:   # a bad value too, in the words the processes would use
+        load_hub_conf(None, {k: v for k, v in out.items() if k in hub_keys})
+        BookieConf.from_file(None, {k: v for k, v in out.items() if k in bookie_keys})
+    except ConfError as exc:
+        raise SystemExit(f"quire bench: --conf: {exc}") from None
     return out
 
 
