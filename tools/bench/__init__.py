@@ -23,7 +23,7 @@ BENCHMARKS = {
     "storage": "bookie entry-storage group-commit write path against raw batched LMDB puts",
     "bookie": "one bookie process, one pipelined client, durable adds",
     "ledger": "E3 W2 A2 over three bookie processes",
-    "publish": "durable publishes through one hub (E1W1A1, E3W2A2) against Redis Streams and NATS JetStream",
+    "publish": "durable publishes through one hub (E1W1A1, E3W2A2) vs Redis Streams, NATS JetStream, a python floor",
     "fanout": "1/10/100 subscribers on one topic against Redis consumer groups",
     "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
     "scan": "Spark scan of 1M ledger rows (quire-metastore DataSource) against the one-process cursor scan",

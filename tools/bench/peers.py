@@ -72,6 +72,12 @@ class Peer:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     @property
+    def pids(self) -> list[int]:
+        """``[pid]`` while the server runs, else ``[]``: the processes whose CPU counts for this peer."""
+        pid = self.pid
+        return [] if pid is None else [pid]
+
+    @property
     def log_path(self) -> Path:
         return self.data_dir / "server.log"
 

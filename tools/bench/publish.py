@@ -1,4 +1,4 @@
-"""``quire bench publish``: durable publishes through one hub, against Redis Streams and NATS JetStream.
+"""``quire bench publish``: durable publishes through one hub, against Redis Streams, NATS JetStream and a floor.
 
 Quire runs as ``LocalCluster(bookies=3, hubs=1)``, once with E1 W1 A1 and
 once with E3 W2 A2 (the hub's ``bk_*`` conf keys). Each of ``--publishers``
@@ -20,10 +20,19 @@ of a shared machine; ``--rounds`` repeats the set):
 * NATS JetStream: ``nats-server -js``, one file-storage stream, one connection
   and subject per publisher, ``js.publish``. Its line states that the server
   does not fsync per message.
+* The python floor (``tools.bench.floor``): three sink processes and a relay,
+  the thinnest Python pipeline with E3 W2 A2's processes, hops and syncs
+  (each message to 2 of 3 sinks, each sink read one ``O_DSYNC`` append
+  before its acks). It is a calibration, not a competitor: it says what a
+  Python pipeline of this shape costs at least on this machine, so its lines
+  carry a ``note`` saying so, and its ratio line carries no target. Its
+  server CPU is the sum over all four processes.
 
 Ratio lines (``"case": "ratio"``) divide Quire's throughput by each peer's
-for each configuration and size (each side's best round). Every line carries
-``server_cpu_s`` (the hub and bookie processes, or the peer server) and
+for each configuration and size (each side's best round); those against a
+reference rather than a competitor (``NO_TARGET``: redis-benchmark's
+capacity, the python floor) have no ``target``. Every line carries
+``server_cpu_s`` (the hub and bookie processes, or the peer's processes) and
 ``client_cpu_s`` (this process), since all of them share the machine's cores. A peer that is not installed gives one
 ``"skipped"`` line naming the reason; ``--quire-only`` runs Quire alone.
 """
@@ -46,16 +55,23 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tools.bench import percentiles, rate
+from tools.bench.floor import FloorPeer, floor_publishers
 from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer, redis_capacity
 
 # One publish of the prepared body: returns an awaitable acknowledgement.
 Submit = Callable[[], Awaitable[Any]]
 CONFIGS = ((1, 1, 1), (3, 2, 2))
-PEERS = ("redis", "nats")
+PEERS = ("redis", "nats", "floor")
 TARGET_RATIO = 1.5
 """Quire E3 W2 A2 over Redis Streams driven by redis-py with hiredis (issue 16)."""
 CAPACITY = "redis-server capacity"
 """The system name of the ``redis-benchmark`` rows: reported with Quire's ratio to it, no target."""
+FLOOR = "python floor"
+"""The system name of the ``tools.bench.floor`` rows (the peer named ``floor`` in ``--peers``)."""
+FLOOR_NOTE = ("the thinnest Python pipeline with Quire E3 W2 A2's processes, hops and syncs: "
+              "a calibration, not a product")
+NO_TARGET = frozenset({CAPACITY, FLOOR})
+"""Systems that are references, not competitors: Quire's ratio to them is reported without a target."""
 TARGET_P99_MS = 10.0
 
 
@@ -416,7 +432,7 @@ def ratio_lines(bench: str, lines: list[dict[str, Any]], key: tuple[str, ...],
                 r = round(q["ops_per_sec"] / p["ops_per_sec"], 3)
                 line = {"bench": bench, "case": "ratio", "quire": q["case"], "vs": p["system"],
                         **{k: q.get(k) for k in key}, "ratio": r}
-                if p["system"] != CAPACITY:  # the C client's ceiling is reported, not a target
+                if p["system"] not in NO_TARGET:  # a ceiling or a floor is reported, not a target
                     line.update(target=target, meets_target=r >= target)
                 yield line
 
@@ -446,10 +462,10 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     sizes = args.size or [100, 1024]
     per_publisher = max(1, args.count // args.publishers)
     lines: list[dict[str, Any]] = []
-    peers: list[RedisPeer | NatsPeer] = []
+    peers: list[RedisPeer | NatsPeer | FloorPeer] = []
     with bench_data_dir(args, "publish-") as data_dir, Runner() as loop, contextlib.ExitStack() as stack:
         for name in chosen_peers(args):
-            peer = (RedisPeer if name == "redis" else NatsPeer)(data_dir)
+            peer = {"redis": RedisPeer, "nats": NatsPeer, "floor": FloorPeer}[name](data_dir)
             try:
                 stack.enter_context(peer)
             except PeerNotInstalled as exc:
@@ -472,11 +488,10 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                                             config=config, **conf_fields(args), **cpu))
                         yield lines[-1]
                         for peer in peers if last else []:
-                            out, cpu = with_cpu([peer.pid or 0], loop,
+                            out, cpu = with_cpu(peer.pids, loop,
                                                 _measure(peer.name, peer.url, args, body, per_publisher))
-                            lines.append(result(peer.name, peer.name, size, args, out, "throughput",
-                                                version=peer.version, durability=peer.durability,
-                                                **_client_library(peer.name), **cpu))
+                            lines.append(result(_system(peer.name), _system(peer.name), size, args, out,
+                                                "throughput", **_peer_fields(peer), **cpu))
                             yield lines[-1]
                             if isinstance(peer, RedisPeer):
                                 lines.append(_capacity_line(peer, loop, args, size, per_publisher))
@@ -487,12 +502,25 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                     yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
                                      **conf_fields(args), **cpu)
                     for peer in peers:
-                        out, cpu = with_cpu([peer.pid or 0], loop, _measure(peer.name, peer.url, args, body, None))
-                        yield _rate_line(peer.name, peer.name, sizes[0], args, out, version=peer.version,
-                                         durability=peer.durability, **cpu)
+                        out, cpu = with_cpu(peer.pids, loop, _measure(peer.name, peer.url, args, body, None))
+                        yield _rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
+                                         **_peer_fields(peer), **cpu)
             finally:
                 loop.run(cluster.stop())
     yield from ratio_lines("publish", lines, ("size",))
+
+
+def _system(peer: str) -> str:
+    """A peer's ``system`` (and ``case``) in the result lines: its ``--peers`` name, but ``python floor``."""
+    return FLOOR if peer == "floor" else peer
+
+
+def _peer_fields(peer: RedisPeer | NatsPeer | FloorPeer) -> dict[str, Any]:
+    """What a peer's result line says about it: version, what its ack means, the client (and the floor's note)."""
+    fields: dict[str, Any] = {"version": peer.version, "durability": peer.durability, **_client_library(peer.name)}
+    if peer.name == "floor":
+        fields["note"] = FLOOR_NOTE
+    return fields
 
 
 def _client_library(peer: str) -> dict[str, Any]:
@@ -531,6 +559,8 @@ def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes) 
         return quire_publishers(where.hub_addresses, args.publishers, body, args.window, run_id)
     if system == "redis":
         return redis_publishers(where, args.publishers, body, run_id)
+    if system == "floor":
+        return floor_publishers(where, args.publishers, body, run_id)
     return nats_publishers(where, args.publishers, body, run_id)
 
 

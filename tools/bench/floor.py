@@ -1,0 +1,510 @@
+"""The "python floor": the thinnest Python pipeline with Quire E3 W2 A2's processes, hops and syncs.
+
+    from tools.bench.floor import FloorPeer, floor_publishers
+    with FloorPeer(tmp_dir) as floor:          # 3 sink processes + 1 relay process on loopback
+        floor.url                              # "127.0.0.1:PORT" (the relay)
+        floor.pids                             # all four, for CPU accounting
+    async with floor_publishers(floor.url, 2, body, run_id) as submits:
+        await submits[0]()                     # resolved once 2 of the 3 sinks have synced it
+
+This is a calibration peer for ``quire bench publish``, deliberately not a
+product: it answers "what does the least Python can do with the same
+shape of work cost on this machine?", so that a CPU-per-message target for
+Quire can be judged against a floor rather than against a C server.
+
+What it shares with Quire E3 W2 A2 (a hub forwarding each publish to two of
+three bookies, each journaling it with ``O_DSYNC`` before acking):
+
+* the processes: one relay (the hub's place) and three sinks (the bookies'),
+  each a uvloop event loop on ``asyncio.Protocol`` callbacks;
+* the hops: client -> relay -> 2 sinks -> relay -> client, over loopback TCP,
+  with the same batching as Quire (a client read's frames are sent to each
+  sink with one ``writelines``; a sink read's acks go back to each client
+  with one write; the client coalesces its writes per loop turn);
+* the copies: message k of the relay goes to sinks ``k % 3`` and
+  ``(k + 1) % 3`` (round-robin striping, as an E3 W2 ensemble does), and the
+  client is answered after both acks;
+* the sync: each sink appends all complete frames of one read with a single
+  ``os.write`` to a file opened ``O_APPEND | O_DSYNC``, on the loop thread,
+  before it acks them. Reads pile up in the socket while it syncs, so that
+  is group commit, like the bookie journal's one ``pwrite`` per group.
+
+What it leaves out, on purpose: protobuf and any real wire protocol (frames
+are ``[4-byte BE length of what follows][8-byte key][payload]``; acks are bare
+8-byte keys), topics, ledgers, entry ids, metadata and ZooKeeper/LMDB,
+CRCs, the write cache and checkpoints, preallocation and file rolling, flow
+control, timeouts, error statuses and recovery. A sink's file holds only the
+payloads, back to back. A lost sink connection ends the relay.
+
+Run as child processes (``FloorPeer`` does this)::
+
+    python -m tools.bench.floor sink --port 0 --file PATH          # prints "floor sink ready PORT"
+    python -m tools.bench.floor relay --port 0 --sinks H:P,H:P,H:P --copies 2   # "floor relay ready PORT"
+
+``FloorPeer.start()`` raises ``PeerStartError`` (with the log tail) when a
+process exits or does not print its ready line within ``timeout``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import platform
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self, cast
+
+from tools.bench.peers import HOST, START_TIMEOUT, STOP_TIMEOUT, PeerStartError
+
+log = logging.getLogger(__name__)
+
+HEADER = struct.Struct(">IQ")
+"""A frame's head: the length of what follows (key + payload), then the 8-byte key."""
+KEY = struct.Struct(">Q")
+"""An ack: the bare 8-byte key (sink -> relay: the relay's key; relay -> client: the client's id)."""
+
+
+def split_frames(buf: bytearray) -> list[tuple[int, bytes]]:
+    """Remove the complete frames at the start of ``buf``; return them as ``(key, payload)``.
+
+    No I/O, no limits: a floor trusts its peers. A partial frame stays in ``buf``.
+    """
+    frames: list[tuple[int, bytes]] = []
+    off, end = 0, len(buf)
+    while end - off >= HEADER.size:
+        size, key = HEADER.unpack_from(buf, off)
+        stop = off + 4 + size
+        if stop > end:
+            break
+        frames.append((key, bytes(buf[off + HEADER.size:stop])))
+        off = stop
+    del buf[:off]
+    return frames
+
+
+def split_keys(buf: bytearray) -> list[int]:
+    """Remove the complete 8-byte keys at the start of ``buf`` and return them."""
+    whole = len(buf) - len(buf) % KEY.size
+    keys = [k for (k,) in KEY.iter_unpack(memoryview(buf)[:whole])]
+    del buf[:whole]
+    return keys
+
+
+def frame(key: int, payload: bytes) -> bytes:
+    return HEADER.pack(KEY.size + len(payload), key) + payload
+
+
+# -- sink -----------------------------------------------------------------------------------------
+
+
+class SinkProtocol(asyncio.Protocol):
+    """One relay connection of a sink: each read's frames -> one ``O_DSYNC`` write -> one write of their keys."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        frames = split_frames(self._buf)
+        if not frames or self._transport is None:
+            return
+        # The sync happens here, on the loop thread: reads that arrive meanwhile form the next group.
+        os.write(self._fd, b"".join(payload for _, payload in frames))
+        self._transport.write(b"".join(KEY.pack(key) for key, _ in frames))
+
+
+async def serve_sink(port: int, path: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_DSYNC, 0o644)
+    try:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(lambda: SinkProtocol(fd), HOST, port)
+        await _serve(server, "sink")
+    finally:
+        os.close(fd)
+
+
+# -- relay ----------------------------------------------------------------------------------------
+
+
+class Relay:
+    """The relay's state: the sink connections and, per relay key, who waits for how many acks."""
+
+    def __init__(self, copies: int) -> None:
+        self.copies = copies
+        self.sinks: list[SinkConnection] = []
+        self.next_key = 0
+        self.waiting: dict[int, list[Any]] = {}  # key -> [client, client id, acks missing]
+        self.lost = asyncio.Event()
+
+
+class ClientConnection(asyncio.Protocol):
+    """A client of the relay: each message goes to ``copies`` sinks, round-robin over the relay's messages."""
+
+    def __init__(self, relay: Relay) -> None:
+        self._relay = relay
+        self._buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+        self.acks: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        relay = self._relay
+        sinks, copies, waiting = relay.sinks, relay.copies, relay.waiting
+        n = len(sinks)
+        batches: list[list[bytes]] = [[] for _ in sinks]
+        for client_id, payload in split_frames(self._buf):
+            key = relay.next_key
+            relay.next_key = key + 1
+            head = HEADER.pack(KEY.size + len(payload), key)
+            for c in range(copies):
+                batch = batches[(key + c) % n]
+                batch.append(head)
+                batch.append(payload)
+            waiting[key] = [self, KEY.pack(client_id), copies]
+        for sink, batch in zip(sinks, batches, strict=True):
+            if batch:
+                sink.write(batch)
+
+
+class SinkConnection(asyncio.Protocol):
+    """The relay's connection to one sink: acks complete messages; their clients get one write per sink read."""
+
+    def __init__(self, relay: Relay, address: str) -> None:
+        self._relay = relay
+        self._address = address
+        self._buf = bytearray()
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        log.error("lost sink %s (%s); the relay stops", self._address, exc)
+        self._transport = None
+        self._relay.lost.set()
+
+    def write(self, chunks: list[bytes]) -> None:
+        if self._transport is not None:
+            self._transport.writelines(chunks)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        waiting = self._relay.waiting
+        answered: dict[int, ClientConnection] = {}
+        for key in split_keys(self._buf):
+            entry = waiting[key]
+            entry[2] -= 1
+            if entry[2] == 0:
+                del waiting[key]
+                client: ClientConnection = entry[0]
+                client.acks.append(entry[1])
+                answered[id(client)] = client
+        for client in answered.values():
+            if client.transport is not None:
+                client.transport.write(b"".join(client.acks))
+            client.acks.clear()
+
+
+async def serve_relay(port: int, sinks: Sequence[str], copies: int) -> None:
+    if not 1 <= copies <= len(sinks):
+        raise SystemExit(f"floor relay: --copies {copies} needs 1..{len(sinks)} sinks")
+    loop = asyncio.get_running_loop()
+    relay = Relay(copies)
+    for address in sinks:
+        host, _, sink_port = address.rpartition(":")
+        _, conn = await loop.create_connection(functools.partial(SinkConnection, relay, address), host,
+                                               int(sink_port))
+        relay.sinks.append(conn)
+    server = await loop.create_server(lambda: ClientConnection(relay), HOST, port)
+    await _serve(server, "relay", relay.lost)
+
+
+async def _serve(server: asyncio.Server, role: str, lost: asyncio.Event | None = None) -> None:
+    """Print the ready line (the harness waits for it), then serve until SIGTERM/SIGINT or ``lost``."""
+    stop = lost or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    port = server.sockets[0].getsockname()[1]
+    print(f"floor {role} ready {port}", flush=True)
+    async with server:
+        await stop.wait()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench.floor", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="role", required=True)
+    sink = sub.add_parser("sink", help="append each read's payloads O_DSYNC, ack their keys")
+    sink.add_argument("--port", type=int, default=0)
+    sink.add_argument("--file", required=True)
+    relay = sub.add_parser("relay", help="forward each client message to COPIES sinks, ack after all")
+    relay.add_argument("--port", type=int, default=0)
+    relay.add_argument("--sinks", required=True, help="HOST:PORT,HOST:PORT,...")
+    relay.add_argument("--copies", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import uvloop
+
+    if args.role == "sink":
+        uvloop.run(serve_sink(args.port, args.file))
+    else:
+        uvloop.run(serve_relay(args.port, [s for s in args.sinks.split(",") if s], args.copies))
+    return 0
+
+
+# -- the harness side -----------------------------------------------------------------------------
+
+
+class FloorPeer:
+    """Three sinks and a relay as child processes, data and logs under ``data_dir/floor``.
+
+    Like ``tools.bench.peers.Peer``: a context manager; ``start()`` returns
+    when all four have printed their ready line, else stops whatever started
+    and raises ``PeerStartError`` with the log tail; ``stop()`` sends SIGTERM,
+    waits ``STOP_TIMEOUT``, then SIGKILLs (safe to call twice).
+    """
+
+    name = "floor"
+    sinks = 3
+
+    def __init__(self, data_dir: str | os.PathLike[str], timeout: float = START_TIMEOUT, copies: int = 2) -> None:
+        self.data_dir = Path(data_dir).resolve() / self.name
+        self.timeout = timeout
+        self.copies = copies
+        self.port = 0
+        self.version = "python " + platform.python_version()
+        self._procs: list[subprocess.Popen[bytes]] = []  # the sinks, then the relay
+
+    @property
+    def durability(self) -> str:
+        return (f"each read O_DSYNC-appended on {self.copies} of {self.sinks} sink processes before the ack "
+                "(E3 W2 A2's copies and sync)")
+
+    @property
+    def url(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def pids(self) -> list[int]:
+        """The running processes (sinks and relay), for CPU accounting."""
+        return [p.pid for p in self._procs if p.poll() is None]
+
+    @property
+    def pid(self) -> int | None:
+        """The relay's pid while it runs, else ``None``."""
+        if len(self._procs) <= self.sinks or self._procs[-1].poll() is not None:
+            return None
+        return self._procs[-1].pid
+
+    def sink_file(self, i: int) -> Path:
+        return self.data_dir / f"sink-{i}.journal"
+
+    def log_path(self, role: str) -> Path:
+        return self.data_dir / f"{role}.log"
+
+    def start(self) -> Self:
+        """Start the sinks, then the relay connected to them; wait for each ready line."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            sinks = [self._spawn(f"sink-{i}", ["sink", "--port", "0", "--file", str(self.sink_file(i))])
+                     for i in range(self.sinks)]
+            deadline = time.monotonic() + self.timeout
+            sink_ports = [self._await_ready(proc, f"sink-{i}", deadline) for i, proc in enumerate(sinks)]
+            relay = self._spawn("relay", ["relay", "--port", "0", "--copies", str(self.copies), "--sinks",
+                                          ",".join(f"{HOST}:{p}" for p in sink_ports)])
+            self.port = self._await_ready(relay, "relay", deadline)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("python floor serving on %s (sinks %s, copies %d, data %s)", self.url, sink_ports, self.copies,
+                 self.data_dir)
+        return self
+
+    def _spawn(self, role: str, args: list[str]) -> subprocess.Popen[bytes]:
+        with open(self.log_path(role), "ab") as logf:
+            proc = subprocess.Popen([sys.executable, "-m", "tools.bench.floor", *args], cwd=_project_root(),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=logf,
+                                    start_new_session=True)
+        self._procs.append(proc)
+        return proc
+
+    def _await_ready(self, proc: subprocess.Popen[bytes], role: str, deadline: float) -> int:
+        """The port from ``floor ROLE ready PORT`` on the child's stdout (read with a deadline, no polling)."""
+        assert proc.stdout is not None
+        line = _readline(proc.stdout, deadline)
+        words = line.split()
+        if len(words) == 4 and words[:3] == [b"floor", role.split("-")[0].encode(), b"ready"]:
+            return int(words[3])
+        if line.endswith(b"\n"):
+            why = f"printed {line!r} instead of its ready line"
+        elif proc.poll() is not None:
+            why = f"exited with status {proc.returncode}"
+        else:
+            why = f"did not answer within {self.timeout:.0f} s"
+        raise PeerStartError(f"floor {role} {why}: {self.log_tail(role)}")
+
+    def stop(self) -> None:
+        """SIGTERM to all (relay first), wait up to ``STOP_TIMEOUT``, then SIGKILL. Safe to call twice."""
+        procs, self._procs = self._procs[::-1], []
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + STOP_TIMEOUT
+        for proc in procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("floor process %d did not stop within %.0f s; killing it", proc.pid, STOP_TIMEOUT)
+                proc.kill()
+                proc.wait(STOP_TIMEOUT)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+    def log_tail(self, role: str, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path(role).read_text("utf-8", "replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _project_root() -> str:
+    """The directory ``tools`` is imported from, so ``-m tools.bench.floor`` resolves in the child too."""
+    return str(Path(__file__).resolve().parents[2])
+
+
+def _readline(stream: IO[bytes], deadline: float) -> bytes:
+    """One line from a pipe, or what came before EOF or the deadline (then possibly ``b""``)."""
+    fd = stream.fileno()
+    got = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while not got.endswith(b"\n"):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not sel.select(remaining):
+                break
+            chunk = os.read(fd, 1)  # byte by byte: nothing after the ready line may be consumed by us
+            if not chunk:
+                break
+            got += chunk
+    return bytes(got)
+
+
+# -- the client -----------------------------------------------------------------------------------
+
+
+class FloorClient(asyncio.Protocol):
+    """One publisher connection to the relay: ids per connection, writes coalesced per loop turn."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._transport: asyncio.Transport | None = None
+        self._out: list[bytes] = []
+        self._futures: dict[int, asyncio.Future[None]] = {}
+        self._next_id = 0
+        self._buf = bytearray()
+        self._closed: Exception | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        self._closed = exc or ConnectionError("the floor relay closed the connection")
+        futures, self._futures = self._futures, {}
+        for fut in futures.values():
+            if not fut.done():
+                fut.set_exception(self._closed)
+
+    def submit(self, body: bytes) -> asyncio.Future[None]:
+        """Send ``body``; the future resolves when the relay acks it (fails if the connection is lost)."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+        if self._closed is not None:
+            fut.set_exception(self._closed)
+            return fut
+        cid = self._next_id
+        self._next_id = cid + 1
+        self._futures[cid] = fut
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(HEADER.pack(KEY.size + len(body), cid))
+        self._out.append(body)
+        return fut
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self._transport is not None:
+            self._transport.writelines(out)
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        futures = self._futures
+        for cid in split_keys(self._buf):
+            fut = futures.pop(cid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+
+@contextlib.asynccontextmanager
+async def floor_publishers(url: str, n: int, body: bytes,
+                           run_id: str) -> AsyncIterator[list[Callable[[], Awaitable[None]]]]:
+    """``n`` connections to the relay at ``url`` (``HOST:PORT``), each one warm-up publish, then submitters.
+
+    ``run_id`` is accepted for the same signature as the other peers' publishers; the floor has no topics.
+    """
+    del run_id
+    host, _, port = url.rpartition(":")
+    loop = asyncio.get_running_loop()
+    clients: list[FloorClient] = []
+    try:
+        for _ in range(n):
+            _, client = await loop.create_connection(FloorClient, host, int(port))
+            clients.append(client)
+        await asyncio.gather(*(c.submit(body) for c in clients))
+        yield [_submitter(c, body) for c in clients]
+    finally:
+        for c in clients:
+            c.close()
+
+
+def _submitter(client: FloorClient, body: bytes) -> Callable[[], Awaitable[None]]:
+    def submit() -> Awaitable[None]:
+        return client.submit(body)
+
+    return submit
+
+
+if __name__ == "__main__":
+    sys.exit(main())
