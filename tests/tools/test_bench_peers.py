@@ -174,7 +174,8 @@ def _hub_built() -> bool:
 def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tools.cli", "bench", "publish", "--count", "200", "--quire-only", "--size", "100",
-         "--rate", "200", "--rate-seconds", "0.5", "--data", str(tmp_path)],
+         "--rate", "200", "--rate-seconds", "0.5", "--data", str(tmp_path),
+         "--conf", "journal_max_group_wait_ms=1"],
         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [json.loads(x) for x in out.stdout.splitlines()]
@@ -185,4 +186,17 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
                 "errors"} <= set(x)
         assert x["bench"] == "publish" and x["system"] == "quire" and x["errors"] == 0 and x["ops_per_sec"] > 0
     assert sum(x["count"] for x in throughput) == 400
-    assert [x["mode"] for x in lines].count("fixed_rate") == 1
+    rate_lines = [x for x in lines if x["mode"] == "fixed_rate"]
+    assert [x["config"] for x in rate_lines] == ["E1W1A1", "E3W2A2"]
+    assert all(x["conf"] == {"journal_max_group_wait_ms": "1"} for x in lines)
+
+
+@pytest.mark.parametrize("conf, said", [("nonsense_key=1", "not a hub or bookie configuration key"),
+                                         ("journal_max_group_wait_ms=abc", "expected an integer"),
+                                         ("no_equals_sign", "KEY=VALUE")])
+def test_a_bad_conf_is_refused_before_anything_starts(tmp_path: Path, conf: str, said: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "tools.cli", "bench", "publish", "--quire-only", "--count", "10",
+         "--data", str(tmp_path), "--conf", conf], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and said in out.stderr
+    assert out.stdout == "" and not any(tmp_path.iterdir())   # no line printed, no cluster started

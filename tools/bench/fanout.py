@@ -200,6 +200,7 @@ def _line(system: str, n: int, m: int, measured: tuple[float, Deliveries, Outcom
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     if args.size < STAMP.size:
         raise SystemExit(f"quire bench fanout: --size must be at least {STAMP.size}")
+    conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
     counts = args.subscribers or [1, 10, 100]
     cases = [(n, max(1, min(args.messages, args.deliveries // n))) for n in counts]
     lines: list[dict[str, Any]] = []

@@ -6,7 +6,12 @@ publishers has its own connection and topic and keeps ``--window`` publishes
 in flight (a sliding window: a new publish starts as soon as one is
 acknowledged). Every message size runs ``--count`` publishes in all, then a
 fixed-rate run (``--rate`` msg/s for ``--rate-seconds``; latency counted from
-each message's scheduled send time, so a stall is not hidden) on E3 W2 A2.
+each message's scheduled send time, so a stall is not hidden) on each
+configuration: E3 W2 A2 is the issue's case, E1 W1 A1 keeps one synced copy
+as Redis does, the like-for-like comparison of CPU per message. ``--conf
+KEY=VALUE`` sets a hub or bookie key for the cluster (validated first; the
+result lines carry it), e.g. ``journal_max_group_wait_ms=1`` to see the
+latency/CPU trade-off of bigger journal groups.
 
 In the same invocation the harness starts the peers itself
 (``tools.bench.peers``), with their data on the same disk as the bookies,
@@ -459,6 +464,7 @@ class Runner:
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
     sizes = args.size or [100, 1024]
     per_publisher = max(1, args.count // args.publishers)
     lines: list[dict[str, Any]] = []
@@ -496,12 +502,12 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                             if isinstance(peer, RedisPeer):
                                 lines.append(_capacity_line(peer, loop, args, size, per_publisher))
                                 yield lines[-1]
-                if last and args.rate > 0:
+                if args.rate > 0:   # both configurations: E1 W1 A1 keeps one copy, as Redis does
                     body = os.urandom(sizes[0])
                     out, cpu = with_cpu(quire_pids(cluster), loop, _measure("quire", cluster, args, body, None))
                     yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
                                      **conf_fields(args), **cpu)
-                    for peer in peers:
+                    for peer in peers if last else []:
                         out, cpu = with_cpu(peer.pids, loop, _measure(peer.name, peer.url, args, body, None))
                         yield _rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
                                          **_peer_fields(peer), **cpu)
