@@ -357,6 +357,9 @@ class FloorPeer:
         words = line.split()
         if len(words) == 4 and words[:3] == [b"floor", role.split("-")[0].encode(), b"ready"]:
             return int(words[3])
+        if not line.endswith(b"\n"):   # EOF (the child is exiting: let it finish) or the deadline
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.monotonic()))
         if line.endswith(b"\n"):
             why = f"printed {line!r} instead of its ready line"
         elif proc.poll() is not None:
