@@ -8,17 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.tools.test_bench_peers import _gone
 from tools.bench.floor import FloorPeer, floor_publishers, frame, split_frames
 from tools.bench.peers import PeerStartError
 from tools.bench.publish import FLOOR, PEERS, Runner, closed_loop, ratio_lines
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def test_split_frames_keeps_a_partial_frame_for_the_next_read() -> None:

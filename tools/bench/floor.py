@@ -62,10 +62,9 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import IO, Any, Self, cast
 
-from tools.bench.peers import HOST, START_TIMEOUT, STOP_TIMEOUT, PeerStartError
+from tools.bench.peers import HOST, START_TIMEOUT, STOP_TIMEOUT, PeerStartError, Started, log_tail
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 # -- the harness side -----------------------------------------------------------------------------
 
 
-class FloorPeer:
+class FloorPeer(Started):
     """Three sinks and a relay as child processes, data and logs under ``data_dir/floor``.
 
     Like ``tools.bench.peers.Peer``: a context manager; ``start()`` returns
@@ -386,17 +385,7 @@ class FloorPeer:
                 proc.stdout.close()
 
     def log_tail(self, role: str, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path(role).read_text("utf-8", "replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+        return log_tail(self.log_path(role), lines)
 
 
 def _project_root() -> str:

@@ -53,7 +53,24 @@ class PeerStartError(RuntimeError):
     """The peer exited or did not answer in time; the message holds its log tail."""
 
 
-class Peer:
+class Started:
+    """``with X(...) as x``: ``start()`` on entry (returning what it returns), ``stop()`` on exit."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+class Peer(Started):
     """One peer server process; subclasses say how it starts and how to tell it is ready."""
 
     binary = ""
@@ -130,17 +147,15 @@ class Peer:
             proc.wait(STOP_TIMEOUT)
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_path.read_text("utf-8", "replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
-    def __enter__(self) -> Self:
-        return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        self.stop()
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of a peer process's log, or ``(no log)``."""
+    try:
+        return "\n".join(path.read_text("utf-8", "replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 def _version(exe: str) -> str:
