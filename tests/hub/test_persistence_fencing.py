@@ -30,6 +30,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 TIMEOUT = 10.0
 CONF = {"bk_ensemble_size": 2, "max_entries_per_ledger": 3, "max_outstanding_adds": 1,
         "ledger_create_backoff_ms": 10, "ledger_create_backoff_max_ms": 20}
+HUB_CONF = load_hub_conf(None, CONF)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -61,6 +62,12 @@ async def publish(log: TopicLog, i: int) -> int:
     return await asyncio.wait_for(log.publish(msg(i)), TIMEOUT)
 
 
+async def acquire(env: tuple[Any, Any, Any], topic: bytes, **kw: Any) -> TopicLog:
+    """``topic``'s log as a new owner acquires it (this file's conf; ``kw``: ``dedup_store``, ``owned``)."""
+    bk, pm, _dm = env
+    return await TopicLog.acquire(topic, bk, pm, HUB_CONF, **kw)
+
+
 async def ranges_of(pm: Any, topic: bytes) -> list[tuple[int, int, int | None]]:
     got = await pm.read_topic_persistence_info(topic)
     if got is None:
@@ -81,10 +88,9 @@ async def is_closed(bk: Any, ledger_id: int) -> bool:
 async def test_a_failed_close_at_the_roll_is_followed_by_no_ledger_and_the_next_owner_recovers_it(
         env: tuple[Any, Any, Any]) -> None:
     bk, pm, dm = env
-    conf = load_hub_conf(None, CONF)
     topic = b"close-fails-at-roll"
     session = {"alive": True}
-    old = await TopicLog.acquire(topic, bk, pm, conf, dedup_store=dm, owned=lambda: session["alive"])
+    old = await acquire(env, topic, dedup_store=dm, owned=lambda: session["alive"])
     for i in (1, 2, 3):                                   # one entry each: the ledger is full
         assert await publish(old, i) == i
     full = old.lh
@@ -106,7 +112,7 @@ async def test_a_failed_close_at_the_roll_is_followed_by_no_ledger_and_the_next_
     assert not await is_closed(bk, full.ledger_id)
     await old.release()                                   # the close fails again: logged, left open
 
-    new = await TopicLog.acquire(topic, bk, pm, conf, dedup_store=dm)
+    new = await acquire(env, topic, dedup_store=dm)
     assert new.last_seq == 3
     assert await ranges_of(pm, topic) == [(full.ledger_id, 1, 3)]
     assert await is_closed(bk, full.ledger_id)
@@ -119,9 +125,8 @@ async def test_a_failed_close_at_the_roll_is_followed_by_no_ledger_and_the_next_
 async def test_acquire_recovers_a_range_left_open_before_the_last(env: tuple[Any, Any, Any]) -> None:
     """The metadata the old code left (ledger 1 open without an end, ledger 2 after it) is repaired."""
     bk, pm, dm = env
-    conf = load_hub_conf(None, CONF)
     topic = b"open-range-before-the-last"
-    old = await TopicLog.acquire(topic, bk, pm, conf, dedup_store=dm)
+    old = await acquire(env, topic, dedup_store=dm)
     for i in (1, 2, 3):
         assert await publish(old, i) == i
     first = old.lh.ledger_id
@@ -136,7 +141,7 @@ async def test_acquire_recovers_a_range_left_open_before_the_last(env: tuple[Any
     r.endSeqIdIncluded.localComponent = 4
     await pm.write_topic_persistence_info(topic, ranges, version)
 
-    new = await TopicLog.acquire(topic, bk, pm, conf, dedup_store=dm)   # the old code: SERVICE_DOWN here
+    new = await acquire(env, topic, dedup_store=dm)   # the old code: SERVICE_DOWN here
     assert new.last_seq == 4
     assert await ranges_of(pm, topic) == [(first, 1, 3), (lh.ledger_id, 4, 4)]
     assert await is_closed(bk, first)
@@ -151,11 +156,10 @@ async def test_acquire_recovers_a_range_left_open_before_the_last(env: tuple[Any
 
 
 async def test_a_log_whose_hub_lost_its_session_opens_no_ledger(env: tuple[Any, Any, Any]) -> None:
-    bk, pm, _dm = env
-    conf = load_hub_conf(None, CONF)
+    _, pm, _ = env
     topic = b"session-lost"
     session = {"alive": True}
-    log = await TopicLog.acquire(topic, bk, pm, conf, owned=lambda: session["alive"])
+    log = await acquire(env, topic, owned=lambda: session["alive"])
     for i in (1, 2, 3):
         assert await publish(log, i) == i
     full = log.lh.ledger_id
@@ -167,7 +171,7 @@ async def test_a_log_whose_hub_lost_its_session_opens_no_ledger(env: tuple[Any, 
     await log.release()
 
     session["alive"] = True
-    log = await TopicLog.acquire(b"session-lost-midway", bk, pm, conf, owned=lambda: session["alive"])
+    log = await acquire(env, b"session-lost-midway", owned=lambda: session["alive"])
     assert await publish(log, 1) == 1
     current = log.lh
     session["alive"] = False
@@ -177,7 +181,7 @@ async def test_a_log_whose_hub_lost_its_session_opens_no_ledger(env: tuple[Any, 
     await log.release()
     assert await ranges_of(pm, b"session-lost-midway") == [(current.ledger_id, 1, 1)]
 
-    fresh = await TopicLog.acquire(b"session-lost-fresh", bk, pm, conf, owned=lambda: False)
+    fresh = await acquire(env, b"session-lost-fresh", owned=lambda: False)
     with pytest.raises(errors.ServiceDownError):
         await publish(fresh, 1)
     assert await ranges_of(pm, b"session-lost-fresh") == []
@@ -187,17 +191,16 @@ async def test_a_log_whose_hub_lost_its_session_opens_no_ledger(env: tuple[Any, 
 async def test_two_owners_of_a_new_topic_the_second_gives_up_and_the_next_recovers(
         env: tuple[Any, Any, Any]) -> None:
     """Both read no ranges; the first ledger recorded wins, the other owner gives the topic up."""
-    bk, pm, _dm = env
-    conf = load_hub_conf(None, CONF)
+    _, pm, _ = env
     topic = b"two-new-owners"
-    a = await TopicLog.acquire(topic, bk, pm, conf)
-    b = await TopicLog.acquire(topic, bk, pm, conf)
+    a = await acquire(env, topic)
+    b = await acquire(env, topic)
     assert await publish(a, 1) == 1
     with pytest.raises(errors.TopicPersistenceInfoExistsError):
         await publish(b, 1)
     assert b.closed
     await b.release()
-    c = await TopicLog.acquire(topic, bk, pm, conf)       # fences a
+    c = await acquire(env, topic)       # fences a
     assert c.last_seq == 1
     with pytest.raises(errors.PubSubError):
         await publish(a, 2)
@@ -256,9 +259,8 @@ async def test_a_new_ledger_whose_range_write_may_have_landed_is_left_to_the_nex
         env: tuple[Any, Any, Any]) -> None:
     """The answer of the range write is lost (it landed): the ledger is kept for recovery, not deleted."""
     bk, pm, _dm = env
-    conf = load_hub_conf(None, CONF)
     topic = b"range-write-answer-lost"
-    log = await TopicLog.acquire(topic, bk, pm, conf)
+    log = await acquire(env, topic)
 
     class AnswerLost:
         def __getattr__(self, name: str) -> Any:
@@ -275,7 +277,7 @@ async def test_a_new_ledger_whose_range_write_may_have_landed_is_left_to_the_nex
     [(lid, start, end)] = await ranges_of(pm, topic)
     assert (start, end) == (1, None) and await is_closed(bk, lid)
     await log.release()
-    new = await TopicLog.acquire(topic, bk, pm, conf)     # the old code deleted it: NoSuchLedger here
+    new = await acquire(env, topic)     # the old code deleted it: NoSuchLedger here
     assert new.last_seq == 0 and await ranges_of(pm, topic) == []   # empty: forgotten (and deleted)
     assert await publish(new, 1) == 1
     await new.release()
