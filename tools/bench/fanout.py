@@ -200,7 +200,7 @@ def _line(system: str, n: int, m: int, measured: tuple[float, Deliveries, Outcom
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     if args.size < STAMP.size:
         raise SystemExit(f"quire bench fanout: --size must be at least {STAMP.size}")
-    conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
+    overrides = conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
     counts = args.subscribers or [1, 10, 100]
     cases = [(n, max(1, min(args.messages, args.deliveries // n))) for n in counts]
     lines: list[dict[str, Any]] = []
@@ -211,13 +211,13 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 peer = stack.enter_context(RedisPeer(data_dir))
             except PeerNotInstalled as exc:
                 yield {"bench": "fanout", "case": "redis", "system": "redis", "skipped": str(exc)}
-        cluster = quire_cluster(data_dir, 3, 2, 2, **conf_overrides(args))
+        cluster = quire_cluster(data_dir, 3, 2, 2, **overrides)
         loop.run(cluster.start())
         try:
             for _ in range(args.rounds):
                 for n, m in cases:  # interleaved: both sides see the same background load
                     measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, m, args))
-                    lines.append(_line("quire", n, m, measured, args, config="E3W2A2", **conf_fields(args), **cpu))
+                    lines.append(_line("quire", n, m, measured, args, config="E3W2A2", **conf_fields(overrides), **cpu))
                     yield lines[-1]
                     if peer is not None:
                         measured, cpu = with_cpu([peer.pid or 0], loop, redis_case(peer.url, n, m, args))

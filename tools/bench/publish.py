@@ -130,9 +130,8 @@ def conf_overrides(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def conf_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """``{"conf": {...}}`` for a result line when ``--conf`` was given (else nothing)."""
-    overrides = conf_overrides(args)
+def conf_fields(overrides: dict[str, str]) -> dict[str, Any]:
+    """``{"conf": overrides}`` for a result line when ``--conf`` was given (else nothing)."""
     return {"conf": overrides} if overrides else {}
 
 
@@ -464,7 +463,7 @@ class Runner:
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
+    overrides = conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
     sizes = args.size or [100, 1024]
     per_publisher = max(1, args.count // args.publishers)
     lines: list[dict[str, Any]] = []
@@ -481,7 +480,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         for e, w, a in CONFIGS:
             config = f"E{e}W{w}A{a}"
             last = (e, w, a) == CONFIGS[-1]
-            cluster = quire_cluster(data_dir, e, w, a, **conf_overrides(args))
+            cluster = quire_cluster(data_dir, e, w, a, **overrides)
             loop.run(cluster.start())
             try:
                 # Interleaved, so that Quire and the peers see the same background load of a shared machine.
@@ -491,7 +490,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                         out, cpu = with_cpu(quire_pids(cluster), loop,
                                             _measure("quire", cluster, args, body, per_publisher))
                         lines.append(result("quire", f"quire {config}", size, args, out, "throughput",
-                                            config=config, **conf_fields(args), **cpu))
+                                            config=config, **conf_fields(overrides), **cpu))
                         yield lines[-1]
                         for peer in peers if last else []:
                             out, cpu = with_cpu(peer.pids, loop,
@@ -506,7 +505,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                     body = os.urandom(sizes[0])
                     out, cpu = with_cpu(quire_pids(cluster), loop, _measure("quire", cluster, args, body, None))
                     yield _rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
-                                     **conf_fields(args), **cpu)
+                                     **conf_fields(overrides), **cpu)
                     for peer in peers if last else []:
                         out, cpu = with_cpu(peer.pids, loop, _measure(peer.name, peer.url, args, body, None))
                         yield _rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
