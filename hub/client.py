@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import ssl
@@ -102,6 +103,20 @@ def _event_name(event: int) -> str:
         return pb.SubscriptionEvent.Event.Name(event)
     except ValueError:
         return f"EVENT_{event}"
+
+
+def _settle(out: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+    """Hand ``done``'s outcome to ``out`` (unless ``out`` was cancelled meanwhile)."""
+    if done.cancelled():
+        out.cancel()
+        return
+    exc = done.exception()
+    if out.done():
+        return
+    if exc is not None:
+        out.set_exception(exc)
+    else:
+        out.set_result(done.result())
 
 
 async def _logged(awaitable: Awaitable[Any], what: str) -> None:
@@ -361,6 +376,32 @@ class HedwigClient:
         to the topic's current owner, with a fresh ``server_ack_response_timeout``: such a publish
         fails over within about twice that time and is still stored at most once.
         """
+        req, deduplicated = self._publish_request(topic, body, properties, message_type, producer, sequence_id)
+        if deduplicated:
+            return await self._publish_once(topic, req)
+        return await self._publish_future(topic, req)
+
+    def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      message_type: str = "", producer: bytes | None = None,
+                      sequence_id: int | None = None) -> asyncio.Future[int]:
+        """``publish`` started now; a future of its seq id (Pulsar's ``send_async``, Hedwig's ``asyncPublish``).
+
+        Same arguments, ordering and errors as ``publish``, but a bad argument (a name the hub would
+        refuse, a message over ``max_message_size``) raises here, before anything is sent, and the
+        publish's own outcome comes through the future. Publishes started one after another on a
+        topic are sent, stored and answered in that order. To an owner the client already knows,
+        a publish costs no coroutine or task, which is what a producer that keeps thousands in flight
+        wants; cancelling the future does not recall a publish already sent.
+        """
+        req, deduplicated = self._publish_request(topic, body, properties, message_type, producer, sequence_id)
+        if deduplicated:
+            return asyncio.ensure_future(self._publish_once(topic, req))
+        return self._publish_future(topic, req)
+
+    def _publish_request(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None,
+                         message_type: str, producer: bytes | None,
+                         sequence_id: int | None) -> tuple[pb.PubSubRequest, bool]:
+        """The PUBLISH request, and whether it is a producer's (deduplicated) publish; bad arguments raise."""
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
@@ -380,27 +421,48 @@ class HedwigClient:
             entries = msg.header.properties.entries
             for k, v in properties.items():
                 entries.add(key=k, value=v)
-        if producer:
-            if sequence_id is None:
-                key = (topic, producer)
-                sequence_id = self._sequences.get(key) or time.time_ns() // 1000
-                self._sequences[key] = sequence_id + 1
-            elif sequence_id < 0:
-                raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
-            msg.producer = producer
-            msg.sequenceId = sequence_id
-            return await self._publish_once(topic, req)
-        return await self._publish(topic, req)
+        if not producer:
+            return req, False
+        if sequence_id is None:
+            key = (topic, producer)
+            sequence_id = self._sequences.get(key) or time.time_ns() // 1000
+            self._sequences[key] = sequence_id + 1
+        elif sequence_id < 0:
+            raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
+        msg.producer = producer
+        msg.sequenceId = sequence_id
+        return req, True
 
-    async def _publish(self, topic: bytes, req: pb.PubSubRequest) -> int:
-        resp: pb.PubSubResponse | None = None
+    def _publish_future(self, topic: bytes, req: pb.PubSubRequest) -> asyncio.Future[int]:
+        """The owner's connection is open: one request and a callback. The first publish to a topic,
+        and any answer but SUCCESS, go the long way (``_call``: redirects, retries) in a task."""
         conn = self.conns.get(self.owner.get(topic, ""))
-        if conn is not None and conn.alive:
-            # the owner's connection is open: one request; anything but SUCCESS goes the long way
-            # (redirects, retries), as does the first publish to a topic
-            resp = await conn.request(req, self.conf.server_ack_response_timeout / 1000.0)
-        if resp is None or resp.statusCode != pb.SUCCESS:
-            _, resp = await self._call(topic, req)
+        if conn is None or not conn.alive:
+            return asyncio.ensure_future(self._publish_long(topic, req))
+        out: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
+            functools.partial(self._publish_answered, topic, req, out))
+        return out
+
+    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, out: asyncio.Future[int],
+                          answer: asyncio.Future[pb.PubSubResponse]) -> None:
+        if answer.cancelled():
+            out.cancel()
+            return
+        exc = answer.exception()
+        if out.done():        # the caller cancelled it
+            return
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        resp = answer.result()
+        if resp.statusCode == pb.SUCCESS:
+            out.set_result(int(resp.publishResponse.publishedMsgId.localComponent))
+            return
+        asyncio.ensure_future(self._publish_long(topic, req)).add_done_callback(functools.partial(_settle, out))
+
+    async def _publish_long(self, topic: bytes, req: pb.PubSubRequest) -> int:
+        _, resp = await self._call(topic, req)
         return int(resp.publishResponse.publishedMsgId.localComponent)
 
     async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
@@ -410,7 +472,7 @@ class HedwigClient:
         failed_over = False
         while True:
             try:
-                return await self._publish(topic, req)
+                return await self._publish_future(topic, req)
             except errors.ResponseTimeoutError as exc:
                 if not exc.channel_dropped or failed_over:
                     raise

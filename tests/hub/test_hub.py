@@ -419,3 +419,44 @@ async def test_a_publisher_cannot_forge_its_region_or_version_vector(cluster: Lo
         await col.wait(lambda g: len(g) == 2)
         for m in col.got:
             assert m.src_region == "standalone" and m.msg_id.remote == {}
+
+
+async def test_publish_async_keeps_order_raises_bad_arguments_at_once_and_follows_redirects(
+        cluster: LocalCluster) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as reader, \
+            await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await reader.subscribe(topic, b"s", message_window_size=300)
+        col = Collector()
+        await reader.start_delivery(topic, b"s", col)
+        first = c.publish_async(topic, b"m0")        # this client knows no owner yet: the long way, in a task
+        assert await first == 1
+        futures = [c.publish_async(topic, b"m%d" % i) for i in range(1, 201)]   # started back to back
+        assert await asyncio.gather(*futures) == list(range(2, 202))
+        # a cancelled future does not recall its publish: the next one gets the seq id after it
+        gone = c.publish_async(topic, b"m201")
+        gone.cancel()
+        assert await c.publish_async(topic, b"m202") == 203
+        await col.wait(lambda g: len(g) == 203)
+        assert [m.body for m in col.got] == [b"m%d" % i for i in range(203)]
+        assert [m.seq_id for m in col.got] == list(range(1, 204))
+        # bad arguments raise at the call, before anything is sent
+        with pytest.raises(errors.MessageTooLargeError):
+            c.publish_async(topic, b"x" * (c.conf.max_message_size + 1))
+        with pytest.raises(errors.MalformedRequestError, match="NUL"):
+            c.publish_async(b"a\x00b", b"x")
+        with pytest.raises(ValueError, match="sequence_id needs a producer"):
+            c.publish_async(topic, b"x", sequence_id=3)
+        # a believed owner that is not the owner: NOT_RESPONSIBLE on the direct path, then the redirect
+        owner = c.owner[topic]
+        other = next(a for a in cluster.hub_addresses if a != owner)
+        await c._conn(other)
+        c.owner[topic] = other
+        assert await c.publish_async(topic, b"m203") == 204
+        assert c.owner[topic] == owner
+        # a producer's publish is deduplicated by its sequence id through the future as well
+        assert await c.publish_async(topic, b"p", producer=b"prod", sequence_id=7) == 205
+        assert await c.publish_async(topic, b"p", producer=b"prod", sequence_id=7) == 205
+        assert await c.publish(topic, b"end") == 206
+        await col.wait(lambda g: len(g) == 206)
+        assert [m.body for m in col.got[203:]] == [b"m203", b"p", b"end"]

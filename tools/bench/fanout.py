@@ -134,7 +134,7 @@ async def quire_case(cluster: Any, n: int, m: int, args: argparse.Namespace) -> 
 
             await c.subscribe(topic, sub_id, create_or_attach="CREATE_OR_ATTACH", message_window_size=args.window)
             await c.start_delivery(topic, sub_id, handler)
-        secs, pub = await _wait(deliveries, _publish_all(lambda b: publisher.publish(topic, b), _body(args.size),
+        secs, pub = await _wait(deliveries, _publish_all(lambda b: publisher.publish_async(topic, b), _body(args.size),
                                                          m, args.window), args.timeout)
     finally:
         for c in [*subs, publisher]:

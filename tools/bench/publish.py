@@ -355,7 +355,7 @@ async def quire_publishers(addresses: list[str], n: int, body: bytes, window: in
         for i, c in enumerate(clients):
             topic = f"bench-{run_id}-{i}".encode()
             await c.publish(topic, body)  # claims the topic and opens its ledger outside the timing
-            submits.append(functools.partial(c.publish, topic, body))
+            submits.append(functools.partial(c.publish_async, topic, body))
         yield submits
     finally:
         for c in clients:
