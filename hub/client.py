@@ -105,18 +105,69 @@ def _event_name(event: int) -> str:
         return f"EVENT_{event}"
 
 
-def _settle(out: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
-    """Hand ``done``'s outcome to ``out`` (unless ``out`` was cancelled meanwhile)."""
-    if done.cancelled():
-        out.cancel()
+class _Batch:
+    """Publishes to one topic waiting to leave as one request (``HedwigClient._batched``)."""
+
+    __slots__ = ("bytes", "conn", "futures", "req", "timer")
+
+    def __init__(self, conn: _Conn, req: pb.PubSubRequest) -> None:
+        self.conn = conn
+        self.req = req
+        self.futures: list[asyncio.Future[int]] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+
+def _publish_request(topic: bytes) -> pb.PubSubRequest:
+    req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
+    req.publishRequest.topic = topic
+    return req
+
+
+def _fill(msg: pb.Message, body: bytes, properties: Mapping[str, bytes] | None, message_type: str) -> pb.Message:
+    msg.body = body
+    if message_type:
+        msg.header.messageType = message_type
+    if properties:
+        entries = msg.header.properties.entries
+        for k, v in properties.items():
+            entries.add(key=k, value=v)
+    return msg
+
+
+def _publish_settled(futures: list[asyncio.Future[int]], resp: pb.PubSubResponse) -> None:
+    """Each publish of the answered request gets its seq id, or the answer's error if it was not stored."""
+    status = resp.statusCode
+    first = int(resp.publishResponse.publishedMsgId.localComponent)
+    stored = len(futures) if status == pb.SUCCESS else resp.publishResponse.stored
+    for i, fut in enumerate(futures):
+        if fut.done():       # the caller cancelled it
+            continue
+        if i < stored:
+            fut.set_result(first + i)
+        else:
+            fut.set_exception(errors.error_for_status(status_name(status), resp.statusMsg or status_name(status)))
+
+
+def _fail_all(futures: list[asyncio.Future[int]], exc: BaseException | None) -> None:
+    """``exc`` for each publish still waiting (None: cancel them)."""
+    for fut in futures:
+        if not fut.done():
+            if exc is None:
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+
+
+def _long_answered(futures: list[asyncio.Future[int]], task: asyncio.Future[tuple[Any, pb.PubSubResponse]]) -> None:
+    if task.cancelled():
+        _fail_all(futures, None)
         return
-    exc = done.exception()
-    if out.done():
-        return
+    exc = task.exception()
     if exc is not None:
-        out.set_exception(exc)
+        _fail_all(futures, exc)
     else:
-        out.set_result(done.result())
+        _publish_settled(futures, task.result()[1])
 
 
 async def _logged(awaitable: Awaitable[Any], what: str) -> None:
@@ -137,6 +188,7 @@ class HedwigClient:
         self._connecting: dict[str, asyncio.Task[_Conn]] = {}
         self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
         self._sequences: dict[tuple[bytes, bytes], int] = {}   # (topic, producer) -> next sequence id
+        self._batches: dict[bytes, _Batch] = {}   # topic -> publishes waiting to leave together
         self._token = conf.auth_token
         if not self._token and conf.auth_token_file:
             try:
@@ -322,6 +374,8 @@ class HedwigClient:
                 if status == pb.SUCCESS:
                     self.owner[topic] = address
                     return conn, resp
+                if resp.publishResponse.stored:   # part of a batched publish stored: final, not retried
+                    return conn, resp
                 if status == pb.NOT_RESPONSIBLE_FOR_TOPIC:
                     redirects += 1
                     if redirects > self.conf.max_server_redirects:
@@ -376,10 +430,8 @@ class HedwigClient:
         to the topic's current owner, with a fresh ``server_ack_response_timeout``: such a publish
         fails over within about twice that time and is still stored at most once.
         """
-        req, deduplicated = self._publish_request(topic, body, properties, message_type, producer, sequence_id)
-        if deduplicated:
-            return await self._publish_once(topic, req)
-        return await self._publish_future(topic, req)
+        return await self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
+                                        sequence_id=sequence_id)
 
     def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,
@@ -389,19 +441,17 @@ class HedwigClient:
         Same arguments, ordering and errors as ``publish``, but a bad argument (a name the hub would
         refuse, a message over ``max_message_size``) raises here, before anything is sent, and the
         publish's own outcome comes through the future. Publishes started one after another on a
-        topic are sent, stored and answered in that order. To an owner the client already knows,
-        a publish costs no coroutine or task, which is what a producer that keeps thousands in flight
-        wants; cancelling the future does not recall a publish already sent.
-        """
-        req, deduplicated = self._publish_request(topic, body, properties, message_type, producer, sequence_id)
-        if deduplicated:
-            return asyncio.ensure_future(self._publish_once(topic, req))
-        return self._publish_future(topic, req)
+        topic are sent, stored and answered in that order; cancelling the future does not recall a
+        publish already sent.
 
-    def _publish_request(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None,
-                         message_type: str, producer: bytes | None,
-                         sequence_id: int | None) -> tuple[pb.PubSubRequest, bool]:
-        """The PUBLISH request, and whether it is a producer's (deduplicated) publish; bad arguments raise."""
+        Producer batching (Pulsar's, on by default: ``batching_enabled``): to an owner the client
+        knows, the publishes a topic gets during one event-loop turn (or within
+        ``batching_max_publish_delay_ms``) leave as one request of up to ``batching_max_messages``
+        messages and ``batching_max_bytes`` of bodies. The owner stores them in order with
+        consecutive seq ids, each future gets its own, and a failure fails exactly the messages
+        that were not stored (the stored ones are always the first: its answer says how many). A
+        producer's (deduplicated) publish goes alone, after whatever the topic had batched.
+        """
         self._check_open()
         self._check_names(topic)
         if len(body) > self.conf.max_message_size:
@@ -411,59 +461,98 @@ class HedwigClient:
             producer = self.conf.producer_name.encode()
         if sequence_id is not None and not producer:
             raise ValueError("sequence_id needs a producer (or the client conf's producer_name)")
-        req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
-        req.publishRequest.topic = topic
-        msg = req.publishRequest.msg
-        msg.body = body
-        if message_type:
-            msg.header.messageType = message_type
-        if properties:
-            entries = msg.header.properties.entries
-            for k, v in properties.items():
-                entries.add(key=k, value=v)
-        if not producer:
-            return req, False
-        if sequence_id is None:
-            key = (topic, producer)
-            sequence_id = self._sequences.get(key) or time.time_ns() // 1000
-            self._sequences[key] = sequence_id + 1
-        elif sequence_id < 0:
-            raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
-        msg.producer = producer
-        msg.sequenceId = sequence_id
-        return req, True
+        if producer:
+            if sequence_id is None:
+                key = (topic, producer)
+                sequence_id = self._sequences.get(key) or time.time_ns() // 1000
+                self._sequences[key] = sequence_id + 1
+            elif sequence_id < 0:
+                raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
+            req = _publish_request(topic)
+            msg = _fill(req.publishRequest.msg, body, properties, message_type)
+            msg.producer = producer
+            msg.sequenceId = sequence_id
+            self._flush_batch(topic)     # what the topic has batched goes first
+            return asyncio.ensure_future(self._publish_once(topic, req))
+        if self.conf.batching_enabled:
+            conn = self.conns.get(self.owner.get(topic, ""))
+            if conn is not None and conn.alive:
+                return self._batched(topic, conn, body, properties, message_type)
+        req = _publish_request(topic)
+        _fill(req.publishRequest.msg, body, properties, message_type)
+        return self._publish_future(topic, req)
+
+    def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,
+                 message_type: str) -> asyncio.Future[int]:
+        batch = self._batches.get(topic)
+        if batch is not None and (batch.conn is not conn or batch.bytes + len(body) > self.conf.batching_max_bytes):
+            self._flush_batch(topic)
+            batch = None
+        loop = asyncio.get_running_loop()
+        if batch is None:
+            batch = self._batches[topic] = _Batch(conn, _publish_request(topic))
+            delay = self.conf.batching_max_publish_delay_ms
+            if delay:
+                batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
+            else:
+                loop.call_soon(self._flush_batch, topic, batch)
+        _fill(batch.req.publishRequest.msgs.add(), body, properties, message_type)
+        fut: asyncio.Future[int] = loop.create_future()
+        batch.futures.append(fut)
+        batch.bytes += len(body)
+        if len(batch.futures) >= self.conf.batching_max_messages:
+            self._flush_batch(topic)
+        return fut
+
+    def _flush_batch(self, topic: bytes, only: _Batch | None = None) -> None:
+        """Send what ``topic`` has batched (``only``: if it is still that batch)."""
+        batch = self._batches.get(topic)
+        if batch is None or (only is not None and batch is not only):
+            return
+        del self._batches[topic]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        req = batch.req
+        pub = req.publishRequest
+        if len(pub.msgs) == 1:    # alone: a plain publish
+            pub.msg.CopyFrom(pub.msgs[0])
+            del pub.msgs[:]
+        self._send_publish(topic, req, batch.futures, batch.conn)
 
     def _publish_future(self, topic: bytes, req: pb.PubSubRequest) -> asyncio.Future[int]:
-        """The owner's connection is open: one request and a callback. The first publish to a topic,
-        and any answer but SUCCESS, go the long way (``_call``: redirects, retries) in a task."""
-        conn = self.conns.get(self.owner.get(topic, ""))
-        if conn is None or not conn.alive:
-            return asyncio.ensure_future(self._publish_long(topic, req))
-        out: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
-            functools.partial(self._publish_answered, topic, req, out))
-        return out
+        """A future of the seq id of the publish ``req`` (one message)."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._send_publish(topic, req, [fut], self.conns.get(self.owner.get(topic, "")))
+        return fut
 
-    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, out: asyncio.Future[int],
+    def _send_publish(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
+                      conn: _Conn | None) -> None:
+        """To the owner's open connection: one request and a callback. The first publish to a topic,
+        and an answer that stored nothing and is not SUCCESS, go the long way (``_call``: redirects,
+        retries) in a task."""
+        if conn is None or not conn.alive:
+            self._publish_long(topic, req, futures)
+            return
+        conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
+            functools.partial(self._publish_answered, topic, req, futures))
+
+    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
                           answer: asyncio.Future[pb.PubSubResponse]) -> None:
         if answer.cancelled():
-            out.cancel()
+            _fail_all(futures, None)
             return
         exc = answer.exception()
-        if out.done():        # the caller cancelled it
-            return
         if exc is not None:
-            out.set_exception(exc)
+            _fail_all(futures, exc)
             return
         resp = answer.result()
-        if resp.statusCode == pb.SUCCESS:
-            out.set_result(int(resp.publishResponse.publishedMsgId.localComponent))
+        if resp.statusCode != pb.SUCCESS and not resp.publishResponse.stored:
+            self._publish_long(topic, req, futures)
             return
-        asyncio.ensure_future(self._publish_long(topic, req)).add_done_callback(functools.partial(_settle, out))
+        _publish_settled(futures, resp)
 
-    async def _publish_long(self, topic: bytes, req: pb.PubSubRequest) -> int:
-        _, resp = await self._call(topic, req)
-        return int(resp.publishResponse.publishedMsgId.localComponent)
+    def _publish_long(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]]) -> None:
+        asyncio.ensure_future(self._call(topic, req)).add_done_callback(functools.partial(_long_answered, futures))
 
     async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
         """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
@@ -774,6 +863,8 @@ class HedwigClient:
         """Flush buffered consumes, close every subscription and connection."""
         if self.closed:
             return
+        for topic in list(self._batches):   # batched publishes leave before the connections close
+            self._flush_batch(topic)
         for (topic, sub), s in list(self.subs.items()):
             with contextlib.suppress(errors.PubSubError):
                 await asyncio.wait_for(self.close_subscription(topic, sub), 5.0)

@@ -227,6 +227,13 @@ class HubClientConf:
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
     producer_name: str = setting("", "number publishes as this producer, so the owner stores each at most once "
                                  "(empty: off)")
+    batching_enabled: bool = setting(True, "send the publishes a topic gets in one event-loop turn as one "
+                                     "request (Pulsar's producer batching; each message keeps its seq id)")
+    batching_max_messages: int = setting(1000, "messages one batched publish may carry", min=1)
+    batching_max_bytes: int = setting(131072, "bytes of message bodies one batched publish may carry (a "
+                                      "larger message goes alone)", min=1)
+    batching_max_publish_delay_ms: int = setting(0, "ms a batch waits for more publishes (0: until the end "
+                                                 "of the event-loop turn, which adds no latency)", min=0)
     auth_token: str = setting("", "signed token sent to hubs that require authentication (empty: none)")
     auth_token_file: str = setting("", "file holding the token, read at connect (used when auth_token is empty)")
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from bookie.wire import Outbox
 from hub import errors, protocol
 from hub.message import Message
-from hub.persistence import Done, TopicLog
+from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.subscriptions import SubState
 from hub.topic import Topic
@@ -248,7 +248,7 @@ class HubConnection(asyncio.Protocol):
         t = self.server.topics.get(ev.topic)
         if req.type == pb.PUBLISH and t is not None:
             # synchronously: publish order on a connection is seq order
-            self._enqueue(t, ev, functools.partial(self._published, req, t, time.perf_counter()))
+            self._enqueue(t, req, time.perf_counter())
             if not self._published_to or self._published_to[-1] is not t.log:
                 self._published_to.append(t.log)
             return
@@ -295,28 +295,37 @@ class HubConnection(asyncio.Protocol):
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return spawn(self.tasks, coro)
 
-    def _enqueue(self, t: Topic, ev: protocol.RequestReceived, done: Done) -> None:
+    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float) -> None:
+        """Queue the publish (or each message of a batched one) on the topic's log, in order."""
         t.last_active = time.monotonic()
-        msg = ev.request.publishRequest.msg
+        pub = req.publishRequest
+        msgs = pub.msgs
+        stats = self.server.stats
+        if msgs:
+            answer = _BatchAnswer(self, req, t, t0, len(msgs))
+            stats.incr("publishes", len(msgs))
+            for msg in msgs:
+                self._stamp(req.topic or pub.topic, msg)
+                t.log.submit(msg, answer.settle)
+            return
+        msg = pub.msg
+        self._stamp(req.topic or pub.topic, msg)
+        stats.incr("publishes")
+        t.log.submit(msg, functools.partial(self._published, req, t, t0))
+
+    def _stamp(self, topic: bytes, msg: pb.Message) -> None:
         if not self.region_hub or not msg.srcRegion:
             # only an authenticated region hub may name another region or carry a version vector:
             # a crafted remoteComponents would otherwise become the topic's vector-max
             msg.srcRegion = self.server.region_bytes
             msg.ClearField("msgId")
         if self.server.regions is not None:
-            self.server.regions.stamp(ev.topic, msg)
-        self.server.stats.incr("publishes")
-        t.log.submit(msg, done)
+            self.server.regions.stamp(topic, msg)
 
     def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
         self.machine.request_finished()
         if exc is not None:
-            self._fail(req, exc)
-            if self.machine.eof:
-                self._close_if_done()
-            if t.log.closed and self.server.topics.get(t.log.topic) is t:
-                # its ledger could not be closed: let the next owner recover it
-                self.server.spawn(self.server.release_topic(t.log.topic))
+            self._publish_failed(req, t, exc)
             return
         self._write(protocol.published(req.txnId, req.topic, seq))
         if self.machine.eof:
@@ -324,6 +333,36 @@ class HubConnection(asyncio.Protocol):
         stats = self.server.stats
         stats.incr("packets_sent")
         stats.observe("publish", time.perf_counter() - t0)
+
+    def _batch_published(self, answer: _BatchAnswer) -> None:
+        """Every message of a batched publish is settled: one answer (``hub.protocol.published_batch``)."""
+        self.machine.request_finished()
+        req = answer.req
+        if answer.error is not None:
+            self._publish_failed(req, answer.t, answer.error, answer.first, answer.stored)
+            return
+        self._write(protocol.published_batch(req.txnId, req.topic, answer.first, answer.stored))
+        if self.machine.eof:
+            self._close_if_done()
+        stats = self.server.stats
+        stats.incr("packets_sent")
+        stats.observe("publish", time.perf_counter() - answer.t0)
+
+    def _publish_failed(self, req: pb.PubSubRequest, t: Topic, exc: BaseException, first: int = 0,
+                        stored: int | None = None) -> None:
+        if stored is None:
+            self._fail(req, exc)
+        else:   # a batched publish: its answer says how many were stored before the failure
+            if not protocol.expected_failure(exc):
+                log.exception("unexpected failure of a batched publish", exc_info=exc)
+            self._write(protocol.published_batch(req.txnId, protocol.request_topic(req), first, stored,
+                                                 protocol.status_of(exc), str(exc)))
+            self.server.stats.incr("packets_sent")
+        if self.machine.eof:
+            self._close_if_done()
+        if t.log.closed and self.server.topics.get(t.log.topic) is t:
+            # its ledger could not be closed: let the next owner recover it
+            self.server.spawn(self.server.release_topic(t.log.topic))
 
     def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
         """Answer ``req`` that failed with ``exc`` (the status is ``hub.protocol``'s decision)."""
@@ -360,7 +399,7 @@ class HubConnection(asyncio.Protocol):
             t.last_active = time.monotonic()
             resp = protocol.response(req.txnId, topic=ev.topic)
             if req.type == pb.PUBLISH:
-                self._enqueue(t, ev, functools.partial(self._published, req, t, t0))
+                self._enqueue(t, req, t0)
                 return
             if req.type == pb.SUBSCRIBE:
                 self.server.stats.incr("subscribes")
@@ -386,3 +425,33 @@ class HubConnection(asyncio.Protocol):
             self._fail(req, exc)
         if self.machine.eof:
             self._close_if_done()
+
+
+class _BatchAnswer:
+    """The answer to a batched publish, collected as its messages settle (in order, each once).
+
+    The messages have consecutive seq ids, and a failure fails every message
+    queued after it too (``hub.batcher``), so the stored ones are a prefix:
+    ``first`` is the first one's seq id, ``stored`` how many, ``error`` the
+    first failure.
+    """
+
+    __slots__ = ("conn", "error", "first", "left", "req", "stored", "t", "t0")
+
+    def __init__(self, conn: HubConnection, req: pb.PubSubRequest, t: Topic, t0: float, n: int) -> None:
+        self.conn, self.req, self.t, self.t0 = conn, req, t, t0
+        self.left = n
+        self.first = 0
+        self.stored = 0
+        self.error: BaseException | None = None
+
+    def settle(self, seq: int, error: BaseException | None) -> None:
+        if error is not None:
+            self.error = self.error or error
+        elif self.error is None:
+            if not self.stored:
+                self.first = seq
+            self.stored += 1
+        self.left -= 1
+        if not self.left:
+            self.conn._batch_published(self)

@@ -348,7 +348,14 @@ class ServerConnection:
             return Reject(response(txn, pb.MALFORMED_REQUEST, problem,
                                    topic=topic if len(topic) <= MAX_TOPIC_BYTES else b""))
         if op == pb.PUBLISH:
-            size = len(req.publishRequest.msg.body)
+            pub = req.publishRequest
+            if pub.msgs:
+                refused = self._batch_problem(pub)
+                if refused is not None:
+                    status, text = refused
+                    return Reject(response(txn, status, text, topic=topic))
+                return RequestReceived(req, topic, b"")
+            size = len(pub.msg.body)
             if size > self.max_message_size:
                 return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
                                                                   f"max_message_size {self.max_message_size}",
@@ -361,6 +368,20 @@ class ServerConnection:
         if op == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)
+
+    def _batch_problem(self, pub: pb.PublishRequest) -> tuple[int, str] | None:
+        """Why a batched publish (``msgs``) is refused, or None: each message is checked as a single one."""
+        if pub.HasField("msg"):
+            return pb.MALFORMED_REQUEST, "a publish carries msg or msgs, not both"
+        limit = self.max_message_size
+        for i, m in enumerate(pub.msgs):
+            if len(m.body) > limit:
+                return pb.MESSAGE_TOO_LARGE, (f"message {i} of the batch ({len(m.body)} bytes) exceeds "
+                                              f"max_message_size {limit}")
+            if m.producer:
+                return pb.MALFORMED_REQUEST, ("a batched publish cannot carry a producer: deduplicated "
+                                              "publishes go one per request")
+        return None
 
 
 # --- client side ----------------------------------------------------------------------------------
@@ -525,6 +546,17 @@ def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
         body += _field(b"\x2a", topic)                    # topic (bytes 5)
     body += _field(_PUBLISH_RESPONSE_TAG, _field(b"\x0a", seq))   # publishResponse.publishedMsgId
     return LENGTH_PREFIX.pack(len(body)) + body
+
+
+def published_batch(txn_id: int, topic: bytes, first: int, stored: int, status: int = pb.SUCCESS,
+                    message: str = "") -> bytes:
+    """The answer to a batched publish: ``stored`` messages from seq id ``first`` on (all of them with SUCCESS;
+    with an error ``status``, the ones before the failure)."""
+    resp = response(txn_id, status, message, topic=topic)
+    if first:
+        resp.publishResponse.publishedMsgId.localComponent = first
+    resp.publishResponse.stored = stored
+    return encode(resp)
 
 
 def subscription_event(topic: bytes, subscriber: bytes, event: int) -> bytes:

@@ -164,12 +164,14 @@ class SubscriptionPreferences(_message.Message):
     def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "msg")
+    __slots__ = ("topic", "msg", "msgs")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MSG_FIELD_NUMBER: _ClassVar[int]
+    MSGS_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     msg: Message
-    def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+    msgs: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ..., msgs: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber")
@@ -276,10 +278,12 @@ class AuthenticateRequest(_message.Message):
     def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("publishedMsgId",)
+    __slots__ = ("publishedMsgId", "stored")
     PUBLISHEDMSGID_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     publishedMsgId: MessageSeqId
-    def __init__(self, publishedMsgId: _Optional[_Union[MessageSeqId, _Mapping]] = ...) -> None: ...
+    stored: int
+    def __init__(self, publishedMsgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., stored: _Optional[int] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
     __slots__ = ("preferences",)
