@@ -860,11 +860,17 @@ class HedwigClient:
             raise errors.MalformedRequestError(problem)
 
     async def close(self) -> None:
-        """Flush buffered consumes, close every subscription and connection."""
+        """Send batched publishes and wait for the answers in flight, flush buffered consumes, close every
+        subscription and connection."""
         if self.closed:
             return
-        for topic in list(self._batches):   # batched publishes leave before the connections close
+        for topic in list(self._batches):   # batched publishes leave before the connections close ...
             self._flush_batch(topic)
+        # ... and the publishes in flight are answered first (a Pulsar producer's close waits for its
+        # pending sends), for at most server_ack_response_timeout
+        waiting = [f for conn in self.conns.values() if conn.alive for f in conn.machine.pending() if not f.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.conf.server_ack_response_timeout / 1000.0)
         for (topic, sub), s in list(self.subs.items()):
             with contextlib.suppress(errors.PubSubError):
                 await asyncio.wait_for(self.close_subscription(topic, sub), 5.0)

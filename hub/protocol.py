@@ -433,6 +433,10 @@ class ClientConnection(Generic[T]):
         """Drop an outstanding request (timed out)."""
         return self._pending.forget(txn_id)
 
+    def pending(self) -> list[T]:
+        """Every outstanding request's value (still outstanding)."""
+        return self._pending.values()
+
     def drain(self) -> list[T]:
         """Every outstanding request's value (the connection is gone)."""
         return self._pending.drain_values()

@@ -54,6 +54,10 @@ class TxnTable(Generic[V]):
         self._pending.clear()
         return values
 
+    def values(self) -> list[V]:
+        """The values of the requests outstanding (still remembered)."""
+        return list(self._pending.values())
+
     def __len__(self) -> int:
         return len(self._pending)
 

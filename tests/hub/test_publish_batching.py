@@ -1,0 +1,215 @@
+"""Producer batching: the publishes of one loop turn leave as one request; seq ids, order and errors per message."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from hub import errors
+from hub.client import HedwigClient, _publish_settled
+from hub.connection import _BatchAnswer
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import encode, published_batch
+from tests.hub.test_hub import Collector, raw_exchange
+from tools.cluster import LocalCluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+def name() -> bytes:
+    return uuid.uuid4().hex[:10].encode()
+
+
+def requests_of(c: HedwigClient, topic: bytes) -> list[int]:
+    """The number of messages in each publish request ``c`` sends to ``topic``'s owner from now on."""
+    conn = c.conns[c.owner[topic]]
+    sizes: list[int] = []
+    send = conn.request
+
+    def request(req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        if req.type == pb.PUBLISH:
+            sizes.append(len(req.publishRequest.msgs) or 1)
+        return send(req, timeout)
+
+    conn.request = request  # type: ignore[method-assign]
+    return sizes
+
+
+async def reader_of(cluster: LocalCluster, topic: bytes, window: int = 1000) -> tuple[HedwigClient, Collector]:
+    r = await HedwigClient.connect(cluster.hub_addresses[0])
+    await r.subscribe(topic, b"r", message_window_size=window)
+    col = Collector()
+    await r.start_delivery(topic, b"r", col)
+    return r, col
+
+
+def bodies(col: Collector) -> list[bytes]:
+    return [m.body for m in col.got]
+
+
+def seqs(col: Collector) -> list[int]:
+    return [m.seq_id for m in col.got]
+
+
+async def test_the_publishes_of_one_turn_leave_as_one_request_with_consecutive_seq_ids(
+        cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        assert await c.publish(topic, b"m0") == 1           # learns the owner (the long way, alone)
+        sizes = requests_of(c, topic)
+        futures = [c.publish_async(topic, b"m%d" % i, properties={"i": b"%d" % i}) for i in range(1, 501)]
+        assert await asyncio.gather(*futures) == list(range(2, 502))
+        assert sizes == [500]
+        # awaited one at a time, publishes still go alone, as plain publishes
+        assert [await c.publish(topic, b"m%d" % i) for i in range(501, 504)] == [502, 503, 504]
+        assert sizes == [500, 1, 1, 1]
+        await col.wait(lambda g: len(g) == 504)
+        assert bodies(col) == [b"m%d" % i for i in range(504)]
+        assert seqs(col) == list(range(1, 505))
+        assert col.got[7].properties == {"i": b"7"} and col.got[7].src_region == "standalone"
+
+
+@pytest.mark.parametrize(("conf", "body", "count", "expected"), [
+    ({"batching_max_messages": "100"}, 10, 250, [100, 100, 50]),
+    ({"batching_max_bytes": "1000"}, 100, 25, [10, 10, 5]),
+    ({"batching_enabled": "false"}, 10, 5, [1, 1, 1, 1, 1]),
+])
+async def test_batches_are_bounded_by_the_client_conf(cluster: LocalCluster, conf: dict[str, str], body: int,
+                                                       count: int, expected: list[int]) -> None:
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0], conf=conf) as c:
+        await c.publish(topic, b"first")
+        sizes = requests_of(c, topic)
+        got = await asyncio.gather(*(c.publish_async(topic, b"%0*d" % (body, i)) for i in range(count)))
+        assert got == list(range(2, 2 + count))
+        assert sizes == expected
+
+
+async def test_a_message_over_the_byte_bound_goes_alone_in_order(cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0], conf={"batching_max_bytes": "1000"}) as c:
+        await c.publish(topic, b"first")
+        sizes = requests_of(c, topic)
+        order = [b"a" * 10, b"b" * 10, b"big" * 1000, b"c" * 10]
+        assert await asyncio.gather(*(c.publish_async(topic, b) for b in order)) == [2, 3, 4, 5]
+        assert sizes == [2, 1, 1]
+        await col.wait(lambda g: len(g) == 5)
+        assert bodies(col)[1:] == order
+
+
+async def test_a_publish_delay_gathers_publishes_of_later_turns(cluster: LocalCluster) -> None:
+    topic = name()
+    for conf, expected in (({"batching_max_publish_delay_ms": "300"}, [3]), ({}, [1, 1, 1])):
+        async with await HedwigClient.connect(cluster.hub_addresses[0], conf=conf) as c:
+            await c.publish(topic, b"first")
+            sizes = requests_of(c, topic)
+            futures = []
+            for i in range(3):
+                futures.append(c.publish_async(topic, b"%d" % i))
+                await asyncio.sleep(0)        # the next loop turn
+            await asyncio.gather(*futures)
+            assert sizes == expected, conf
+
+
+async def test_a_producer_publish_goes_after_what_the_topic_batched(cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.publish(topic, b"first")
+        sizes = requests_of(c, topic)
+        futures = [c.publish_async(topic, b"a"), c.publish_async(topic, b"b"),
+                   c.publish_async(topic, b"p", producer=b"prod", sequence_id=1), c.publish_async(topic, b"c")]
+        assert await asyncio.gather(*futures) == [2, 3, 4, 5]
+        assert sizes == [2, 1, 1]
+        await col.wait(lambda g: len(g) == 5)
+        assert bodies(col) == [b"first", b"a", b"b", b"p", b"c"]
+
+
+async def test_a_batch_sent_to_a_hub_that_does_not_own_the_topic_is_redirected_whole(
+        cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.publish(topic, b"first")
+        owner = c.owner[topic]
+        other = next(a for a in cluster.hub_addresses if a != owner)
+        await c._conn(other)
+        c.owner[topic] = other              # believed to be the owner, as after the topic moved
+        assert await asyncio.gather(*(c.publish_async(topic, b"%d" % i) for i in range(50))) == list(range(2, 52))
+        assert c.owner[topic] == owner
+        await col.wait(lambda g: len(g) == 51)
+        assert bodies(col)[1:] == [b"%d" % i for i in range(50)]
+
+
+def batch_req(topic: bytes, txn: int, *msgs: pb.Message) -> pb.PubSubRequest:
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=txn, topic=topic,
+                           shouldClaim=True)
+    req.publishRequest.topic = topic
+    req.publishRequest.msgs.extend(msgs)
+    return req
+
+
+async def test_the_hub_answers_a_batched_publish_with_its_first_seq_id_and_count_and_refuses_bad_ones(
+        cluster: LocalCluster) -> None:
+    topic = name()
+    addr = cluster.hub_addresses[0]
+    ok = batch_req(topic, 1, *(pb.Message(body=b"%d" % i) for i in range(5)))
+    both = batch_req(topic, 2, pb.Message(body=b"x"))
+    both.publishRequest.msg.body = b"y"
+    big = batch_req(topic, 3, pb.Message(body=b"x"), pb.Message(body=b"y" * 1258292))
+    dedup = batch_req(topic, 4, pb.Message(body=b"x"), pb.Message(body=b"y", producer=b"p", sequenceId=1))
+    after = batch_req(topic, 5, pb.Message(body=b"after"), pb.Message(body=b"after2"))
+    got = sorted(await raw_exchange(addr, b"".join(encode(r) for r in (ok, both, big, dedup, after)), 5),
+                 key=lambda r: r.txnId)    # refusals are answered at once, stored batches once durable
+    assert got[0].statusCode == pb.SUCCESS and got[0].publishResponse.stored == 5
+    assert got[0].publishResponse.publishedMsgId.localComponent == 1
+    assert [r.statusCode for r in got[1:4]] == [pb.MALFORMED_REQUEST, pb.MESSAGE_TOO_LARGE, pb.MALFORMED_REQUEST]
+    assert "msg or msgs" in got[1].statusMsg
+    assert "message 1 of the batch (1258292 bytes)" in got[2].statusMsg
+    assert "cannot carry a producer" in got[3].statusMsg
+    assert [r.publishResponse.stored for r in got[1:4]] == [0, 0, 0]
+    # nothing of the refused batches was stored: the next batch continues at seq id 6
+    assert got[4].statusCode == pb.SUCCESS and got[4].publishResponse.stored == 2
+    assert got[4].publishResponse.publishedMsgId.localComponent == 6
+
+
+async def test_a_failure_fails_exactly_the_messages_not_stored() -> None:
+    """Unit: the hub's collected answer and the client's reading of it (a failed add fails a suffix)."""
+    answers: list[_BatchAnswer] = []
+
+    class Conn:
+        def _batch_published(self, answer: _BatchAnswer) -> None:
+            answers.append(answer)
+
+    answer = _BatchAnswer(Conn(), pb.PubSubRequest(txnId=9, topic=b"t"), None, 0.0, 4)  # type: ignore[arg-type]
+    down = errors.ServiceDownError("add failed")
+    for seq, error in ((10, None), (11, None), (0, down), (0, down)):
+        assert not answers
+        answer.settle(seq, error)
+    assert answers == [answer] and (answer.first, answer.stored, answer.error) == (10, 2, down)
+    frame = published_batch(9, b"t", 10, 2, pb.SERVICE_DOWN, "add failed")
+    resp = pb.PubSubResponse.FromString(frame[4:])
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[int]] = [loop.create_future() for _ in range(4)]
+    _publish_settled(futures, resp)
+    assert [f.result() for f in futures[:2]] == [10, 11]
+    for f in futures[2:]:
+        with pytest.raises(errors.ServiceDownError, match="add failed"):
+            f.result()
+
+
+async def test_close_sends_what_is_batched(cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r:
+        c = await HedwigClient.connect(cluster.hub_addresses[0], conf={"batching_max_publish_delay_ms": "60000"})
+        await c.publish(topic, b"first")
+        futures = [c.publish_async(topic, b"%d" % i) for i in range(3)]
+        await c.close()
+        assert await asyncio.gather(*futures) == [2, 3, 4]
+        await col.wait(lambda g: len(g) == 4)
+
