@@ -34,10 +34,12 @@ The rules, as the developers' guide states them:
   past that: a subscriber at the tail gets new messages from
   ``on_published`` instead of reading back from the ledgers what was just
   written.
-* ``on_published`` fills a stub at once and caches the message when a
-  reader of the topic is within ``n`` of it, or when the message before it
-  is cached (so a batch persisted at once is cached whole for a reader at
-  the tail, as the guide's "whenever a message is published, it is cached").
+* ``on_published`` fills a stub at once and caches the message, as the
+  guide says ("whenever a message is published, it is cached"), for every
+  topic a reader has asked for. A reader that trails the publishers (a
+  burst of batched publishes runs hundreds ahead of it) then reads from
+  memory instead of scanning back from the ledgers what was just written;
+  ``cache_size`` bounds what that holds.
 * Pruning: ``consumed_up_to`` drops every message up to that seq id; when
   the bytes the cached messages hold (``held_size``: body, serialized form,
   properties, ids, objects and index) pass ``cache_size`` the oldest
@@ -255,7 +257,7 @@ class ReadAheadCache:
         return msg
 
     def on_published(self, topic: bytes, message: Message) -> None:
-        """A message was persisted: fill its stub, and cache it if a reader is within reach."""
+        """A message was persisted: fill its stub and cache it (for a topic that has a reader)."""
         t = self._topics.get(topic)
         seq = message.seq_id
         if t is None or self._closed or seq < 1:
@@ -264,8 +266,6 @@ class ReadAheadCache:
         stub = t.stubs.pop(seq, None)
         if stub is not None:
             self._fulfil(stub, message)
-        elif seq > t.max_read + self._n and seq - 1 not in t.messages:
-            return   # far ahead of every reader (a run that starts within reach is cached whole)
         self._cache(t, [(seq, message)])
 
     def consumed_up_to(self, topic: bytes, seq_id: int) -> None:

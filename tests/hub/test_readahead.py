@@ -288,14 +288,14 @@ async def test_failed_readahead_nobody_waits_for_is_dropped() -> None:
     await cache.close()
 
 
-async def test_on_published_fills_a_stub_and_caches_near_the_tail() -> None:
+async def test_on_published_fills_a_stub_and_caches_every_message_of_a_read_topic() -> None:
     ledgers = FakeLedgers({b"t": 5})
     cache = ReadAheadCache(Conf(readahead_count=4), ledgers)
     await read_in_order(cache, b"t", 5)
     cache.on_published(b"t", msg(6))                 # a reader is at 5: cached
-    cache.on_published(b"t", msg(60))                # far ahead of every reader: not cached
+    cache.on_published(b"t", msg(60))                # far ahead of the reader: cached too (it reads it later)
     cache.on_published(b"other", msg(1))             # a topic nobody reads: ignored
-    assert 6 in cache._topics[b"t"].messages and 60 not in cache._topics[b"t"].messages
+    assert 6 in cache._topics[b"t"].messages and 60 in cache._topics[b"t"].messages
     assert b"other" not in cache._topics
     hits = cache.stats()["hits"]
     assert (await read(cache, b"t", 6)).seq_id == 6
@@ -306,6 +306,22 @@ async def test_on_published_fills_a_stub_and_caches_near_the_tail() -> None:
     await asyncio.sleep(0)
     cache.on_published(b"t", msg(61))
     assert (await asyncio.wait_for(waiter, 2.0)).seq_id == 61
+    await cache.close()
+
+
+async def test_a_reader_trailing_a_burst_of_publishes_reads_it_from_memory() -> None:
+    """A reader 100 behind the tail when a burst is persisted (batched publishes): the burst is not scanned."""
+    ledgers = FakeLedgers({b"t": 400})            # 1..100 persisted before the reader came
+    persisted = [100]
+    cache = ReadAheadCache(Conf(readahead_count=10), ledgers, last_seq=lambda topic: persisted[0])
+    assert (await read(cache, b"t", 1)).seq_id == 1
+    for seq in range(101, 401):                   # the burst, while the reader is at 1
+        persisted[0] = seq
+        cache.on_published(b"t", msg(seq))
+    for seq in range(2, 401):
+        assert (await read(cache, b"t", seq)).seq_id == seq
+    await settle(cache)
+    assert max(start for _, start, _, _ in ledgers.calls) <= 100   # were scans up to 391
     await cache.close()
 
 
