@@ -159,15 +159,22 @@ def _fail_all(futures: list[asyncio.Future[int]], exc: BaseException | None) -> 
                 fut.set_exception(exc)
 
 
-def _long_answered(futures: list[asyncio.Future[int]], task: asyncio.Future[tuple[Any, pb.PubSubResponse]]) -> None:
-    if task.cancelled():
+def _answer_of(futures: list[asyncio.Future[int]], done: asyncio.Future[Any]) -> Any | None:
+    """``done``'s result; when it was cancelled or failed, so are the publishes, and None is returned."""
+    if done.cancelled():
         _fail_all(futures, None)
-        return
-    exc = task.exception()
+        return None
+    exc = done.exception()
     if exc is not None:
         _fail_all(futures, exc)
-    else:
-        _publish_settled(futures, task.result()[1])
+        return None
+    return done.result()
+
+
+def _long_answered(futures: list[asyncio.Future[int]], task: asyncio.Future[tuple[Any, pb.PubSubResponse]]) -> None:
+    got = _answer_of(futures, task)
+    if got is not None:
+        _publish_settled(futures, got[1])
 
 
 async def _logged(awaitable: Awaitable[Any], what: str) -> None:
@@ -478,6 +485,7 @@ class HedwigClient:
             conn = self.conns.get(self.owner.get(topic, ""))
             if conn is not None and conn.alive:
                 return self._batched(topic, conn, body, properties, message_type)
+        self._flush_batch(topic)     # (batched on a connection that has closed since: those go first)
         req = _publish_request(topic)
         _fill(req.publishRequest.msg, body, properties, message_type)
         return self._publish_future(topic, req)
@@ -538,14 +546,9 @@ class HedwigClient:
 
     def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
                           answer: asyncio.Future[pb.PubSubResponse]) -> None:
-        if answer.cancelled():
-            _fail_all(futures, None)
+        resp = _answer_of(futures, answer)
+        if resp is None:
             return
-        exc = answer.exception()
-        if exc is not None:
-            _fail_all(futures, exc)
-            return
-        resp = answer.result()
         if resp.statusCode != pb.SUCCESS and not resp.publishResponse.stored:
             self._publish_long(topic, req, futures)
             return

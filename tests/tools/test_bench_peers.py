@@ -175,7 +175,7 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "tools.cli", "bench", "publish", "--count", "200", "--quire-only", "--size", "100",
          "--rate", "200", "--rate-seconds", "0.5", "--data", str(tmp_path),
-         "--conf", "journal_max_group_wait_ms=1"],
+         "--conf", "journal_max_group_wait_ms=1", "--conf", "batching_max_messages=7"],
         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = [json.loads(x) for x in out.stdout.splitlines()]
@@ -188,11 +188,27 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
     assert sum(x["count"] for x in throughput) == 400
     rate_lines = [x for x in lines if x["mode"] == "fixed_rate"]
     assert [x["config"] for x in rate_lines] == ["E1W1A1", "E3W2A2"]
-    assert all(x["conf"] == {"journal_max_group_wait_ms": "1"} for x in lines)
+    assert all(x["conf"] == {"journal_max_group_wait_ms": "1", "batching_max_messages": "7"} for x in lines)
 
 
-@pytest.mark.parametrize("conf, said", [("nonsense_key=1", "not a hub or bookie configuration key"),
+def test_conf_keys_go_to_the_side_that_knows_them(tmp_path: Path) -> None:
+    from tools.bench.publish import client_conf, quire_cluster
+
+    overrides = {"journal_max_group_wait_ms": "1", "batching_enabled": "false", "max_batch_messages": "9",
+                 "max_message_size": "1000"}   # bookie, client, hub, and a key hub and client both know
+    assert client_conf(50, overrides) == {"max_outstanding_messages": "50", "batching_enabled": "false",
+                                          "max_message_size": "1000"}
+    cluster = quire_cluster(str(tmp_path), 3, 2, 2, **overrides)
+    assert {k: cluster.conf_overrides[k] for k in ("journal_max_group_wait_ms", "max_batch_messages",
+                                                   "max_message_size", "bk_ensemble_size")} == \
+        {"journal_max_group_wait_ms": "1", "max_batch_messages": "9", "max_message_size": "1000",
+         "bk_ensemble_size": "3"}
+    assert "batching_enabled" not in cluster.conf_overrides
+
+
+@pytest.mark.parametrize("conf, said", [("nonsense_key=1", "not a hub, bookie or client configuration key"),
                                          ("journal_max_group_wait_ms=abc", "expected an integer"),
+                                         ("batching_max_messages=0", "batching_max_messages"),
                                          ("no_equals_sign", "KEY=VALUE")])
 def test_a_bad_conf_is_refused_before_anything_starts(tmp_path: Path, conf: str, said: str) -> None:
     out = subprocess.run(

@@ -42,6 +42,7 @@ from tools.bench.publish import (
     add_conf_argument,
     bench_data_dir,
     client_conf,
+    client_overrides,
     closed_loop,
     conf_fields,
     conf_overrides,
@@ -119,7 +120,8 @@ async def quire_case(cluster: Any, n: int, m: int, args: argparse.Namespace) -> 
     from hub.client import HedwigClient
 
     topic = f"fanout-{uuid.uuid4().hex[:8]}".encode()
-    conf = {**client_conf(args.window), "consumed_messages_buffer_size": str(max(1, args.window // 2))}
+    conf = {**client_conf(args.window), "consumed_messages_buffer_size": str(max(1, args.window // 2)),
+            **client_overrides(getattr(args, "conf_overrides", None) or {})}
     address = cluster.hub_addresses[0]
     publisher = await HedwigClient.connect(address, conf=conf)
     subs = [await HedwigClient.connect(address, conf=conf) for _ in range(n)]
@@ -200,7 +202,7 @@ def _line(system: str, n: int, m: int, measured: tuple[float, Deliveries, Outcom
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     if args.size < STAMP.size:
         raise SystemExit(f"quire bench fanout: --size must be at least {STAMP.size}")
-    overrides = conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
+    overrides = args.conf_overrides = conf_overrides(args)   # a bad --conf stops here, before anything starts
     counts = args.subscribers or [1, 10, 100]
     cases = [(n, max(1, min(args.messages, args.deliveries // n))) for n in counts]
     lines: list[dict[str, Any]] = []

@@ -97,37 +97,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_conf_argument(parser: argparse.ArgumentParser) -> None:
-    """``--conf KEY=VALUE`` (repeatable): a hub or bookie conf key for the Quire cluster the benchmark starts."""
+    """``--conf KEY=VALUE`` (repeatable): a hub, bookie or client conf key for the Quire side of the benchmark."""
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
-                        help="hub/bookie conf key for the Quire cluster (repeatable; say "
-                             "journal_max_group_wait_ms=1 to trade latency for CPU); results carry it")
+                        help="hub, bookie or client conf key for Quire (repeatable; say "
+                             "journal_max_group_wait_ms=1 to trade latency for CPU, batching_enabled=false "
+                             "for one request per publish); results carry it")
+
+
+def _key_sets() -> tuple[set[str], set[str], set[str]]:
+    from bookie.conf import BookieConf
+    from hub.conf import HubClientConf, HubConf
+    from metastore.conf import conf_keys
+
+    return set(conf_keys(HubConf)), set(conf_keys(BookieConf)), set(conf_keys(HubClientConf))
 
 
 def conf_overrides(args: argparse.Namespace) -> dict[str, str]:
-    """The ``--conf`` pairs as a dict; a pair without ``=``, or a key neither a hub nor a bookie knows, is a
-    usage error (before any process starts)."""
+    """The ``--conf`` pairs as a dict; a pair without ``=``, or a key no hub, bookie or client knows, is a
+    usage error (before any process starts). A key goes to every side that knows it."""
     from bookie.conf import BookieConf
-    from hub.conf import HubConf, load_hub_conf
-    from metastore.conf import ConfError, conf_keys
+    from hub.conf import client_conf as parse_client_conf
+    from hub.conf import load_hub_conf
+    from metastore.conf import ConfError
 
-    hub_keys, bookie_keys = set(conf_keys(HubConf)), set(conf_keys(BookieConf))
-    known = hub_keys | bookie_keys
+    hub_keys, bookie_keys, client_keys = _key_sets()
     out: dict[str, str] = {}
     for item in getattr(args, "conf", None) or []:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
             raise SystemExit(f"quire bench: --conf takes KEY=VALUE, got {item!r}")
-        if key not in known:
-            raise SystemExit(f"quire bench: --conf {key}: not a hub or bookie configuration key "
-                             "(see conf/hw_server.conf and conf/bk_server.conf)")
+        if key not in hub_keys | bookie_keys | client_keys:
+            raise SystemExit(f"quire bench: --conf {key}: not a hub, bookie or client configuration key "
+                             "(see conf/hw_server.conf, conf/bk_server.conf and conf/hw_client.conf)")
         out[key] = value.strip()
     try:   # a bad value too, in the words the processes would use
         load_hub_conf(None, {k: v for k, v in out.items() if k in hub_keys})
         BookieConf.from_file(None, {k: v for k, v in out.items() if k in bookie_keys})
+        parse_client_conf({k: v for k, v in out.items() if k in client_keys})
     except ConfError as exc:
         raise SystemExit(f"quire bench: --conf: {exc}") from None
     return out
+
+
+def client_overrides(overrides: dict[str, str]) -> dict[str, str]:
+    """The client keys of ``conf_overrides``."""
+    client_keys = _key_sets()[2]
+    return {k: v for k, v in overrides.items() if k in client_keys}
 
 
 def conf_fields(overrides: dict[str, str]) -> dict[str, Any]:
@@ -164,16 +180,20 @@ def chosen_peers(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def client_conf(window: int) -> dict[str, str]:
-    """Hedwig client conf for a pipelined bench client: allow ``window`` messages outstanding."""
-    return {"max_outstanding_messages": str(max(window, 10))}
+def client_conf(window: int, overrides: dict[str, str] | None = None) -> dict[str, str]:
+    """Hedwig client conf for a pipelined bench client: allow ``window`` messages outstanding; plus the
+    client keys of ``overrides`` (``conf_overrides``)."""
+    return {"max_outstanding_messages": str(max(window, 10)), **client_overrides(overrides or {})}
 
 
 def quire_cluster(data_dir: str, e: int, w: int, a: int, **overrides: str) -> Any:
-    """``LocalCluster(bookies=3, hubs=1)`` whose hub writes ledgers with E/W/A."""
+    """``LocalCluster(bookies=3, hubs=1)`` whose hub writes ledgers with E/W/A (and the hub and bookie
+    keys of ``overrides``)."""
     from tools.cluster import LocalCluster
 
-    conf = {"bk_ensemble_size": str(e), "bk_write_quorum_size": str(w), "bk_ack_quorum_size": str(a), **overrides}
+    hub_keys, bookie_keys, _ = _key_sets()
+    conf = {"bk_ensemble_size": str(e), "bk_write_quorum_size": str(w), "bk_ack_quorum_size": str(a),
+            **{k: v for k, v in overrides.items() if k in hub_keys | bookie_keys}}
     return LocalCluster(bookies=3, hubs=1, data_dir=os.path.join(data_dir, f"quire-E{e}W{w}A{a}"),
                         conf_overrides=conf)
 
@@ -344,12 +364,13 @@ class RedisPipe:
 
 
 @contextlib.asynccontextmanager
-async def quire_publishers(addresses: list[str], n: int, body: bytes, window: int,
-                           run_id: str) -> AsyncIterator[list[Submit]]:
+async def quire_publishers(addresses: list[str], n: int, body: bytes, window: int, run_id: str,
+                           overrides: dict[str, str] | None = None) -> AsyncIterator[list[Submit]]:
     """``n`` HedwigClient connections, each publishing to its own topic (ownership claimed first)."""
     from hub.client import HedwigClient
 
-    clients = [await HedwigClient.connect(addresses[i % len(addresses)], conf=client_conf(window)) for i in range(n)]
+    conf = client_conf(window, overrides)
+    clients = [await HedwigClient.connect(addresses[i % len(addresses)], conf=conf) for i in range(n)]
     try:
         submits: list[Submit] = []
         for i, c in enumerate(clients):
@@ -463,7 +484,7 @@ class Runner:
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
-    overrides = conf_overrides(args)   # a bad --conf stops here, before any peer or process starts
+    overrides = args.conf_overrides = conf_overrides(args)   # a bad --conf stops here, before anything starts
     sizes = args.size or [100, 1024]
     per_publisher = max(1, args.count // args.publishers)
     lines: list[dict[str, Any]] = []
@@ -561,7 +582,8 @@ def _rate_line(system: str, case: str, size: int, args: argparse.Namespace, out:
 def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes) -> Any:
     run_id = uuid.uuid4().hex[:8]
     if system == "quire":
-        return quire_publishers(where.hub_addresses, args.publishers, body, args.window, run_id)
+        return quire_publishers(where.hub_addresses, args.publishers, body, args.window, run_id,
+                                getattr(args, "conf_overrides", None))
     if system == "redis":
         return redis_publishers(where, args.publishers, body, run_id)
     if system == "floor":
