@@ -196,6 +196,7 @@ class HedwigClient:
         self._tls: ssl.SSLContext | None = None      # built once, at the first TLS connection
         self._sequences: dict[tuple[bytes, bytes], int] = {}   # (topic, producer) -> next sequence id
         self._batches: dict[bytes, _Batch] = {}   # topic -> publishes waiting to leave together
+        self._publishing: set[asyncio.Task[Any]] = set()   # publishes going the long way (_call)
         self._token = conf.auth_token
         if not self._token and conf.auth_token_file:
             try:
@@ -480,7 +481,7 @@ class HedwigClient:
             msg.producer = producer
             msg.sequenceId = sequence_id
             self._flush_batch(topic)     # what the topic has batched goes first
-            return asyncio.ensure_future(self._publish_once(topic, req))
+            return spawn(self._publishing, self._publish_once(topic, req))
         if self.conf.batching_enabled:
             conn = self.conns.get(self.owner.get(topic, ""))
             if conn is not None and conn.alive:
@@ -555,7 +556,8 @@ class HedwigClient:
         _publish_settled(futures, resp)
 
     def _publish_long(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]]) -> None:
-        asyncio.ensure_future(self._call(topic, req)).add_done_callback(functools.partial(_long_answered, futures))
+        # held in _publishing until done (close does not cancel publishes; they fail with their connection)
+        spawn(self._publishing, self._call(topic, req)).add_done_callback(functools.partial(_long_answered, futures))
 
     async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
         """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
@@ -871,7 +873,9 @@ class HedwigClient:
             self._flush_batch(topic)
         # ... and the publishes in flight are answered first (a Pulsar producer's close waits for its
         # pending sends), for at most server_ack_response_timeout
-        waiting = [f for conn in self.conns.values() if conn.alive for f in conn.machine.pending() if not f.done()]
+        waiting: list[asyncio.Future[Any]] = [
+            f for conn in self.conns.values() if conn.alive for f in conn.machine.pending() if not f.done()]
+        waiting += self._publishing
         if waiting:
             await asyncio.wait(waiting, timeout=self.conf.server_ack_response_timeout / 1000.0)
         for (topic, sub), s in list(self.subs.items()):

@@ -209,7 +209,9 @@ async def test_close_sends_what_is_batched(cluster: LocalCluster) -> None:
         c = await HedwigClient.connect(cluster.hub_addresses[0], conf={"batching_max_publish_delay_ms": "60000"})
         await c.publish(topic, b"first")
         futures = [c.publish_async(topic, b"%d" % i) for i in range(3)]
+        unknown = c.publish_async(name(), b"first of a topic")   # no owner known: the long way, in a task
         await c.close()
         assert await asyncio.gather(*futures) == [2, 3, 4]
+        assert await unknown == 1
         await col.wait(lambda g: len(g) == 4)
 
