@@ -428,12 +428,14 @@ class HubConnection(asyncio.Protocol):
 
 
 class _BatchAnswer:
-    """The answer to a batched publish, collected as its messages settle (in order, each once).
+    """The answer to a batched publish, collected as its messages settle (each once).
 
     The messages have consecutive seq ids, and a failure fails every message
     queued after it too (``hub.batcher``), so the stored ones are a prefix:
-    ``first`` is the first one's seq id, ``stored`` how many, ``error`` the
-    first failure.
+    ``first`` is the first one's seq id, ``stored`` how many, ``error`` a
+    failure. The failures can be settled before the successes (the queue
+    fails at once while earlier entries are still in flight), so the count
+    does not depend on the order the callbacks come in.
     """
 
     __slots__ = ("conn", "error", "first", "left", "req", "stored", "t", "t0")
@@ -448,9 +450,8 @@ class _BatchAnswer:
     def settle(self, seq: int, error: BaseException | None) -> None:
         if error is not None:
             self.error = self.error or error
-        elif self.error is None:
-            if not self.stored:
-                self.first = seq
+        else:
+            self.first = min(self.first, seq) if self.stored else seq
             self.stored += 1
         self.left -= 1
         if not self.left:

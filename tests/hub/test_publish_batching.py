@@ -191,6 +191,11 @@ async def test_a_failure_fails_exactly_the_messages_not_stored() -> None:
         assert not answers
         answer.settle(seq, error)
     assert answers == [answer] and (answer.first, answer.stored, answer.error) == (10, 2, down)
+    # the queued ones can fail before the entry in flight ahead of them is acknowledged
+    late = _BatchAnswer(Conn(), pb.PubSubRequest(txnId=10, topic=b"t"), None, 0.0, 3)  # type: ignore[arg-type]
+    for seq, error in ((0, down), (20, None), (21, None)):
+        late.settle(seq, error)
+    assert answers[-1] is late and (late.first, late.stored, late.error) == (20, 2, down)
     frame = published_batch(9, b"t", 10, 2, pb.SERVICE_DOWN, "add failed")
     resp = pb.PubSubResponse.FromString(frame[4:])
     loop = asyncio.get_running_loop()
