@@ -393,6 +393,18 @@ async def test_closing_the_store_ends_its_sessions(zk_uri: str) -> None:
         await ms.close()
 
 
+async def put_once_reconnected(t: Any, key: str) -> None:
+    """``put`` after a server restart: each try waits ``operation_timeout`` for the reconnection (with its
+    backoff after refused connects, a loaded machine can take longer than one) and raises
+    ``ServiceDownError`` before sending anything; the caller bounds the whole wait."""
+    while True:
+        try:
+            await t.put(key, Value({"a": b"1"}), Version.NEW)
+            return
+        except ServiceDownError:
+            continue
+
+
 async def test_session_dies_when_disconnected_past_its_timeout(zk_server_private: ZooKeeperServer) -> None:
     zk = zk_server_private
     ms = await open_metastore(f"zk://{zk.connect_string}/r", operation_timeout=2.0)
@@ -409,7 +421,7 @@ async def test_session_dies_when_disconnected_past_its_timeout(zk_server_private
         assert not sess.alive  # never resurrects
         with pytest.raises(IllegalOpError):
             await sess.put_ephemeral(t, "e2", Value({"a": b"1"}))
-        await asyncio.wait_for(t.put("k", Value({"a": b"1"}), Version.NEW), WAIT)  # the store works
+        await asyncio.wait_for(put_once_reconnected(t, "k"), WAIT)  # the store works again
         await sess.close()
         # gone: deleted by close when the session came back in time, else expired by the server
         deadline = time.monotonic() + WAIT
