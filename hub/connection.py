@@ -301,15 +301,16 @@ class HubConnection(asyncio.Protocol):
         pub = req.publishRequest
         msgs = pub.msgs
         stats = self.server.stats
+        topic = req.topic or pub.topic
         if msgs:
             answer = _BatchAnswer(self, req, t, t0, len(msgs))
             stats.incr("publishes", len(msgs))
             for msg in msgs:
-                self._stamp(req.topic or pub.topic, msg)
+                self._stamp(topic, msg)
                 t.log.submit(msg, answer.settle)
             return
         msg = pub.msg
-        self._stamp(req.topic or pub.topic, msg)
+        self._stamp(topic, msg)
         stats.incr("publishes")
         t.log.submit(msg, functools.partial(self._published, req, t, t0))
 

@@ -42,7 +42,6 @@ from tools.bench.publish import (
     add_conf_argument,
     bench_data_dir,
     client_conf,
-    client_overrides,
     closed_loop,
     conf_fields,
     conf_overrides,
@@ -120,8 +119,8 @@ async def quire_case(cluster: Any, n: int, m: int, args: argparse.Namespace) -> 
     from hub.client import HedwigClient
 
     topic = f"fanout-{uuid.uuid4().hex[:8]}".encode()
-    conf = {**client_conf(args.window), "consumed_messages_buffer_size": str(max(1, args.window // 2)),
-            **client_overrides(getattr(args, "conf_overrides", None) or {})}
+    conf = {"consumed_messages_buffer_size": str(max(1, args.window // 2)),
+            **client_conf(args.window, getattr(args, "conf_overrides", None))}
     address = cluster.hub_addresses[0]
     publisher = await HedwigClient.connect(address, conf=conf)
     subs = [await HedwigClient.connect(address, conf=conf) for _ in range(n)]

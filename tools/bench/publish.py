@@ -104,12 +104,14 @@ def add_conf_argument(parser: argparse.ArgumentParser) -> None:
                              "for one request per publish); results carry it")
 
 
-def _key_sets() -> tuple[set[str], set[str], set[str]]:
+@functools.cache
+def _key_sets() -> tuple[frozenset[str], frozenset[str], frozenset[str]]:
+    """The hub, bookie and client conf keys."""
     from bookie.conf import BookieConf
     from hub.conf import HubClientConf, HubConf
     from metastore.conf import conf_keys
 
-    return set(conf_keys(HubConf)), set(conf_keys(BookieConf)), set(conf_keys(HubClientConf))
+    return frozenset(conf_keys(HubConf)), frozenset(conf_keys(BookieConf)), frozenset(conf_keys(HubClientConf))
 
 
 def conf_overrides(args: argparse.Namespace) -> dict[str, str]:
