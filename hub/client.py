@@ -634,6 +634,8 @@ class HedwigClient:
         body = getattr(req, field)
         body.topic = s.topic
         body.subscriberId = s.sub
+        if op == pb.START_DELIVERY:   # deliveries may carry a run of messages, as many as the queue holds
+            body.maxBatchMessages = self.conf.max_outstanding_messages
         await self._call(s.topic, req)
 
     async def start_delivery(self, topic: bytes, subscriber_id: bytes, handler: Handler,

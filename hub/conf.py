@@ -220,8 +220,8 @@ class HubClientConf:
     max_server_redirects: int = setting(2, "redirects permitted for one request", min=0)
     auto_send_consume_message_enabled: bool = setting(True, "send consumes for handled messages by itself")
     consumed_messages_buffer_size: int = setting(5, "handled messages per consume sent", min=1)
-    max_outstanding_messages: int = setting(10, "delivered messages queued for handlers before reading pauses",
-                                            min=1)
+    max_outstanding_messages: int = setting(10, "delivered messages queued for handlers before reading pauses; "
+                                            "also the most messages the hub puts in one delivery", min=1)
     server_ack_response_timeout: int = setting(30000, "ms before a request without a response fails", min=1)
     enable_resubscribe: bool = setting(True, "subscribe again by itself after a hub failure")
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)

@@ -2,7 +2,7 @@
 
     server.connections                          # every HubConnection of a HubServer
     conn = HubConnection(server)                # made by the listener for each accepted socket
-    conn.send(response); conn.send_delivery(topic, sub, message)   # queued, written once per loop turn
+    conn.send(response); conn.send_delivery(topic, sub, messages)  # queued, written once per loop turn
 
 Bytes go into the sans-IO ``ServerConnection``; its events are dispatched
 here: publishes to the owned topic's log (in arrival order), subscription
@@ -224,9 +224,12 @@ class HubConnection(asyncio.Protocol):
         self._write(protocol.encode(resp))
         self.server.stats.incr("packets_sent")
 
-    def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None:
-        self._write(protocol.delivery(topic, subscriber, message.wire))
-        self.server.stats.incr("messages_delivered")
+    def send_delivery(self, topic: bytes, subscriber: bytes, messages: list[Message]) -> None:
+        if len(messages) == 1:
+            self._write(protocol.delivery(topic, subscriber, messages[0].wire))
+        else:
+            self._write(protocol.delivery_batch(topic, subscriber, [m.wire for m in messages]))
+        self.server.stats.incr("messages_delivered", len(messages))
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None:
         self._write(protocol.subscription_event(topic, subscriber, event))
@@ -408,7 +411,8 @@ class HubConnection(asyncio.Protocol):
                 resp.subscribeResponse.preferences.CopyFrom(prefs)
                 await self.server.follow_regions(ev.topic, ev.subscriber, req.subscribeRequest.synchronous)
             elif req.type == pb.START_DELIVERY:
-                t.subs.start_delivery(self, ev.subscriber, self.server.cache)
+                t.subs.start_delivery(self, ev.subscriber, self.server.cache,
+                                      req.startDeliveryRequest.maxBatchMessages)
             elif req.type == pb.STOP_DELIVERY:
                 await t.subs.stop_delivery(self, ev.subscriber)
             elif req.type == pb.CLOSESUBSCRIPTION:

@@ -1,7 +1,7 @@
 """Delivery of one subscription's messages over its connection, through the read-ahead cache.
 
     d = Delivery(sub, cache, last_seq=lambda: log.last_seq, send=conn.send_delivery,
-                 writable=conn.writable_event, window=conf.default_message_window_size)
+                 writable=conn.writable_event, window=conf.default_message_window_size, batch=64)
     d.start()        # a task: delivers next..last_seq, pausing at the window and while the client is slow
     d.wake()         # new messages persisted, a consume arrived, or the connection drained
     await d.stop()
@@ -12,6 +12,14 @@ Delivery starts after the subscription's consume pointer, or, with a
 are delivered and unconsumed at once. A server-side filter that rejects a
 message skips it; one that raises ends the delivery with
 ``InvalidMessageFilterError`` reported through ``on_error``.
+
+``send(topic, subscriber, messages)`` gets the messages in seq order, at
+most ``batch`` at a time (what the client's ``maxBatchMessages`` asked
+for, up to ``MAX_BATCH``; 1 = one at a time) and about ``BATCH_BYTES`` of them (a message
+larger than that goes alone). A batch holds only what is ready at once: it
+is sent before the delivery waits for anything (a message read from the
+bookies, the window, the connection draining, the loop's turn), so
+batching adds no latency.
 
 A bounded subscription's messages outside its bound may be deleted while
 it lags (retention counts it as consumed up to ``last_seq - messageBound``):
@@ -45,14 +53,17 @@ log = logging.getLogger(__name__)
 __all__ = ["Delivery"]
 
 _YIELD_EVERY = 64   # cache hits delivered without awaiting before the task yields once
+BATCH_BYTES = 64 * 1024   # a delivery batch is sent before its serialized messages would pass this
+MAX_BATCH = 1024          # messages per delivery batch at most, whatever the client asks
 
 
 class Delivery:
     """See the module docstring."""
 
     def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: ReadAheadCache,
-                 last_seq: Callable[[], int], send: Callable[[bytes, bytes, Message], None],
-                 writable: asyncio.Event, window: int, message_bound: int = 0, server_filter: Any = None,
+                 last_seq: Callable[[], int], send: Callable[[bytes, bytes, list[Message]], None],
+                 writable: asyncio.Event, window: int, batch: int = 1, message_bound: int = 0,
+                 server_filter: Any = None,
                  on_error: Callable[[Exception], None] | None = None,
                  on_filtered: Callable[[int], None] | None = None,
                  first_kept: Callable[[], int] | None = None) -> None:
@@ -63,6 +74,7 @@ class Delivery:
         self.send = send
         self.writable = writable
         self.window = window
+        self.batch = max(1, min(batch, MAX_BATCH))
         self.filter = server_filter
         self.on_error = on_error
         self.on_filtered = on_filtered
@@ -129,23 +141,37 @@ class Delivery:
 
     async def _run(self) -> None:
         run = 0
+        batch: list[Message] = []
+        size = 0
+        most = self.batch
+        send, topic, subscriber = self.send, self.topic, self.subscriber
         try:
             while True:
-                while not self._ready():
-                    self._skip_through(self.next_seq - 1)
-                    self._wake.clear()
-                    await self._wake.wait()
+                if not self._ready():
+                    if batch:
+                        out, batch, size = batch, [], 0
+                        send(topic, subscriber, out)
+                    while not self._ready():
+                        self._skip_through(self.next_seq - 1)
+                        self._wake.clear()
+                        await self._wake.wait()
                 if not self.writable.is_set():
+                    if batch:
+                        out, batch, size = batch, [], 0
+                        send(topic, subscriber, out)
                     await self.writable.wait()
                 seq = self.next_seq
-                msg = self.cache.cached(self.topic, seq)
+                msg = self.cache.cached(topic, seq)
                 if msg is None:
+                    if batch:
+                        out, batch, size = batch, [], 0
+                        send(topic, subscriber, out)
                     try:
-                        msg = await self.cache.scan_single(self.topic, seq)
+                        msg = await self.cache.scan_single(topic, seq)
                     except errors.NoTopicPersistenceInfoError:
                         if not self.message_bound:
                             log.warning("%r/%r: message %d was deleted before this unbounded subscriber "
-                                        "consumed it; delivery stops", self.topic, self.subscriber, seq)
+                                        "consumed it; delivery stops", topic, subscriber, seq)
                             raise
                         self._skip_trimmed(seq)
                         continue
@@ -154,6 +180,9 @@ class Delivery:
                     run += 1
                     if run >= _YIELD_EVERY:   # a long run of cache hits: let the loop breathe
                         run = 0
+                        if batch:
+                            out, batch, size = batch, [], 0
+                            send(topic, subscriber, out)
                         self._skip_through(seq - 1)
                         await asyncio.sleep(0)
                 self.next_seq = seq + 1
@@ -162,10 +191,23 @@ class Delivery:
                     continue
                 self._skip_through(seq - 1)
                 self.outstanding.append(seq)
-                self.send(self.topic, self.subscriber, msg)
+                if most == 1:
+                    send(topic, subscriber, [msg])
+                    continue
+                wire = len(msg.wire)
+                if batch and size + wire > BATCH_BYTES:
+                    out, batch, size = batch, [], 0
+                    send(topic, subscriber, out)
+                batch.append(msg)
+                size += wire
+                if len(batch) >= most:
+                    out, batch, size = batch, [], 0
+                    send(topic, subscriber, out)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if batch:   # what passed before the failure is delivered, as it would have been one by one
+                send(topic, subscriber, batch)
             if not isinstance(exc, errors.PubSubError):
                 log.exception("delivery of %r/%r failed", self.topic, self.subscriber)
             if self.on_error is not None:

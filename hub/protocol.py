@@ -467,7 +467,11 @@ class ClientConnection(Generic[T]):
             which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
             if which == "delivery":
                 d = resp.delivery
-                out.append(DeliveryReceived(d.topic, d.subscriberId, d.message))
+                if d.messages:
+                    topic, sub = d.topic, d.subscriberId
+                    out.extend([DeliveryReceived(topic, sub, m) for m in d.messages])
+                else:
+                    out.append(DeliveryReceived(d.topic, d.subscriberId, d.message))
             elif which == "subscriptionEvent":
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))
@@ -503,6 +507,15 @@ def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> by
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
+def delivery_batch(topic: bytes, subscriber: bytes, wires: list[bytes]) -> bytes:
+    """One delivery frame carrying ``wires`` (serialized ``pubsub_pb2.Message``s, in seq order) in
+    ``Delivery.messages``; assembled like ``delivery``, byte for byte what protobuf serializes (tested)."""
+    head, inner = _delivery_head(topic, subscriber)
+    tag = _MESSAGES_TAG
+    body = head + _field(_DELIVERY_TAG, inner + b"".join([tag + _varint(len(w)) + w for w in wires]))
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
 def _field(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field (bytes, string or sub-message) on the wire: tag, length, data."""
     return tag + _varint(len(data)) + data
@@ -524,6 +537,7 @@ _DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimit
 _PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
 _VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()
 _MESSAGE_TAG = _varint(3 << 3 | 2)     # Delivery.message
+_MESSAGES_TAG = _varint(4 << 3 | 2)    # Delivery.messages
 
 
 @functools.lru_cache(maxsize=1 << 16)

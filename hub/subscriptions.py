@@ -63,7 +63,7 @@ class Attachment(Protocol):
 
     writable: asyncio.Event
 
-    def send_delivery(self, topic: bytes, subscriber: bytes, message: Message) -> None: ...
+    def send_delivery(self, topic: bytes, subscriber: bytes, messages: list[Message]) -> None: ...
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
 
@@ -90,6 +90,7 @@ class SubState:
         self.conn: Attachment | None = None
         self.delivery: Delivery | None = None
         self.filter: Any = None
+        self.batch = 1                    # the attached client's maxBatchMessages (kept for a restart)
         self.persisting: asyncio.Task[None] | None = None   # the one pointer write loop in flight
         self.writing = asyncio.Lock()     # the subscription's record: one write at a time
 
@@ -241,8 +242,11 @@ class TopicSubscriptions:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r} on this connection")
         return state
 
-    def start_delivery(self, conn: Attachment, sub: bytes, cache: ReadAheadCache) -> None:
+    def start_delivery(self, conn: Attachment, sub: bytes, cache: ReadAheadCache, batch: int | None = None) -> None:
+        """Deliver to ``conn``, ``batch`` messages per delivery at most (``None``: as the last start said)."""
         state = self.attached(conn, sub)
+        if batch is not None:
+            state.batch = batch
         if state.delivery is not None and state.delivery.running:
             return
         window = state.prefs.messageWindowSize or self.conf.default_message_window_size
@@ -262,7 +266,7 @@ class TopicSubscriptions:
                     self.track(task)
 
         state.delivery = Delivery(self.topic, sub, state.consumed, cache=cache, last_seq=self.last_seq,
-                                  send=conn.send_delivery, writable=conn.writable, window=window,
+                                  send=conn.send_delivery, writable=conn.writable, window=window, batch=state.batch,
                                   message_bound=state.prefs.messageBound, server_filter=state.filter,
                                   on_error=failed, on_filtered=filtered, first_kept=self.first_kept)
         state.delivery.start()

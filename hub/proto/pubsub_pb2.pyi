@@ -218,12 +218,14 @@ class UnsubscribeRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
 
 class StartDeliveryRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId")
+    __slots__ = ("topic", "subscriberId", "maxBatchMessages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    MAXBATCHMESSAGES_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+    maxBatchMessages: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., maxBatchMessages: _Optional[int] = ...) -> None: ...
 
 class StopDeliveryRequest(_message.Message):
     __slots__ = ("topic", "subscriberId")
@@ -292,14 +294,16 @@ class SubscribeResponse(_message.Message):
     def __init__(self, preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("topic", "subscriberId", "message")
+    __slots__ = ("topic", "subscriberId", "message", "messages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     message: Message
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., message: _Optional[_Union[Message, _Mapping]] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionEvent(_message.Message):
     __slots__ = ("topic", "subscriberId", "event")

@@ -21,6 +21,7 @@ from hub.protocol import (
     ResponseReceived,
     ServerConnection,
     delivery,
+    delivery_batch,
     encode,
     published,
     response,
@@ -141,6 +142,29 @@ def test_delivery_frame_is_what_protobuf_serializes(topic: bytes, subscriber: by
     resp.delivery.message.CopyFrom(msg.to_proto())
     assert delivery(topic, subscriber, msg.wire) == encode(resp)
     assert delivery(topic, subscriber, msg.to_proto()) == encode(resp)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=300),
+       st.lists(st.tuples(st.binary(max_size=2000), st.integers(min_value=1, max_value=2**63)), min_size=2,
+                max_size=8))
+def test_batched_delivery_frame_is_what_protobuf_serializes_and_the_client_splits_it(
+        topic: bytes, subscriber: bytes, messages: list[tuple[bytes, int]]) -> None:
+    from hub.message import Message, MessageId
+
+    msgs = [Message(body, {"k": body[:3]}, MessageId(seq)) for body, seq in messages]
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=topic)
+    resp.delivery.topic = topic
+    resp.delivery.subscriberId = subscriber
+    for m in msgs:
+        resp.delivery.messages.add().CopyFrom(m.to_proto())
+    frame = delivery_batch(topic, subscriber, [m.wire for m in msgs])
+    assert frame == encode(resp)
+    client: ClientConnection[str] = ClientConnection(max_frame_size=1 << 20)
+    events = client.receive_data(frame + delivery(topic, subscriber, msgs[0].wire))
+    assert [(e.topic, e.subscriber, e.message.body, e.message.msgId.localComponent) for e in events
+            if isinstance(e, DeliveryReceived)] == [(topic, subscriber, body, seq) for body, seq in
+                                                    [*messages, messages[0]]]
 
 
 @settings(max_examples=200, deadline=None)

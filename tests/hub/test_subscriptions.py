@@ -89,8 +89,8 @@ class Conn:
         self.writable.set()
         self.sent: list[int] = []
 
-    def send_delivery(self, topic: bytes, subscriber: bytes, message: Any) -> None:
-        self.sent.append(message.seq_id)
+    def send_delivery(self, topic: bytes, subscriber: bytes, messages: list[Any]) -> None:
+        self.sent.extend(m.seq_id for m in messages)
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
 
