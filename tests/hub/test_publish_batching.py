@@ -1,12 +1,16 @@
-"""Producer batching: the publishes of one loop turn leave as one request; seq ids, order and errors per message."""
+"""Batching both ways: the publishes of one loop turn leave as one request (seq ids, order and errors per
+message), and a delivery carries the run of messages ready for a subscriber."""
 
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
+from typing import Any
 
 import pytest
 
+from bookie.wire import FrameDecoder
 from hub import errors
 from hub.client import HedwigClient, _publish_settled
 from hub.connection import _BatchAnswer
@@ -220,3 +224,76 @@ async def test_close_sends_what_is_batched(cluster: LocalCluster) -> None:
         assert await unknown == 1
         await col.wait(lambda g: len(g) == 4)
 
+
+
+# --- the other direction: a delivery carries a run of messages -------------------------------------
+
+def deliveries_of(c: HedwigClient, topic: bytes) -> list[int]:
+    """The number of messages in each delivery frame ``c`` receives from ``topic``'s owner from now on
+    (its bytes are framed a second time, beside the client's own reading)."""
+    machine = c.conns[c.owner[topic]].machine
+    frames = FrameDecoder(1 << 30)
+    sizes: list[int] = []
+    receive = machine.receive_data
+
+    def counting(data: bytes) -> Any:
+        for frame in frames.feed(data):
+            resp = pb.PubSubResponse.FromString(frame)
+            if resp.WhichOneof("body") == "delivery":
+                sizes.append(len(resp.delivery.messages) or 1)
+        return receive(data)
+
+    machine.receive_data = counting  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_a_delivery_carries_a_run_of_messages_up_to_the_clients_max_outstanding(
+        cluster: LocalCluster) -> None:
+    topic = name()
+    addr = cluster.hub_addresses[0]
+    async with await HedwigClient.connect(addr, conf={"max_outstanding_messages": "4"}) as r, \
+            await HedwigClient.connect(addr) as c:
+        await c.publish(topic, b"m0")
+        await r.subscribe(topic, b"r", message_window_size=1000)
+        col = Collector()
+        await r.start_delivery(topic, b"r", col)
+        sizes = deliveries_of(r, topic)
+        # one burst: stored in entries of several messages, each run delivered from the cache once durable
+        assert await asyncio.gather(*(c.publish_async(topic, b"m%d" % i) for i in range(1, 301))) == \
+            list(range(2, 302))
+        await col.wait(lambda g: len(g) == 300)
+        assert bodies(col) == [b"m%d" % i for i in range(1, 301)] and seqs(col) == list(range(2, 302))
+        assert sum(sizes) == 300 and max(sizes) == 4 and len(sizes) <= 300 / 2, sizes
+
+
+async def test_a_client_that_does_not_ask_for_batches_gets_one_message_per_delivery(cluster: LocalCluster) -> None:
+    """Hedwig's wire: START_DELIVERY without maxBatchMessages, every delivery in ``Delivery.message``."""
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.publish(topic, b"m0")
+        host, port = c.owner[topic].split(":")[:2]
+        sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=1, topic=topic)
+        sub.subscribeRequest.topic, sub.subscribeRequest.subscriberId = topic, b"raw"
+        start = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.START_DELIVERY, txnId=2, topic=topic)
+        start.startDeliveryRequest.topic, start.startDeliveryRequest.subscriberId = topic, b"raw"
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(encode(sub) + encode(start))
+            got: list[pb.PubSubResponse] = []
+            async with asyncio.timeout(20):
+                while len([g for g in got if g.txnId]) < 2:
+                    got.append(await read_frame(reader))
+                await asyncio.gather(*(c.publish_async(topic, b"m%d" % i) for i in range(1, 21)))
+                while len([g for g in got if not g.txnId]) < 20:
+                    got.append(await read_frame(reader))
+        finally:
+            writer.close()
+        assert [g.statusCode for g in got if g.txnId] == [pb.SUCCESS, pb.SUCCESS]
+        delivered = [g.delivery for g in got if not g.txnId]
+        assert all(not d.messages for d in delivered)
+        assert [d.message.body for d in delivered] == [b"m%d" % i for i in range(1, 21)]
+
+
+async def read_frame(reader: asyncio.StreamReader) -> pb.PubSubResponse:
+    (size,) = struct.unpack(">I", await reader.readexactly(4))
+    return pb.PubSubResponse.FromString(await reader.readexactly(size))
