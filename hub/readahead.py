@@ -14,6 +14,7 @@ one range scan to the ledgers through the injected ``scanner``::
     msg = await cache.scan_single(b"topic", 42)      # hit, or wait on the stub filled by a scan
     msg = cache.cached(b"topic", 43)                 # a hit without awaiting, else None
     cache.on_published(b"topic", msg)                # a new message: fills a stub, may be cached
+    cache.on_published_many(b"topic", msgs)          # the same for the messages of one persisted entry
     cache.consumed_up_to(b"topic", 40)               # every subscriber consumed 40: prune <= 40
     cache.release_topic(b"topic")                    # the hub gave the topic up
     cache.stats()    # {"size_bytes": .., "entries": .., "hits": .., "misses": .., "stubs": .., ...}
@@ -258,15 +259,26 @@ class ReadAheadCache:
 
     def on_published(self, topic: bytes, message: Message) -> None:
         """A message was persisted: fill its stub and cache it (for a topic that has a reader)."""
+        self.on_published_many(topic, [message])
+
+    def on_published_many(self, topic: bytes, messages: list[Message]) -> None:
+        """``on_published`` of each of ``messages`` (one persisted entry, in seq order), in one pass."""
         t = self._topics.get(topic)
-        seq = message.seq_id
-        if t is None or self._closed or seq < 1:
+        if t is None or self._closed:
             return
-        t.known_last = max(t.known_last, seq)
-        stub = t.stubs.pop(seq, None)
-        if stub is not None:
-            self._fulfil(stub, message)
-        self._cache(t, [(seq, message)])
+        stubs = t.stubs
+        entries = []
+        for message in messages:
+            seq = message.seq_id
+            if seq < 1:
+                continue
+            if stubs:
+                stub = stubs.pop(seq, None)
+                if stub is not None:
+                    self._fulfil(stub, message)
+            entries.append((seq, message))
+        if entries:
+            self._cache(t, entries)   # known_last moves there
 
     def consumed_up_to(self, topic: bytes, seq_id: int) -> None:
         """Every subscriber consumed ``topic`` up to ``seq_id``: prune those messages."""

@@ -371,8 +371,8 @@ class HubServer(HubHousekeeping):
         self.flush()   # the publish answers of this batch leave before the deliveries are built
         t = self.topics.get(topic)
         if t is not None and t.subs.delivering():
-            for m in msgs:       # a hint for the cache: only worth building messages someone may read soon
-                self.cache.on_published(topic, Message.from_proto(m, keep_wire=True))
+            # a hint for the cache: only worth building messages someone may read soon
+            self.cache.on_published_many(topic, [Message.from_proto(m, keep_wire=True) for m in msgs])
             t.subs.wake_all()
 
     def _consumed(self, topic: bytes) -> None:
