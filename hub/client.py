@@ -115,7 +115,7 @@ class _Batch:
         self.req = req
         self.futures: list[asyncio.Future[int]] = []
         self.bytes = 0
-        self.timer: asyncio.TimerHandle | None = None
+        self.timer: asyncio.TimerHandle | asyncio.Handle | None = None   # the flush to come, when delayed
 
 
 def _publish_request(topic: bytes) -> pb.PubSubRequest:
@@ -437,9 +437,18 @@ class HedwigClient:
         dropped, see ``hub.channel``) it is asked once more, through the default hub and its redirect
         to the topic's current owner, with a fresh ``server_ack_response_timeout``: such a publish
         fails over within about twice that time and is still stored at most once.
+
+        With ``batching_max_publish_delay_ms``, an awaited publish does not wait for the delay: the
+        topic's batch leaves at the end of this event-loop turn, with whatever else the turn added
+        (Pulsar's synchronous ``send`` flushes the batch too); the delay is for ``publish_async``.
         """
-        return await self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
-                                        sequence_id=sequence_id)
+        fut = self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
+                                 sequence_id=sequence_id)
+        batch = self._batches.get(topic)
+        if batch is not None and batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = asyncio.get_running_loop().call_soon(self._flush_batch, topic, batch)
+        return await fut
 
     def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,

@@ -119,6 +119,20 @@ async def test_a_publish_delay_gathers_publishes_of_later_turns(cluster: LocalCl
             assert sizes == expected, conf
 
 
+async def test_an_awaited_publish_does_not_wait_for_the_publish_delay(cluster: LocalCluster) -> None:
+    """A 60 s delay: publish_async waits for it, an awaited publish takes the turn's batch along at once."""
+    topic = name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0],
+                                          conf={"batching_max_publish_delay_ms": "60000"}) as c:
+        await c.publish(topic, b"first")              # the first one goes the long way
+        sizes = requests_of(c, topic)
+        early = c.publish_async(topic, b"a")
+        await asyncio.sleep(0)
+        assert not early.done() and sizes == []       # held for the delay
+        assert await asyncio.wait_for(c.publish(topic, b"b"), 10) == 3
+        assert early.result() == 2 and sizes == [2]   # it left with the awaited one, in order
+
+
 async def test_a_producer_publish_goes_after_what_the_topic_batched(cluster: LocalCluster) -> None:
     topic = name()
     r, col = await reader_of(cluster, topic)
