@@ -37,6 +37,7 @@ buffered.
 from __future__ import annotations
 
 import struct
+from collections.abc import Container
 from typing import Generic, Protocol, TypeVar
 
 from google.protobuf.message import DecodeError
@@ -310,6 +311,8 @@ NEED_DATA = _Signal("NEED_DATA")
 PAUSED = _Signal("PAUSED")
 """``ServerConnection.next_event``: serve nothing more now (see ``ServerConnection.paused``)."""
 
+_request_from = Request.FromString
+
 Event = Request | Response | _Signal
 """What ``ServerConnection.next_event`` returns: a request to serve, a response to send as is, a signal."""
 
@@ -381,12 +384,10 @@ class ServerConnection:
             return error_response(TOO_LARGE, str(exc))
         if frame is None:
             return NEED_DATA
-        request = Request()
         try:
-            request.ParseFromString(frame)
+            return _request_from(frame)
         except (DecodeError, ValueError, RuntimeError) as exc:
             return error_response(BAD_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}")
-        return request
 
     # --- what the shell reports -----------------------------------------------------------------
 
@@ -399,6 +400,15 @@ class ServerConnection:
     def request_finished(self) -> bool:
         """Count a request answered; True when the shell must act (serve again, or ``close_now``)."""
         self.in_flight -= 1
+        if self._held and self.in_flight <= self.max_pending_requests // 2:
+            self._held = False
+            self._update()
+            return True
+        return self.broken and self.in_flight == 0
+
+    def requests_finished(self, n: int) -> bool:
+        """``request_finished`` for ``n`` requests answered together (a run of adds)."""
+        self.in_flight -= n
         if self._held and self.in_flight <= self.max_pending_requests // 2:
             self._held = False
             self._update()
@@ -527,6 +537,11 @@ class LongPolls(Generic[K]):
     def watched(self, ledger_id: int) -> bool:
         """Whether a read waits on ``ledger_id`` (the shell's cheap test on every LAC rise)."""
         return ledger_id in self._by_ledger
+
+    @property
+    def watched_ledgers(self) -> Container[int]:
+        """A live view: ``ledger_id in polls.watched_ledgers`` is ``watched(ledger_id)`` without a call."""
+        return self._by_ledger.keys()
 
     def parked_by(self, conn: K) -> int:
         return len(self._by_conn.get(conn, ()))
