@@ -16,6 +16,7 @@ this module; everything here is testable with byte strings alone::
     transport.pause_reading() if not conn.reading else transport.resume_reading()
     status_of(exc); add_header(request); add_response(txn_id, ledger_id, entry_id, exc)
     add_ok_frame(txn_id, ledger_id, entry_id)   # the framed OK answer, without a Response object
+    AddAcks().frame(txn_id, ledger_id, entry_id)   # the same bytes, cheaper (one reused Response per connection)
 
     polls = LongPolls(max_per_connection, max_per_ledger)   # parked long-poll READ_LACs (server side)
     parked = polls.park(conn, request, now)     # None: over a limit, answer TOO_MANY_REQUESTS
@@ -286,6 +287,36 @@ def add_ok_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
             + (b"\x20" + _varint(ledger_id) if ledger_id else b"")
             + (b"\x28" + _varint(entry_id) if entry_id else b""))
     return _BYTE[len(body)].rjust(4, b"\0") + body  # a body of 2 + 3 x 10 bytes at most
+
+
+_LENGTH_PREFIXES = tuple(LENGTH_PREFIX.pack(n) for n in range(64))  # an ADD_ENTRY OK body is 35 bytes at most
+
+
+class AddAcks:
+    """The framed OK answers to one connection's ADD_ENTRYs (the server's hot path): ``acks.frame(txn, ledger, entry)``.
+
+    The same bytes as ``add_ok_frame``, encoded by protobuf itself into one
+    ``Response`` kept per connection: only the fields that change are set
+    (less than half the cost of ``add_ok_frame``'s varints in Python).
+    ``ValueError`` for an id outside its field's range.
+    """
+
+    __slots__ = ("_ledger_id", "_response", "_serialize")
+
+    def __init__(self) -> None:
+        self._response = Response(op=ADD_ENTRY)
+        self._serialize = self._response.SerializeToString
+        self._ledger_id = 0
+
+    def frame(self, txn_id: int, ledger_id: int, entry_id: int) -> bytes:
+        response = self._response
+        response.txn_id = txn_id
+        response.entry_id = entry_id
+        if ledger_id != self._ledger_id:
+            response.ledger_id = ledger_id
+            self._ledger_id = ledger_id
+        body = self._serialize()
+        return _LENGTH_PREFIXES[len(body)] + body
 
 
 def add_response(txn_id: int, ledger_id: int, entry_id: int, exc: BaseException | None = None) -> Response:

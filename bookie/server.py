@@ -135,6 +135,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self.outbox = Outbox(on_flush=self.state.flushed)
         self.started = self.state.request_started  # a request is answered later (``finished``)
         self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
+        self.acks = proto.AddAcks()  # frames the OK answers to its adds
         self._reading = True
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -240,7 +241,7 @@ class BookieServerProtocol(asyncio.Protocol):
     def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
         """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
 
-        ``acks`` are their framed OK answers (``add_ok_frame``), queued as they
+        ``acks`` are their framed OK answers (``conn.acks``), queued as they
         are once the group is durable; after a failed commit each add is
         answered with the error instead.
         """
@@ -575,7 +576,7 @@ class BookieServer:
         Every check of ``handle`` holds: READ_ONLY on a read-only bookie,
         BAD_REQUEST for a payload whose header names another entry, then the
         storage's (ids in range, master key, fencing, closing, back-pressure).
-        The answer is framed now (``add_ok_frame``) and queued by ``conn.acked``
+        The answer is framed now (``conn.acks``: ``add_ok_frame``'s bytes) and queued by ``conn.acked``
         once the add's group is durable, with the rest of its run.
         """
         try:
@@ -584,8 +585,11 @@ class BookieServer:
                 return
             body = req.body  # read once: each read of a protobuf bytes field is a copy
             ledger_id, entry_id, lac = proto.add_header(req, body)
-            self.storage.submit_acked_add(conn.acked, add_ok_frame(req.txn_id, ledger_id, entry_id), ledger_id,
-                                          entry_id, req.master_key, body, lac, recovery=req.recovery)
+            storage = self._storage
+            if storage is None:
+                raise RuntimeError("bookie not started")
+            storage.submit_acked_add(conn.acked, conn.acks.frame(req.txn_id, ledger_id, entry_id), ledger_id,
+                                     entry_id, req.master_key, body, lac, recovery=req.recovery)
         except Exception as exc:
             self._refuse(req, conn, exc)
         else:

@@ -121,6 +121,7 @@ _ENTRY_KEY = struct.Struct(">QQ")
 _pack_key = _ENTRY_KEY.pack
 _HEADER_PACK = journal.HEADER.pack
 _ADD_KIND = bytes([journal.ADD])
+_ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 
 
 def _future_placeholder(exc: BaseException | None) -> None:
@@ -471,7 +472,7 @@ class EntryStorage:
         # the journal record, encoded here: the journal thread then needs the GIL only to join and
         # hand back (a thread waiting for the GIL behind a busy loop waits a switch interval)
         key = _pack_key(ledger_id, entry_id)
-        head = _ADD_KIND + key
+        head = _ADD_HEAD_PACK(journal.ADD, ledger_id, entry_id)  # kind + key: a pack is cheaper than a concatenation
         batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
         batch.keys.append(key)
         batch.values.append(payload)
