@@ -9,10 +9,15 @@ Each connection is an ``asyncio.Protocol`` around a
 ``protocol.ServerConnection`` (the rules: framing, BAD_REQUEST/TOO_LARGE,
 flow control) and an ``Outbox`` (responses leave in one ``writelines`` per
 loop turn). Adds are acknowledged after their group commit
-(``EntryStorage``). Bad input never stops the process: an undecodable
-frame is answered ``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``,
-an oversized frame ``TOO_LARGE`` and the connection is then closed (the
-stream is out of step).
+(``EntryStorage``). ADD_ENTRY has a fast path (``add_entry``, called by the
+connection without ``handle``'s dispatch; the same checks and statuses):
+its OK answer is framed when the add is accepted (``protocol.AddAcks``) and
+the storage hands each connection's adds back in runs, so a group's answers
+are queued, counted and released from flow control once per run, not per add.
+Bad input never stops the process: an undecodable frame is answered
+``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``, an oversized
+frame ``TOO_LARGE`` and the connection is then closed (the stream is out
+of step).
 
 Memory stays bounded whatever clients do: a connection's requests are not
 read while its transport's write buffer is over the high-water mark, while
@@ -86,7 +91,8 @@ under a journal sync and costs nothing while only one thread wants the GIL."""
 GC_THRESHOLD = (20_000, 10, 10)
 """Cyclic GC thresholds of a bookie process (``tune_gc``; CPython's default is (700, 10, 10)).
 
-Each add in flight holds a completion closure, so at 700 a pipelining client
+Each add in flight held a completion closure (now: its framed answer, in its
+connection's run: ``EntryStorage.submit_acked_add``), so at 700 a pipelining client
 (1 000 adds outstanding) set off a young collection every 700 adds whose
 survivors climbed to the old generations: 0.5-0.6 s of collections per
 425 000 adds (two pipelined runs and a fixed-rate one), pauses up to 37-111

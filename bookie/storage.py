@@ -2,6 +2,8 @@
 
     storage = EntryStorage("/var/lib/quire/bookie")          # replays the journal first
     await storage.add_entry(ledger_id, entry_id, master_key, payload, lac)   # durable on return
+    storage.submit_add(ledger_id, entry_id, master_key, payload, lac, done)   # done(None) once durable
+    storage.submit_acked_add(sink, ack, ledger_id, entry_id, master_key, payload, lac)   # sink([ack, ...], None)
     entry_id, payload = storage.read_entry(ledger_id, LAST_ENTRY)
     await storage.fence(ledger_id, master_key)
     await storage.checkpoint()                               # write cache -> LMDB, old journal files go
@@ -28,7 +30,9 @@ The write path (an add is acknowledged once durable):
    loop thread itself: at low rates the hand-off and the wake-ups cost more
    CPU than the write, and the adds wait for a sync either way.
 3. Back on the loop the group's entries enter the *write cache* (a dict
-   keyed by the 16-byte storage key) and its callbacks run in order.
+   keyed by the 16-byte storage key) and its callbacks run in order (a run
+   of ``submit_acked_add`` adds with one sink is one call: the server's
+   connections).
 4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds half
    of ``write_cache_max_size`` bytes, the cache is swapped for an empty one
    and the flush thread writes the swapped one into LMDB in one synced
