@@ -9,10 +9,15 @@ Each connection is an ``asyncio.Protocol`` around a
 ``protocol.ServerConnection`` (the rules: framing, BAD_REQUEST/TOO_LARGE,
 flow control) and an ``Outbox`` (responses leave in one ``writelines`` per
 loop turn). Adds are acknowledged after their group commit
-(``EntryStorage``). Bad input never stops the process: an undecodable
-frame is answered ``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``,
-an oversized frame ``TOO_LARGE`` and the connection is then closed (the
-stream is out of step).
+(``EntryStorage``). ADD_ENTRY has a fast path (``add_entry``, called by the
+connection without ``handle``'s dispatch; the same checks and statuses):
+its OK answer is framed when the add is accepted (``protocol.AddAcks``) and
+the storage hands each connection's adds back in runs, so a group's answers
+are queued, counted and released from flow control once per run, not per add.
+Bad input never stops the process: an undecodable frame is answered
+``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``, an oversized
+frame ``TOO_LARGE`` and the connection is then closed (the stream is out
+of step).
 
 Memory stays bounded whatever clients do: a connection's requests are not
 read while its transport's write buffer is over the high-water mark, while
@@ -71,6 +76,7 @@ status_of = proto.status_of
 add_ok_frame = proto.add_ok_frame
 ADD_ENTRY = proto.ADD_ENTRY
 OK = proto.OK
+ADD_OK = (ADD_ENTRY, OK)
 
 __all__ = ["BookieServer", "BookieServerProtocol", "DiskUsageMonitor", "status_of", "tune_gc"]
 
@@ -85,7 +91,8 @@ under a journal sync and costs nothing while only one thread wants the GIL."""
 GC_THRESHOLD = (20_000, 10, 10)
 """Cyclic GC thresholds of a bookie process (``tune_gc``; CPython's default is (700, 10, 10)).
 
-Each add in flight holds a completion closure, so at 700 a pipelining client
+Each add in flight held a completion closure (now: its framed answer, in its
+connection's run: ``EntryStorage.submit_acked_add``), so at 700 a pipelining client
 (1 000 adds outstanding) set off a young collection every 700 adds whose
 survivors climbed to the old generations: 0.5-0.6 s of collections per
 425 000 adds (two pipelined runs and a fixed-rate one), pauses up to 37-111
@@ -133,6 +140,8 @@ class BookieServerProtocol(asyncio.Protocol):
                                             conf.max_pending_response_bytes)
         self.outbox = Outbox(on_flush=self.state.flushed)
         self.started = self.state.request_started  # a request is answered later (``finished``)
+        self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
+        self.acks = proto.AddAcks()  # frames the OK answers to its adds
         self._reading = True
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -180,12 +189,16 @@ class BookieServerProtocol(asyncio.Protocol):
         """Serve buffered requests until the rules say stop or more data is needed."""
         state = self.state
         handle = self._server.handle
+        add = self._server.add_entry
         next_event = state.next_event
         request_type = proto.Request
         while self.transport is not None:
             event = next_event()
             if type(event) is request_type:
-                handle(event, self)
+                if event.op == ADD_ENTRY:
+                    add(event, self)  # ``handle``'s hot path, without its dispatch
+                else:
+                    handle(event, self)
             elif event is proto.NEED_DATA:
                 break
             elif event is proto.PAUSED:
@@ -231,14 +244,35 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.state.response_queued(len(frame)):
             self.outbox.flush()
 
+    def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
+        """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
+
+        ``acks`` are their framed OK answers (``conn.acks``), queued as they
+        are once the group is durable; after a failed commit each add is
+        answered with the error instead.
+        """
+        n = len(acks)
+        if self.transport is not None:
+            if exc is None:
+                self._server.stats.requests[ADD_OK] = self._server.stats.requests.get(ADD_OK, 0) + n
+                nbytes = sum(map(len, acks))
+                self.outbox.send_all(acks, nbytes)
+                if self.state.response_queued(nbytes):
+                    self.outbox.flush()
+            else:
+                for ack in acks:
+                    ok = proto.parse_response(ack[proto.PREFIX_SIZE:])
+                    self.send_later(proto.add_response(ok.txn_id, ok.ledger_id, ok.entry_id, exc))
+        self.finished(n)
+
     def flush(self) -> None:
         self.outbox.flush()
 
     # --- flow control ---------------------------------------------------------------------------
 
-    def finished(self) -> None:
-        """A request counted by ``started`` (``state.request_started``) was answered."""
-        if self.state.request_finished():
+    def finished(self, n: int = 1) -> None:
+        """``n`` requests counted by ``started`` (``state.request_started``) were answered."""
+        if self.state.requests_finished(n):
             if self.state.close_now:
                 self._close_if_idle()
             elif not self.state.paused and self.transport is not None:
@@ -388,6 +422,7 @@ class BookieServer:
             storage.on_checkpoint = self.stats.on_checkpoint
             storage.on_commit_error = self._on_commit_error
             storage.on_lac = self._on_lac
+            storage.lac_watched = self.long_polls.watched_ledgers
             self._disk.map_usage = storage.map_usage
             usage, _ = self._disk.check()
             self.last_disk_usage = usage
@@ -511,10 +546,11 @@ class BookieServer:
     def handle(self, req: proto.Request, conn: BookieServerProtocol) -> None:
         """Serve one decoded request; the response goes to ``conn`` now or on completion."""
         op = req.op
+        if op == proto.ADD_ENTRY:
+            self.add_entry(req, conn)
+            return
         try:
-            if op == proto.ADD_ENTRY:
-                self._add(req, conn)
-            elif op == proto.READ_ENTRY:
+            if op == proto.READ_ENTRY:
                 self._read(req, conn)
             elif op == proto.READ_LAC:
                 if req.timeout_ms:
@@ -529,29 +565,41 @@ class BookieServer:
                 conn.send(self._info(req))
             else:
                 conn.send(proto.response_to(req, proto.UNKNOWN_OP, f"unknown op {op}"))
-        except errors.BKError as exc:
-            conn.send(proto.response_to(req, status_of(exc), str(exc)))
         except Exception as exc:
-            log.exception("error serving %s from %s", proto.op_name(op), conn.peer)
+            self._refuse(req, conn, exc)
+
+    def _refuse(self, req: proto.Request, conn: BookieServerProtocol, exc: Exception) -> None:
+        """Answer a request whose serving raised: its ``BKError``'s status, else ``ERROR`` (logged)."""
+        if isinstance(exc, errors.BKError):
+            conn.send(proto.response_to(req, status_of(exc), str(exc)))
+        else:
+            log.error("error serving %s from %s", proto.op_name(req.op), conn.peer, exc_info=exc)
             conn.send(proto.response_to(req, proto.ERROR, f"internal error: {exc}"))
 
-    def _add(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        if self.read_only:
-            conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
-            return
-        body = req.body  # read once: each read of a protobuf bytes field is a copy
-        ledger_id, entry_id, lac = proto.add_header(req, body)  # BadRequestError: answered by ``handle``
-        txn_id = req.txn_id
+    def add_entry(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """Serve an ADD_ENTRY (``handle``; the connection calls it directly: the hot path).
 
-        def done(exc: BaseException | None) -> None:
-            if exc is None:
-                conn.send_frame_later(ADD_ENTRY, OK, add_ok_frame(txn_id, ledger_id, entry_id))
-            else:
-                conn.send_later(proto.add_response(txn_id, ledger_id, entry_id, exc))
-            conn.finished()
-
-        self.storage.submit_add(ledger_id, entry_id, req.master_key, body, lac, done, recovery=req.recovery)
-        conn.started()
+        Every check of ``handle`` holds: READ_ONLY on a read-only bookie,
+        BAD_REQUEST for a payload whose header names another entry, then the
+        storage's (ids in range, master key, fencing, closing, back-pressure).
+        The answer is framed now (``conn.acks``: ``add_ok_frame``'s bytes) and queued by ``conn.acked``
+        once the add's group is durable, with the rest of its run.
+        """
+        try:
+            if self._disk.read_only or self.operator_read_only:  # ``read_only``, inlined
+                conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
+                return
+            body = req.body  # read once: each read of a protobuf bytes field is a copy
+            ledger_id, entry_id, lac = proto.add_header(req, body)
+            storage = self._storage
+            if storage is None:
+                raise RuntimeError("bookie not started")
+            storage.submit_acked_add(conn.acked, conn.acks.frame(req.txn_id, ledger_id, entry_id), ledger_id,
+                                     entry_id, req.master_key, body, lac, recovery=req.recovery)
+        except Exception as exc:
+            self._refuse(req, conn, exc)
+        else:
+            conn.started()
 
     def _read(self, req: proto.Request, conn: BookieServerProtocol) -> None:
         if not req.fence:

@@ -2,6 +2,8 @@
 
     storage = EntryStorage("/var/lib/quire/bookie")          # replays the journal first
     await storage.add_entry(ledger_id, entry_id, master_key, payload, lac)   # durable on return
+    storage.submit_add(ledger_id, entry_id, master_key, payload, lac, done)   # done(None) once durable
+    storage.submit_acked_add(sink, ack, ledger_id, entry_id, master_key, payload, lac)   # sink([ack, ...], None)
     entry_id, payload = storage.read_entry(ledger_id, LAST_ENTRY)
     await storage.fence(ledger_id, master_key)
     await storage.checkpoint()                               # write cache -> LMDB, old journal files go
@@ -28,7 +30,9 @@ The write path (an add is acknowledged once durable):
    loop thread itself: at low rates the hand-off and the wake-ups cost more
    CPU than the write, and the adds wait for a sync either way.
 3. Back on the loop the group's entries enter the *write cache* (a dict
-   keyed by the 16-byte storage key) and its callbacks run in order.
+   keyed by the 16-byte storage key) and its callbacks run in order (a run
+   of ``submit_acked_add`` adds with one sink is one call: the server's
+   connections).
 4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds half
    of ``write_cache_max_size`` bytes, the cache is swapped for an empty one
    and the flush thread writes the swapped one into LMDB in one synced
@@ -61,13 +65,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import os
 import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,11 +117,15 @@ _POSITION = struct.Struct(">QQ")
 Done = Callable[[BaseException | None], None]
 """Completion callback: ``None`` once durable, else the error (called on the event loop)."""
 
+AckSink = Callable[[list[bytes], BaseException | None], None]
+"""Completion of a run of adds (``submit_acked_add``): their acks in order, ``None`` once durable, else the error."""
+
 
 _ENTRY_KEY = struct.Struct(">QQ")
 _pack_key = _ENTRY_KEY.pack
 _HEADER_PACK = journal.HEADER.pack
 _ADD_KIND = bytes([journal.ADD])
+_ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 
 
 def _future_placeholder(exc: BaseException | None) -> None:
@@ -168,19 +177,23 @@ class _Batch:
     ``parts`` holds the encoded journal records in order (adds, ledger
     records, fences, explicit LACs); ``dirty`` the ledgers whose LAC rose
     (one LAC record each, added when the group is handed over); ``last``
-    the highest entry id per ledger. ``waiters`` are the ``done`` callbacks,
-    ``futures`` those of the coroutine API; both are completed in order,
-    callbacks first. The journal thread sets ``position``, ``nbytes`` and
-    ``sync_seconds``; ``error`` once the write failed.
+    the highest entry id per ledger. ``waiters`` are the ``done`` callbacks
+    (a run of ``submit_acked_add`` adds of one sink is one of them, whose
+    acks grow in ``run_acks`` while ``run_sink`` is its sink), ``futures``
+    those of the coroutine API; both are completed in order, callbacks first.
+    The journal thread sets ``position``, ``nbytes`` and ``sync_seconds``;
+    ``error`` once the write failed.
     """
 
-    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "position", "started",
-                 "sync_seconds", "values", "waiters")
+    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "position", "run_acks",
+                 "run_sink", "started", "sync_seconds", "values", "waiters")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
         self.values: list[bytes] = []
         self.waiters: list[Done] = []
+        self.run_sink: AckSink | None = None  # the sink of the run the last waiter completes (``run_acks``)
+        self.run_acks: list[bytes] = []
         self.futures: list[asyncio.Future[None]] = []
         self.parts: list[bytes] = []
         self.dirty: set[int] = set()
@@ -283,6 +296,8 @@ class EntryStorage:
         self.on_commit_error: Callable[[str, bool], None] | None = None
         self.on_lac: Callable[[int, int], None] | None = None
         """Called on the loop as ``on_lac(ledger_id, lac)`` when a ledger's LAC rises (long-poll reads)."""
+        self.lac_watched: Container[int] | None = None
+        """When set, ``on_lac`` is called only for the ledgers in it (the server's ledgers with parked reads)."""
         self.last_commit_bytes = 0
         self.last_sync_seconds = 0.0
         self.last_group_entries = 0
@@ -401,8 +416,44 @@ class EntryStorage:
         than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
         ``recovery``, ``BookieServerError`` when the storage is closing.
         """
+        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
+        if batch is None:
+            self._throttle(_pack_key(ledger_id, entry_id), payload, done, ledger_id)
+        else:
+            batch.waiters.append(done)
+            batch.run_sink = None
+
+    def submit_acked_add(self, sink: AckSink, ack: bytes, ledger_id: int, entry_id: int, master_key: bytes,
+                         payload: bytes, lac: int, *, recovery: bool = False) -> None:
+        """``submit_add`` whose completion is handed over in runs (the server's hot path).
+
+        ``ack`` is whatever the caller wants back for this add (the server: its
+        framed OK answer). Adds submitted one after the other with the same
+        ``sink`` object end with one ``sink(acks, exc)`` call per run, ``acks``
+        in submission order; runs and ``done`` callbacks complete in the order
+        they were submitted. Raises as ``submit_add`` (``sink`` then never
+        hears of this add).
+        """
+        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
+        if batch is None:
+            self._throttle(_pack_key(ledger_id, entry_id), payload, functools.partial(sink, [ack]), ledger_id)
+        elif batch.run_sink is sink:
+            batch.run_acks.append(ack)
+        else:
+            acks = batch.run_acks = [ack]
+            batch.run_sink = sink
+            batch.waiters.append(functools.partial(sink, acks))
+
+    def _admit(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+               recovery: bool) -> _Batch | None:
+        """Check one add and put its journal record in the open group (returned; the caller adds the waiter).
+
+        ``None``: the write cache is full, the caller throttles the add. Raises
+        the errors of ``submit_add`` before changing anything but the ledger
+        state it loads (and a new ledger's record).
+        """
         # The hot path of the server: kept inline (no helper call), with no
-        # per-add allocation besides the key (see ``_Batch``).
+        # per-add allocation besides the key and the record head (see ``_Batch``).
         if self._closing:
             raise BookieServerError("entry storage is closing")
         if not (0 <= ledger_id <= _MAX_ID and 0 <= entry_id <= _MAX_ID):
@@ -418,25 +469,21 @@ class EntryStorage:
         if lac > state.lac:
             state.lac = lac
             batch.dirty.add(ledger_id)
-            if self.on_lac is not None:
+            if self.on_lac is not None and (self.lac_watched is None or ledger_id in self.lac_watched):
                 self.on_lac(ledger_id, lac)
-        key = _pack_key(ledger_id, entry_id)
         if self._throttled or (self._flushing is not None and self.cache_bytes >= self._half_cache):
-            self._throttle(key, payload, done, ledger_id)
-            return
+            return None
         # the journal record, encoded here: the journal thread then needs the GIL only to join and
         # hand back (a thread waiting for the GIL behind a busy loop waits a switch interval)
-        head = _ADD_KIND + key
-        parts = batch.parts
-        parts.append(_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))))
-        parts.append(head)
-        parts.append(payload)
+        key = _pack_key(ledger_id, entry_id)
+        head = _ADD_HEAD_PACK(journal.ADD, ledger_id, entry_id)  # kind + key: a pack is cheaper than a concatenation
+        batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
         batch.keys.append(key)
         batch.values.append(payload)
-        batch.waiters.append(done)
         last = batch.last
         if entry_id > last.get(ledger_id, -1):
             last[ledger_id] = entry_id
+        return batch
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
                   lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
@@ -469,7 +516,9 @@ class EntryStorage:
         Raises ``UnauthorizedError`` for a wrong master key, ``BadRequestError``
         for a bad id, ``BookieServerError`` when closing.
         """
-        self._fence(ledger_id, master_key).waiters.append(done)
+        batch = self._fence(ledger_id, master_key)
+        batch.waiters.append(done)
+        batch.run_sink = None
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Fence the ledger durably; errors as ``submit_fence``."""
@@ -518,6 +567,7 @@ class EntryStorage:
             if self.on_lac is not None:
                 self.on_lac(ledger_id, lac)
         batch.waiters.append(done)
+        batch.run_sink = None
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries and record durably (garbage collection): one checkpoint."""
@@ -583,6 +633,7 @@ class EntryStorage:
         if not throttled:
             return
         batch = self._batch or self._open_batch()
+        batch.run_sink = None
         for key, payload, done, fut, ledger_id, _ in throttled:
             head = _ADD_KIND + key
             batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)

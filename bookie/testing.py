@@ -5,11 +5,17 @@
     client = await RawBookieClient.connect(bookie.address)
     response = await client.call(protocol.read_lac_request(0, ledger_id))
     client.send_raw(b"garbage")                                 # malformed input, for hostile tests
+    run = AddPipeline(*client.encode_adds(ledger_id, key, payloads), window=1000)   # encoded up front
+    seconds = await client.pipeline(run)        # run.errors, run.latencies()
     await client.close()
     bookie.terminate()                                          # SIGTERM, returns the exit status
     bookie.rss()                                                # resident memory in bytes (Linux)
 
-Used by the bookie tests and by ``quire bench bookie``. ``BookieProcess.start``
+Used by the bookie tests and by ``quire bench bookie``. ``AddPipeline`` is the
+benchmark's client without I/O: pre-encoded ADD_ENTRY frames kept ``window``
+outstanding, each answer checked byte for byte against the OK response
+protobuf encodes (one ``memcmp`` per read while answers come in order and
+OK; any other answer is parsed and counted). ``BookieProcess.start``
 raises ``RuntimeError`` with the log's tail when the bookie does not start;
 ``RawBookieClient`` fails outstanding requests with ``BookieUnavailableError``
 when the connection is lost.
@@ -18,20 +24,24 @@ when the connection is lost.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bookie import protocol as proto
 from bookie.connection import BookieConnection, ResponseCallback
+from bookie.errors import BookieUnavailableError, ProtocolError
 
-__all__ = ["READY_PREFIX", "BookieProcess", "RawBookieClient", "bookie_command", "parse_ready_line", "write_conf"]
+__all__ = ["READY_PREFIX", "AddPipeline", "BookieProcess", "RawBookieClient", "bookie_command", "parse_ready_line",
+           "write_conf"]
 
 READY_PREFIX = "bookie ready "
 """How the one stdout line of a ``quire bookie`` that serves and is registered starts."""
@@ -71,6 +81,10 @@ class RawBookieClient:
     request (txn id 0: the bookie could not decode a frame) go to the
     ``orphans`` queue. ``closed`` resolves when the connection is lost;
     outstanding callbacks then get ``BookieUnavailableError``.
+
+    ``encode_adds`` + ``await pipeline(AddPipeline(...))`` run pre-encoded
+    adds (the benchmark): while it runs the pipeline reads every answer, so
+    nothing else may be outstanding.
     """
 
     def __init__(self, conn: BookieConnection) -> None:
@@ -82,7 +96,7 @@ class RawBookieClient:
     async def connect(cls, address: str, timeout: float = 10.0,
                       max_frame_size: int = proto.DEFAULT_MAX_FRAME_SIZE) -> RawBookieClient:
         """Connect; ``BookieUnavailableError`` when the bookie cannot be reached in ``timeout``."""
-        return cls(await BookieConnection.connect(address, timeout, max_frame_size))
+        return cls(await _TappedConnection.connect(address, timeout, max_frame_size))
 
     @property
     def closed(self) -> asyncio.Future[None]:
@@ -105,9 +119,177 @@ class RawBookieClient:
             request.txn_id = self.conn.next_txn_id()
         return await self.conn.request(request, timeout)
 
+    def encode_adds(self, ledger_id: int, master_key: bytes, payloads: Sequence[bytes]) -> tuple[
+            list[bytes], list[bytes]]:
+        """Framed ADD_ENTRYs of ``payloads`` (entry ids 0, 1, ...; txn ids of this connection) and the framed
+        OK answer protobuf encodes for each: the arguments of ``AddPipeline``."""
+        frames: list[bytes] = []
+        expected: list[bytes] = []
+        for entry_id, payload in enumerate(payloads):
+            txn_id = self.conn.next_txn_id()
+            frames.append(proto.encode_frame(proto.add_request(txn_id, ledger_id, entry_id, master_key, payload)))
+            expected.append(proto.encode_frame(proto.add_response(txn_id, ledger_id, entry_id)))
+        return frames, expected
+
+    async def pipeline(self, run: AddPipeline, timeout: float = 600.0) -> float:
+        """Send ``run``'s frames, ``run.window`` outstanding, until all are answered.
+
+        Returns the seconds from the first send to the last answer.
+
+        Raises ``BookieUnavailableError`` when the connection is lost,
+        ``ProtocolError`` for an answer that matches no add (or one answered
+        twice), ``TimeoutError`` after ``timeout`` seconds. Only a connection
+        made by ``connect`` can run one.
+        """
+        conn = self.conn
+        if not isinstance(conn, _TappedConnection):
+            raise TypeError("pipeline needs a connection made by RawBookieClient.connect")
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Future[float] = loop.create_future()
+        clock = time.perf_counter
+        send = conn.send_raw
+        flush = conn.flush
+
+        def received(data: bytes) -> None:
+            now = clock()
+            try:
+                more = run.receive(data, now)
+            except ProtocolError as exc:
+                if not finished.done():
+                    finished.set_exception(exc)
+                return
+            if more:
+                send(b"".join(more))
+                flush()
+            if run.finished and not finished.done():
+                finished.set_result(now)
+
+        conn.tap = received
+        try:
+            t0 = clock()
+            send(b"".join(run.start(t0)))
+            flush()
+            await asyncio.wait((finished, conn.done), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not finished.done():
+                if conn.done.done():
+                    raise BookieUnavailableError(f"connection to bookie {conn.address} lost during the pipeline")
+                raise TimeoutError(f"{run.answered} of {len(run.frames)} adds answered in {timeout} s")
+            return finished.result() - t0
+        finally:
+            conn.tap = None
+
     async def close(self) -> None:
         self.conn.close()
         await asyncio.wait_for(asyncio.shield(self.closed), 10.0)
+
+
+class _TappedConnection(BookieConnection):
+    """A ``BookieConnection`` whose reads go to ``tap`` while one is set (``RawBookieClient.pipeline``)."""
+
+    tap: Callable[[bytes], None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        tap = self.tap
+        if tap is None:
+            super().data_received(data)
+        else:
+            tap(data)
+
+
+class AddPipeline:
+    """Pre-encoded adds kept ``window`` outstanding and their answers checked, without I/O.
+
+    ``frames[i]`` is a framed ADD_ENTRY, ``expected[i]`` the framed OK answer
+    to it (``RawBookieClient.encode_adds``). ``start(now)`` returns the
+    frames to send first; ``receive(data, now)`` takes bytes read (any split)
+    and returns the frames to send now, one per add answered. While answers
+    come in order and equal ``expected``, a read costs one comparison with the
+    expected byte stream, whatever it holds; from the first other byte on,
+    each answer is parsed: matched by txn id, counted in ``errors`` unless it
+    is the expected OK answer. ``ProtocolError`` for an answer that matches
+    no add or one answered already, or an undecodable one.
+
+    ``sent_at``/``answered_at`` hold each add's times (the ``now`` passed);
+    ``latencies()`` their differences.
+    """
+
+    def __init__(self, frames: Sequence[bytes], expected: Sequence[bytes], window: int) -> None:
+        if len(frames) != len(expected):
+            raise ValueError("one expected answer per frame")
+        if window <= 0:
+            raise ValueError(f"window must be positive, not {window}")
+        self.frames = list(frames)
+        self.expected = list(expected)
+        self.window = min(window, len(frames))
+        self.sent = 0
+        self.answered = 0
+        self.errors = 0
+        self.sent_at = [0.0] * len(frames)
+        self.answered_at = [0.0] * len(frames)
+        self._stream = b"".join(self.expected)
+        self._ends = list(itertools.accumulate(map(len, self.expected)))
+        self._pos = 0                                # bytes of ``_stream`` matched (in-order mode)
+        self._decoder: proto.FrameDecoder | None = None   # set once an answer differs: parsed from then on
+        self._index: dict[int, int] = {}              # txn id -> add (parsed mode)
+        self._done = bytearray()                      # 1 per add answered (parsed mode)
+
+    @property
+    def finished(self) -> bool:
+        return self.answered == len(self.frames)
+
+    def start(self, now: float) -> list[bytes]:
+        """The first ``window`` frames."""
+        return self._send(self.window, now)
+
+    def _send(self, n: int, now: float) -> list[bytes]:
+        first = self.sent
+        last = self.sent = min(first + n, len(self.frames))
+        self.sent_at[first:last] = itertools.repeat(now, last - first)
+        return self.frames[first:last]
+
+    def receive(self, data: bytes, now: float) -> list[bytes]:
+        """Bytes read; the frames to send now (as many as adds were answered)."""
+        if self._decoder is None and self._stream.startswith(data, self._pos):
+            self._pos += len(data)
+            first = self.answered
+            last = bisect.bisect_right(self._ends, self._pos, first)
+            if last == first:
+                return []
+            self.answered = last
+            self.answered_at[first:last] = itertools.repeat(now, last - first)
+            return self._send(last - first, now)
+        return self._receive_parsed(data, now)
+
+    def _receive_parsed(self, data: bytes, now: float) -> list[bytes]:
+        decoder = self._decoder
+        if decoder is None:  # first surprise: parse from the start of the answer it is in
+            decoder = self._decoder = proto.FrameDecoder()
+            start = self._ends[self.answered - 1] if self.answered else 0
+            decoder.receive(self._stream[start:self._pos])
+            self._index = {proto.parse_response(e[proto.PREFIX_SIZE:]).txn_id: i for i, e in enumerate(self.expected)}
+            self._done = bytearray(len(self.frames))
+            self._done[:self.answered] = b"\1" * self.answered
+        try:
+            frames = decoder.feed(data)
+        except ProtocolError as exc:
+            raise ProtocolError(f"bad answer frame: {exc}") from None
+        for frame in frames:
+            resp = proto.parse_response(frame)
+            i = self._index.get(resp.txn_id)
+            if i is None or self._done[i]:
+                raise ProtocolError(f"answer with txn id {resp.txn_id} ({proto.status_name(resp.status)}) matches no "
+                                    f"add outstanding")
+            self._done[i] = 1
+            self.answered_at[i] = now
+            if self.expected[i] != proto.LENGTH_PREFIX.pack(len(frame)) + frame:
+                self.errors += 1
+        self.answered += len(frames)
+        return self._send(len(frames), now)
+
+    def latencies(self) -> list[float]:
+        """Seconds from send to answer of each add answered (in add order)."""
+        return [a - s for s, a in zip(self.sent_at[:self.sent], self.answered_at[:self.sent], strict=True)
+                if a]
 
 
 class BookieProcess:

@@ -8,6 +8,7 @@ client's, the hub client's and the hub server's use it::
     outbox.attach(transport)                    # in connection_made
     outbox.put(frame)                           # queue; the caller flushes (end of data_received)
     outbox.send(frame)                          # queue and flush at the end of this loop turn
+    outbox.send_all(frames, nbytes)             # the same for several frames (nbytes: their total)
     outbox.flush()                              # write what is queued now
     outbox.detach()                             # in connection_lost: queued frames are dropped
 
@@ -72,6 +73,22 @@ class Outbox:
         """Queue ``frame`` and make sure a flush runs at the end of this loop turn (now: past ``flush_bytes``)."""
         self._frames.append(frame)
         self.queued_bytes += len(frame)
+        if self.flush_bytes and self.queued_bytes >= self.flush_bytes:
+            self.flush()
+        elif not self._scheduled:
+            self._scheduled = True
+            if self._schedule is not None:
+                self._schedule(self.flush)
+                return
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self.flush)
+
+    def send_all(self, frames: list[bytes], nbytes: int) -> None:
+        """``send`` of several frames at once (``nbytes``: their total length)."""
+        self._frames += frames
+        self.queued_bytes += nbytes
         if self.flush_bytes and self.queued_bytes >= self.flush_bytes:
             self.flush()
         elif not self._scheduled:

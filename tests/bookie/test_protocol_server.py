@@ -165,3 +165,37 @@ def test_frame_budget_closes_the_newest_offenders() -> None:
     assert budget.update(1, 0) == [] and budget.total == 30
     assert budget.update(4, 0) == []  # nothing held: not tracked
     assert budget.update(5, 200) == [5]
+
+
+ids = st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**63 - 1), st.integers(0, 2**63 - 1))
+
+
+@settings(max_examples=200)
+@given(st.lists(ids, min_size=1, max_size=20) | st.lists(ids, min_size=1, max_size=3).map(lambda x: x * 3))
+def test_add_acks_frame_the_encoded_ok_response_whatever_came_before(seq: list[tuple[int, int, int]]) -> None:
+    acks = proto.AddAcks()  # one per connection: the Response it reuses must not leak a field across adds
+    for txn_id, ledger_id, entry_id in seq:
+        frame = acks.frame(txn_id, ledger_id, entry_id)
+        assert frame == proto.encode_frame(proto.add_response(txn_id, ledger_id, entry_id))
+        assert frame == proto.add_ok_frame(txn_id, ledger_id, entry_id)
+
+
+def test_requests_finished_together_lift_the_in_flight_hold() -> None:
+    conn = proto.ServerConnection(max_pending_requests=4)
+    for _ in range(4):
+        conn.request_started()
+    assert conn.paused
+    assert not conn.requests_finished(1)   # 3 in flight > 4 // 2
+    assert conn.paused
+    assert conn.requests_finished(3)       # the hold lifts: the shell serves again
+    assert not conn.paused and conn.in_flight == 0
+
+
+def test_watched_ledgers_is_a_live_view() -> None:
+    polls: proto.LongPolls[str] = proto.LongPolls()
+    view = polls.watched_ledgers
+    assert 5 not in view
+    parked = polls.park("c", proto.read_lac_request(1, 5, previous_lac=0, timeout_ms=1000), 0.0)
+    assert parked is not None and 5 in view and polls.watched(5)
+    assert polls.lac_rose(5, 1) == [parked]
+    assert 5 not in view and not polls.watched(5)

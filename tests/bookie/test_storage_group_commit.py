@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bookie.errors import BadRequestError, BookieServerError
+from bookie.errors import BadRequestError, BookieServerError, LedgerFencedError, UnauthorizedError
 from bookie.journal import Position
 from bookie.storage import LAST_ENTRY, EntryStorage
 
@@ -189,5 +189,74 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_on_the_journa
         await s.add_entry(1, 101, KEY, b"x")
         assert [name for name, _ in writers] == ["bookie-journal"]
         assert s.read_entry(1, LAST_ENTRY)[0] == 101
+    finally:
+        await s.close()
+
+
+async def test_acked_adds_complete_in_runs_in_submission_order(storage: EntryStorage) -> None:
+    calls: list[tuple[str, list[bytes] | None, BaseException | None]] = []
+
+    def sink_a(acks: list[bytes], exc: BaseException | None) -> None:
+        calls.append(("a", list(acks), exc))
+
+    def sink_b(acks: list[bytes], exc: BaseException | None) -> None:
+        calls.append(("b", list(acks), exc))
+
+    storage.submit_acked_add(sink_a, b"a0", 1, 0, KEY, b"x", -1)
+    storage.submit_acked_add(sink_a, b"a1", 1, 1, KEY, b"x", 0)
+    storage.submit_add(1, 2, KEY, b"x", 1, lambda exc: calls.append(("done", None, exc)))
+    storage.submit_acked_add(sink_a, b"a3", 1, 3, KEY, b"x", 2)   # a new run: a callback came between
+    storage.submit_acked_add(sink_b, b"b0", 2, 0, KEY, b"x", -1)
+    storage.submit_acked_add(sink_b, b"b1", 2, 1, KEY, b"x", 0)
+    await storage.flush()
+    assert calls == [("a", [b"a0", b"a1"], None), ("done", None, None), ("a", [b"a3"], None),
+                     ("b", [b"b0", b"b1"], None)]
+    assert storage.read_entry(1, LAST_ENTRY)[0] == 3 and storage.read_lac(1) == 2
+
+
+async def test_acked_adds_are_refused_like_any_add(storage: EntryStorage) -> None:
+    heard: list[list[bytes]] = []
+
+    def sink(acks: list[bytes], exc: BaseException | None) -> None:
+        heard.append(list(acks))
+
+    storage.submit_acked_add(sink, b"ok", 1, 0, KEY, b"x", -1)
+    await storage.fence(2, KEY)
+    with pytest.raises(UnauthorizedError):
+        storage.submit_acked_add(sink, b"key", 1, 1, b"w" * 20, b"x", -1)
+    with pytest.raises(LedgerFencedError):
+        storage.submit_acked_add(sink, b"fenced", 2, 0, KEY, b"x", -1)
+    for ledger_id, entry_id in ((-1, 0), (0, -1), (MAX_ID + 1, 0), (0, MAX_ID + 1)):
+        with pytest.raises(BadRequestError):
+            storage.submit_acked_add(sink, b"range", ledger_id, entry_id, KEY, b"x", -1)
+    storage.submit_acked_add(sink, b"recovery", 2, 0, KEY, b"x", -1, recovery=True)
+    await storage.flush()
+    assert heard == [[b"ok"], [b"recovery"]]
+
+
+async def test_throttled_acked_adds_fail_one_by_one(tmp_path: Path) -> None:
+    # as test_failed_checkpoint_reaches_every_callback_once: the cache fills, throttled adds fail after 0.2 s
+    s = EntryStorage(tmp_path / "s", map_size=1 << 20, write_cache_max_size=64 << 10, max_throttle=0.2)
+    try:
+        outcomes: dict[bytes, list[BaseException | None]] = {}
+        all_done = asyncio.Event()
+
+        def sink(acks: list[bytes], exc: BaseException | None) -> None:
+            for ack in acks:
+                outcomes[ack].append(exc)
+            if all(outcomes.values()):
+                all_done.set()
+
+        for wave in range(100):
+            for i in range(wave * 20, wave * 20 + 20):
+                ack = b"%d" % i
+                outcomes[ack] = []
+                s.submit_acked_add(sink, ack, 1, i, KEY, b"x" * 4000, -1)
+            all_done.clear()
+            await asyncio.wait_for(all_done.wait(), 10)
+            if any(r[0] is not None for r in outcomes.values()):
+                break
+        assert all(len(r) == 1 for r in outcomes.values())   # each add heard of exactly once
+        assert any(isinstance(r[0], BookieServerError) for r in outcomes.values())
     finally:
         await s.close()

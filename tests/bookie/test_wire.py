@@ -67,3 +67,17 @@ def test_txn_table_numbers_requests_from_1_wraps_past_2_64_and_skips_outstanding
     assert table.take("d") == 1 and table.take("e") == 3
     assert sorted(table) == [1, 2, 3, TXN_ID_MASK]
     assert sorted(table.drain_values()) == ["b", "c", "d", "e"] and len(table) == 0
+
+
+def test_outbox_send_all_queues_several_frames_like_send() -> None:
+    scheduled: list[Callable[[], None]] = []
+    out = Outbox(schedule=scheduled.append, flush_bytes=10)
+    t = Transport()
+    out.attach(t)
+    out.send_all([b"ab", b"cd"], 4)
+    assert len(scheduled) == 1 and t.writes == [] and out.queued_bytes == 4 and len(out) == 2
+    out.send_all([b"efg", b"hij"], 6)     # 10 bytes wait: written now
+    assert t.writes == [[b"ab", b"cd", b"efg", b"hij"]] and out.queued_bytes == 0
+    out.send_all([b"k"], 1)
+    scheduled[-1]()
+    assert t.writes[-1] == [b"k"]

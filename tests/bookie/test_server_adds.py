@@ -1,0 +1,152 @@
+"""The server's ADD_ENTRY hot path, in process: every check answered with its status, acks in runs.
+
+The adds of one connection are pipelined (submitted in one loop turn, so
+they reach the bookie together and are served one after the other by the
+fast path), mixed with adds each check must refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bookie import protocol as proto
+from bookie.conf import BookieConf
+from bookie.digest import encode_entry, master_key
+from bookie.server import BookieServer
+from bookie.testing import AddPipeline, RawBookieClient
+from tests.bookie.conftest import KEY, add_req
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT = 10.0  # every await of an answer is bounded by this
+
+
+async def start_server(tmp_path: Path, **settings: Any) -> BookieServer:
+    props = {"bookie_port": "0", "ledger_directories": str(tmp_path / "data"),
+             "metastore_uri": f"lmdb://{tmp_path / 'meta'}", "gc_wait_time": "0", "http_server_port": "-1",
+             "ledger_storage_map_size": str(64 << 20), **{k: str(v) for k, v in settings.items()}}
+    srv = BookieServer(BookieConf.from_properties(props))
+    await srv.start()
+    return srv
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[BookieServer]:
+    srv = await start_server(tmp_path)
+    try:
+        yield srv
+    finally:
+        await srv.stop()
+
+
+@pytest.fixture
+async def client(server: BookieServer) -> AsyncIterator[RawBookieClient]:
+    c = await RawBookieClient.connect(server.address)
+    yield c
+    await c.close()
+
+
+async def pipelined(client: RawBookieClient, requests: list[proto.Request]) -> list[proto.Response]:
+    """Submit every request in one loop turn; their answers in request order."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Any]] = []
+    for req in requests:
+        fut = loop.create_future()
+        client.submit(req, fut.set_result)
+        futures.append(fut)
+    return list(await asyncio.wait_for(asyncio.gather(*futures), WAIT))
+
+
+def other_entry_payload(ledger_id: int, entry_id: int) -> proto.Request:
+    """An add whose payload header names another entry than the request."""
+    return proto.add_request(0, ledger_id, entry_id, KEY, encode_entry(ledger_id, entry_id + 7, -1, 4, b"data"))
+
+
+async def test_every_check_answers_with_its_status(server: BookieServer, client: RawBookieClient) -> None:
+    assert (await client.call(add_req(1, 0))).status == proto.OK
+    fence = proto.read_request(0, 2, proto.LAST_ENTRY, fence=True, master_key=KEY)
+    assert (await client.call(fence)).status in (proto.OK, proto.NO_ENTRY)
+    cases = [
+        (add_req(1, 1), proto.OK),
+        (add_req(1, 2, key=master_key(b"wrong")), proto.UNAUTHORIZED),
+        (add_req(-1, 0), proto.BAD_REQUEST),           # ledger id out of range
+        (add_req(1, -5), proto.BAD_REQUEST),           # entry id out of range
+        (other_entry_payload(1, 3), proto.BAD_REQUEST),
+        (add_req(2, 0), proto.FENCED),
+        (add_req(2, 0, recovery=True), proto.OK),      # a recovery add passes the fence
+        (add_req(1, 4, lac=3), proto.OK),
+    ]
+    answers = await pipelined(client, [req for req, _ in cases])
+    assert [a.status for a in answers] == [status for _, status in cases]
+    for (req, _), answer in zip(cases, answers, strict=True):
+        assert (answer.txn_id, answer.op, answer.ledger_id, answer.entry_id) == (
+            req.txn_id, proto.ADD_ENTRY, req.ledger_id, req.entry_id)
+    requests = server.stats.requests
+    assert requests[(proto.ADD_ENTRY, proto.OK)] == 4   # the first add, and three here
+    assert requests[(proto.ADD_ENTRY, proto.UNAUTHORIZED)] == 1
+    assert requests[(proto.ADD_ENTRY, proto.BAD_REQUEST)] == 3
+    assert requests[(proto.ADD_ENTRY, proto.FENCED)] == 1
+    assert server.storage.read_lac(1) == 3
+    (conn,) = server.connections
+    assert conn.state.in_flight == 0
+
+
+async def test_a_read_only_bookie_refuses_adds_on_the_fast_path(server: BookieServer,
+                                                               client: RawBookieClient) -> None:
+    server.operator_read_only = True
+    answers = await pipelined(client, [add_req(1, 0), add_req(1, 1)])
+    assert [a.status for a in answers] == [proto.READ_ONLY, proto.READ_ONLY]
+    server.operator_read_only = False
+    assert (await client.call(add_req(1, 0))).status == proto.OK
+    with pytest.raises(proto.errors.NoSuchEntryError):
+        server.storage.read_entry(1, 1)
+
+
+async def test_a_failed_journal_write_answers_each_add_with_the_error(server: BookieServer,
+                                                                     client: RawBookieClient,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (await client.call(add_req(1, 0))).status == proto.OK
+
+    def broken(data: bytes) -> None:
+        raise OSError("the journal disk is on fire")
+
+    monkeypatch.setattr(server.storage._writer, "append", broken)
+    reqs = [add_req(1, i) for i in range(1, 6)]
+    answers = await pipelined(client, reqs)
+    assert [a.status for a in answers] == [proto.ERROR] * 5
+    assert [(a.txn_id, a.ledger_id, a.entry_id) for a in answers] == [
+        (r.txn_id, r.ledger_id, r.entry_id) for r in reqs]
+    assert all("on fire" in a.message for a in answers)
+    assert server.stats.requests[(proto.ADD_ENTRY, proto.ERROR)] == 5
+    (conn,) = server.connections
+    assert conn.state.in_flight == 0
+
+
+async def test_answers_are_the_bytes_protobuf_encodes(server: BookieServer, client: RawBookieClient) -> None:
+    payloads = [encode_entry(7, i, i - 1, (i + 1) * 10, b"x" * 10) for i in range(300)]
+    run = AddPipeline(*client.encode_adds(7, KEY, payloads), window=50)
+    await client.pipeline(run, timeout=WAIT)
+    assert run.finished and run.errors == 0   # every answer equal to encode_frame(add_response(...))
+    assert len(run.latencies()) == 300
+    assert server.storage.read_entry(7, 299) == (299, payloads[299])
+    assert server.stats.requests[(proto.ADD_ENTRY, proto.OK)] == 300
+
+
+async def test_runs_resume_a_connection_held_at_max_pending_requests(tmp_path: Path) -> None:
+    srv = await start_server(tmp_path, max_pending_requests=8)
+    try:
+        c = await RawBookieClient.connect(srv.address)
+        payloads = [encode_entry(3, i, i - 1, i + 1, b"y") for i in range(200)]
+        run = AddPipeline(*c.encode_adds(3, KEY, payloads), window=200)   # far over the cap
+        await c.pipeline(run, timeout=WAIT)
+        assert run.finished and run.errors == 0
+        (conn,) = srv.connections
+        assert conn.state.in_flight == 0 and not conn.state.paused
+        await c.close()
+    finally:
+        await srv.stop()
