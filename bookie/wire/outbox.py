@@ -73,22 +73,16 @@ class Outbox:
         """Queue ``frame`` and make sure a flush runs at the end of this loop turn (now: past ``flush_bytes``)."""
         self._frames.append(frame)
         self.queued_bytes += len(frame)
-        if self.flush_bytes and self.queued_bytes >= self.flush_bytes:
-            self.flush()
-        elif not self._scheduled:
-            self._scheduled = True
-            if self._schedule is not None:
-                self._schedule(self.flush)
-                return
-            loop = self._loop
-            if loop is None:
-                loop = self._loop = asyncio.get_running_loop()
-            loop.call_soon(self.flush)
+        self._flush_due()
 
     def send_all(self, frames: list[bytes], nbytes: int) -> None:
         """``send`` of several frames at once (``nbytes``: their total length)."""
         self._frames += frames
         self.queued_bytes += nbytes
+        self._flush_due()
+
+    def _flush_due(self) -> None:
+        """Flush now past ``flush_bytes``, else once at the end of this loop turn."""
         if self.flush_bytes and self.queued_bytes >= self.flush_bytes:
             self.flush()
         elif not self._scheduled:
