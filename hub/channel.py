@@ -32,12 +32,15 @@ connection. The timed-out request's ``ResponseTimeoutError`` has
 ``channel_dropped`` set when it condemned the connection.
 
 Idle connections (a subscriber waiting for messages sends nothing, so no
-request times out) rely on TCP keepalive: probes after
-``server_ack_response_timeout`` of silence, and ``TCP_USER_TIMEOUT`` bounds
-how long sent data may stay unacknowledged (``tcp_keepalive``). The protocol
-has no ping request, so a hub process that is stopped but whose kernel still
-answers probes is noticed only by a request timing out (or by the hub's
-TOPIC_MOVED once it runs again).
+request would time out) are pinged: after ``keep_alive_interval`` ms in
+which nothing came from the hub, the client sends a PING (Pulsar's
+keep-alive), an ordinary request with ``server_ack_response_timeout``, so
+the rule above drops the connection of a hub that does not answer it — a
+stopped hub process whose kernel still answers TCP probes included — and
+its subscriptions attach elsewhere. A hub that does not know PING answers
+UNKNOWN_OPERATION, which is an answer too. Below that, TCP keepalive probes
+after ``server_ack_response_timeout`` of silence, and ``TCP_USER_TIMEOUT``
+bounds how long sent data may stay unacknowledged (``tcp_keepalive``).
 """
 
 from __future__ import annotations
@@ -175,11 +178,35 @@ class HubChannel(asyncio.Protocol):
         self.last_heard = -math.inf      # loop time of the last bytes from the hub
         self.gone = False                # lost or dropped: nothing more goes through it
         self.dropped: str | None = None  # why the client dropped it (``drop``), None if it was lost
+        self.pings = 0                   # PINGs sent (keep-alive)
+        self._connected_at = self._loop.time()
+        self._keep_alive: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.outbox.attach(self.transport)
         tcp_keepalive(self.transport.get_extra_info("socket"), self.client.conf.server_ack_response_timeout / 1000.0)
+        self._connected_at = self._loop.time()
+        if self.client.conf.keep_alive_interval:
+            self._keep_alive = self._loop.call_at(self._connected_at + self.client.conf.keep_alive_interval / 1000.0,
+                                                  self._keep_alive_due)
+
+    def _keep_alive_due(self) -> None:
+        """Ping the hub when nothing came from it for ``keep_alive_interval``; check again when that may be."""
+        self._keep_alive = None
+        if self.gone:
+            return
+        conf = self.client.conf
+        interval = conf.keep_alive_interval / 1000.0
+        now = self._loop.time()
+        due = max(self.last_heard, self._connected_at) + interval
+        if now >= due and self.alive:
+            self.pings += 1
+            req = pb.PubSubRequest(type=pb.PING)
+            req.pingRequest.SetInParent()
+            self.request(req, conf.server_ack_response_timeout / 1000.0).add_done_callback(_ping_answered)
+            due = now + interval
+        self._keep_alive = self._loop.call_at(due, self._keep_alive_due)
 
     def data_received(self, data: bytes) -> None:
         self.last_heard = self._loop.time()
@@ -215,6 +242,9 @@ class HubChannel(asyncio.Protocol):
         if self.gone:
             return
         self.gone = True
+        if self._keep_alive is not None:
+            self._keep_alive.cancel()
+            self._keep_alive = None
         self.outbox.detach()
         self.deadlines.close()
         for fut in self.machine.drain():
@@ -259,3 +289,9 @@ class HubChannel(asyncio.Protocol):
         if self.alive:
             assert self.transport is not None
             self._write(self.machine.send_request(req, None))
+
+
+def _ping_answered(fut: asyncio.Future[pb.PubSubResponse]) -> None:
+    """A PING's outcome is only what its deadline does to the connection (``HubChannel._expired``)."""
+    if not fut.cancelled() and fut.exception() is not None:
+        log.debug("ping failed: %s", fut.exception())

@@ -223,6 +223,10 @@ class HubClientConf:
     max_outstanding_messages: int = setting(10, "delivered messages queued for handlers before reading pauses; "
                                             "also the most messages the hub puts in one delivery", min=1)
     server_ack_response_timeout: int = setting(30000, "ms before a request without a response fails", min=1)
+    keep_alive_interval: int = setting(30000, "ms of silence from a hub before the client pings it; a ping "
+                                       "unanswered for server_ack_response_timeout drops the connection, and its "
+                                       "subscriptions attach elsewhere (Pulsar's keepAliveInterval; 0: no pings)",
+                                       min=0)
     enable_resubscribe: bool = setting(True, "subscribe again by itself after a hub failure")
     subscribe_reconnect_retry_wait_time: int = setting(200, "ms between resubscribe attempts", min=1)
     producer_name: str = setting("", "number publishes as this producer, so the owner stores each at most once "

@@ -243,7 +243,13 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
+        if req.type == pb.PING:   # a client's keep-alive: answered at once, before (and without) authentication
+            self.machine.request_finished()
+            self.send(protocol.response(req.txnId))
+            return
         if self.server.authenticator is not None and not self._authorized(req, ev):
+            if req.type != pb.CONSUME:
+                self.machine.request_finished()   # answered (AUTHENTICATE) or refused already
             return
         if req.type == pb.CONSUME:
             self._consume(ev)

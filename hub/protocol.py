@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
-                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE})
+                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING})
 _BODY_FOR_OP = {
     pb.PUBLISH: "publishRequest",
     pb.SUBSCRIBE: "subscribeRequest",
@@ -75,6 +75,7 @@ _BODY_FOR_OP = {
     pb.STOP_DELIVERY: "stopDeliveryRequest",
     pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
     pb.AUTHENTICATE: "authenticateRequest",
+    pb.PING: "pingRequest",
 }
 
 
@@ -340,7 +341,7 @@ class ServerConnection:
         if req.WhichOneof("body") != body:
             return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                               f"needs a {body}"))
-        if op == pb.AUTHENTICATE:   # of the connection, not of a topic
+        if op == pb.AUTHENTICATE or op == pb.PING:   # of the connection, not of a topic
             return RequestReceived(req, b"", b"")
         topic = request_topic(req)
         problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)

@@ -23,6 +23,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STOP_DELIVERY: _ClassVar[OperationType]
     CLOSESUBSCRIPTION: _ClassVar[OperationType]
     AUTHENTICATE: _ClassVar[OperationType]
+    PING: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -63,6 +64,7 @@ START_DELIVERY: OperationType
 STOP_DELIVERY: OperationType
 CLOSESUBSCRIPTION: OperationType
 AUTHENTICATE: OperationType
+PING: OperationType
 SUCCESS: StatusCode
 MALFORMED_REQUEST: StatusCode
 NO_SUCH_TOPIC: StatusCode
@@ -244,7 +246,7 @@ class CloseSubscriptionRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
-    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest")
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +260,7 @@ class PubSubRequest(_message.Message):
     STOPDELIVERYREQUEST_FIELD_NUMBER: _ClassVar[int]
     CLOSESUBSCRIPTIONREQUEST_FIELD_NUMBER: _ClassVar[int]
     AUTHENTICATEREQUEST_FIELD_NUMBER: _ClassVar[int]
+    PINGREQUEST_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     type: OperationType
     txnId: int
@@ -271,7 +274,12 @@ class PubSubRequest(_message.Message):
     stopDeliveryRequest: StopDeliveryRequest
     closeSubscriptionRequest: CloseSubscriptionRequest
     authenticateRequest: AuthenticateRequest
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ...) -> None: ...
+    pingRequest: PingRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ...) -> None: ...
+
+class PingRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class AuthenticateRequest(_message.Message):
     __slots__ = ("token",)

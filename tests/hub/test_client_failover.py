@@ -152,6 +152,38 @@ async def test_silence_while_the_client_holds_reading_back_drops_nothing() -> No
             assert conn.alive and c.conns[hub.address] is conn
 
 
+async def test_an_idle_subscriber_pings_a_silent_hub_and_attaches_elsewhere() -> None:
+    """No request of its own would ever time out: the keep-alive PING does, and the connection is dropped."""
+    async with scripted_hub() as a, scripted_hub() as b:
+        conf = {"server_ack_response_timeout": str(TIMEOUT_MS), "keep_alive_interval": "200",
+                "subscribe_reconnect_retry_wait_time": "50"}
+        async with await HedwigClient.connect(f"{a.address},{b.address}", conf=conf) as c:
+            await c.subscribe(b"t", b"s")
+            conn = c.conns[a.address]
+            await eventually(lambda: len(a.seen(pb.PING)) >= 2, timeout=10, interval=0.02)
+            assert conn.alive                                  # answered pings keep it
+            assert all(p.WhichOneof("body") == "pingRequest" for p in a.seen(pb.PING))
+            a.answers = lambda req: False                      # a goes silent; its connection stays up
+            await eventually(lambda: b.seen(pb.SUBSCRIBE), timeout=10, interval=0.02)
+            assert not conn.alive and conn.dropped and a.address not in c.conns
+            assert c.subs[(b"t", b"s")].conn is c.conns[b.address]
+
+
+async def test_no_pings_with_keep_alive_off_and_none_while_the_hub_talks() -> None:
+    async with scripted_hub() as hub:
+        off = {"keep_alive_interval": "0"}
+        talk = {"keep_alive_interval": "300"}
+        async with await HedwigClient.connect(hub.address, conf=off) as quiet, \
+                await HedwigClient.connect(hub.address, conf=talk) as busy:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 1.0
+            while loop.time() < end:                           # busy hears an answer every 50 ms
+                await busy.publish(b"t", b"x")
+                await asyncio.sleep(0.05)
+            assert quiet.conns[hub.address].pings == 0 and busy.conns[hub.address].pings == 0
+            assert hub.seen(pb.PING) == []
+
+
 async def test_client_sockets_get_keepalive_and_a_user_timeout() -> None:
     async with scripted_hub() as hub:
         async with await HedwigClient.connect(hub.address, conf={"server_ack_response_timeout": "4000"}) as c:
@@ -264,3 +296,45 @@ async def test_publishing_fails_over_from_a_stopped_owner_and_stores_nothing_twi
     got = [s for s, _ in delivered]
     assert got == sorted(set(got)), "delivered in order, once"
     assert set(seqs) <= set(got), "every acknowledged publish delivered"
+
+
+@pytest.mark.slow
+async def test_an_idle_subscriber_of_a_stopped_owner_follows_its_topic_to_the_other_hub(tmp_path: Path) -> None:
+    """SIGSTOP of the owner while a subscriber that sends nothing waits for messages: its keep-alive PING goes
+    unanswered, the connection is dropped, and it attaches at the hub that took the topic over."""
+    topic = uuid.uuid4().hex.encode()
+    async with LocalCluster(bookies=2, hubs=2, data_dir=tmp_path, conf_overrides=STOP_CONF) as cluster:
+        addresses = ",".join(cluster.hub_addresses)
+        pub_conf = {"producer_name": "p", "server_ack_response_timeout": str(ACK_TIMEOUT_MS)}
+        sub_conf = {"server_ack_response_timeout": str(ACK_TIMEOUT_MS), "keep_alive_interval": "500",
+                    "subscribe_reconnect_retry_wait_time": "100"}
+        async with await HedwigClient.connect(addresses, conf=pub_conf) as p, \
+                await HedwigClient.connect(addresses, conf=sub_conf) as s:
+            await p.publish(topic, b"claim")
+            owner = cluster.hub_addresses.index(p.owner[topic])
+            other = cluster.hub_addresses[1 - owner]
+            delivered: list[bytes] = []
+
+            async def handler(t: bytes, sub: bytes, m: Message) -> None:
+                delivered.append(m.body)
+
+            await s.subscribe(topic, b"idle")
+            await s.start_delivery(topic, b"idle", handler)
+            await p.publish(topic, b"before")
+            await eventually(lambda: delivered == [b"before"])
+            pid = cluster.hub_pid(owner)
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                while True:      # the publisher's own failover (test above); then one message for the subscriber
+                    try:
+                        await p.publish(topic, b"after")
+                        break
+                    except errors.PubSubError:
+                        await asyncio.sleep(0.1)
+                assert p.owner[topic] == other
+                await eventually(lambda: b"after" in delivered, timeout=FAILOVER_BOUND + 10)
+                assert s.subs[(topic, b"idle")].conn is s.conns[other]
+                assert cluster.hub_addresses[owner] not in s.conns     # dropped while the old owner is stopped
+            finally:
+                os.kill(pid, signal.SIGCONT)

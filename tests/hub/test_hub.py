@@ -185,6 +185,29 @@ async def test_bad_input_gets_statuses_and_the_hub_keeps_serving(cluster: LocalC
         assert await c.publish(name(), b"still serving") == 1
 
 
+def ping_req(txn: int) -> bytes:
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PING, txnId=txn)
+    req.pingRequest.SetInParent()
+    return encode(req)
+
+
+async def test_a_ping_is_answered_at_once_and_a_half_closed_connection_then_closes(cluster: LocalCluster) -> None:
+    host, port = cluster.hub_addresses[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(ping_req(7) + ping_req(8))
+        writer.write_eof()                     # nothing more from us: the hub answers, then closes
+        got = []
+        async with asyncio.timeout(20):
+            for _ in range(2):
+                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                got.append(pb.PubSubResponse.FromString(await reader.readexactly(size)))
+            assert await reader.read() == b""  # closed: the pings count as answered
+    finally:
+        writer.close()
+    assert [(r.txnId, r.statusCode) for r in got] == [(7, pb.SUCCESS), (8, pb.SUCCESS)]
+
+
 async def test_bad_names_fail_at_once_naming_the_limit(cluster: LocalCluster) -> None:
     addr = cluster.hub_addresses[0]
     sub = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.SUBSCRIBE, txnId=2, topic=b"t" * 600,

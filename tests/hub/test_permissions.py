@@ -338,3 +338,41 @@ async def test_grants_merge_revoke_and_match_prefixes(tmp_path: Path) -> None:
             await store.grant("a\x00b", "x", "produce")
     finally:
         await ms.close()
+
+
+@in_cluster
+async def test_answered_and_refused_requests_let_a_half_closed_connection_close(cluster: LocalCluster,
+                                                                                 key: Path) -> None:
+    """AUTHENTICATE, a PING before it and a refused publish are all answered: after the client's EOF the hub
+    closes the connection (it waited for requests it had counted as unanswered before)."""
+    import struct
+
+    from hub.protocol import encode
+
+    def req(op: int, txn: int, body: str, topic: bytes = b"") -> pb.PubSubRequest:
+        r = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=op, txnId=txn, topic=topic)  # type: ignore[arg-type]
+        getattr(r, body).SetInParent()
+        return r
+
+    ping = req(pb.PING, 1, "pingRequest")
+    unauthenticated = req(pb.PUBLISH, 2, "publishRequest", b"t")
+    unauthenticated.publishRequest.topic, unauthenticated.publishRequest.msg.body = b"t", b"x"
+    auth = req(pb.AUTHENTICATE, 3, "authenticateRequest")
+    auth.authenticateRequest.token = create_token(key, f"nobody-{uuid.uuid4().hex[:6]}").encode()
+    refused = req(pb.PUBLISH, 4, "publishRequest", b"t")
+    refused.publishRequest.topic, refused.publishRequest.msg.body = b"t", b"x"
+    host, port = cluster.hub_addresses[0].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(b"".join(encode(r) for r in (ping, unauthenticated, auth, refused)))
+        writer.write_eof()
+        got = []
+        async with asyncio.timeout(20):
+            for _ in range(4):
+                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                got.append(pb.PubSubResponse.FromString(await reader.readexactly(size)))
+            assert await reader.read() == b""
+    finally:
+        writer.close()
+    assert [(r.txnId, r.statusCode) for r in got] == [(1, pb.SUCCESS), (2, pb.AUTHENTICATION_FAILED),
+                                                      (3, pb.SUCCESS), (4, pb.NOT_AUTHORIZED)]
