@@ -51,7 +51,7 @@ import heapq
 import logging
 import math
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, cast
 
 from bookie.wire import Outbox, set_tcp_liveness
@@ -90,7 +90,7 @@ class ChannelOwner(Protocol):
 
     conf: HubClientConf
 
-    def _delivered(self, conn: HubChannel, topic: bytes, sub: bytes, proto: pb.Message) -> None: ...
+    def _delivered(self, conn: HubChannel, topic: bytes, sub: bytes, protos: Sequence[pb.Message]) -> None: ...
 
     def _sub_event(self, conn: HubChannel, topic: bytes, sub: bytes, event: int) -> None: ...
 
@@ -215,7 +215,7 @@ class HubChannel(asyncio.Protocol):
                 if not ev.value.done():
                     ev.value.set_result(ev.response)
             elif isinstance(ev, DeliveryReceived):
-                self.client._delivered(self, ev.topic, ev.subscriber, ev.message)
+                self.client._delivered(self, ev.topic, ev.subscriber, ev.messages)
             elif isinstance(ev, SubscriptionEventReceived):
                 self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
             elif isinstance(ev, ConnectionBroken):

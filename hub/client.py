@@ -56,7 +56,7 @@ import inspect
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -710,17 +710,24 @@ class HedwigClient:
         req.consumeRequest.msgId.localComponent = seq
         s.conn.one_way(req)
 
-    def _delivered(self, conn: _Conn, topic: bytes, sub: bytes, proto: pb.Message) -> None:
+    def _delivered(self, conn: _Conn, topic: bytes, sub: bytes, protos: Sequence[pb.Message]) -> None:
+        """Queue the messages of one delivery frame (seq order) for the subscription's handler task."""
         s = self.subs.get((topic, sub))
         if s is None or s.handler is None:
             return
-        msg = Message.from_proto(proto)
-        if msg.seq_id <= s.last_queued:
-            return                     # redelivered after a resubscribe: already queued or handled
-        s.last_queued = msg.seq_id
-        s.queue.append(msg)
+        queue = s.queue
+        last = s.last_queued
+        from_proto = Message.from_proto
+        for proto in protos:
+            msg = from_proto(proto)
+            seq = msg.seq_id
+            if seq <= last:
+                continue               # redelivered after a resubscribe: already queued or handled
+            last = seq
+            queue.append(msg)
+        s.last_queued = last
         s.wake.set()
-        if len(s.queue) >= self.conf.max_outstanding_messages and conn.transport is not None:
+        if len(queue) >= self.conf.max_outstanding_messages and conn.transport is not None:
             conn.paused_by.add((topic, sub))
             conn.transport.pause_reading()
 

@@ -26,7 +26,7 @@ Failure: nothing here raises on bad input; bad bytes become ``Reject``
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -398,9 +398,16 @@ class ResponseReceived(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReceived:
+    """One delivery frame: its messages in seq order (one, or a run: ``Delivery.messages``)."""
+
     topic: bytes
     subscriber: bytes
-    message: pb.Message
+    messages: Sequence[pb.Message]
+
+    @property
+    def message(self) -> pb.Message:
+        """The first (for a plain delivery: the only) message."""
+        return self.messages[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -468,11 +475,7 @@ class ClientConnection(Generic[T]):
             which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
             if which == "delivery":
                 d = resp.delivery
-                if d.messages:
-                    topic, sub = d.topic, d.subscriberId
-                    out.extend([DeliveryReceived(topic, sub, m) for m in d.messages])
-                else:
-                    out.append(DeliveryReceived(d.topic, d.subscriberId, d.message))
+                out.append(DeliveryReceived(d.topic, d.subscriberId, d.messages or (d.message,)))
             elif which == "subscriptionEvent":
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))

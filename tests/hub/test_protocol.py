@@ -162,9 +162,10 @@ def test_batched_delivery_frame_is_what_protobuf_serializes_and_the_client_split
     assert frame == encode(resp)
     client: ClientConnection[str] = ClientConnection(max_frame_size=1 << 20)
     events = client.receive_data(frame + delivery(topic, subscriber, msgs[0].wire))
-    assert [(e.topic, e.subscriber, e.message.body, e.message.msgId.localComponent) for e in events
-            if isinstance(e, DeliveryReceived)] == [(topic, subscriber, body, seq) for body, seq in
-                                                    [*messages, messages[0]]]
+    frames = [e for e in events if isinstance(e, DeliveryReceived)]
+    assert [len(e.messages) for e in frames] == [len(messages), 1]          # one event per frame
+    assert [(e.topic, e.subscriber, m.body, m.msgId.localComponent) for e in frames for m in e.messages] == \
+        [(topic, subscriber, body, seq) for body, seq in [*messages, messages[0]]]
 
 
 @settings(max_examples=200, deadline=None)
