@@ -665,11 +665,15 @@ class HedwigClient:
             raise
 
     async def _run_handler(self, s: _Sub) -> None:
+        conf = self.conf
+        auto_consume, per_consume = conf.auto_send_consume_message_enabled, conf.consumed_messages_buffer_size
+        most = conf.max_outstanding_messages
+        queue = s.queue                # cleared in place on a reset, never replaced
         while True:
-            while not s.queue:
+            while not queue:
                 s.wake.clear()
                 await s.wake.wait()
-            msg = s.queue[0]
+            msg = queue[0]
             resets = s.resets
             if msg.seq_id > s.last_handled:
                 ok = True
@@ -690,12 +694,12 @@ class HedwigClient:
                 if s.resets != resets:
                     continue           # reset while handled: the queue was emptied, redelivery follows
                 s.last_handled = msg.seq_id
-                if self.conf.auto_send_consume_message_enabled:
+                if auto_consume:
                     s.unsent_consumes += 1
-                    if s.unsent_consumes >= self.conf.consumed_messages_buffer_size:
+                    if s.unsent_consumes >= per_consume:
                         self._send_consume(s, s.last_handled)
-            s.queue.popleft()
-            if s.conn is not None and s.conn.paused_by and len(s.queue) < self.conf.max_outstanding_messages:
+            queue.popleft()
+            if s.conn is not None and s.conn.paused_by and len(queue) < most:
                 s.conn.paused_by.discard((s.topic, s.sub))
                 if not s.conn.paused_by and s.conn.transport is not None:
                     s.conn.transport.resume_reading()
