@@ -171,17 +171,17 @@ async def test_an_idle_subscriber_pings_a_silent_hub_and_attaches_elsewhere() ->
 
 async def test_no_pings_with_keep_alive_off_and_none_while_the_hub_talks() -> None:
     async with scripted_hub() as hub:
-        off = {"keep_alive_interval": "0"}
-        talk = {"keep_alive_interval": "300"}
-        async with await HedwigClient.connect(hub.address, conf=off) as quiet, \
-                await HedwigClient.connect(hub.address, conf=talk) as busy:
+        async with await HedwigClient.connect(hub.address, conf={"keep_alive_interval": "0"}) as off, \
+                await HedwigClient.connect(hub.address, conf={"keep_alive_interval": "500"}) as idle, \
+                await HedwigClient.connect(hub.address, conf={"keep_alive_interval": "1000"}) as busy:
             loop = asyncio.get_running_loop()
-            end = loop.time() + 1.0
+            end = loop.time() + 3.0
             while loop.time() < end:                           # busy hears an answer every 50 ms
                 await busy.publish(b"t", b"x")
                 await asyncio.sleep(0.05)
-            assert quiet.conns[hub.address].pings == 0 and busy.conns[hub.address].pings == 0
-            assert hub.seen(pb.PING) == []
+            pings = [c.conns[hub.address].pings for c in (off, idle, busy)]
+            assert pings[0] == 0 and pings[1] >= 2 and pings[2] == 0, pings
+            assert 2 <= len(hub.seen(pb.PING)) <= pings[1]        # all of them from idle (one may be on its way)
 
 
 async def test_client_sockets_get_keepalive_and_a_user_timeout() -> None:
