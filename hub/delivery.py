@@ -139,33 +139,34 @@ class Delivery:
             return False
         return not (self.window and len(self.outstanding) >= self.window)
 
+    def _flush(self, batch: list[Message]) -> None:
+        """Send what ``batch`` holds and empty it (first: a failing send leaves nothing to send again)."""
+        if batch:
+            out = batch[:]
+            batch.clear()
+            self.send(self.topic, self.subscriber, out)
+
     async def _run(self) -> None:
         run = 0
-        batch: list[Message] = []
-        size = 0
+        batch: list[Message] = []      # ready and not sent yet: leaves before any wait (``_flush``)
+        size = 0                       # its serialized bytes
         most = self.batch
-        send, topic, subscriber = self.send, self.topic, self.subscriber
+        flush, topic, subscriber = self._flush, self.topic, self.subscriber
         try:
             while True:
                 if not self._ready():
-                    if batch:
-                        out, batch, size = batch, [], 0
-                        send(topic, subscriber, out)
+                    flush(batch)
                     while not self._ready():
                         self._skip_through(self.next_seq - 1)
                         self._wake.clear()
                         await self._wake.wait()
                 if not self.writable.is_set():
-                    if batch:
-                        out, batch, size = batch, [], 0
-                        send(topic, subscriber, out)
+                    flush(batch)
                     await self.writable.wait()
                 seq = self.next_seq
                 msg = self.cache.cached(topic, seq)
                 if msg is None:
-                    if batch:
-                        out, batch, size = batch, [], 0
-                        send(topic, subscriber, out)
+                    flush(batch)
                     try:
                         msg = await self.cache.scan_single(topic, seq)
                     except errors.NoTopicPersistenceInfoError:
@@ -180,9 +181,7 @@ class Delivery:
                     run += 1
                     if run >= _YIELD_EVERY:   # a long run of cache hits: let the loop breathe
                         run = 0
-                        if batch:
-                            out, batch, size = batch, [], 0
-                            send(topic, subscriber, out)
+                        flush(batch)
                         self._skip_through(seq - 1)
                         await asyncio.sleep(0)
                 self.next_seq = seq + 1
@@ -191,23 +190,17 @@ class Delivery:
                     continue
                 self._skip_through(seq - 1)
                 self.outstanding.append(seq)
-                if most == 1:
-                    send(topic, subscriber, [msg])
-                    continue
                 wire = len(msg.wire)
                 if batch and size + wire > BATCH_BYTES:
-                    out, batch, size = batch, [], 0
-                    send(topic, subscriber, out)
+                    flush(batch)
+                size = size + wire if batch else wire
                 batch.append(msg)
-                size += wire
                 if len(batch) >= most:
-                    out, batch, size = batch, [], 0
-                    send(topic, subscriber, out)
+                    flush(batch)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            if batch:   # what passed before the failure is delivered, as it would have been one by one
-                send(topic, subscriber, batch)
+            flush(batch)   # what passed before the failure is delivered, as it would have been one by one
             if not isinstance(exc, errors.PubSubError):
                 log.exception("delivery of %r/%r failed", self.topic, self.subscriber)
             if self.on_error is not None:
