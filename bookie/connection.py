@@ -49,6 +49,7 @@ __all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "BookieConnectio
            "ResponseCallback", "set_tcp_liveness"]
 
 _ADD_ENTRY = protocol.ADD_ENTRY
+_add_frame_head = protocol.add_frame_head
 
 ResponseCallback = Callable[[protocol.Response | BKError], None]
 """Gets the response to one request (any status), or the error that lost the connection."""
@@ -132,27 +133,18 @@ class BookieConnection(asyncio.Protocol):
             return
         if not frames:
             return
-        parse = protocol.parse_response
-        complete = self._pending.complete
         now = self.last_reply = self._loop.time()
-        for frame in frames:
-            try:
-                response = parse(frame)
-            except ProtocolError as exc:
-                log.warning("bookie %s: %s", self.address, exc)
-                continue
-            try:
-                callback = complete(response)
-            except ProtocolError as exc:
-                if self.on_orphan is not None:
-                    self.on_orphan(response)
-                else:
-                    log.warning("bookie %s: %s", self.address, exc)
-                continue
-            if response.op == _ADD_ENTRY:
-                self._add_answered(now)
-            callback(response)
+        adds = self._pending.answer(frames, self._misfit)
+        if adds and self._adds_out:
+            self._adds_out = max(0, self._adds_out - adds)
+            self._add_wait_since = now
         self.flush()
+
+    def _misfit(self, response: protocol.Response | None, exc: ProtocolError) -> None:
+        if response is not None and self.on_orphan is not None:
+            self.on_orphan(response)
+        else:
+            log.warning("bookie %s: %s", self.address, exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} lost"
@@ -163,11 +155,6 @@ class BookieConnection(asyncio.Protocol):
         if not self._adds_out:
             self._add_wait_since = self._loop.time()
         self._adds_out += 1
-
-    def _add_answered(self, now: float) -> None:
-        if self._adds_out:
-            self._adds_out -= 1
-        self._add_wait_since = now
 
     def add_silence(self, now: float) -> float:
         """Seconds (at loop time ``now``) adds have been outstanding here without any ADD_ENTRY response.
@@ -202,11 +189,11 @@ class BookieConnection(asyncio.Protocol):
         if self.is_closed or self._transport is None:
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
-        txn_id = self._pending.add_next(protocol.ADD_ENTRY, callback)
-        self._add_sent()
-        outbox = self._outbox
-        outbox.put(protocol.add_frame_head(txn_id, body))
-        outbox.send(body)
+        txn_id = self._pending.add_next(_ADD_ENTRY, callback)
+        if not self._adds_out:
+            self._add_wait_since = self._loop.time()
+        self._adds_out += 1
+        self._outbox.send_pair(_add_frame_head(txn_id, body), body)
 
     def send(self, request: protocol.Request) -> asyncio.Future[protocol.Response]:
         """Queue ``request``; the future resolves to its response (any status) or fails."""

@@ -99,7 +99,6 @@ AddCallback = Callable[[int, BKError | None], None]
 """``callback(entry_id, error)``: ``error`` is ``None`` once the entry is acknowledged."""
 
 _OK = protocol.OK
-add_request_body = protocol.add_request_body
 _FATAL = frozenset({protocol.FENCED, protocol.UNAUTHORIZED})
 _LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check waits for unread replies
 
@@ -137,6 +136,8 @@ class LedgerWriter:
         self._password = bytes(password)
         self._master_key = digests.master_key(self._password)
         self._digest = digests.digest_type_of(metadata.digest)
+        self._encode = digests.entry_encoder(self._digest, self._password)
+        self._add_body = protocol.AddBodies(ledger_id, self._master_key, recovery=recovery).body
         self._recovery = recovery
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
         self._timeout = ctx.conf.add_entry_timeout
@@ -224,11 +225,15 @@ class LedgerWriter:
         self.next_entry_id = entry_id + 1
         length = self.length = self.length + size
         lac = self._lac_sent = self.last_add_confirmed  # piggybacked on this add
-        payload = digests.encode_entry(self.ledger_id, entry_id, lac, length, data, self._digest, self._password)
+        payload = self._encode(self.ledger_id, entry_id, lac, length, data)
         now = self._last_add_at = self._loop.time()
         if self._lac_timer is None and self._lac_interval:
             self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
-        self._enqueue(_PendingAdd(entry_id, payload, length, size, now, future, callback))
+        p = _PendingAdd(entry_id, payload, length, size, now, future, callback)
+        self._pending.append(p)  # ``_enqueue`` inlined: the add path
+        if self._timer is None:
+            self._arm_timer(now + min(self._timeout, self._quorum_timeout or self._timeout))
+        self._send(p)
         return entry_id
 
     def add(self, data: bytes) -> asyncio.Future[int]:
@@ -288,8 +293,7 @@ class LedgerWriter:
                     continue
             p.sent |= bit
             if not request:
-                request = p.request = add_request_body(self.ledger_id, p.entry_id, self._master_key, p.payload,
-                                                       recovery=self._recovery)
+                request = p.request = self._add_body(p.entry_id, p.payload)
             conn.submit_add(request, self._callbacks[idx])
 
     def _connect(self, idx: int) -> None:

@@ -110,11 +110,27 @@ class FrameDecoder:
         """Add ``data``; return every frame body it completes, in order."""
         self.receive(data)
         frames: list[bytes] = []
-        try:
-            while (frame := self.next_frame()) is not None:
-                frames.append(frame)
-        except errors.FrameTooLargeError as exc:
-            raise errors.FrameTooLargeError(str(exc), frames=frames) from None
+        buf = self._buf
+        pos = self._pos
+        end_of_data = len(buf)
+        unpack = LENGTH_PREFIX.unpack_from
+        limit = self.max_frame_size
+        whole = type(buf) is bytes
+        while end_of_data - pos >= PREFIX_SIZE:  # ``next_frame`` inlined: one call per read, not per frame
+            (size,) = unpack(buf, pos)
+            if size > limit:
+                self._pos = pos
+                try:
+                    self.next_frame()  # raises (and breaks the stream) as it does alone
+                except errors.FrameTooLargeError as exc:
+                    raise errors.FrameTooLargeError(str(exc), frames=frames) from None
+            end = pos + PREFIX_SIZE + size
+            if end > end_of_data:
+                break
+            frame = buf[pos + PREFIX_SIZE:end]
+            frames.append(frame if whole else bytes(frame))  # type: ignore[arg-type]  # bytes when ``whole``
+            pos = end
+        self._pos = pos
         return frames
 
 

@@ -9,6 +9,7 @@ client's, the hub client's and the hub server's use it::
     outbox.put(frame)                           # queue; the caller flushes (end of data_received)
     outbox.send(frame)                          # queue and flush at the end of this loop turn
     outbox.send_all(frames, nbytes)             # the same for several frames (nbytes: their total)
+    outbox.send_pair(head, body)                # the same for one frame in two parts
     outbox.flush()                              # write what is queued now
     outbox.detach()                             # in connection_lost: queued frames are dropped
 
@@ -74,6 +75,15 @@ class Outbox:
         self._frames.append(frame)
         self.queued_bytes += len(frame)
         self._flush_due()
+
+    def send_pair(self, head: bytes, body: bytes) -> None:
+        """``send`` of one frame in two parts (a per-connection head, a body shared by several connections)."""
+        frames = self._frames
+        frames.append(head)
+        frames.append(body)
+        self.queued_bytes += len(head) + len(body)
+        if self.flush_bytes or not self._scheduled:
+            self._flush_due()
 
     def send_all(self, frames: list[bytes], nbytes: int) -> None:
         """``send`` of several frames at once (``nbytes``: their total length)."""

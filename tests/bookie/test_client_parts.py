@@ -93,7 +93,8 @@ def test_add_frame_is_the_add_request_frame(txn_id: int, ledger_id: int, entry_i
     assert protocol.parse_request(got) == expected
 
 
-@pytest.mark.parametrize("txn_id", [1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 2**35, 2**64 - 1])
+@pytest.mark.parametrize("txn_id", [1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000, 0xFFFFFFF, 0x10000000,
+                                    2**35, 2**64 - 1])
 def test_add_frame_txn_id_varint_lengths(txn_id: int) -> None:
     body = protocol.add_request_body(3, 4, b"k" * 20, b"p")
     frame = protocol.add_frame_head(txn_id, body) + body
@@ -109,6 +110,42 @@ def test_client_txns_match_pre_encoded_adds() -> None:
         txns.add_txn(t, protocol.ADD_ENTRY, "again")
     resp = protocol.Response(txn_id=t, op=protocol.ADD_ENTRY, status=protocol.OK)
     assert txns.complete(resp) == "cb" and len(txns) == 0
+
+
+@pytest.mark.parametrize("recovery", [False, True])
+@pytest.mark.parametrize("entry_id", [0, 1, 0x7F, 0x80, 99_999, 2**40])
+def test_add_bodies_are_the_bytes_of_add_request_body(entry_id: int, recovery: bool) -> None:
+    bodies = protocol.AddBodies(77, b"k" * 20, recovery=recovery)
+    bodies.body(12, b"an earlier, longer payload")  # the reused request keeps nothing of it
+    payload = b"p" * (entry_id % 300)
+    assert bodies.body(entry_id, payload) == protocol.add_request_body(77, entry_id, b"k" * 20, payload,
+                                                                        recovery=recovery)
+
+
+def test_client_txns_answer_runs_callbacks_in_order_and_reports_misfits() -> None:
+    txns: protocol.ClientTxns[Callable[[protocol.Response], None]] = protocol.ClientTxns()
+    got: list[tuple[str, int]] = []
+    add = txns.add_next(protocol.ADD_ENTRY, lambda r: got.append(("add", r.entry_id)))
+    read = txns.add_next(protocol.READ_ENTRY, lambda r: got.append(("read", r.entry_id)))
+    other = txns.add_next(protocol.ADD_ENTRY, lambda r: got.append(("other", r.entry_id)))
+    misfits: list[tuple[protocol.Response | None, str]] = []
+
+    def frame(txn_id: int, op: int, entry_id: int) -> bytes:
+        return protocol.Response(txn_id=txn_id, op=op, entry_id=entry_id).SerializeToString()
+
+    adds = txns.answer([frame(read, protocol.READ_ENTRY, 2), b"\xff\xff not a response",
+                        frame(other, protocol.READ_ENTRY, 9),  # the wrong op: stays outstanding
+                        frame(999, protocol.ADD_ENTRY, 5),      # matches nothing
+                        frame(add, protocol.ADD_ENTRY, 1)],
+                       lambda response, exc: misfits.append((response, str(exc))))
+    assert adds == 1
+    assert got == [("read", 2), ("add", 1)]
+    assert [r is None for r, _ in misfits] == [True, False, False]
+    assert "malformed response frame" in misfits[0][1]
+    assert "request was ADD_ENTRY" in misfits[1][1] and "matches no request" in misfits[2][1]
+    assert len(txns) == 1  # ``other`` is still outstanding
+    assert txns.answer([frame(other, protocol.ADD_ENTRY, 3)], lambda r, e: misfits.append((r, str(e)))) == 1
+    assert got[-1] == ("other", 3) and len(txns) == 0
 
 
 def _md() -> LedgerMetadata:

@@ -16,6 +16,7 @@ from bookie.digest import (
     Entry,
     decode_entry,
     encode_entry,
+    entry_encoder,
     master_key,
     read_header,
 )
@@ -33,6 +34,22 @@ def test_round_trip(ledger_id: int, entry_id: int, lac: int, length: int, body: 
     assert got == Entry(ledger_id, entry_id, lac, length, body)
     assert got.data == body
     assert read_header(payload) == (ledger_id, entry_id, lac, length)
+
+
+@given(ids, ids, st.integers(-1, 2**63 - 1), st.integers(0, 2**63 - 1), st.binary(max_size=500),
+       st.sampled_from(["crc32c", "mac"]), st.binary(max_size=16))
+def test_a_bound_encoder_gives_the_bytes_of_encode_entry(ledger_id: int, entry_id: int, lac: int, length: int,
+                                                         body: bytes, kind: str, password: bytes) -> None:
+    encode = entry_encoder(kind, password)
+    assert encode(ledger_id, entry_id, lac, length, body) == encode_entry(ledger_id, entry_id, lac, length, body,
+                                                                          kind, password)
+    assert encode(ledger_id, entry_id, lac, length, bytearray(body)) == encode_entry(
+        ledger_id, entry_id, lac, length, body, kind, password)
+
+
+def test_a_bound_encoder_refuses_an_unknown_digest_type_when_made() -> None:
+    with pytest.raises(ValueError, match="unknown digest type 'md5'"):
+        entry_encoder("md5")
 
 
 @given(st.binary(min_size=1, max_size=200), st.sampled_from(["crc32c", "mac"]), st.data())
