@@ -102,7 +102,8 @@ class LedgerHandle:
         Returns the entry id. Raises at once as ``add_entry`` does when the
         add cannot start.
         """
-        return self._require_writer().submit(bytes(data), callback)
+        writer = self._writer or self._require_writer()  # no call on the add path while open
+        return writer.submit(data if type(data) is bytes else bytes(data), callback)
 
     async def close(self) -> None:
         """Wait for pending adds, then mark the ledger CLOSED (last entry, length) in the metadata.
