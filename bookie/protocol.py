@@ -28,6 +28,11 @@ this module; everything here is testable with byte strings alone::
     ...
     future = pending.complete(response)         # ProtocolError if it matches nothing
 
+    txns = ClientTxns()                         # the ledger client's connections
+    body = AddBodies(ledger_id, key).body(entry_id, payload)   # one ADD_ENTRY encoding for every bookie
+    head = add_frame_head(txns.add_next(ADD_ENTRY, callback), body)   # send head, then body
+    adds_answered = txns.answer(frames, misfit)  # parse every response read, run each callback in order
+
 Frames are a 4-byte big-endian unsigned length followed by that many bytes
 of one protobuf ``Request`` or ``Response`` (``bookie/proto/bookie.proto``).
 The default ``max_frame_size`` is BookKeeper's ``nettyMaxFrameSizeBytes``
