@@ -8,7 +8,8 @@
     conn.submit(add_request(0, ...), callback)     # callback(Response | BKError), no future
 
 Requests submitted in one loop turn leave in one ``writelines`` call
-(``bookie.outbox.Outbox``, shared with the bookie server);
+(``bookie.outbox.Outbox``, shared with the bookie server), at the end of
+the turn or as soon as ``FLUSH_BYTES`` (64 KiB) wait (see below);
 responses are matched by txn id (``bookie.protocol.PendingRequests``) in
 whatever order they come. ``submit`` is the allocation-free path the ledger
 writer uses: the callback gets the response (any status) or, when the
@@ -16,6 +17,12 @@ connection drops, a ``BookieUnavailableError``. ``send``/``request`` wrap it
 in a future. A response that matches no request (txn id 0: the bookie could
 not decode a frame) goes to ``on_orphan``. The next ``pool.get`` after a
 loss reconnects.
+
+The early write at ``FLUSH_BYTES``: a client answering a large read of
+responses with as many new adds starts the bookies on the first ones while
+it still encodes the rest (the bookies would otherwise idle until the end
+of the turn; ``quire bench ledger`` E1 W1 A1 went from 61 k to 82 k adds/s
+with it, E3 W2 A2 from 42 k to 47 k, means of 4 interleaved pairs).
 
 Failure detection: every connection turns on TCP keepalive
 (``keepalive`` seconds idle and between probes) and ``TCP_USER_TIMEOUT``
@@ -45,8 +52,8 @@ from bookie.wire.sockets import set_tcp_liveness as wire_liveness
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "BookieConnection", "BookieConnectionPool",
-           "ResponseCallback", "set_tcp_liveness"]
+__all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "FLUSH_BYTES", "BookieConnection",
+           "BookieConnectionPool", "ResponseCallback", "set_tcp_liveness"]
 
 _ADD_ENTRY = protocol.ADD_ENTRY
 _add_frame_head = protocol.add_frame_head
@@ -57,6 +64,8 @@ ResponseCallback = Callable[[protocol.Response | BKError], None]
 C = TypeVar("C", bound="BookieConnection")
 
 DEFAULT_TCP_USER_TIMEOUT = 2.0
+FLUSH_BYTES = 64 * 1024
+"""A connection writes what it queued once this many bytes wait, not only at the end of the loop turn."""
 DEFAULT_TCP_KEEPALIVE = 1.0
 
 
@@ -87,7 +96,7 @@ class BookieConnection(asyncio.Protocol):
         self._decoder = protocol.FrameDecoder(max_frame_size)
         self._pending: protocol.ClientTxns[ResponseCallback] = protocol.ClientTxns()
         self._transport: asyncio.Transport | None = None
-        self._outbox = Outbox()
+        self._outbox = Outbox(flush_bytes=FLUSH_BYTES)
         self._loop = asyncio.get_running_loop()
         self.is_closed = False
         """True once the connection is lost or closed (then ``pool.get`` opens a new one)."""

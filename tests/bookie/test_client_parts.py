@@ -207,3 +207,37 @@ async def test_connect_to_a_missing_lmdb_store_fails_naming_the_path(tmp_path: P
     with pytest.raises(ServiceDownError, match=f"no lmdb metastore at {typo}"):
         await BookKeeper.connect(f"lmdb://{typo}")
     assert not typo.exists()
+
+
+async def test_a_connection_writes_adds_early_once_flush_bytes_wait_and_the_rest_at_the_end_of_the_turn() -> None:
+    from bookie.connection import FLUSH_BYTES, BookieConnection
+
+    writes: list[bytes] = []
+
+    class Transport:
+        def writelines(self, data: list[bytes]) -> None:
+            writes.append(b"".join(data))
+
+        def is_closing(self) -> bool:
+            return False
+
+        def get_extra_info(self, name: str) -> None:
+            return None
+
+        def abort(self) -> None:
+            pass
+
+    conn = BookieConnection("b:1")
+    conn.connection_made(Transport())  # type: ignore[arg-type]
+    body = protocol.AddBodies(9, b"k" * 20).body(0, b"p" * 1000)
+    count = 2 * FLUSH_BYTES // len(body) + 10
+    for _ in range(count):
+        conn.submit_add(body, lambda result: None)
+    early = list(writes)
+    assert len(early) == 2, "two early writes, each as soon as FLUSH_BYTES waited"
+    assert all(FLUSH_BYTES <= len(w) < FLUSH_BYTES + len(body) + 16 for w in early)
+    await asyncio.sleep(0)  # the end of the turn writes the rest
+    assert len(writes) == 3
+    frames = protocol.FrameDecoder().feed(b"".join(writes))
+    assert [protocol.parse_request(f).txn_id for f in frames] == list(range(1, count + 1))
+    conn.close()
