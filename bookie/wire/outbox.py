@@ -81,8 +81,8 @@ class Outbox:
         frames = self._frames
         frames.append(head)
         frames.append(body)
-        self.queued_bytes += len(head) + len(body)
-        if self.flush_bytes or not self._scheduled:
+        queued = self.queued_bytes = self.queued_bytes + len(head) + len(body)
+        if not self._scheduled or queued >= self.flush_bytes > 0:  # else ``_flush_due`` would do nothing
             self._flush_due()
 
     def send_all(self, frames: list[bytes], nbytes: int) -> None:
