@@ -70,7 +70,7 @@ class Ownership:
         self.versions: dict[bytes, Version] = {}
         self._live: list[tuple[pb.HubInfo, pb.HubLoad]] = []
         self._live_at = 0.0
-        self._sent: dict[str, list[float]] = {}   # hub address -> when unowned topics were sent there
+        self._sent: dict[str, dict[bytes, float]] = {}   # hub address -> unowned topics sent there, and when
         self.num_topics = 0
 
     async def live_hubs(self) -> list[tuple[pb.HubInfo, pb.HubLoad]]:
@@ -86,20 +86,31 @@ class Ownership:
         self._live_at = 0.0      # not in the cached list: look again before calling it dead
         return any(same_hub(info, h) for h, _ in await self.live_hubs())
 
-    async def _least_loaded(self) -> pb.HubInfo:
-        """The live hub with the fewest topics, counting the unowned topics just sent to each."""
+    async def _least_loaded(self, topic: bytes) -> pb.HubInfo:
+        """The live hub with the fewest topics, counting the unowned topics just sent to each.
+
+        A topic counts once, however many of its requests were redirected: a
+        topic sent to a hub within ``_SENT_MEMORY_SECONDS`` goes there again
+        while that hub is live (its claim may still be under way), so two
+        clients of one unowned topic never split it over two hubs' counts.
+        """
         now = time.monotonic()
+        live = await self.live_hubs()
+        for sent in self._sent.values():
+            for t in [t for t, when in sent.items() if now - when >= _SENT_MEMORY_SECONDS]:
+                del sent[t]
         best = self.me
         best_load = self.num_topics
-        for info, load in await self.live_hubs():
+        for info, load in live:
             if same_hub(info, self.me):
                 continue
-            sent = self._sent.get(str(hub_address(info)), [])
-            sent[:] = [t for t in sent if now - t < _SENT_MEMORY_SECONDS]
+            sent = self._sent.get(str(hub_address(info)), {})
+            if topic in sent:
+                return info
             if load.numTopics + len(sent) < best_load:
                 best, best_load = info, load.numTopics + len(sent)
         if not same_hub(best, self.me):
-            self._sent.setdefault(str(hub_address(best)), []).append(now)
+            self._sent.setdefault(str(hub_address(best)), {})[topic] = now
         return best
 
     async def claim(self, topic: bytes, should_claim: bool) -> str | None:
@@ -133,7 +144,7 @@ class Ownership:
                 return None
             return str(hub_address(info))
         if not should_claim:
-            target = await self._least_loaded()
+            target = await self._least_loaded(topic)
             if not same_hub(target, self.me):
                 return str(hub_address(target))
         self.versions[topic] = await self.owners.write_owner_info(
