@@ -45,15 +45,21 @@ class _Registry:
         return self.hubs
 
 
-async def test_unowned_topics_spread_over_the_emptiest_hubs_between_load_records() -> None:
+def _three_hubs(my_topics: int) -> tuple[Ownership, pb.HubInfo, pb.HubInfo]:
+    """Hub a (``my_topics`` topics; its ``Ownership`` is returned) and hubs b and c, whose records say 0."""
     me = pb.HubInfo(hostname="a", port=1, sslPort=0, czxid=1)
     b = pb.HubInfo(hostname="b", port=2, sslPort=0, czxid=2)
     c = pb.HubInfo(hostname="c", port=3, sslPort=0, czxid=3)
-    registry = _Registry([(me, pb.HubLoad(numTopics=20)), (b, pb.HubLoad(numTopics=0)),
+    registry = _Registry([(me, pb.HubLoad(numTopics=my_topics)), (b, pb.HubLoad(numTopics=0)),
                           (c, pb.HubLoad(numTopics=0))])
     owners: Any = None
     ownership = Ownership(HubConf(), me, owners, registry, session=None)
-    ownership.num_topics = 20
+    ownership.num_topics = my_topics
+    return ownership, b, c
+
+
+async def test_unowned_topics_spread_over_the_emptiest_hubs_between_load_records() -> None:
+    ownership, b, c = _three_hubs(20)
     # the load records say 0 for b and c until they next write them: the redirects count meanwhile
     targets = [hub_address(await ownership._least_loaded(b"t%d" % i)) for i in range(40)]
     counts = collections.Counter(targets)
@@ -63,14 +69,7 @@ async def test_unowned_topics_spread_over_the_emptiest_hubs_between_load_records
 async def test_an_unowned_topic_redirected_again_counts_once_and_goes_to_the_same_hub() -> None:
     """Two clients of one released topic ask before its new owner claimed it: both go to the same hub,
     which counts that topic once (counted twice, the third request would keep the topic here)."""
-    me = pb.HubInfo(hostname="a", port=1, sslPort=0, czxid=1)
-    b = pb.HubInfo(hostname="b", port=2, sslPort=0, czxid=2)
-    c = pb.HubInfo(hostname="c", port=3, sslPort=0, czxid=3)
-    registry = _Registry([(me, pb.HubLoad(numTopics=2)), (b, pb.HubLoad(numTopics=0)),
-                          (c, pb.HubLoad(numTopics=0))])
-    owners: Any = None
-    ownership = Ownership(HubConf(), me, owners, registry, session=None)
-    ownership.num_topics = 2
+    ownership, b, c = _three_hubs(2)
     first = await ownership._least_loaded(b"rel")
     assert hub_address(first) == hub_address(b)
     for _ in range(5):  # the same topic again: the same hub, and still one topic counted there
