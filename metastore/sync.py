@@ -47,21 +47,28 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
+        self._closed = False
+        running = threading.Event()
+        self.loop.call_soon(running.set)
         self._thread = threading.Thread(target=self.loop.run_forever, name="quire-metastore-sync",
                                         daemon=True)
         self._thread.start()
+        # a busy machine may start the thread late: ``run`` right after this must not find the loop idle
+        if not running.wait(timeout=30):
+            raise IllegalOpError("the blocking metastore's event loop did not start within 30 s")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if not self.loop.is_running():
+        if self._closed or not self.loop.is_running():
             coro.close()
             raise IllegalOpError("blocking metastore is closed")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
-        if self.loop.is_running():
+        self._closed = True
+        if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
-        if not self.loop.is_running():
+        if not self._thread.is_alive() and not self.loop.is_closed():
             self.loop.close()
 
 

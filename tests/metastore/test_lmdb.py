@@ -294,3 +294,33 @@ async def test_relative_lmdb_uri_is_relative_to_the_working_directory(tmp_path: 
     ms = await open_metastore("lmdb://data/metastore")   # the stock confs' metastore_uri
     await ms.close()
     assert (tmp_path / "data" / "metastore" / "data.mdb").is_file()
+
+
+def test_a_blocking_store_opened_while_its_thread_starts_late_still_opens(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a busy machine the loop thread may start after the first ``run``: the store must wait for it
+    (it once refused with "blocking metastore is closed", then failed to close a running loop)."""
+    import time
+
+    from metastore import sync
+
+    real_new_loop = asyncio.new_event_loop
+
+    def late_loop() -> asyncio.AbstractEventLoop:
+        loop = real_new_loop()
+        run_forever = loop.run_forever
+
+        def slow_start() -> None:
+            time.sleep(0.3)
+            run_forever()
+        loop.run_forever = slow_start  # type: ignore[method-assign]
+        return loop
+
+    monkeypatch.setattr(sync.asyncio, "new_event_loop", late_loop)
+    store = sync.open_metastore(f"lmdb://{tmp_path / 'late'}")
+    try:
+        table = store.create_table("t")
+        table.put("k", Value({"f": b"v"}), Version.NEW)
+        assert table.get("k").value == Value({"f": b"v"})
+    finally:
+        store.close()
