@@ -199,7 +199,7 @@ class BookieConnection(asyncio.Protocol):
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
         txn_id = self._pending.add_next(_ADD_ENTRY, callback)
-        if not self._adds_out:
+        if not self._adds_out:  # ``_add_sent`` inlined: the add path
             self._add_wait_since = self._loop.time()
         self._adds_out += 1
         self._outbox.send_pair(_add_frame_head(txn_id, body), body)
