@@ -60,7 +60,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception, stop_before_delay, wait_exponential, wait_random
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential, wait_random
 
 from hub import errors
 from hub.channel import Deadlines, HubChannel
@@ -91,6 +91,7 @@ _MODES = {"CREATE": pb.SubscribeRequest.CREATE, "ATTACH": pb.SubscribeRequest.AT
           "CREATE_OR_ATTACH": pb.SubscribeRequest.CREATE_OR_ATTACH}
 _RETRY_WAIT = 0.05          # seconds before the first retry of a request; doubles up to _MAX_RETRY_WAIT
 _MAX_RETRY_WAIT = 1.0
+_LAST_TRY = 0.01            # seconds: a retry is not started with less than this left before the deadline
 _SERVICE_DOWN_RETRY = 5.0   # seconds of SERVICE_DOWN answers (an owner's lease running out) before giving up
 
 
@@ -343,6 +344,7 @@ class HedwigClient:
         deadline = time.monotonic() + timeout
         address = self.owner.get(topic) or self.addresses[self._default]
         down_since: float | None = None
+        last_down: _ServiceDownAnswer | None = None
 
         def retryable(exc: BaseException) -> bool:
             if isinstance(exc, errors.CouldNotConnectError):
@@ -351,10 +353,12 @@ class HedwigClient:
                 and time.monotonic() - down_since < _SERVICE_DOWN_RETRY
 
         async def attempt() -> tuple[_Conn, pb.PubSubResponse]:
-            nonlocal address, down_since
+            nonlocal address, down_since, last_down
             redirects = 0
             while True:
                 remaining = deadline - time.monotonic()
+                if remaining <= 0 and last_down is not None:
+                    raise last_down   # a retry's wait overran the deadline: the hub's last answer stands
                 if remaining <= 0:
                     raise errors.ResponseTimeoutError(f"no answer for {topic!r} within "
                                                       f"{self.conf.server_ack_response_timeout} ms")
@@ -398,16 +402,22 @@ class HedwigClient:
                     continue
                 if status == pb.SERVICE_DOWN:
                     down_since = time.monotonic() if down_since is None else down_since
-                    raise _ServiceDownAnswer(resp.statusMsg or "SERVICE_DOWN")
+                    last_down = _ServiceDownAnswer(resp.statusMsg or "SERVICE_DOWN")
+                    raise last_down
                 err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
                 if isinstance(err, errors.NotResponsibleForTopicError):
                     err.owner = resp.redirect_to
                 raise err
 
+        def out_of_time(state: RetryCallState) -> bool:
+            # the request's own deadline, not tenacity's start: a retry that would begin after it raises
+            # the last answer (SERVICE_DOWN, say) rather than an empty "no answer within" timeout
+            return time.monotonic() + (state.upcoming_sleep or 0.0) >= deadline - _LAST_TRY
+
         retrying = AsyncRetrying(
             retry=retry_if_exception(retryable),
             wait=wait_exponential(multiplier=_RETRY_WAIT, max=_MAX_RETRY_WAIT) + wait_random(0, _RETRY_WAIT),
-            stop=stop_before_delay(timeout), reraise=True)
+            stop=out_of_time, reraise=True)
         try:
             async for tried in retrying:
                 with tried:

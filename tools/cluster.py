@@ -270,12 +270,7 @@ class LocalCluster:
 
     def _wire_regions(self) -> None:
         """Fix every region's hub ports, then give each hub ``regions`` and a ``hw_region_client.conf``."""
-        import socket
-
-        def free_port() -> int:
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                return int(sock.getsockname()[1])
+        from tools.zookeeper import free_port
 
         tls = self.conf_overrides.get("ssl_enabled", "false").lower() == "true"
         for c in self.region_clusters.values():

@@ -32,6 +32,7 @@ import atexit
 import glob
 import logging
 import os
+import random
 import re
 import shutil
 import signal
@@ -170,12 +171,35 @@ def find_classpath() -> list[str]:
     return jars
 
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
+    """A TCP port that was free on ``host`` a moment ago, for a process that binds it later.
+
+    Picked below the kernel's ephemeral range where the machine says what that is: a port that
+    ``bind(0)`` handed out is the next one other processes get for their outgoing connections and their
+    own ``bind(0)``, so between the pick and the bind someone else often took it (a CI flake of
+    region hubs). Falls back to ``bind(0)`` when no port below the range is free.
+    """
+    low = 32768
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        pass
+    rng = random.SystemRandom()
+    for _ in range(64 if low > 11024 else 0):
+        port = rng.randrange(10000, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
+        got: int = s.getsockname()[1]
+        return got
 
 
 def four_letter_word(host: str, port: int, word: str = "srvr", timeout: float = 1.0) -> str:

@@ -236,7 +236,12 @@ async def test_a_live_writer_keeps_its_ledger_open_while_its_sealed_segment_is_c
                 return dead not in {b for _, e in (await ensembles(store))[lid] for b in e} \
                     and await urm.list() == []
 
-            await wait_for(copied, timeout=40, interval=0.5)
+            try:
+                await wait_for(copied, timeout=40, interval=0.5)
+            except TimeoutError:   # say where it stuck (a CI run once timed out here)
+                pytest.fail(f"ledger {lid} not re-replicated off {dead} in 40 s: marks {await urm.list()}, "
+                            f"ensembles {(await ensembles(store))[lid]}, bookies {sorted(await list_bookies(store))}"
+                            f"\n{autorecovery_log(cluster)}")
             md, _ = await (await LedgerMetadataManager.open(store)).read(lid)
             assert not md.is_closed, "AutoRecovery fenced a live writer"
             await lh.close()  # the writer was not fenced: it closes its own ledger
@@ -245,6 +250,15 @@ async def test_a_live_writer_keeps_its_ledger_open_while_its_sealed_segment_is_c
         finally:
             await bk.close()
             await store.close()
+
+
+def autorecovery_log(cluster: LocalCluster, tail: int = 60) -> str:
+    """The last AutoRecovery and warning lines of every bookie's log, for a failure message."""
+    lines = []
+    for path in sorted(cluster.data_dir.glob("bookie-*/bookie.log")):
+        lines += [f"{path.parent.name}: {line}" for line in path.read_text(errors="replace").splitlines()
+                  if "autorecovery" in line or " WARNING " in line or " ERROR " in line]
+    return "\n".join(sorted(lines, key=lambda line: line.split(": ", 1)[1])[-tail:])
 
 
 @pytest.mark.slow

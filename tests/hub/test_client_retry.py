@@ -97,3 +97,20 @@ async def test_an_unreachable_hub_is_retried_until_it_comes_back() -> None:
             async with await HedwigClient.connect(first, conf={"max_server_redirects": "5"}) as c:
                 c.addresses.append(good)      # the next hub to try once the owner is unreachable
                 assert await asyncio.wait_for(c.publish(b"t", b"x"), TIMEOUT) == 7
+
+
+async def test_a_retry_that_would_start_after_the_deadline_raises_the_last_answer(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # a CI flake: a retry's wait overran a 100 ms deadline on a busy machine, and the caller got
+    # "no answer within 100 ms" although the hub had answered SERVICE_DOWN in time
+    import hub.client
+
+    def down(req: pb.PubSubRequest) -> pb.PubSubResponse:
+        return protocol.response(req.txnId, pb.SERVICE_DOWN, "no ledger; next attempt in 900 ms", topic=req.topic)
+
+    monkeypatch.setattr(hub.client, "_LAST_TRY", -1.0)   # let the last wait run past the deadline
+    async with scripted_hub(down) as (address, seen):
+        async with await HedwigClient.connect(address, conf={"server_ack_response_timeout": "100"}) as c:
+            with pytest.raises(errors.ServiceDownError, match="next attempt in"):
+                await asyncio.wait_for(c.publish(b"t", b"x"), TIMEOUT)
+    assert len(seen) >= 1

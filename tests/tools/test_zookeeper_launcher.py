@@ -210,3 +210,18 @@ def test_check_listen_allows_a_just_stopped_port(zk_server_private: ZooKeeperSer
     launcher.check_listen(zk.host, zk.port)
     zk.restart()   # a fixed port now: start() checks it first
     assert _answers(zk)
+
+
+def test_free_port_is_picked_below_the_ephemeral_range(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ports from bind(0) are the ones other processes take next (outgoing connections, their own
+    # bind(0)); a port picked for a process that binds it later comes from below that range
+    fake = tmp_path / "range"
+    fake.write_text("40000\t60999\n")
+    monkeypatch.setattr(launcher, "_EPHEMERAL_RANGE", fake)
+    ports = {launcher.free_port() for _ in range(20)}
+    assert all(10000 <= p < 40000 for p in ports), ports
+    assert len(ports) > 1                    # random, not the same port for every caller
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))   # and free
+    fake.write_text("10000\t60999\n")        # no room below the range: the kernel picks
+    assert launcher.free_port() > 0
