@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench.peers import NatsPeer, PeerNotInstalled, PeerStartError, RedisPeer, redis_capacity
-from tools.bench.publish import Runner, closed_loop, ratio_lines, redis_publishers
+from tools.bench.publish import Runner, closed_loop, p99_lines, ratio_lines, redis_publishers
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
                                  reason="redis-server is not installed (make bench-deps installs it)")
@@ -157,6 +157,24 @@ def test_ratio_lines_divide_quire_by_each_peer() -> None:
     assert ratio["ratio"] == 0.75 and not ratio["meets_target"]
 
 
+def test_p99_lines_compare_fixed_rate_p99_with_each_peer_of_the_same_size() -> None:
+    def rated(system: str, p99: float, errors: int = 0, size: int = 100) -> dict[str, object]:
+        return {"system": system, "case": system if system != "quire" else "quire E3W2A2", "mode": "fixed_rate",
+                "size": size, "target_rate": 5000, "p99_ms": p99, "errors": errors}
+
+    lines = [rated("quire", 4.0), rated("redis", 5.0), rated("python floor", 2.0), rated("redis", 1.0, size=1024),
+             {"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "p99_ms": 1.0}]
+    redis, floor = p99_lines("publish", lines)
+    assert redis == {"bench": "publish", "case": "p99 ratio", "quire": "quire E3W2A2", "vs": "redis", "size": 100,
+                     "rate": 5000, "quire_p99_ms": 4.0, "peer_p99_ms": 5.0, "ratio": 0.8, "target": 1.0,
+                     "meets_target": True}
+    assert floor["ratio"] == 2.0 and "target" not in floor    # a reference: no target
+    (slow,) = p99_lines("publish", [rated("quire", 6.0), rated("redis", 5.0)])
+    assert slow["ratio"] == 1.2 and not slow["meets_target"]
+    (failed,) = p99_lines("publish", [rated("quire", 1.0, errors=2), rated("redis", 5.0)])
+    assert not failed["meets_target"]                         # a run with errors meets no target
+
+
 def _hub_built() -> bool:
     try:
         from hub.client import HedwigClient  # noqa: F401
@@ -188,6 +206,10 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
     assert sum(x["count"] for x in throughput) == 400
     rate_lines = [x for x in lines if x["mode"] == "fixed_rate"]
     assert [x["config"] for x in rate_lines] == ["E1W1A1", "E3W2A2"]
+    e1, e3 = rate_lines   # the server CPU target (issue 16) is E3 W2 A2's
+    assert "target_server_cpu_us_per_msg" not in e1
+    assert e3["target_server_cpu_us_per_msg"] == 60.0 and e3["server_cpu_us_per_msg"] > 0
+    assert e3["meets_target"] == (e3["server_cpu_us_per_msg"] <= 60.0)
     assert all(x["conf"] == {"journal_max_group_wait_ms": "1", "batching_max_messages": "7"} for x in lines)
 
 
