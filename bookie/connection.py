@@ -7,6 +7,10 @@
     conn = pool.connected("127.0.0.1:3181")       # the open connection, or None (no waiting)
     conn.submit(add_request(0, ...), callback)     # callback(Response | BKError), no future
 
+The adds of one loop turn (``submit_add`` with an entry id, as the ledger
+writer sends them) leave as one ADD_ENTRIES frame, one answer for all of
+them; a bookie that does not know the op (an older version answers
+UNKNOWN_OP) gets them, and every later add, one ADD_ENTRY frame each.
 Requests submitted in one loop turn leave in one ``writelines`` call
 (``bookie.outbox.Outbox``, shared with the bookie server), at the end of
 the turn or as soon as ``FLUSH_BYTES`` (64 KiB) wait (see below);
@@ -56,6 +60,8 @@ __all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "FLUSH_BYTES", "
            "BookieConnectionPool", "ResponseCallback", "set_tcp_liveness"]
 
 _ADD_ENTRY = protocol.ADD_ENTRY
+_ADD_ENTRIES = protocol.ADD_ENTRIES
+_OK = protocol.OK
 _add_frame_head = protocol.add_frame_head
 
 ResponseCallback = Callable[[protocol.Response | BKError], None]
@@ -106,6 +112,13 @@ class BookieConnection(asyncio.Protocol):
         """Loop time of the last response of any kind (the connection's start before one)."""
         self._adds_out = 0
         self._add_wait_since = self.last_reply
+        self.batch_adds = True
+        """Adds of one loop turn leave as one ADD_ENTRIES frame (False once the bookie refused the op)."""
+        self._adds: list[bytes] = []   # adds of this turn not framed yet: bodies, callbacks, entry ids
+        self._add_callbacks: list[ResponseCallback] = []
+        self._add_ids: list[int] = []
+        self._adds_bytes = 0
+        self._adds_due = False
 
     @classmethod
     async def connect(cls: type[C], address: str, timeout: float = 10.0,
@@ -193,16 +206,67 @@ class BookieConnection(asyncio.Protocol):
             self._add_sent()
         self._outbox.send(protocol.encode_frame(request))
 
-    def submit_add(self, body: bytes, callback: ResponseCallback) -> None:
-        """Queue an ADD_ENTRY encoded once for every bookie (``protocol.add_request_body``); as ``submit``."""
+    def submit_add(self, body: bytes, callback: ResponseCallback, entry_id: int = -1) -> None:
+        """Queue an ADD_ENTRY encoded once for every bookie (``protocol.add_request_body``); as ``submit``.
+
+        With its ``entry_id`` the add waits for the end of the loop turn (or
+        ``FLUSH_BYTES`` of adds) and leaves with the others of the turn as one
+        ADD_ENTRIES frame (one alone: an ADD_ENTRY). Their callbacks then get
+        each add's answer; an OK answer is one ``Response`` reused for the
+        adds of a frame (read it in the callback, do not keep it).
+        """
         if self.is_closed or self._transport is None:
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
+        if entry_id >= 0 and self.batch_adds and len(body) < FLUSH_BYTES:   # a frame stays < 2 x FLUSH_BYTES
+            self._adds.append(body)
+            self._add_callbacks.append(callback)
+            self._add_ids.append(entry_id)
+            queued = self._adds_bytes = self._adds_bytes + len(body)
+            if queued >= FLUSH_BYTES:
+                self._frame_adds()
+                self._outbox.flush()
+            elif not self._adds_due:
+                self._adds_due = True
+                self._loop.call_soon(self._end_of_turn)
+            return
+        if self._adds:   # a large add after queued ones: they leave first, in order
+            self._frame_adds()
         txn_id = self._pending.add_next(_ADD_ENTRY, callback)
         if not self._adds_out:  # ``_add_sent`` inlined: the add path
             self._add_wait_since = self._loop.time()
         self._adds_out += 1
         self._outbox.send_pair(_add_frame_head(txn_id, body), body)
+
+    def _end_of_turn(self) -> None:
+        self._adds_due = False
+        if self._adds:
+            self._frame_adds()
+            self._outbox.flush()
+
+    def _frame_adds(self) -> None:
+        """Frame the adds queued by ``submit_add``: one ADD_ENTRIES (one alone: ADD_ENTRY) into the outbox."""
+        bodies, callbacks, ids = self._adds, self._add_callbacks, self._add_ids
+        self._adds, self._add_callbacks, self._add_ids, self._adds_bytes = [], [], [], 0
+        if not self._adds_out:
+            self._add_wait_since = self._loop.time()
+        self._adds_out += 1
+        if len(bodies) == 1:
+            body = bodies[0]
+            self._outbox.put(_add_frame_head(self._pending.add_next(_ADD_ENTRY, callbacks[0]), body))
+            self._outbox.put(body)
+            return
+        run = _AddRun(self, bodies, callbacks, ids)
+        parts, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES, run), bodies)
+        self._outbox.put_all(parts, nbytes)
+
+    def _refused_batches(self, run: _AddRun) -> None:
+        """The bookie does not know ADD_ENTRIES (an older version): send this run's adds, and all later, singly."""
+        if self.batch_adds:
+            log.info("bookie %s does not serve ADD_ENTRIES: sending adds one by one", self.address)
+        self.batch_adds = False
+        for body, callback in zip(run.bodies, run.callbacks, strict=True):
+            self.submit_add(body, callback)
 
     def send(self, request: protocol.Request) -> asyncio.Future[protocol.Response]:
         """Queue ``request``; the future resolves to its response (any status) or fails."""
@@ -230,13 +294,17 @@ class BookieConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         """Write what is queued now, in one ``writelines``."""
+        if self._adds:
+            self._frame_adds()
         self._outbox.flush()
 
     def _fail(self, exc: BookieUnavailableError) -> None:
         self.is_closed = True
         self._adds_out = 0
         self._outbox.detach()
-        for callback in self._pending.drain():
+        queued, self._add_callbacks = self._add_callbacks, []
+        self._adds, self._add_ids, self._adds_bytes = [], [], 0
+        for callback in [*self._pending.drain(), *queued]:
             callback(exc)
         if self._transport is not None:
             self._transport.abort()
@@ -246,6 +314,44 @@ class BookieConnection(asyncio.Protocol):
     def close(self, reason: str = "closed") -> None:
         """Close now: outstanding requests fail with ``BookieUnavailableError``."""
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} {reason}"))
+
+
+class _AddRun:
+    """The callback of one ADD_ENTRIES frame: hands each add its answer (``BookieConnection._frame_adds``)."""
+
+    __slots__ = ("bodies", "callbacks", "conn", "ids")
+
+    def __init__(self, conn: BookieConnection, bodies: list[bytes], callbacks: list[ResponseCallback],
+                 ids: list[int]) -> None:
+        self.conn = conn
+        self.bodies = bodies
+        self.callbacks = callbacks
+        self.ids = ids
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        callbacks = self.callbacks
+        if isinstance(result, BKError):
+            for callback in callbacks:
+                callback(result)
+            return
+        adds = result.adds
+        if result.status == _OK and not adds:
+            ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the run: callbacks read it at once
+            for entry_id, callback in zip(self.ids, callbacks, strict=True):
+                ok.entry_id = entry_id
+                callback(ok)
+            return
+        if result.status == protocol.UNKNOWN_OP and not adds:
+            self.conn._refused_batches(self)
+            return
+        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
+            err = protocol.error_for(result) or ProtocolError(
+                f"bookie {self.conn.address}: ADD_ENTRIES answer with {len(adds)} of {len(callbacks)} adds")
+            for callback in callbacks:
+                callback(err)
+            return
+        for answer, callback in zip(adds, callbacks, strict=True):
+            callback(answer)
 
 
 class BookieConnectionPool:

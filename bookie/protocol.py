@@ -31,6 +31,7 @@ this module; everything here is testable with byte strings alone::
     txns = ClientTxns()                         # the ledger client's connections
     body = AddBodies(ledger_id, key).body(entry_id, payload)   # one ADD_ENTRY encoding for every bookie
     head = add_frame_head(txns.add_next(ADD_ENTRY, callback), body)   # send head, then body
+    parts, size = add_entries_frame(txns.add_next(ADD_ENTRIES, callback), [body, ...])   # several adds, one frame
     adds_answered = txns.answer(frames, misfit)  # parse every response read, run each callback in order
 
 Frames are a 4-byte big-endian unsigned length followed by that many bytes
@@ -71,7 +72,8 @@ READ_ENTRY = pb.READ_ENTRY
 READ_LAC = pb.READ_LAC
 GET_BOOKIE_INFO = pb.GET_BOOKIE_INFO
 WRITE_LAC = pb.WRITE_LAC
-OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC})
+ADD_ENTRIES = pb.ADD_ENTRIES
+OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC, ADD_ENTRIES})
 
 OK = pb.OK
 NO_ENTRY = pb.NO_ENTRY
@@ -765,6 +767,41 @@ def add_frame_head(txn_id: int, body: bytes) -> bytes:
     return LENGTH_PREFIX.pack(len(varint) + size) + varint
 
 
+_ADDS_TAG = 0x62   # Request.adds is field 12, wire type 2 (length-delimited)
+_ADDS_LEADS = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
+_ADD_ENTRIES_OP = b"\x10" + bytes((ADD_ENTRIES,))
+
+
+def add_entries_frame(txn_id: int, bodies: list[bytes]) -> tuple[list[bytes], int]:
+    """One ADD_ENTRIES frame of ``bodies`` (``add_request_body``s) as parts for ``writelines``, and its length.
+
+    The parts are the head (length prefix, txn id, op), then per add a field
+    lead (tag, length varint) and the body itself, shared by every bookie and
+    never copied: protobuf reads the concatenation as ``Request(txn_id,
+    op=ADD_ENTRIES, adds=[...])``.
+    """
+    parts = [b""]
+    total = 0
+    two, three, four = _ADDS_LEADS
+    for body in bodies:
+        n = len(body)
+        if n < 0x80:
+            lead = two.pack(_ADDS_TAG, n)
+        elif n < 0x4000:
+            lead = three.pack(_ADDS_TAG, n & 0x7F | 0x80, n >> 7)
+        elif n < 0x200000:
+            lead = four.pack(_ADDS_TAG, n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
+        else:
+            lead = bytes((_ADDS_TAG,)) + _varint(n)
+        parts.append(lead)
+        parts.append(body)
+        total += len(lead) + n
+    head = b"\x08" + _varint(txn_id) + _ADD_ENTRIES_OP
+    total += len(head)
+    parts[0] = LENGTH_PREFIX.pack(total) + head
+    return parts, total + PREFIX_SIZE
+
+
 _Callback = TypeVar("_Callback", bound=Callable[[Response], object])
 
 
@@ -786,7 +823,7 @@ class ClientTxns(PendingRequests[T]):
                misfit: Callable[[Response | None, errors.ProtocolError], None]) -> int:
         """Parse each response frame and run the callback of the request it answers, in order.
 
-        Returns how many answered an ADD_ENTRY. A frame that does not parse
+        Returns how many answered an ADD_ENTRY or ADD_ENTRIES. A frame that does not parse
         (``misfit(None, MalformedFrameError)``) or matches no outstanding
         request of its op (``misfit(response, ProtocolError)``, as
         ``complete`` raises it) is skipped. The client's read path: one call
@@ -810,7 +847,7 @@ class ClientTxns(PendingRequests[T]):
                 except errors.ProtocolError as exc:
                     misfit(response, exc)
                 continue
-            if entry[0] == ADD_ENTRY:
+            if entry[0] == ADD_ENTRY or entry[0] == ADD_ENTRIES:
                 adds += 1
             entry[1](response)
         return adds

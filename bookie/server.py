@@ -129,6 +129,67 @@ def _quiet_client_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
+class _AddsAnswer:
+    """The outcomes of one ADD_ENTRIES' adds (``BookieServer.add_entries``); answers once all are in.
+
+    ``settled`` is the storage's run sink (indices into the frame's adds);
+    ``failed`` records an add refused before the storage took it.
+    """
+
+    __slots__ = ("_adds", "_conn", "_errors", "_left", "_server", "_submitting", "_txn_id")
+
+    def __init__(self, server: BookieServer, conn: BookieServerProtocol, txn_id: int, adds: Any) -> None:
+        self._server = server
+        self._conn = conn
+        self._txn_id = txn_id
+        self._adds = adds
+        self._left = len(adds)
+        self._errors: dict[int, BaseException] = {}
+        self._submitting = True
+
+    def refuse(self, exc: BaseException) -> None:
+        """The frame as a whole is refused (no adds in it)."""
+        self._errors[-1] = exc
+
+    def failed(self, i: int, exc: BaseException) -> None:
+        self._errors[i] = exc
+        self._left -= 1
+
+    def settled(self, indices: list[int], exc: BaseException | None) -> None:
+        if exc is not None:
+            for i in indices:
+                self._errors[i] = exc
+        self._left -= len(indices)
+        if not self._left and not self._submitting:
+            self._answer()
+
+    def submitted(self) -> None:
+        """Every add was handed to the storage or refused: answer now if none is still pending."""
+        self._submitting = False
+        if not self._left:
+            self._answer()
+
+    def _answer(self) -> None:
+        conn, errs = self._conn, self._errors
+        requests = self._server.stats.requests
+        ok = len(self._adds) - len(errs.keys() - {-1})
+        if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
+            requests[ADD_OK] = requests.get(ADD_OK, 0) + ok
+        if not errs:
+            response = proto.Response(txn_id=self._txn_id, op=proto.ADD_ENTRIES)
+        else:
+            first = errs[min(errs)]
+            response = proto.Response(txn_id=self._txn_id, op=proto.ADD_ENTRIES, status=status_of(first),
+                                      message=str(first))
+            for i, add in enumerate(self._adds):
+                exc = errs.get(i)
+                if exc is not None:
+                    self._server.stats.count(ADD_ENTRY, status_of(exc))
+                response.adds.append(proto.add_response(0, add.ledger_id, add.entry_id, exc))
+        conn.send_frame_later(proto.ADD_ENTRIES, response.status, proto.encode_frame(response))
+        conn.finished()
+
+
 class BookieServerProtocol(asyncio.Protocol):
     """One client connection; see the module docstring."""
 
@@ -549,6 +610,9 @@ class BookieServer:
         if op == proto.ADD_ENTRY:
             self.add_entry(req, conn)
             return
+        if op == proto.ADD_ENTRIES:
+            self.add_entries(req, conn)
+            return
         try:
             if op == proto.READ_ENTRY:
                 self._read(req, conn)
@@ -600,6 +664,38 @@ class BookieServer:
             self._refuse(req, conn, exc)
         else:
             conn.started()
+
+    def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """Serve an ADD_ENTRIES: each of ``req.adds`` as ``add_entry`` would, one answer for all.
+
+        Every add goes through the checks of ``add_entry`` in request order and
+        into the storage's runs like single adds (one sink per frame, so a frame's
+        adds complete as one run). The answer (``_AddsAnswer``) leaves once every
+        add is durable or failed; the frame counts as one request in flight.
+        """
+        adds = req.adds
+        answer = _AddsAnswer(self, conn, req.txn_id, adds)
+        if not adds:
+            answer.refuse(errors.BadRequestError("ADD_ENTRIES without adds"))
+        storage = self._storage
+        sink = answer.settled   # one object for every add of the frame: they form one run
+        read_only = self._disk.read_only or self.operator_read_only
+        for i, add in enumerate(adds):
+            try:
+                if read_only:
+                    raise errors.BookieReadOnlyError("bookie is read-only")
+                if storage is None:
+                    raise RuntimeError("bookie not started")
+                body = add.body
+                ledger_id, entry_id, lac = proto.add_header(add, body)
+                storage.submit_acked_add(sink, i, ledger_id, entry_id, add.master_key, body, lac,
+                                         recovery=add.recovery)
+            except Exception as exc:
+                if not isinstance(exc, errors.BKError):
+                    log.error("error serving an add of ADD_ENTRIES from %s", conn.peer, exc_info=exc)
+                answer.failed(i, exc)
+        conn.started()
+        answer.submitted()
 
     def _read(self, req: proto.Request, conn: BookieServerProtocol) -> None:
         if not req.fence:

@@ -75,6 +75,7 @@ import time
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import lmdb
 from crc32c import crc32c
@@ -117,8 +118,11 @@ _POSITION = struct.Struct(">QQ")
 Done = Callable[[BaseException | None], None]
 """Completion callback: ``None`` once durable, else the error (called on the event loop)."""
 
-AckSink = Callable[[list[bytes], BaseException | None], None]
-"""Completion of a run of adds (``submit_acked_add``): their acks in order, ``None`` once durable, else the error."""
+AckSink = Callable[[list[Any], BaseException | None], None]
+"""Completion of a run of adds (``submit_acked_add``): their acks in order, ``None`` once durable, else the error.
+
+An ack is whatever the caller passed for its add (the server: the framed OK answer, or the add's index
+in an ADD_ENTRIES frame)."""
 
 
 _ENTRY_KEY = struct.Struct(">QQ")
@@ -193,7 +197,7 @@ class _Batch:
         self.values: list[bytes] = []
         self.waiters: list[Done] = []
         self.run_sink: AckSink | None = None  # the sink of the run the last waiter completes (``run_acks``)
-        self.run_acks: list[bytes] = []
+        self.run_acks: list[Any] = []
         self.futures: list[asyncio.Future[None]] = []
         self.parts: list[bytes] = []
         self.dirty: set[int] = set()
@@ -423,7 +427,7 @@ class EntryStorage:
             batch.waiters.append(done)
             batch.run_sink = None
 
-    def submit_acked_add(self, sink: AckSink, ack: bytes, ledger_id: int, entry_id: int, master_key: bytes,
+    def submit_acked_add(self, sink: AckSink, ack: object, ledger_id: int, entry_id: int, master_key: bytes,
                          payload: bytes, lac: int, *, recovery: bool = False) -> None:
         """``submit_add`` whose completion is handed over in runs (the server's hot path).
 

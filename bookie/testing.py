@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bookie import protocol as proto
-from bookie.connection import BookieConnection, ResponseCallback
+from bookie.connection import FLUSH_BYTES, BookieConnection, ResponseCallback
 from bookie.errors import BookieUnavailableError, ProtocolError
 
 __all__ = ["READY_PREFIX", "AddPipeline", "BookieProcess", "RawBookieClient", "bookie_command", "parse_ready_line",
@@ -131,7 +131,12 @@ class RawBookieClient:
             expected.append(proto.encode_frame(proto.add_response(txn_id, ledger_id, entry_id)))
         return frames, expected
 
-    async def pipeline(self, run: AddPipeline, timeout: float = 600.0) -> float:
+    def encode_bodies(self, ledger_id: int, master_key: bytes, payloads: Sequence[bytes]) -> list[bytes]:
+        """``add_request_body``s of ``payloads`` (entry ids 0, 1, ...): the adds of an ``AddEntriesPipeline``."""
+        bodies = proto.AddBodies(ledger_id, master_key)
+        return [bodies.body(entry_id, payload) for entry_id, payload in enumerate(payloads)]
+
+    async def pipeline(self, run: AddPipeline | AddEntriesPipeline, timeout: float = 600.0) -> float:
         """Send ``run``'s frames, ``run.window`` outstanding, until all are answered.
 
         Returns the seconds from the first send to the last answer.
@@ -285,6 +290,84 @@ class AddPipeline:
                 self.errors += 1
         self.answered += len(frames)
         return self._send(len(frames), now)
+
+    def latencies(self) -> list[float]:
+        """Seconds from send to answer of each add answered (in add order)."""
+        return [a - s for s, a in zip(self.sent_at[:self.sent], self.answered_at[:self.sent], strict=True)
+                if a]
+
+
+class AddEntriesPipeline:
+    """``AddPipeline`` with ADD_ENTRIES frames, as the ledger client's connections send adds.
+
+    ``bodies`` are ``add_request_body``s (no txn id). The adds answered by
+    one read are sent again as one frame (split at ``max_bytes``), the first
+    ``window`` likewise; ``next_txn_id`` numbers the frames. Every answer is
+    parsed: a non-OK one counts its failed adds in ``errors``. The same
+    interface as ``AddPipeline`` (``RawBookieClient.pipeline`` runs either).
+    """
+
+    def __init__(self, bodies: Sequence[bytes], window: int, next_txn_id: Callable[[], int],
+                 max_bytes: int = FLUSH_BYTES) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be positive, not {window}")
+        self.frames = list(bodies)
+        self.window = min(window, len(self.frames))
+        self.sent = 0
+        self.answered = 0
+        self.errors = 0
+        self.sent_at = [0.0] * len(self.frames)
+        self.answered_at = [0.0] * len(self.frames)
+        self._next_txn_id = next_txn_id
+        self._max_bytes = max_bytes
+        self._decoder = proto.FrameDecoder()
+        self._spans: dict[int, tuple[int, int]] = {}   # txn id -> the adds [i, j) of its frame
+
+    @property
+    def finished(self) -> bool:
+        return self.answered == len(self.frames)
+
+    def start(self, now: float) -> list[bytes]:
+        return self._send(self.window, now)
+
+    def _send(self, n: int, now: float) -> list[bytes]:
+        bodies = self.frames
+        first = self.sent
+        last = self.sent = min(first + n, len(bodies))
+        self.sent_at[first:last] = itertools.repeat(now, last - first)
+        out: list[bytes] = []
+        i = first
+        while i < last:
+            j, size = i + 1, len(bodies[i])
+            while j < last and size + len(bodies[j]) <= self._max_bytes:
+                size += len(bodies[j])
+                j += 1
+            txn_id = self._next_txn_id()
+            self._spans[txn_id] = (i, j)
+            out += proto.add_entries_frame(txn_id, bodies[i:j])[0]
+            i = j
+        return out
+
+    def receive(self, data: bytes, now: float) -> list[bytes]:
+        """Bytes read; the frames to send now (as many adds as were answered)."""
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as exc:
+            raise ProtocolError(f"bad answer frame: {exc}") from None
+        n = 0
+        for frame in frames:
+            resp = proto.parse_response(frame)
+            span = self._spans.pop(resp.txn_id, None)
+            if span is None or resp.op != proto.ADD_ENTRIES:
+                raise ProtocolError(f"answer with txn id {resp.txn_id} ({proto.status_name(resp.status)}) matches no "
+                                    f"ADD_ENTRIES outstanding")
+            i, j = span
+            self.answered_at[i:j] = itertools.repeat(now, j - i)
+            if resp.status != proto.OK:
+                self.errors += sum(a.status != proto.OK for a in resp.adds) or j - i
+            n += j - i
+        self.answered += n
+        return self._send(n, now)
 
     def latencies(self) -> list[float]:
         """Seconds from send to answer of each add answered (in add order)."""

@@ -294,7 +294,7 @@ class LedgerWriter:
             p.sent |= bit
             if not request:
                 request = p.request = self._add_body(p.entry_id, p.payload)
-            conn.submit_add(request, self._callbacks[idx])
+            conn.submit_add(request, self._callbacks[idx], p.entry_id)
 
     def _connect(self, idx: int) -> None:
         addr = self._ensemble[idx]

@@ -1,6 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -13,6 +15,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     READ_LAC: _ClassVar[OperationType]
     GET_BOOKIE_INFO: _ClassVar[OperationType]
     WRITE_LAC: _ClassVar[OperationType]
+    ADD_ENTRIES: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +36,7 @@ READ_ENTRY: OperationType
 READ_LAC: OperationType
 GET_BOOKIE_INFO: OperationType
 WRITE_LAC: OperationType
+ADD_ENTRIES: OperationType
 OK: StatusCode
 NO_ENTRY: StatusCode
 NO_LEDGER: StatusCode
@@ -46,7 +50,7 @@ ERROR: StatusCode
 TOO_MANY_REQUESTS: StatusCode
 
 class Request(_message.Message):
-    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms")
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "adds")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +62,7 @@ class Request(_message.Message):
     LAC_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ADDS_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     ledger_id: int
@@ -69,10 +74,11 @@ class Request(_message.Message):
     lac: int
     previous_lac: int
     timeout_ms: int
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    adds: _containers.RepeatedCompositeFieldContainer[Request]
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., adds: _Optional[_Iterable[_Union[Request, _Mapping]]] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message")
+    __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message", "adds")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +90,7 @@ class Response(_message.Message):
     TOTAL_DISK_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ADDS_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     status: StatusCode
@@ -95,7 +102,8 @@ class Response(_message.Message):
     total_disk: int
     read_only: bool
     message: str
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+    adds: _containers.RepeatedCompositeFieldContainer[Response]
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., adds: _Optional[_Iterable[_Union[Response, _Mapping]]] = ...) -> None: ...
 
 class BookieRegistrationRecord(_message.Message):
     __slots__ = ("address", "network_location", "state", "free_disk", "total_disk", "registered_ms")

@@ -7,6 +7,7 @@ client's, the hub client's and the hub server's use it::
     outbox = Outbox(schedule=server.flush_soon, flush_bytes=64 * 1024)   # the hub server's connections
     outbox.attach(transport)                    # in connection_made
     outbox.put(frame)                           # queue; the caller flushes (end of data_received)
+    outbox.put_all(frames, nbytes)              # the same for several frames (nbytes: their total)
     outbox.send(frame)                          # queue and flush at the end of this loop turn
     outbox.send_all(frames, nbytes)             # the same for several frames (nbytes: their total)
     outbox.send_pair(head, body)                # the same for one frame in two parts
@@ -69,6 +70,11 @@ class Outbox:
         """Queue ``frame``; it leaves at the caller's next ``flush``."""
         self._frames.append(frame)
         self.queued_bytes += len(frame)
+
+    def put_all(self, frames: list[bytes], nbytes: int) -> None:
+        """``put`` of several frames (or parts of one) at once (``nbytes``: their total length)."""
+        self._frames += frames
+        self.queued_bytes += nbytes
 
     def send(self, frame: bytes) -> None:
         """Queue ``frame`` and make sure a flush runs at the end of this loop turn (now: past ``flush_bytes``)."""

@@ -7,8 +7,9 @@ import socket
 
 import pytest
 
+from bookie import errors as proto_errors
 from bookie import protocol
-from bookie.connection import BookieConnectionPool
+from bookie.connection import FLUSH_BYTES, BookieConnection, BookieConnectionPool
 from bookie.digest import encode_entry, master_key
 from bookie.errors import BKError, BookieUnavailableError
 from bookie.testing import BookieProcess
@@ -82,3 +83,141 @@ async def test_pool_flush_writes_queued_requests_without_waiting_for_the_loop_tu
         assert resp.status in (protocol.NO_LEDGER, protocol.OK)
     finally:
         pool.close()
+
+
+class ScriptedBookie:
+    """An in-process bookie that records each request frame and answers adds OK (or as ``old``, without
+    ADD_ENTRIES: UNKNOWN_OP, as a bookie of an earlier version; or ``fail_entry``: that add UNAUTHORIZED)."""
+
+    def __init__(self, *, old: bool = False, fail_entry: int = -1) -> None:
+        self.old = old
+        self.fail_entry = fail_entry
+        self.seen: list[protocol.Request] = []
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    def _answer(self, req: protocol.Request) -> protocol.Response:
+        if req.op == protocol.ADD_ENTRY:
+            failed = req.entry_id == self.fail_entry
+            return protocol.add_response(req.txn_id, req.ledger_id, req.entry_id,
+                                         proto_errors.UnauthorizedError("no") if failed else None)
+        if req.op == protocol.ADD_ENTRIES and not self.old:
+            answers = [self._answer(a) for a in req.adds]
+            bad = [a for a in answers if a.status != protocol.OK]
+            if not bad:
+                return protocol.Response(txn_id=req.txn_id, op=protocol.ADD_ENTRIES)
+            return protocol.Response(txn_id=req.txn_id, op=protocol.ADD_ENTRIES, status=bad[0].status,
+                                     message=bad[0].message, adds=answers)
+        return protocol.response_to(req, protocol.UNKNOWN_OP, f"unknown op {req.op}")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = protocol.FrameDecoder(protocol.DEFAULT_MAX_FRAME_SIZE)
+        while data := await reader.read(1 << 16):
+            for frame in decoder.feed(data):
+                req = protocol.parse_request(frame)
+                self.seen.append(req)
+                writer.write(protocol.encode_frame(self._answer(req)))
+        writer.close()
+
+
+def _bodies(n: int, size: int = 10) -> list[bytes]:
+    return [protocol.add_request_body(5, e, b"k" * 20, bytes([e % 256]) * size) for e in range(n)]
+
+
+async def _submit_all(conn: BookieConnection, bodies: list[bytes]) -> list[protocol.Response | BKError]:
+    """Submit every body in one loop turn with its entry id; each add's outcome, in submission order."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[tuple[int, int, str] | BKError]] = []
+    for e, body in enumerate(bodies):
+        fut: asyncio.Future[tuple[int, int, str] | BKError] = loop.create_future()
+        # the OK answer object is shared by a frame's adds: read it in the callback
+        conn.submit_add(body, lambda r, f=fut: f.set_result(r if isinstance(r, BKError) else
+                                                            (r.entry_id, r.status, r.message)), e)
+        futures.append(fut)
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 10))
+
+
+async def test_the_adds_of_one_turn_leave_as_one_add_entries_frame() -> None:
+    bookie = ScriptedBookie()
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            got = await _submit_all(conn, _bodies(5))
+            assert got == [(e, protocol.OK, "") for e in range(5)]
+            (frame,) = bookie.seen
+            assert frame.op == protocol.ADD_ENTRIES and [a.entry_id for a in frame.adds] == list(range(5))
+            assert await _submit_all(conn, _bodies(1)) == [(0, protocol.OK, "")]
+            assert bookie.seen[-1].op == protocol.ADD_ENTRY      # one add alone: a plain ADD_ENTRY
+            assert conn.add_silence(asyncio.get_running_loop().time()) == 0.0   # nothing outstanding
+        finally:
+            conn.close()
+
+
+async def test_a_bookie_without_add_entries_gets_the_adds_one_by_one() -> None:
+    bookie = ScriptedBookie(old=True)
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            assert await _submit_all(conn, _bodies(3)) == [(e, protocol.OK, "") for e in range(3)]
+            assert [r.op for r in bookie.seen] == [protocol.ADD_ENTRIES] + [protocol.ADD_ENTRY] * 3
+            assert not conn.batch_adds
+            assert await _submit_all(conn, _bodies(2)) == [(e, protocol.OK, "") for e in range(2)]
+            assert [r.op for r in bookie.seen[4:]] == [protocol.ADD_ENTRY] * 2   # and from then on
+        finally:
+            conn.close()
+
+
+async def test_each_add_of_a_frame_gets_its_own_answer_when_one_fails() -> None:
+    async with ScriptedBookie(fail_entry=1) as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            got = await _submit_all(conn, _bodies(3))
+            assert got == [(0, protocol.OK, ""), (1, protocol.UNAUTHORIZED, "no"), (2, protocol.OK, "")]
+        finally:
+            conn.close()
+
+
+async def test_adds_not_framed_yet_fail_with_the_connection_and_large_ones_leave_early() -> None:
+    bookie = ScriptedBookie()
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        loop = asyncio.get_running_loop()
+        outcomes: list[object] = []
+        for e, body in enumerate(_bodies(3)):
+            conn.submit_add(body, outcomes.append, e)
+        conn.close()                                 # before the end of the turn: nothing was framed
+        assert len(outcomes) == 3 and all(isinstance(o, BookieUnavailableError) for o in outcomes)
+        conn = await BookieConnection.connect(address)
+        try:
+            big = _bodies(3, size=40 * 1024)
+            done = loop.create_future()
+            answered: list[int] = []
+
+            def on_answer(r: protocol.Response | BKError) -> None:
+                assert isinstance(r, protocol.Response) and r.status == protocol.OK
+                answered.append(r.entry_id)
+                if len(answered) == 3:
+                    done.set_result(None)
+
+            conn.submit_add(big[0], on_answer, 0)
+            assert conn._outbox.queued_bytes == 0    # waits for the end of the turn
+            conn.submit_add(big[1], on_answer, 1)    # past FLUSH_BYTES: framed and written now
+            assert conn._adds == [] and conn._outbox.queued_bytes == 0
+            conn.submit_add(big[2], on_answer, 2)
+            await asyncio.wait_for(done, 10)
+            assert sorted(answered) == [0, 1, 2]
+            assert [len(r.adds) for r in bookie.seen] == [2, 0]   # then the third alone, an ADD_ENTRY
+            huge = protocol.add_request_body(5, 2, b"k" * 20, b"h" * FLUSH_BYTES)
+            got = await _submit_all(conn, [*_bodies(2), huge])    # a large add: never in a frame of others
+            assert [g[:2] for g in got if not isinstance(g, BKError)] == [(0, 0), (1, 0), (2, 0)]
+            assert [(r.op, len(r.adds)) for r in bookie.seen[2:]] == [(protocol.ADD_ENTRIES, 2),
+                                                                      (protocol.ADD_ENTRY, 0)]
+        finally:
+            conn.close()

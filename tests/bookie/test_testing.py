@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from bookie import errors
 from bookie import protocol as proto
-from bookie.testing import AddPipeline
+from bookie.testing import AddEntriesPipeline, AddPipeline
 
 
 def adds(n: int, ledger_id: int = 3) -> tuple[list[bytes], list[bytes]]:
@@ -76,3 +76,28 @@ def test_an_add_answered_twice_is_a_protocol_error() -> None:
     run.receive(answer(1, proto.ERROR), 1.0)
     with pytest.raises(errors.ProtocolError):
         run.receive(answer(1), 2.0)
+
+
+def _frames_of(parts: list[bytes]) -> list[proto.Request]:
+    decoder = proto.FrameDecoder()
+    return [proto.parse_request(f) for f in decoder.feed(b"".join(parts))]
+
+
+def test_add_entries_pipeline_sends_answered_adds_again_as_one_frame() -> None:
+    bodies = [proto.add_request_body(3, i, b"k", b"p" * 40) for i in range(10)]
+    txn_ids = iter(range(100, 200))
+    run = AddEntriesPipeline(bodies, window=4, next_txn_id=lambda: next(txn_ids), max_bytes=130)
+    first = _frames_of(run.start(0.0))        # 4 adds of ~50 bytes, at most 130 bytes a frame: 2 + 2
+    assert [(r.txn_id, r.op, [a.entry_id for a in r.adds]) for r in first] == [
+        (100, proto.ADD_ENTRIES, [0, 1]), (101, proto.ADD_ENTRIES, [2, 3])]
+    ok = proto.encode_frame(proto.Response(txn_id=101, op=proto.ADD_ENTRIES))
+    more = _frames_of(run.receive(ok[:5], 1.0) + run.receive(ok[5:], 2.0))   # any split
+    assert [[a.entry_id for a in r.adds] for r in more] == [[4, 5]]          # as many as answered
+    fenced = proto.add_response(0, 3, 1, errors.LedgerFencedError("f"))
+    failed = proto.Response(txn_id=100, op=proto.ADD_ENTRIES, status=proto.FENCED,
+                            adds=[proto.add_response(0, 3, 0), fenced])
+    run.receive(proto.encode_frame(failed), 3.0)
+    assert (run.answered, run.errors, run.sent) == (4, 1, 8)
+    assert run.latencies() == [3.0, 3.0, 2.0, 2.0]
+    with pytest.raises(errors.ProtocolError, match="matches no ADD_ENTRIES"):
+        run.receive(ok, 4.0)                   # answered already

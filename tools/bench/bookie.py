@@ -9,7 +9,10 @@ metastore, connects one raw-protocol client (``RawBookieClient``, an
 * ``fsync``: the disk's fsync rate (``os.fsync`` loop on a temp file in the
   same directory), the comparison a durable add is bound by;
 * ``throughput``: adds/s and p50/p99/p999 with ``--window`` adds
-  outstanding, per entry size;
+  outstanding, per entry size: once with one ADD_ENTRY frame per add
+  (``"frames": "ADD_ENTRY"``), once as the ledger client sends them, the
+  adds answered by one read sent again as one ADD_ENTRIES frame
+  (``"frames": "ADD_ENTRIES"``, ``bookie.testing.AddEntriesPipeline``);
 * ``fixed_rate``: latency percentiles at ``--rate`` adds/s, measured after
   one second of warm-up at the same rate.
 
@@ -39,7 +42,7 @@ from typing import Any
 
 from bookie import protocol as proto
 from bookie.digest import encode_entry, master_key
-from bookie.testing import AddPipeline, BookieProcess, Callback, RawBookieClient
+from bookie.testing import AddEntriesPipeline, AddPipeline, BookieProcess, Callback, RawBookieClient
 from tools.bench import percentiles, rate
 
 __all__ = ["BookieProcess", "RawBookieClient", "add_arguments", "run"]
@@ -114,8 +117,13 @@ async def _bench(address: str, sizes: list[int], count: int, window: int, fixed_
         for size in sizes:
             ledger += 1
             secs, lat, errors = await _pipelined(client, ledger, key, _payloads(ledger, count, size), window)
-            out.append({"bench": "bookie", "case": "throughput", "entry_size": size, "count": count,
-                        "window": window, "errors": errors, "seconds": round(secs, 4),
+            out.append({"bench": "bookie", "case": "throughput", "frames": "ADD_ENTRY", "entry_size": size,
+                        "count": count, "window": window, "errors": errors, "seconds": round(secs, 4),
+                        "ops_per_sec": rate(count, secs), **percentiles(lat)})
+            ledger += 1
+            secs, lat, errors = await _pipelined_entries(client, ledger, key, _payloads(ledger, count, size), window)
+            out.append({"bench": "bookie", "case": "throughput", "frames": "ADD_ENTRIES", "entry_size": size,
+                        "count": count, "window": window, "errors": errors, "seconds": round(secs, 4),
                         "ops_per_sec": rate(count, secs), **percentiles(lat)})
         if fixed_rate > 0:
             ledger += 1  # warm-up at the same rate, not measured
@@ -136,6 +144,13 @@ async def _bench(address: str, sizes: list[int], count: int, window: int, fixed_
 async def _pipelined(client: RawBookieClient, ledger: int, key: bytes, payloads: list[bytes],
                      window: int) -> tuple[float, list[float], int]:
     run = AddPipeline(*client.encode_adds(ledger, key, payloads), window=window)   # before the clock
+    seconds = await client.pipeline(run)
+    return seconds, run.latencies(), run.errors
+
+
+async def _pipelined_entries(client: RawBookieClient, ledger: int, key: bytes, payloads: list[bytes],
+                             window: int) -> tuple[float, list[float], int]:
+    run = AddEntriesPipeline(client.encode_bodies(ledger, key, payloads), window, client.conn.next_txn_id)
     seconds = await client.pipeline(run)
     return seconds, run.latencies(), run.errors
 
