@@ -14,6 +14,8 @@ connection without ``handle``'s dispatch; the same checks and statuses):
 its OK answer is framed when the add is accepted (``protocol.AddAcks``) and
 the storage hands each connection's adds back in runs, so a group's answers
 are queued, counted and released from flow control once per run, not per add.
+ADD_ENTRIES (``add_entries``: several adds in one frame, what the ledger
+client sends) serves each add the same way and answers once for the frame.
 Bad input never stops the process: an undecodable frame is answered
 ``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``, an oversized
 frame ``TOO_LARGE`` and the connection is then closed (the stream is out
