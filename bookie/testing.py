@@ -201,7 +201,45 @@ class _TappedConnection(BookieConnection):
             tap(data)
 
 
-class AddPipeline:
+class _Window:
+    """What both pipelines share: ``frames`` (one per add), ``window`` of them outstanding, the times."""
+
+    def __init__(self, frames: Sequence[bytes], window: int) -> None:
+        if window <= 0:
+            raise ValueError(f"window must be positive, not {window}")
+        self.frames = list(frames)
+        self.window = min(window, len(self.frames))
+        self.sent = 0
+        self.answered = 0
+        self.errors = 0
+        self.sent_at = [0.0] * len(self.frames)
+        self.answered_at = [0.0] * len(self.frames)
+
+    @property
+    def finished(self) -> bool:
+        return self.answered == len(self.frames)
+
+    def start(self, now: float) -> list[bytes]:
+        """The frames to send first (the first ``window`` adds)."""
+        return self._send(self.window, now)
+
+    def _send(self, n: int, now: float) -> list[bytes]:
+        raise NotImplementedError
+
+    def _take(self, n: int, now: float) -> tuple[int, int]:
+        """The next ``n`` adds (at most) are sent at ``now``: their range ``[first, last)``."""
+        first = self.sent
+        last = self.sent = min(first + n, len(self.frames))
+        self.sent_at[first:last] = itertools.repeat(now, last - first)
+        return first, last
+
+    def latencies(self) -> list[float]:
+        """Seconds from send to answer of each add answered (in add order)."""
+        return [a - s for s, a in zip(self.sent_at[:self.sent], self.answered_at[:self.sent], strict=True)
+                if a]
+
+
+class AddPipeline(_Window):
     """Pre-encoded adds kept ``window`` outstanding and their answers checked, without I/O.
 
     ``frames[i]`` is a framed ADD_ENTRY, ``expected[i]`` the framed OK answer
@@ -221,16 +259,8 @@ class AddPipeline:
     def __init__(self, frames: Sequence[bytes], expected: Sequence[bytes], window: int) -> None:
         if len(frames) != len(expected):
             raise ValueError("one expected answer per frame")
-        if window <= 0:
-            raise ValueError(f"window must be positive, not {window}")
-        self.frames = list(frames)
+        super().__init__(frames, window)
         self.expected = list(expected)
-        self.window = min(window, len(frames))
-        self.sent = 0
-        self.answered = 0
-        self.errors = 0
-        self.sent_at = [0.0] * len(frames)
-        self.answered_at = [0.0] * len(frames)
         self._stream = b"".join(self.expected)
         self._ends = list(itertools.accumulate(map(len, self.expected)))
         self._pos = 0                                # bytes of ``_stream`` matched (in-order mode)
@@ -238,18 +268,8 @@ class AddPipeline:
         self._index: dict[int, int] = {}              # txn id -> add (parsed mode)
         self._done = bytearray()                      # 1 per add answered (parsed mode)
 
-    @property
-    def finished(self) -> bool:
-        return self.answered == len(self.frames)
-
-    def start(self, now: float) -> list[bytes]:
-        """The first ``window`` frames."""
-        return self._send(self.window, now)
-
     def _send(self, n: int, now: float) -> list[bytes]:
-        first = self.sent
-        last = self.sent = min(first + n, len(self.frames))
-        self.sent_at[first:last] = itertools.repeat(now, last - first)
+        first, last = self._take(n, now)
         return self.frames[first:last]
 
     def receive(self, data: bytes, now: float) -> list[bytes]:
@@ -291,13 +311,8 @@ class AddPipeline:
         self.answered += len(frames)
         return self._send(len(frames), now)
 
-    def latencies(self) -> list[float]:
-        """Seconds from send to answer of each add answered (in add order)."""
-        return [a - s for s, a in zip(self.sent_at[:self.sent], self.answered_at[:self.sent], strict=True)
-                if a]
 
-
-class AddEntriesPipeline:
+class AddEntriesPipeline(_Window):
     """``AddPipeline`` with ADD_ENTRIES frames, as the ledger client's connections send adds.
 
     ``bodies`` are ``add_request_body``s (no txn id). The adds answered by
@@ -309,32 +324,15 @@ class AddEntriesPipeline:
 
     def __init__(self, bodies: Sequence[bytes], window: int, next_txn_id: Callable[[], int],
                  max_bytes: int = FLUSH_BYTES) -> None:
-        if window <= 0:
-            raise ValueError(f"window must be positive, not {window}")
-        self.frames = list(bodies)
-        self.window = min(window, len(self.frames))
-        self.sent = 0
-        self.answered = 0
-        self.errors = 0
-        self.sent_at = [0.0] * len(self.frames)
-        self.answered_at = [0.0] * len(self.frames)
+        super().__init__(bodies, window)
         self._next_txn_id = next_txn_id
         self._max_bytes = max_bytes
         self._decoder = proto.FrameDecoder()
         self._spans: dict[int, tuple[int, int]] = {}   # txn id -> the adds [i, j) of its frame
 
-    @property
-    def finished(self) -> bool:
-        return self.answered == len(self.frames)
-
-    def start(self, now: float) -> list[bytes]:
-        return self._send(self.window, now)
-
     def _send(self, n: int, now: float) -> list[bytes]:
         bodies = self.frames
-        first = self.sent
-        last = self.sent = min(first + n, len(bodies))
-        self.sent_at[first:last] = itertools.repeat(now, last - first)
+        first, last = self._take(n, now)
         out: list[bytes] = []
         i = first
         while i < last:
@@ -368,11 +366,6 @@ class AddEntriesPipeline:
             n += j - i
         self.answered += n
         return self._send(n, now)
-
-    def latencies(self) -> list[float]:
-        """Seconds from send to answer of each add answered (in add order)."""
-        return [a - s for s, a in zip(self.sent_at[:self.sent], self.answered_at[:self.sent], strict=True)
-                if a]
 
 
 class BookieProcess:

@@ -62,6 +62,14 @@ async def pipelined(client: RawBookieClient, requests: list[proto.Request]) -> l
     return list(await asyncio.wait_for(asyncio.gather(*futures), WAIT))
 
 
+def break_the_journal(server: BookieServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every journal write of ``server`` fails from now on ("the journal disk is on fire")."""
+    def broken(data: bytes) -> None:
+        raise OSError("the journal disk is on fire")
+
+    monkeypatch.setattr(server.storage._writer, "append", broken)
+
+
 def other_entry_payload(ledger_id: int, entry_id: int) -> proto.Request:
     """An add whose payload header names another entry than the request."""
     return proto.add_request(0, ledger_id, entry_id, KEY, encode_entry(ledger_id, entry_id + 7, -1, 4, b"data"))
@@ -111,11 +119,7 @@ async def test_a_failed_journal_write_answers_each_add_with_the_error(server: Bo
                                                                      client: RawBookieClient,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     assert (await client.call(add_req(1, 0))).status == proto.OK
-
-    def broken(data: bytes) -> None:
-        raise OSError("the journal disk is on fire")
-
-    monkeypatch.setattr(server.storage._writer, "append", broken)
+    break_the_journal(server, monkeypatch)
     reqs = [add_req(1, i) for i in range(1, 6)]
     answers = await pipelined(client, reqs)
     assert [a.status for a in answers] == [proto.ERROR] * 5
@@ -213,11 +217,7 @@ async def test_a_failed_journal_write_fails_every_add_of_an_add_entries(server: 
                                                                         client: RawBookieClient,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     assert (await client.call(add_req(1, 0))).status == proto.OK
-
-    def broken(data: bytes) -> None:
-        raise OSError("the journal disk is on fire")
-
-    monkeypatch.setattr(server.storage._writer, "append", broken)
+    break_the_journal(server, monkeypatch)
     answer = await client.call(add_entries([add_req(1, i) for i in range(1, 4)]))
     assert answer.status == proto.ERROR and "on fire" in answer.message
     assert [(a.entry_id, a.status) for a in answer.adds] == [(i, proto.ERROR) for i in range(1, 4)]
