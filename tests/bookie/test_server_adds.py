@@ -75,10 +75,15 @@ def other_entry_payload(ledger_id: int, entry_id: int) -> proto.Request:
     return proto.add_request(0, ledger_id, entry_id, KEY, encode_entry(ledger_id, entry_id + 7, -1, 4, b"data"))
 
 
-async def test_every_check_answers_with_its_status(server: BookieServer, client: RawBookieClient) -> None:
+async def store_one_and_fence_another(client: RawBookieClient) -> None:
+    """Ledger 1 holds entry 0; ledger 2 is fenced."""
     assert (await client.call(add_req(1, 0))).status == proto.OK
     fence = proto.read_request(0, 2, proto.LAST_ENTRY, fence=True, master_key=KEY)
     assert (await client.call(fence)).status in (proto.OK, proto.NO_ENTRY)
+
+
+async def test_every_check_answers_with_its_status(server: BookieServer, client: RawBookieClient) -> None:
+    await store_one_and_fence_another(client)
     cases = [
         (add_req(1, 1), proto.OK),
         (add_req(1, 2, key=master_key(b"wrong")), proto.UNAUTHORIZED),
@@ -176,9 +181,7 @@ async def test_add_entries_stores_every_add_and_answers_once(server: BookieServe
 
 async def test_add_entries_answers_each_failed_add_and_keeps_the_others(server: BookieServer,
                                                                         client: RawBookieClient) -> None:
-    assert (await client.call(add_req(1, 0))).status == proto.OK
-    fence = proto.read_request(0, 2, proto.LAST_ENTRY, fence=True, master_key=KEY)
-    assert (await client.call(fence)).status in (proto.OK, proto.NO_ENTRY)
+    await store_one_and_fence_another(client)
     cases = [
         (add_req(1, 1), proto.OK),
         (add_req(1, 2, key=master_key(b"wrong")), proto.UNAUTHORIZED),
