@@ -7,8 +7,8 @@
     conn = pool.connected("127.0.0.1:3181")       # the open connection, or None (no waiting)
     conn.submit(add_request(0, ...), callback)     # callback(Response | BKError), no future
 
-The adds of one loop turn (``submit_add`` with an entry id, as the ledger
-writer sends them) leave as one ADD_ENTRIES frame, one answer for all of
+The adds of one loop turn (``submit_entry``, as the ledger writer sends
+them) leave as one ADD_ENTRIES frame per ledger, one answer for all of
 them; a bookie that does not know the op (an older version answers
 UNKNOWN_OP) gets them, and every later add, one ADD_ENTRY frame each.
 Requests submitted in one loop turn leave in one ``writelines`` call
@@ -113,12 +113,13 @@ class BookieConnection(asyncio.Protocol):
         self._adds_out = 0
         self._add_wait_since = self.last_reply
         self.batch_adds = True
-        """Adds of one loop turn leave as one ADD_ENTRIES frame (False once the bookie refused the op)."""
-        self._adds: list[bytes] = []   # adds of this turn not framed yet: bodies, callbacks, entry ids
-        self._add_callbacks: list[ResponseCallback] = []
-        self._add_ids: list[int] = []
-        self._adds_bytes = 0
-        self._adds_due = False
+        """Adds of one loop turn leave as ADD_ENTRIES frames (False once the bookie refused the op)."""
+        self._entries: list[bytes] = []   # ``submit_entry``s of this turn not framed yet
+        self._entry_ledgers: list[protocol.AddBodies] = []
+        self._entry_ids: list[int] = []
+        self._entry_callbacks: list[ResponseCallback] = []
+        self._entries_bytes = 0
+        self._entries_due = False
 
     @classmethod
     async def connect(cls: type[C], address: str, timeout: float = 10.0,
@@ -206,67 +207,93 @@ class BookieConnection(asyncio.Protocol):
             self._add_sent()
         self._outbox.send(protocol.encode_frame(request))
 
-    def submit_add(self, body: bytes, callback: ResponseCallback, entry_id: int = -1) -> None:
-        """Queue an ADD_ENTRY encoded once for every bookie (``protocol.add_request_body``); as ``submit``.
-
-        With its ``entry_id`` the add waits for the end of the loop turn (or
-        ``FLUSH_BYTES`` of adds) and leaves with the others of the turn as one
-        ADD_ENTRIES frame (one alone: an ADD_ENTRY). Their callbacks then get
-        each add's answer; an OK answer is one ``Response`` reused for the
-        adds of a frame (read it in the callback, do not keep it).
-        """
+    def submit_add(self, body: bytes, callback: ResponseCallback) -> None:
+        """Queue an ADD_ENTRY encoded once for every bookie (``protocol.add_request_body``); as ``submit``."""
         if self.is_closed or self._transport is None:
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
-        if entry_id >= 0 and self.batch_adds and len(body) < FLUSH_BYTES:   # a frame stays < 2 x FLUSH_BYTES
-            self._adds.append(body)
-            self._add_callbacks.append(callback)
-            self._add_ids.append(entry_id)
-            queued = self._adds_bytes = self._adds_bytes + len(body)
-            if queued >= FLUSH_BYTES:
-                self._frame_adds()
-                self._outbox.flush()
-            elif not self._adds_due:
-                self._adds_due = True
-                self._loop.call_soon(self._end_of_turn)
-            return
-        if self._adds:   # a large add after queued ones: they leave first, in order
-            self._frame_adds()
+        if self._entries:   # entries queued before it leave first, in order
+            self._frame_entries()
         txn_id = self._pending.add_next(_ADD_ENTRY, callback)
         if not self._adds_out:  # ``_add_sent`` inlined: the add path
             self._add_wait_since = self._loop.time()
         self._adds_out += 1
         self._outbox.send_pair(_add_frame_head(txn_id, body), body)
 
+    def submit_entry(self, ledger: protocol.AddBodies, entry_id: int, payload: bytes,
+                     callback: ResponseCallback) -> None:
+        """Queue the add of ``payload`` (an encoded entry) to ``ledger`` (the writer's ``AddBodies``).
+
+        The adds of one loop turn (until ``FLUSH_BYTES`` wait) leave as one
+        ADD_ENTRIES frame per ledger, one answer for all; one add alone, a
+        payload of ``FLUSH_BYTES`` or more, or every add once the bookie
+        refused the op, as an ADD_ENTRY. Callbacks as ``submit``'s; an OK answer is one
+        ``Response`` reused for the adds of a frame (read it in the callback,
+        do not keep it).
+        """
+        if self.is_closed or self._transport is None:
+            callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
+            return
+        if not self.batch_adds or len(payload) >= FLUSH_BYTES:
+            self.submit_add(ledger.body(entry_id, payload), callback)
+            return
+        self._entries.append(payload)
+        self._entry_ledgers.append(ledger)
+        self._entry_ids.append(entry_id)
+        self._entry_callbacks.append(callback)
+        queued = self._entries_bytes = self._entries_bytes + len(payload)
+        if queued >= FLUSH_BYTES:   # a frame stays under 2 x FLUSH_BYTES
+            self._frame_entries()
+            self._outbox.flush()
+        elif not self._entries_due:
+            self._entries_due = True
+            self._loop.call_soon(self._end_of_turn)
+
     def _end_of_turn(self) -> None:
-        self._adds_due = False
-        if self._adds:
-            self._frame_adds()
+        self._entries_due = False
+        if self._entries:
+            self._frame_entries()
             self._outbox.flush()
 
-    def _frame_adds(self) -> None:
-        """Frame the adds queued by ``submit_add``: one ADD_ENTRIES (one alone: ADD_ENTRY) into the outbox."""
-        bodies, callbacks, ids = self._adds, self._add_callbacks, self._add_ids
-        self._adds, self._add_callbacks, self._add_ids, self._adds_bytes = [], [], [], 0
-        if not self._adds_out:
-            self._add_wait_since = self._loop.time()
-        self._adds_out += 1
-        if len(bodies) == 1:
-            body = bodies[0]
-            self._outbox.put(_add_frame_head(self._pending.add_next(_ADD_ENTRY, callbacks[0]), body))
-            self._outbox.put(body)
-            return
-        run = _AddRun(self, bodies, callbacks, ids)
-        parts, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES, run), bodies)
-        self._outbox.put_all(parts, nbytes)
+    def _frame_entries(self) -> None:
+        """Frame the entries queued by ``submit_entry``: one ADD_ENTRIES per run of one ledger (of one entry: an
+        ADD_ENTRY), into the outbox."""
+        payloads, ledgers, ids, callbacks = self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks
+        self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks = [], [], [], []
+        self._entries_bytes = 0
+        n = len(payloads)
+        i = 0
+        while i < n:
+            ledger = ledgers[i]
+            j = i + 1
+            while j < n and ledgers[j] is ledger:
+                j += 1
+            if not self._adds_out:
+                self._add_wait_since = self._loop.time()
+            self._adds_out += 1
+            if j == i + 1:   # one add alone (a moderate rate): an ADD_ENTRY, the bookie's cheaper path
+                body = ledger.body(ids[i], payloads[i])
+                self._outbox.put(_add_frame_head(self._pending.add_next(_ADD_ENTRY, callbacks[i]), body))
+                self._outbox.put(body)
+                i = j
+                continue
+            if i == 0 and j == n:   # the usual case: one ledger's adds
+                run = _AddRun(self, ledger, payloads, ids, callbacks)
+            else:
+                run = _AddRun(self, ledger, payloads[i:j], ids[i:j], callbacks[i:j])
+            parts, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES, run),
+                                                       ledger.ledger_fields, run.payloads)
+            self._outbox.put_all(parts, nbytes)
+            i = j
 
     def _refused_batches(self, run: _AddRun) -> None:
         """The bookie does not know ADD_ENTRIES (an older version): send this run's adds, and all later, singly."""
         if self.batch_adds:
             log.info("bookie %s does not serve ADD_ENTRIES: sending adds one by one", self.address)
         self.batch_adds = False
-        for body, callback in zip(run.bodies, run.callbacks, strict=True):
-            self.submit_add(body, callback)
+        ledger = run.ledger
+        for entry_id, payload, callback in zip(run.ids, run.payloads, run.callbacks, strict=True):
+            self.submit_add(ledger.body(entry_id, payload), callback)
 
     def send(self, request: protocol.Request) -> asyncio.Future[protocol.Response]:
         """Queue ``request``; the future resolves to its response (any status) or fails."""
@@ -294,16 +321,16 @@ class BookieConnection(asyncio.Protocol):
 
     def flush(self) -> None:
         """Write what is queued now, in one ``writelines``."""
-        if self._adds:
-            self._frame_adds()
+        if self._entries:
+            self._frame_entries()
         self._outbox.flush()
 
     def _fail(self, exc: BookieUnavailableError) -> None:
         self.is_closed = True
         self._adds_out = 0
         self._outbox.detach()
-        queued, self._add_callbacks = self._add_callbacks, []
-        self._adds, self._add_ids, self._adds_bytes = [], [], 0
+        queued, self._entry_callbacks = self._entry_callbacks, []
+        self._entries, self._entry_ledgers, self._entry_ids, self._entries_bytes = [], [], [], 0
         for callback in [*self._pending.drain(), *queued]:
             callback(exc)
         if self._transport is not None:
@@ -317,16 +344,17 @@ class BookieConnection(asyncio.Protocol):
 
 
 class _AddRun:
-    """The callback of one ADD_ENTRIES frame: hands each add its answer (``BookieConnection._frame_adds``)."""
+    """The callback of one ADD_ENTRIES frame: hands each add its answer (``BookieConnection._frame_entries``)."""
 
-    __slots__ = ("bodies", "callbacks", "conn", "ids")
+    __slots__ = ("callbacks", "conn", "ids", "ledger", "payloads")
 
-    def __init__(self, conn: BookieConnection, bodies: list[bytes], callbacks: list[ResponseCallback],
-                 ids: list[int]) -> None:
+    def __init__(self, conn: BookieConnection, ledger: protocol.AddBodies, payloads: list[bytes], ids: list[int],
+                 callbacks: list[ResponseCallback]) -> None:
         self.conn = conn
-        self.bodies = bodies
-        self.callbacks = callbacks
+        self.ledger = ledger
+        self.payloads = payloads
         self.ids = ids
+        self.callbacks = callbacks
 
     def __call__(self, result: protocol.Response | BKError) -> None:
         callbacks = self.callbacks

@@ -31,7 +31,7 @@ this module; everything here is testable with byte strings alone::
     txns = ClientTxns()                         # the ledger client's connections
     body = AddBodies(ledger_id, key).body(entry_id, payload)   # one ADD_ENTRY encoding for every bookie
     head = add_frame_head(txns.add_next(ADD_ENTRY, callback), body)   # send head, then body
-    parts, size = add_entries_frame(txns.add_next(ADD_ENTRIES, callback), [body, ...])   # several adds, one frame
+    parts, size = add_entries_frame(txns.add_next(ADD_ENTRIES, callback), bodies.ledger_fields, [payload, ...])
     adds_answered = txns.answer(frames, misfit)  # parse every response read, run each callback in order
 
 Frames are a 4-byte big-endian unsigned length followed by that many bytes
@@ -728,11 +728,13 @@ class AddBodies:
     of the cost of building a ``Request`` per add).
     """
 
-    __slots__ = ("_request", "_serialize")
+    __slots__ = ("_request", "_serialize", "ledger_fields")
 
     def __init__(self, ledger_id: int, master_key: bytes, *, recovery: bool = False) -> None:
         self._request = Request(op=ADD_ENTRY, ledger_id=ledger_id, master_key=master_key, recovery=recovery)
         self._serialize = self._request.SerializeToString
+        self.ledger_fields = Request(ledger_id=ledger_id, master_key=master_key, recovery=recovery).SerializeToString()
+        """The ledger's fields of an ADD_ENTRIES request (``add_entries_frame``)."""
 
     def body(self, entry_id: int, payload: bytes) -> bytes:
         request = self._request
@@ -767,36 +769,38 @@ def add_frame_head(txn_id: int, body: bytes) -> bytes:
     return LENGTH_PREFIX.pack(len(varint) + size) + varint
 
 
-_ADDS_TAG = 0x62   # Request.adds is field 12, wire type 2 (length-delimited)
-_ADDS_LEADS = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
+_ENTRIES_TAG = 0x62   # Request.entries is field 12, wire type 2 (length-delimited)
+_ENTRY_LEADS = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
 _ADD_ENTRIES_OP = b"\x10" + bytes((ADD_ENTRIES,))
 
 
-def add_entries_frame(txn_id: int, bodies: list[bytes]) -> tuple[list[bytes], int]:
-    """One ADD_ENTRIES frame of ``bodies`` (``add_request_body``s) as parts for ``writelines``, and its length.
+def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes]) -> tuple[list[bytes], int]:
+    """One ADD_ENTRIES frame of ``payloads`` as parts for ``writelines``, and its length.
 
-    The parts are the head (length prefix, txn id, op), then per add a field
-    lead (tag, length varint) and the body itself, shared by every bookie and
-    never copied: protobuf reads the concatenation as ``Request(txn_id,
-    op=ADD_ENTRIES, adds=[...])``.
+    ``ledger_fields`` is ``AddBodies.ledger_fields`` (ledger id, master key,
+    recovery flag, encoded once per writer). The parts are the head (length
+    prefix, txn id, op, ledger fields), then per entry a field lead (tag,
+    length varint) and the payload itself, shared by every bookie and never
+    copied: protobuf reads the concatenation as ``Request(txn_id,
+    op=ADD_ENTRIES, ledger_id=..., master_key=..., entries=[...])``.
     """
     parts = [b""]
     total = 0
-    two, three, four = _ADDS_LEADS
-    for body in bodies:
-        n = len(body)
+    two, three, four = _ENTRY_LEADS
+    for payload in payloads:
+        n = len(payload)
         if n < 0x80:
-            lead = two.pack(_ADDS_TAG, n)
+            lead = two.pack(_ENTRIES_TAG, n)
         elif n < 0x4000:
-            lead = three.pack(_ADDS_TAG, n & 0x7F | 0x80, n >> 7)
+            lead = three.pack(_ENTRIES_TAG, n & 0x7F | 0x80, n >> 7)
         elif n < 0x200000:
-            lead = four.pack(_ADDS_TAG, n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
+            lead = four.pack(_ENTRIES_TAG, n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
         else:
-            lead = bytes((_ADDS_TAG,)) + _varint(n)
+            lead = bytes((_ENTRIES_TAG,)) + _varint(n)
         parts.append(lead)
-        parts.append(body)
+        parts.append(payload)
         total += len(lead) + n
-    head = b"\x08" + _varint(txn_id) + _ADD_ENTRIES_OP
+    head = b"\x08" + _varint(txn_id) + _ADD_ENTRIES_OP + ledger_fields
     total += len(head)
     parts[0] = LENGTH_PREFIX.pack(total) + head
     return parts, total + PREFIX_SIZE

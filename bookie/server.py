@@ -60,6 +60,7 @@ from bookie import errors
 from bookie import protocol as proto
 from bookie.autorecovery import AutoRecovery
 from bookie.conf import BookieConf
+from bookie.digest import HEADER_SIZE
 from bookie.disk import DiskUsage, DiskUsageMonitor
 from bookie.gc import GarbageCollector
 from bookie.http import HttpServer, admin_token, resolve_http_port
@@ -134,18 +135,20 @@ def _quiet_client_logs() -> Iterator[None]:
 class _AddsAnswer:
     """The outcomes of one ADD_ENTRIES' adds (``BookieServer.add_entries``); answers once all are in.
 
-    ``settled`` is the storage's run sink (indices into the frame's adds);
+    ``settled`` is the storage's run sink (indices into the frame's entries);
     ``failed`` records an add refused before the storage took it.
     """
 
-    __slots__ = ("_adds", "_conn", "_errors", "_left", "_server", "_submitting", "_txn_id")
+    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_server", "_submitting", "_txn_id")
 
-    def __init__(self, server: BookieServer, conn: BookieServerProtocol, txn_id: int, adds: Any) -> None:
+    def __init__(self, server: BookieServer, conn: BookieServerProtocol, txn_id: int, ledger_id: int,
+                 entries: Any) -> None:
         self._server = server
         self._conn = conn
         self._txn_id = txn_id
-        self._adds = adds
-        self._left = len(adds)
+        self._ledger_id = ledger_id
+        self._entries = entries
+        self._left = len(entries)
         self._errors: dict[int, BaseException] = {}
         self._submitting = True
 
@@ -174,7 +177,7 @@ class _AddsAnswer:
     def _answer(self) -> None:
         conn, errs = self._conn, self._errors
         requests = self._server.stats.requests
-        ok = len(self._adds) - len(errs.keys() - {-1})
+        ok = len(self._entries) - len(errs.keys() - {-1})
         if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
             requests[ADD_OK] = requests.get(ADD_OK, 0) + ok
         if not errs:
@@ -183,11 +186,12 @@ class _AddsAnswer:
             first = errs[min(errs)]
             response = proto.Response(txn_id=self._txn_id, op=proto.ADD_ENTRIES, status=status_of(first),
                                       message=str(first))
-            for i, add in enumerate(self._adds):
+            for i, payload in enumerate(self._entries):
                 exc = errs.get(i)
                 if exc is not None:
                     self._server.stats.count(ADD_ENTRY, status_of(exc))
-                response.adds.append(proto.add_response(0, add.ledger_id, add.entry_id, exc))
+                entry_id = proto.ENTRY_HEADER.unpack_from(payload)[1] if len(payload) >= HEADER_SIZE else -1
+                response.adds.append(proto.add_response(0, self._ledger_id, entry_id, exc))
         conn.send_frame_later(proto.ADD_ENTRIES, response.status, proto.encode_frame(response))
         conn.finished()
 
@@ -668,30 +672,37 @@ class BookieServer:
             conn.started()
 
     def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        """Serve an ADD_ENTRIES: each of ``req.adds`` as ``add_entry`` would, one answer for all.
+        """Serve an ADD_ENTRIES: each of ``req.entries`` as ``add_entry`` would, one answer for all.
 
-        Every add goes through the checks of ``add_entry`` in request order and
-        into the storage's runs like single adds (one sink per frame, so a frame's
-        adds complete as one run). The answer (``_AddsAnswer``) leaves once every
-        add is durable or failed; the frame counts as one request in flight.
+        Every entry goes through the checks of ``add_entry`` in request order
+        (its payload header must name ``req.ledger_id``; the entry id and LAC
+        come from it) and into the storage's runs like single adds (one sink
+        per frame, so a frame's adds complete as one run). The answer
+        (``_AddsAnswer``) leaves once every add is durable or failed; the frame
+        counts as one request in flight.
         """
-        adds = req.adds
-        answer = _AddsAnswer(self, conn, req.txn_id, adds)
-        if not adds:
-            answer.refuse(errors.BadRequestError("ADD_ENTRIES without adds"))
+        entries = req.entries
+        ledger_id = req.ledger_id
+        answer = _AddsAnswer(self, conn, req.txn_id, ledger_id, entries)
+        if not entries:
+            answer.refuse(errors.BadRequestError("ADD_ENTRIES without entries"))
         storage = self._storage
         sink = answer.settled   # one object for every add of the frame: they form one run
+        master_key, recovery = req.master_key, req.recovery
         read_only = self._disk.read_only or self.operator_read_only
-        for i, add in enumerate(adds):
+        header, header_size = proto.ENTRY_HEADER.unpack_from, HEADER_SIZE
+        for i, payload in enumerate(entries):
             try:
                 if read_only:
                     raise errors.BookieReadOnlyError("bookie is read-only")
                 if storage is None:
                     raise RuntimeError("bookie not started")
-                body = add.body
-                ledger_id, entry_id, lac = proto.add_header(add, body)
-                storage.submit_acked_add(sink, i, ledger_id, entry_id, add.master_key, body, lac,
-                                         recovery=add.recovery)
+                if len(payload) < header_size:
+                    raise errors.BadRequestError("entry payload shorter than its header")
+                lid, entry_id, lac = header(payload)
+                if lid != ledger_id:
+                    raise errors.BadRequestError(f"payload is of entry {lid}:{entry_id}")
+                storage.submit_acked_add(sink, i, ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
             except Exception as exc:
                 if not isinstance(exc, errors.BKError):
                     log.error("error serving an add of ADD_ENTRIES from %s", conn.peer, exc_info=exc)

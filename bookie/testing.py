@@ -131,11 +131,6 @@ class RawBookieClient:
             expected.append(proto.encode_frame(proto.add_response(txn_id, ledger_id, entry_id)))
         return frames, expected
 
-    def encode_bodies(self, ledger_id: int, master_key: bytes, payloads: Sequence[bytes]) -> list[bytes]:
-        """``add_request_body``s of ``payloads`` (entry ids 0, 1, ...): the adds of an ``AddEntriesPipeline``."""
-        bodies = proto.AddBodies(ledger_id, master_key)
-        return [bodies.body(entry_id, payload) for entry_id, payload in enumerate(payloads)]
-
     async def pipeline(self, run: AddPipeline | AddEntriesPipeline, timeout: float = 600.0) -> float:
         """Send ``run``'s frames, ``run.window`` outstanding, until all are answered.
 
@@ -315,16 +310,19 @@ class AddPipeline(_Window):
 class AddEntriesPipeline(_Window):
     """``AddPipeline`` with ADD_ENTRIES frames, as the ledger client's connections send adds.
 
-    ``bodies`` are ``add_request_body``s (no txn id). The adds answered by
-    one read are sent again as one frame (split at ``max_bytes``), the first
-    ``window`` likewise; ``next_txn_id`` numbers the frames. Every answer is
-    parsed: a non-OK one counts its failed adds in ``errors``. The same
-    interface as ``AddPipeline`` (``RawBookieClient.pipeline`` runs either).
+    ``payloads`` are encoded entries 0, 1, ... of the ledger whose
+    ``ledger_fields`` (``AddBodies.ledger_fields``) are given. The adds
+    answered by one read are sent again as one frame (split at
+    ``max_bytes``), the first ``window`` likewise; ``next_txn_id`` numbers
+    the frames. Every answer is parsed: a non-OK one counts its failed adds
+    in ``errors``. The same interface as ``AddPipeline``
+    (``RawBookieClient.pipeline`` runs either).
     """
 
-    def __init__(self, bodies: Sequence[bytes], window: int, next_txn_id: Callable[[], int],
+    def __init__(self, payloads: Sequence[bytes], ledger_fields: bytes, window: int, next_txn_id: Callable[[], int],
                  max_bytes: int = FLUSH_BYTES) -> None:
-        super().__init__(bodies, window)
+        super().__init__(payloads, window)
+        self._ledger_fields = ledger_fields
         self._next_txn_id = next_txn_id
         self._max_bytes = max_bytes
         self._decoder = proto.FrameDecoder()
@@ -342,7 +340,7 @@ class AddEntriesPipeline(_Window):
                 j += 1
             txn_id = self._next_txn_id()
             self._spans[txn_id] = (i, j)
-            out += proto.add_entries_frame(txn_id, bodies[i:j])[0]
+            out += proto.add_entries_frame(txn_id, self._ledger_fields, bodies[i:j])[0]
             i = j
         return out
 

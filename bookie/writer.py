@@ -107,7 +107,7 @@ class _PendingAdd:
     """One add in flight: masks are over indexes of the current ensemble."""
 
     __slots__ = ("acked", "callback", "data_length", "done", "entry_id", "future", "ledger_length",
-                 "payload", "request", "sent", "started")
+                 "payload", "sent", "started")
 
     def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, started: float,
                  future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
@@ -118,7 +118,6 @@ class _PendingAdd:
         self.started = started
         self.future = future
         self.callback = callback
-        self.request = b""  # the ADD_ENTRY encoded once, without txn id (``protocol.add_request_body``)
         self.acked = 0
         self.sent = 0
         self.done = False
@@ -137,7 +136,7 @@ class LedgerWriter:
         self._master_key = digests.master_key(self._password)
         self._digest = digests.digest_type_of(metadata.digest)
         self._encode = digests.entry_encoder(self._digest, self._password)
-        self._add_body = protocol.AddBodies(ledger_id, self._master_key, recovery=recovery).body
+        self._ledger = protocol.AddBodies(ledger_id, self._master_key, recovery=recovery)
         self._recovery = recovery
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
         self._timeout = ctx.conf.add_entry_timeout
@@ -279,8 +278,8 @@ class LedgerWriter:
 
     def _send(self, p: _PendingAdd) -> None:
         skip = p.acked | p.sent | self._blocked
-        request = p.request
         conns = self._conns
+        ledger = self._ledger
         for idx in self._write_sets[p.entry_id % len(conns)]:
             bit = 1 << idx
             if skip & bit:
@@ -292,9 +291,7 @@ class LedgerWriter:
                     self._connect(idx)
                     continue
             p.sent |= bit
-            if not request:
-                request = p.request = self._add_body(p.entry_id, p.payload)
-            conn.submit_add(request, self._callbacks[idx], p.entry_id)
+            conn.submit_entry(ledger, p.entry_id, p.payload, self._callbacks[idx])
 
     def _connect(self, idx: int) -> None:
         addr = self._ensemble[idx]

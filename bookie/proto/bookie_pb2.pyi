@@ -50,7 +50,7 @@ ERROR: StatusCode
 TOO_MANY_REQUESTS: StatusCode
 
 class Request(_message.Message):
-    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "adds")
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "entries")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -62,7 +62,7 @@ class Request(_message.Message):
     LAC_FIELD_NUMBER: _ClassVar[int]
     PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
-    ADDS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     ledger_id: int
@@ -74,8 +74,8 @@ class Request(_message.Message):
     lac: int
     previous_lac: int
     timeout_ms: int
-    adds: _containers.RepeatedCompositeFieldContainer[Request]
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., adds: _Optional[_Iterable[_Union[Request, _Mapping]]] = ...) -> None: ...
+    entries: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message", "adds")

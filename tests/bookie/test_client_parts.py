@@ -102,18 +102,19 @@ def test_add_frame_txn_id_varint_lengths(txn_id: int) -> None:
     assert protocol.parse_request(got).txn_id == txn_id
 
 
-@given(txn_id=st.integers(1, 2**64 - 1),
-       sizes=st.lists(st.sampled_from([0, 1, 100, 0x7F - 40, 0x80, 0x3FFF - 40, 0x4000, 0x1FFFFF - 40, 0x200000]),
-                      min_size=1, max_size=6))
-def test_add_entries_frame_is_the_add_entries_request(txn_id: int, sizes: list[int]) -> None:
-    # lengths around each varint boundary of the adds' field leads (a body is the payload plus ~40 bytes)
-    bodies = [protocol.add_request_body(3, e, b"k" * 20, b"p" * n) for e, n in enumerate(sizes)]
-    parts, size = protocol.add_entries_frame(txn_id, bodies)
+@given(txn_id=st.integers(1, 2**64 - 1), recovery=st.booleans(),
+       sizes=st.lists(st.sampled_from([0, 1, 0x7F, 0x80, 0x3FFF, 0x4000, 0x1FFFFF, 0x200000]), min_size=1, max_size=6))
+def test_add_entries_frame_is_the_add_entries_request(txn_id: int, recovery: bool, sizes: list[int]) -> None:
+    # payload lengths on each side of each varint boundary of the entries' field leads
+    payloads = [b"p" * n for n in sizes]
+    ledger = protocol.AddBodies(3, b"k" * 20, recovery=recovery)
+    parts, size = protocol.add_entries_frame(txn_id, ledger.ledger_fields, payloads)
     frame = b"".join(parts)
     assert len(frame) == size
     assert frame == protocol.encode_frame(protocol.Request(
-        txn_id=txn_id, op=protocol.ADD_ENTRIES, adds=[protocol.parse_request(b) for b in bodies]))
-    assert all(any(p is b for p in parts) for b in bodies)   # the bodies themselves, not copies
+        txn_id=txn_id, op=protocol.ADD_ENTRIES, ledger_id=3, master_key=b"k" * 20, recovery=recovery,
+        entries=payloads))
+    assert all(any(p is x for p in parts) for x in payloads if x)   # the payloads themselves, not copies
 
 
 def test_client_txns_match_pre_encoded_adds() -> None:

@@ -103,13 +103,15 @@ class ScriptedBookie:
         assert self.server is not None
         self.server.close()
 
+    def _add(self, txn_id: int, ledger_id: int, entry_id: int) -> protocol.Response:
+        exc = proto_errors.UnauthorizedError("no") if entry_id == self.fail_entry else None
+        return protocol.add_response(txn_id, ledger_id, entry_id, exc)
+
     def _answer(self, req: protocol.Request) -> protocol.Response:
         if req.op == protocol.ADD_ENTRY:
-            failed = req.entry_id == self.fail_entry
-            return protocol.add_response(req.txn_id, req.ledger_id, req.entry_id,
-                                         proto_errors.UnauthorizedError("no") if failed else None)
+            return self._add(req.txn_id, req.ledger_id, req.entry_id)
         if req.op == protocol.ADD_ENTRIES and not self.old:
-            answers = [self._answer(a) for a in req.adds]
+            answers = [self._add(0, req.ledger_id, protocol.ENTRY_HEADER.unpack_from(p)[1]) for p in req.entries]
             bad = [a for a in answers if a.status != protocol.OK]
             if not bad:
                 return protocol.Response(txn_id=req.txn_id, op=protocol.ADD_ENTRIES)
@@ -127,35 +129,55 @@ class ScriptedBookie:
         writer.close()
 
 
-def _bodies(n: int, size: int = 10) -> list[bytes]:
-    return [protocol.add_request_body(5, e, b"k" * 20, bytes([e % 256]) * size) for e in range(n)]
+LEDGER = protocol.AddBodies(5, b"k" * 20)
 
 
-async def _submit_all(conn: BookieConnection, bodies: list[bytes]) -> list[protocol.Response | BKError]:
-    """Submit every body in one loop turn with its entry id; each add's outcome, in submission order."""
+def _payloads(n: int, size: int = 10, ledger_id: int = 5) -> list[bytes]:
+    return [encode_entry(ledger_id, e, e - 1, (e + 1) * size, bytes([e % 256]) * size) for e in range(n)]
+
+
+Outcome = tuple[int, int, str] | BKError
+
+
+async def _submit_all(conn: BookieConnection, payloads: list[bytes],
+                      ledger: protocol.AddBodies = LEDGER) -> list[Outcome]:
+    """``submit_entry`` of every payload (entry ids 0, 1, ...) in one loop turn; each add's outcome, in order."""
     loop = asyncio.get_running_loop()
-    futures: list[asyncio.Future[tuple[int, int, str] | BKError]] = []
-    for e, body in enumerate(bodies):
-        fut: asyncio.Future[tuple[int, int, str] | BKError] = loop.create_future()
+    futures: list[asyncio.Future[Outcome]] = []
+    for e, payload in enumerate(payloads):
+        fut: asyncio.Future[Outcome] = loop.create_future()
         # the OK answer object is shared by a frame's adds: read it in the callback
-        conn.submit_add(body, lambda r, f=fut: f.set_result(r if isinstance(r, BKError) else
-                                                            (r.entry_id, r.status, r.message)), e)
+        conn.submit_entry(ledger, e, payload, lambda r, f=fut: f.set_result(r if isinstance(r, BKError) else
+                                                                             (r.entry_id, r.status, r.message)))
         futures.append(fut)
     return list(await asyncio.wait_for(asyncio.gather(*futures), 10))
 
 
-async def test_the_adds_of_one_turn_leave_as_one_add_entries_frame() -> None:
+async def test_the_adds_of_one_turn_leave_as_one_add_entries_frame_per_ledger() -> None:
     bookie = ScriptedBookie()
     async with bookie as address:
         conn = await BookieConnection.connect(address)
         try:
-            got = await _submit_all(conn, _bodies(5))
+            payloads = _payloads(5)
+            got = await _submit_all(conn, payloads)
             assert got == [(e, protocol.OK, "") for e in range(5)]
             (frame,) = bookie.seen
-            assert frame.op == protocol.ADD_ENTRIES and [a.entry_id for a in frame.adds] == list(range(5))
-            assert await _submit_all(conn, _bodies(1)) == [(0, protocol.OK, "")]
-            assert bookie.seen[-1].op == protocol.ADD_ENTRY      # one add alone: a plain ADD_ENTRY
-            assert conn.add_silence(asyncio.get_running_loop().time()) == 0.0   # nothing outstanding
+            assert (frame.op, frame.ledger_id, frame.master_key, list(frame.entries)) == (
+                protocol.ADD_ENTRIES, 5, b"k" * 20, payloads)
+            other = protocol.AddBodies(6, b"j" * 20, recovery=True)
+            loop = asyncio.get_running_loop()
+            done: list[asyncio.Future[Outcome]] = [loop.create_future() for _ in range(3)]
+            for i, (ledger, payload) in enumerate([(LEDGER, _payloads(1)[0]), (other, _payloads(1, ledger_id=6)[0]),
+                                                   (other, _payloads(2, ledger_id=6)[1])]):
+                conn.submit_entry(ledger, i and i - 1, payload,
+                                  lambda r, f=done[i]: f.set_result(r if isinstance(r, BKError) else
+                                                                    (r.entry_id, r.status, r.message)))
+            assert await asyncio.wait_for(asyncio.gather(*done), 10) == [(0, protocol.OK, ""), (0, protocol.OK, ""),
+                                                                         (1, protocol.OK, "")]
+            assert [(r.op, r.ledger_id, r.recovery, len(r.entries)) for r in bookie.seen[1:]] == [
+                (protocol.ADD_ENTRY, 5, False, 0), (protocol.ADD_ENTRIES, 6, True, 2)]   # one add alone: ADD_ENTRY
+            assert bookie.seen[1].body == _payloads(1)[0] and bookie.seen[1].master_key == b"k" * 20
+            assert conn.add_silence(loop.time()) == 0.0   # nothing outstanding
         finally:
             conn.close()
 
@@ -165,10 +187,13 @@ async def test_a_bookie_without_add_entries_gets_the_adds_one_by_one() -> None:
     async with bookie as address:
         conn = await BookieConnection.connect(address)
         try:
-            assert await _submit_all(conn, _bodies(3)) == [(e, protocol.OK, "") for e in range(3)]
+            payloads = _payloads(3)
+            assert await _submit_all(conn, payloads) == [(e, protocol.OK, "") for e in range(3)]
             assert [r.op for r in bookie.seen] == [protocol.ADD_ENTRIES] + [protocol.ADD_ENTRY] * 3
+            assert [(r.ledger_id, r.entry_id, r.master_key, r.body) for r in bookie.seen[1:]] == [
+                (5, e, b"k" * 20, payloads[e]) for e in range(3)]
             assert not conn.batch_adds
-            assert await _submit_all(conn, _bodies(2)) == [(e, protocol.OK, "") for e in range(2)]
+            assert await _submit_all(conn, _payloads(2)) == [(e, protocol.OK, "") for e in range(2)]
             assert [r.op for r in bookie.seen[4:]] == [protocol.ADD_ENTRY] * 2   # and from then on
         finally:
             conn.close()
@@ -178,7 +203,7 @@ async def test_each_add_of_a_frame_gets_its_own_answer_when_one_fails() -> None:
     async with ScriptedBookie(fail_entry=1) as address:
         conn = await BookieConnection.connect(address)
         try:
-            got = await _submit_all(conn, _bodies(3))
+            got = await _submit_all(conn, _payloads(3))
             assert got == [(0, protocol.OK, ""), (1, protocol.UNAUTHORIZED, "no"), (2, protocol.OK, "")]
         finally:
             conn.close()
@@ -188,15 +213,15 @@ async def test_adds_not_framed_yet_fail_with_the_connection_and_large_ones_leave
     bookie = ScriptedBookie()
     async with bookie as address:
         conn = await BookieConnection.connect(address)
-        loop = asyncio.get_running_loop()
         outcomes: list[object] = []
-        for e, body in enumerate(_bodies(3)):
-            conn.submit_add(body, outcomes.append, e)
+        for e, payload in enumerate(_payloads(3)):
+            conn.submit_entry(LEDGER, e, payload, outcomes.append)
         conn.close()                                 # before the end of the turn: nothing was framed
         assert len(outcomes) == 3 and all(isinstance(o, BookieUnavailableError) for o in outcomes)
         conn = await BookieConnection.connect(address)
         try:
-            big = _bodies(3, size=40 * 1024)
+            big = _payloads(3, size=40 * 1024)
+            loop = asyncio.get_running_loop()
             done = loop.create_future()
             answered: list[int] = []
 
@@ -206,18 +231,18 @@ async def test_adds_not_framed_yet_fail_with_the_connection_and_large_ones_leave
                 if len(answered) == 3:
                     done.set_result(None)
 
-            conn.submit_add(big[0], on_answer, 0)
+            conn.submit_entry(LEDGER, 0, big[0], on_answer)
             assert conn._outbox.queued_bytes == 0    # waits for the end of the turn
-            conn.submit_add(big[1], on_answer, 1)    # past FLUSH_BYTES: framed and written now
-            assert conn._adds == [] and conn._outbox.queued_bytes == 0
-            conn.submit_add(big[2], on_answer, 2)
+            conn.submit_entry(LEDGER, 1, big[1], on_answer)   # past FLUSH_BYTES: framed and written now
+            assert conn._entries == [] and conn._outbox.queued_bytes == 0
+            conn.submit_entry(LEDGER, 2, big[2], on_answer)
             await asyncio.wait_for(done, 10)
             assert sorted(answered) == [0, 1, 2]
-            assert [len(r.adds) for r in bookie.seen] == [2, 0]   # then the third alone, an ADD_ENTRY
-            huge = protocol.add_request_body(5, 2, b"k" * 20, b"h" * FLUSH_BYTES)
-            got = await _submit_all(conn, [*_bodies(2), huge])    # a large add: never in a frame of others
+            assert [(r.op, len(r.entries)) for r in bookie.seen] == [(protocol.ADD_ENTRIES, 2), (protocol.ADD_ENTRY, 0)]
+            huge = encode_entry(5, 2, 1, 1, b"h" * FLUSH_BYTES)
+            got = await _submit_all(conn, [*_payloads(2), huge])    # a large add: never in a frame of others
             assert [g[:2] for g in got if not isinstance(g, BKError)] == [(0, 0), (1, 0), (2, 0)]
-            assert [(r.op, len(r.adds)) for r in bookie.seen[2:]] == [(protocol.ADD_ENTRIES, 2),
-                                                                      (protocol.ADD_ENTRY, 0)]
+            assert [(r.op, len(r.entries)) for r in bookie.seen[2:]] == [(protocol.ADD_ENTRIES, 2),
+                                                                        (protocol.ADD_ENTRY, 0)]
         finally:
             conn.close()

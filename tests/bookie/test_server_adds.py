@@ -161,19 +161,24 @@ async def test_runs_resume_a_connection_held_at_max_pending_requests(tmp_path: P
         await srv.stop()
 
 
-def add_entries(adds: list[proto.Request]) -> proto.Request:
-    """An ADD_ENTRIES of ``adds`` (their txn ids are not used)."""
-    return proto.Request(op=proto.ADD_ENTRIES, adds=adds)
+def add_entries(ledger_id: int, payloads: list[bytes], *, key: bytes = KEY) -> proto.Request:
+    """An ADD_ENTRIES of ``payloads`` (encoded entries) to ``ledger_id``."""
+    return proto.Request(op=proto.ADD_ENTRIES, ledger_id=ledger_id, master_key=key, entries=payloads)
+
+
+def payload(ledger_id: int, entry_id: int, lac: int = -1) -> bytes:
+    """``add_req``'s payload."""
+    return add_req(ledger_id, entry_id, lac=lac).body
 
 
 async def test_add_entries_stores_every_add_and_answers_once(server: BookieServer, client: RawBookieClient) -> None:
-    reqs = [add_req(1, i, lac=i - 1) for i in range(5)] + [add_req(2, 0)]   # two ledgers in one frame
-    answer = await client.call(add_entries(reqs))
+    payloads = [payload(1, i, lac=i - 1) for i in range(5)]
+    answer = await client.call(add_entries(1, payloads))
     assert (answer.op, answer.status, list(answer.adds)) == (proto.ADD_ENTRIES, proto.OK, [])
-    assert [server.storage.read_entry(1, i)[1] for i in range(5)] == [r.body for r in reqs[:5]]
-    assert server.storage.read_entry(2, 0)[1] == reqs[5].body and server.storage.read_lac(1) == 3
+    assert [server.storage.read_entry(1, i)[1] for i in range(5)] == payloads
+    assert server.storage.read_lac(1) == 3
     requests = server.stats.requests
-    assert requests[(proto.ADD_ENTRY, proto.OK)] == 6            # per add, as if sent singly
+    assert requests[(proto.ADD_ENTRY, proto.OK)] == 5            # per add, as if sent singly
     assert requests[(proto.ADD_ENTRIES, proto.OK)] == 1
     (conn,) = server.connections
     assert conn.state.in_flight == 0
@@ -183,37 +188,41 @@ async def test_add_entries_answers_each_failed_add_and_keeps_the_others(server: 
                                                                         client: RawBookieClient) -> None:
     await store_one_and_fence_another(client)
     cases = [
-        (add_req(1, 1), proto.OK),
-        (add_req(1, 2, key=master_key(b"wrong")), proto.UNAUTHORIZED),
-        (other_entry_payload(1, 3), proto.BAD_REQUEST),
-        (add_req(2, 0), proto.FENCED),
-        (add_req(1, 4), proto.OK),
+        (payload(1, 1), 1, proto.OK),
+        (payload(2, 2), 2, proto.BAD_REQUEST),      # an entry of another ledger
+        (b"short", -1, proto.BAD_REQUEST),          # shorter than an entry header
+        (payload(1, 4), 4, proto.OK),
     ]
-    answer = await client.call(add_entries([req for req, _ in cases]))
-    assert answer.op == proto.ADD_ENTRIES and answer.status == proto.UNAUTHORIZED   # the first failure's
-    assert "wrong master key" in answer.message
+    answer = await client.call(add_entries(1, [p for p, _, _ in cases]))
+    assert answer.op == proto.ADD_ENTRIES and answer.status == proto.BAD_REQUEST   # the first failure's
+    assert "payload is of entry 2:2" in answer.message
     assert [(a.op, a.ledger_id, a.entry_id, a.status) for a in answer.adds] == [
-        (proto.ADD_ENTRY, req.ledger_id, req.entry_id, status) for req, status in cases]
-    assert server.storage.read_entry(1, 4)[1] == cases[4][0].body       # the good adds were stored
-    with pytest.raises(proto.errors.NoSuchEntryError):
-        server.storage.read_entry(1, 2)
+        (proto.ADD_ENTRY, 1, entry_id, status) for _, entry_id, status in cases]
+    assert server.storage.read_entry(1, 4)[1] == cases[3][0]       # the good adds were stored
+    wrong_key = await client.call(add_entries(1, [payload(1, 5)], key=master_key(b"wrong")))
+    assert wrong_key.status == proto.UNAUTHORIZED and "wrong master key" in wrong_key.message
+    fenced = await client.call(add_entries(2, [payload(2, 0), payload(2, 1)]))
+    assert [a.status for a in fenced.adds] == [proto.FENCED] * 2
+    recovery = proto.Request(op=proto.ADD_ENTRIES, ledger_id=2, master_key=KEY, recovery=True,
+                             entries=[payload(2, 0)])
+    assert (await client.call(recovery)).status == proto.OK          # a recovery add passes the fence
     requests = server.stats.requests
-    assert requests[(proto.ADD_ENTRY, proto.OK)] == 3
-    assert requests[(proto.ADD_ENTRY, proto.UNAUTHORIZED)] == 1 and requests[(proto.ADD_ENTRY, proto.FENCED)] == 1
+    assert requests[(proto.ADD_ENTRY, proto.OK)] == 4                 # the first add, two here and the recovery
+    assert requests[(proto.ADD_ENTRY, proto.BAD_REQUEST)] == 2 and requests[(proto.ADD_ENTRY, proto.FENCED)] == 2
     assert (await client.call(add_req(1, 5))).status == proto.OK       # the connection keeps serving
     (conn,) = server.connections
     assert conn.state.in_flight == 0
 
 
-async def test_add_entries_on_a_read_only_bookie_or_without_adds_is_refused(server: BookieServer,
-                                                                            client: RawBookieClient) -> None:
-    empty = await client.call(add_entries([]))
-    assert empty.status == proto.BAD_REQUEST and "without adds" in empty.message
+async def test_add_entries_on_a_read_only_bookie_or_without_entries_is_refused(server: BookieServer,
+                                                                               client: RawBookieClient) -> None:
+    empty = await client.call(add_entries(1, []))
+    assert empty.status == proto.BAD_REQUEST and "without entries" in empty.message
     server.operator_read_only = True
-    answer = await client.call(add_entries([add_req(1, 0), add_req(1, 1)]))
+    answer = await client.call(add_entries(1, [payload(1, 0), payload(1, 1)]))
     assert answer.status == proto.READ_ONLY and [a.status for a in answer.adds] == [proto.READ_ONLY] * 2
     server.operator_read_only = False
-    assert (await client.call(add_entries([add_req(1, 0), add_req(1, 1)]))).status == proto.OK
+    assert (await client.call(add_entries(1, [payload(1, 0), payload(1, 1)]))).status == proto.OK
 
 
 async def test_a_failed_journal_write_fails_every_add_of_an_add_entries(server: BookieServer,
@@ -221,7 +230,7 @@ async def test_a_failed_journal_write_fails_every_add_of_an_add_entries(server: 
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     assert (await client.call(add_req(1, 0))).status == proto.OK
     break_the_journal(server, monkeypatch)
-    answer = await client.call(add_entries([add_req(1, i) for i in range(1, 4)]))
+    answer = await client.call(add_entries(1, [payload(1, i) for i in range(1, 4)]))
     assert answer.status == proto.ERROR and "on fire" in answer.message
     assert [(a.entry_id, a.status) for a in answer.adds] == [(i, proto.ERROR) for i in range(1, 4)]
     (conn,) = server.connections
@@ -231,7 +240,7 @@ async def test_a_failed_journal_write_fails_every_add_of_an_add_entries(server: 
 async def test_a_pipeline_of_add_entries_frames_is_stored_in_full(server: BookieServer,
                                                                   client: RawBookieClient) -> None:
     payloads = [encode_entry(9, i, i - 1, (i + 1) * 10, b"z" * 10) for i in range(500)]
-    run = AddEntriesPipeline(client.encode_bodies(9, KEY, payloads), 64, client.conn.next_txn_id)
+    run = AddEntriesPipeline(payloads, proto.AddBodies(9, KEY).ledger_fields, 64, client.conn.next_txn_id)
     await client.pipeline(run, timeout=WAIT)
     assert run.finished and run.errors == 0 and len(run.latencies()) == 500
     assert server.storage.read_entry(9, 499) == (499, payloads[499])

@@ -84,15 +84,16 @@ def _frames_of(parts: list[bytes]) -> list[proto.Request]:
 
 
 def test_add_entries_pipeline_sends_answered_adds_again_as_one_frame() -> None:
-    bodies = [proto.add_request_body(3, i, b"k", b"p" * 40) for i in range(10)]
+    payloads = [b"%02d" % i * 25 for i in range(10)]
     txn_ids = iter(range(100, 200))
-    run = AddEntriesPipeline(bodies, window=4, next_txn_id=lambda: next(txn_ids), max_bytes=130)
-    first = _frames_of(run.start(0.0))        # 4 adds of ~50 bytes, at most 130 bytes a frame: 2 + 2
-    assert [(r.txn_id, r.op, [a.entry_id for a in r.adds]) for r in first] == [
-        (100, proto.ADD_ENTRIES, [0, 1]), (101, proto.ADD_ENTRIES, [2, 3])]
+    run = AddEntriesPipeline(payloads, proto.AddBodies(3, b"k").ledger_fields, window=4,
+                             next_txn_id=lambda: next(txn_ids), max_bytes=130)
+    first = _frames_of(run.start(0.0))        # 4 adds of 50 bytes, at most 130 bytes a frame: 2 + 2
+    assert [(r.txn_id, r.op, r.ledger_id, list(r.entries)) for r in first] == [
+        (100, proto.ADD_ENTRIES, 3, payloads[0:2]), (101, proto.ADD_ENTRIES, 3, payloads[2:4])]
     ok = proto.encode_frame(proto.Response(txn_id=101, op=proto.ADD_ENTRIES))
     more = _frames_of(run.receive(ok[:5], 1.0) + run.receive(ok[5:], 2.0))   # any split
-    assert [[a.entry_id for a in r.adds] for r in more] == [[4, 5]]          # as many as answered
+    assert [list(r.entries) for r in more] == [payloads[4:6]]                # as many as answered
     fenced = proto.add_response(0, 3, 1, errors.LedgerFencedError("f"))
     failed = proto.Response(txn_id=100, op=proto.ADD_ENTRIES, status=proto.FENCED,
                             adds=[proto.add_response(0, 3, 0), fenced])

@@ -150,7 +150,7 @@ async def _pipelined(client: RawBookieClient, ledger: int, key: bytes, payloads:
 
 async def _pipelined_entries(client: RawBookieClient, ledger: int, key: bytes, payloads: list[bytes],
                              window: int) -> tuple[float, list[float], int]:
-    run = AddEntriesPipeline(client.encode_bodies(ledger, key, payloads), window, client.conn.next_txn_id)
+    run = AddEntriesPipeline(payloads, proto.AddBodies(ledger, key).ledger_fields, window, client.conn.next_txn_id)
     seconds = await client.pipeline(run)
     return seconds, run.latencies(), run.errors
 
