@@ -78,7 +78,7 @@ from collections.abc import Callable, Sequence
 
 from bookie import digest as digests
 from bookie import errors, protocol
-from bookie.connection import BookieConnection
+from bookie.connection import FLUSH_BYTES, BookieConnection
 from bookie.context import ClientContext
 from bookie.errors import (
     BKError,
@@ -100,6 +100,8 @@ AddCallback = Callable[[int, BKError | None], None]
 
 _OK = protocol.OK
 _FATAL = frozenset({protocol.FENCED, protocol.UNAUTHORIZED})
+_LARGE_ADD = FLUSH_BYTES
+"""An add this large goes alone as an ADD_ENTRY (``BookieConnection.submit_entry``): encoded here, once."""
 _LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check waits for unread replies
 
 
@@ -107,7 +109,7 @@ class _PendingAdd:
     """One add in flight: masks are over indexes of the current ensemble."""
 
     __slots__ = ("acked", "callback", "data_length", "done", "entry_id", "future", "ledger_length",
-                 "payload", "sent", "started")
+                 "payload", "request", "sent", "started")
 
     def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, started: float,
                  future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
@@ -118,6 +120,7 @@ class _PendingAdd:
         self.started = started
         self.future = future
         self.callback = callback
+        self.request = b""  # a large add's ADD_ENTRY, encoded once for every bookie (``_send``)
         self.acked = 0
         self.sent = 0
         self.done = False
@@ -291,7 +294,12 @@ class LedgerWriter:
                     self._connect(idx)
                     continue
             p.sent |= bit
-            conn.submit_entry(ledger, p.entry_id, p.payload, self._callbacks[idx])
+            if len(p.payload) < _LARGE_ADD:
+                conn.submit_entry(ledger, p.entry_id, p.payload, self._callbacks[idx])
+                continue
+            if not p.request:   # goes alone anyway: one body shared by every bookie, not one copy each
+                p.request = ledger.body(p.entry_id, p.payload)
+            conn.submit_add(p.request, self._callbacks[idx])
 
     def _connect(self, idx: int) -> None:
         addr = self._ensemble[idx]
