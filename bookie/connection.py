@@ -268,9 +268,7 @@ class BookieConnection(asyncio.Protocol):
             j = i + 1
             while j < n and ledgers[j] is ledger:
                 j += 1
-            if not self._adds_out:
-                self._add_wait_since = self._loop.time()
-            self._adds_out += 1
+            self._add_sent()
             if j == i + 1:   # one add alone (a moderate rate): an ADD_ENTRY, the bookie's cheaper path
                 body = ledger.body(ids[i], payloads[i])
                 self._outbox.put(_add_frame_head(self._pending.add_next(_ADD_ENTRY, callbacks[i]), body))
