@@ -218,7 +218,9 @@ async def test_a_worker_that_loses_its_lease_mid_copy_stops_and_another_finishes
 # --- end to end: five bookies, each running AutoRecovery -----------------------------------------
 
 async def test_a_live_writer_keeps_its_ledger_open_while_its_sealed_segment_is_copied(tmp_path: Path) -> None:
-    conf = {"session_timeout": "1000", "gc_wait_time": "600000", "lost_bookie_recovery_delay": "1"}
+    # a 3 s lease: the victim, killed within a second of starting, stays registered over several audits (with
+    # 1 s, a late audit could miss it altogether: a CI flake; the auditor compares one audit with the last)
+    conf = {"session_timeout": "3000", "gc_wait_time": "600000", "lost_bookie_recovery_delay": "1"}
     async with LocalCluster(bookies=4, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
         store = await open_metastore(cluster.metastore_uri)
         bk = await BookKeeper.connect(store, conf=FAST_CLIENT)
