@@ -26,7 +26,10 @@ the 20-digit ledger id; fields ``missing`` = comma-separated bookies,
 marked, nothing copied. Every ``auditor_periodic_check_interval`` seconds
 (0: never) the auditor also reads the first and last entry of every fragment
 of every closed ledger from its live bookie and marks the ledger when the
-bookie says it has no such entry.
+bookie says it has no such entry, and counts every bookie that ledgers
+name but that is not registered as gone from then on (one that registered
+and died between two ticks never showed in a comparison of registrations;
+BookKeeper's periodic bookie check).
 
 *Replication worker.* It takes the marked ledgers one at a time: it claims
 one by creating an ephemeral key in ``underreplicated_locks`` (so two workers
@@ -267,11 +270,7 @@ class Auditor:
         now = self._clock()
         live = set(await list_bookies(self._store))
         if self._live is None:  # just elected: ledgers may name bookies that died before
-            named: set[str] = set()
-            async for _, md in self._ops.list_ledgers():
-                named |= md.bookies()
-            for b in named - live:
-                self.gone_since.setdefault(b, now)
+            await self.note_unregistered(live, now)
         else:
             for b in self._live - live:
                 log.info("auditor: bookie %s is gone", b)
@@ -290,11 +289,27 @@ class Auditor:
         interval = self._conf.auditor_periodic_check_interval
         if interval > 0 and now - self._last_check >= interval:
             self._last_check = now
+            # A bookie that registered and died between two ticks never showed in a
+            # comparison of registrations: only the ledgers naming it tell.
+            await self.note_unregistered(live, now)
             still_gone = self._handled & set(self.gone_since)
             if still_gone:  # a safety net: ledgers still naming a lost bookie are marked again
                 await self.mark_ledgers_on(still_gone)
             await self.check_fragments(live)
         self._stats.underreplicated.set(len(await self._urm.list()))
+
+    async def note_unregistered(self, live: set[str], now: float) -> set[str]:
+        """Count every bookie that ledgers name but that is not registered as gone since ``now``
+        (unless already counted); returns the newly counted ones."""
+        named: set[str] = set()
+        async for _, md in self._ops.list_ledgers():
+            named |= md.bookies()
+        new = named - live - set(self.gone_since)
+        for b in sorted(new):
+            if self._live is not None:
+                log.info("auditor: bookie %s is named by ledgers but not registered", b)
+            self.gone_since[b] = now
+        return new
 
     async def mark_ledgers_on(self, bookies: set[str]) -> int:
         """Mark every ledger with a segment on one of ``bookies``; returns how many were marked."""

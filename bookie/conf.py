@@ -114,9 +114,11 @@ class BookieConf:
     lost_bookie_recovery_delay: int = setting(30, "Seconds a bookie must stay gone before the auditor marks its "
                                                   "ledgers under-replicated (quire shell lostbookierecoverydelay "
                                                   "overrides it cluster-wide).", min=0)
-    auditor_periodic_check_interval: int = setting(3600, "Seconds between the auditor's checks that live bookies "
-                                                         "hold the first and last entry of their fragments; "
-                                                         "0 disables.", min=0)
+    auditor_periodic_check_interval: int = setting(3600, "Seconds between the auditor's periodic checks: live "
+                                                         "bookies hold the first and last entry of their "
+                                                         "fragments, and every bookie ledgers name is "
+                                                         "registered (else it counts as gone); 0 disables.",
+                                                         min=0)
     rereplication_entries_per_second: int = setting(0, "Entries a replication worker copies per second at most; "
                                                        "0 = unlimited.", min=0)
     open_ledger_rereplication_grace_period: int = setting(30, "Seconds an open under-replicated ledger is left to "

@@ -143,3 +143,37 @@ async def test_a_new_auditor_counts_bookies_named_by_ledgers_but_unregistered_as
         assert [(m.ledger_id, m.missing) for m in marks] == [(5, frozenset({"x:1", "y:1", "z:1"}))]
     finally:
         await ops.close()
+
+
+async def test_a_bookie_that_registers_and_dies_between_two_ticks_is_found_by_the_periodic_check(
+        store: MetaStore) -> None:
+    """Its registration never shows in a tick; the ledger it wrote to names it, and the periodic check reads that."""
+    mgr = await LedgerMetadataManager.open(store)
+    regs = {b: BookieRegistration(store, b, "/r/a", session_timeout=5.0) for b in ("x:1", "y:1", "v:1")}
+    for b in ("x:1", "y:1"):
+        await regs[b].register(read_only=False, free_disk=1, total_disk=1)
+    urm = await UnderReplicationManager.open(store)
+    ops = await BookieOps.open(store)
+    conf = BookieConf.from_properties({"lost_bookie_recovery_delay": "10",
+                                       "auditor_periodic_check_interval": "60"})
+    clock = FakeClock()
+    auditor = Auditor(store, urm, ops, conf, AutoRecoveryStats(CollectorRegistry()), clock=clock)
+    try:
+        await auditor.tick()                      # elected: every named bookie is registered (none named yet)
+        await regs["v:1"].register(read_only=False, free_disk=1, total_disk=1)
+        await mgr.create(8, LedgerMetadata(3, 2, 2, [(0, ["x:1", "y:1", "v:1"])]))
+        await regs["v:1"].unregister()            # between two ticks: no tick ever saw it
+        clock.now += 1
+        await auditor.tick()
+        assert auditor.gone_since == {}, "comparing registrations cannot see it"
+        clock.now += 60                           # the periodic check is due
+        await auditor.tick()
+        assert auditor.gone_since == {"v:1": clock.now}
+        assert await urm.list() == [], "marked only once gone for lost_bookie_recovery_delay"
+        clock.now += 10
+        await auditor.tick()
+        assert [(m.ledger_id, m.missing) for m in await urm.list()] == [(8, frozenset({"v:1"}))]
+    finally:
+        await ops.close()
+        for r in regs.values():
+            await r.unregister()
