@@ -338,7 +338,8 @@ class HedwigClient:
         until ``server_ack_response_timeout``: a hub that cannot be reached now, and SERVICE_DOWN
         answers for up to ``_SERVICE_DOWN_RETRY``. Raised at once: a permanent
         ``CouldNotConnectError`` (a bad address, a hub without TLS for a TLS client, a failed TLS
-        handshake) and every other error status.
+        handshake), a hub's COULD_NOT_CONNECT answer (a synchronous subscribe whose remote region
+        subscription failed: the hub keeps retrying that itself) and every other error status.
         """
         timeout = self.conf.server_ack_response_timeout / 1000.0
         deadline = time.monotonic() + timeout
@@ -407,6 +408,10 @@ class HedwigClient:
                 err = errors.error_for_status(status_name(status), resp.statusMsg or status_name(status))
                 if isinstance(err, errors.NotResponsibleForTopicError):
                     err.owner = resp.redirect_to
+                if isinstance(err, errors.CouldNotConnectError):
+                    # the hub's answer (a region it could not subscribe in, say), not ours: the hub
+                    # retries its own connections, and a refusal (a bad region token) stays one
+                    err.permanent = True
                 raise err
 
         def out_of_time(state: RetryCallState) -> bool:

@@ -72,6 +72,21 @@ async def test_a_redirect_to_a_bad_address_fails_at_once(target: str) -> None:
             assert time.monotonic() - t0 < 2.0 and len(seen) == 1
 
 
+async def test_a_hubs_could_not_connect_answer_is_final() -> None:
+    """A synchronous subscribe whose region subscription failed: the hub answered, and retries the region
+    itself. Retrying the answer only made a refused region token take the whole 30 s timeout to show."""
+    def region_refused(req: pb.PubSubRequest) -> pb.PubSubResponse:
+        return protocol.response(req.txnId, pb.COULD_NOT_CONNECT, "region r2: subscribing in region r1 failed: "
+                                 "this hub requires authentication", topic=req.topic)
+
+    async with scripted_hub(region_refused) as (address, seen):
+        async with await HedwigClient.connect(address, conf={"server_ack_response_timeout": "5000"}) as c:
+            t0 = time.monotonic()
+            with pytest.raises(errors.CouldNotConnectError, match="requires authentication") as info:
+                await asyncio.wait_for(c.subscribe(b"t", b"s", synchronous=True), TIMEOUT)
+            assert info.value.permanent and time.monotonic() - t0 < 2.0 and len(seen) == 1
+
+
 async def test_service_down_is_retried_with_growing_waits_until_it_gives_up() -> None:
     def down(req: pb.PubSubRequest) -> pb.PubSubResponse:
         return protocol.response(req.txnId, pb.SERVICE_DOWN, "no bookies", topic=req.topic)
