@@ -59,8 +59,20 @@ __all__ = [
 
 METASTORE_ENV = "QUIRE_METASTORE"
 CONF_ENV = "QUIRE_CONF"
+STANDALONE_METASTORE = "lmdb://data/metastore"
+"""The metastore of ``quire standalone`` (``make run``) run from this directory with its default ``--data``."""
 AUTH_TOKEN_ENV = "QUIRE_AUTH_TOKEN"
 """Environment variable holding the hub client's token when neither --auth-token nor --auth-token-file is given."""
+
+
+def no_metastore_message(conf_file: str | None = None) -> str:
+    """Why a tool has no metastore URI and how to give one; names the standalone cluster's when it is here."""
+    if conf_file:
+        return f"{conf_file} has no metastore_uri (nor zk_host): set one, or give --metastore URI"
+    hint = f"no metastore given: pass --metastore URI or --conf FILE with metastore_uri (or set {METASTORE_ENV})"
+    if os.path.isfile(os.path.join("data", "metastore", "data.mdb")):
+        hint += f"; the standalone cluster here (make run) has --metastore {STANDALONE_METASTORE}"
+    return hint
 
 
 def number_at_least(least: float, *, what: str = "a number", integer: bool = False) -> Callable[[str], float]:

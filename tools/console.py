@@ -6,6 +6,7 @@
     [hedwig: (standalone) 1] describe topic mytopic
 
     quire console -c "pub t hello" -c "show topics"        # non-interactive; exits 1 if a command failed
+    quire console readtopic t                              # one command after the options (Hedwig's form)
     echo "show hubs" | quire console --conf conf/hw_server.conf
 
 Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
@@ -74,6 +75,7 @@ Handler = Callable[[argparse.Namespace], int]
 EXAMPLE = """example:
   quire console --server 127.0.0.1:4080 --metastore lmdb://data/metastore
   quire console -c "pub mytopic hello" -c "describe topic mytopic"
+  quire console readtopic mytopic                                 # one command after the options
   quire console --json -c "show hubs" -c "describe topic mytopic"   # one JSON document per line
 """
 
@@ -225,7 +227,8 @@ class HedwigConsole:
     async def store(self) -> Any:
         if self._store is None:
             if not self.metastore_uri:
-                raise CommandError("no metastore: pass --metastore URI or --conf FILE with metastore_uri")
+                from tools.cli_common import no_metastore_message
+                raise CommandError(no_metastore_message())
             from tools.cli_common import MetastoreOpenError, open_tool_metastore
             try:
                 self._store = await open_tool_metastore(self.metastore_uri, self.settings.timeout)
@@ -766,7 +769,18 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
                         help="show hubs, show topics, show grants, describe topic and release topic print one JSON "
                              "document per line on stdout; everything else (Finished lines, errors, other output) "
                              "goes to stderr")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS]",
+                        help="run this one command (after any -c ones) and exit, as Hedwig's "
+                             "HedwigConsole [options] [command] [args]")
     return run_console
+
+
+def command_lines(args: argparse.Namespace) -> list[str]:
+    """The commands to run without a prompt: each ``-c``, then the one given after the options."""
+    lines = list(args.commands)
+    if getattr(args, "command", None):
+        lines.append(shlex.join(args.command))
+    return lines
 
 
 def console_from_args(args: argparse.Namespace) -> HedwigConsole:
@@ -860,4 +874,4 @@ def run_console(args: argparse.Namespace) -> int:
     from tools.cli_common import quiet_logging
 
     quiet_logging(args)  # the console prints; libraries stay quiet
-    return uvloop.run(_main(console, args.commands, sys.stdin.isatty()))
+    return uvloop.run(_main(console, command_lines(args), sys.stdin.isatty()))

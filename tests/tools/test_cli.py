@@ -183,3 +183,23 @@ def test_console_finds_its_hub_in_quire_server() -> None:
                          capture_output=True, text=True, timeout=60, env={**os.environ, "QUIRE_SERVER": "127.0.0.1:1"})
     assert out.returncode == 1
     assert "cannot connect to hub server 127.0.0.1:1" in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("argv", [["shell", "listbookies"], ["console", "-c", "show topics"],
+                                  ["scan", "orphan-ledgers"]])
+def test_no_metastore_names_the_standalone_clusters_when_it_is_here(tmp_path: Path, argv: list[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("QUIRE_METASTORE", "QUIRE_CONF",
+                                                            "HEDWIG_CONSOLE_SERVER_CONF")}
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = str(root)
+
+    def said() -> str:
+        out = subprocess.run([sys.executable, "-m", "tools.cli", *argv], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode in (1, 2), out.stdout + out.stderr
+        return out.stdout + out.stderr
+
+    assert "no metastore given" in said() and "make run" not in said()
+    (tmp_path / "data" / "metastore").mkdir(parents=True)
+    (tmp_path / "data" / "metastore" / "data.mdb").touch()   # what `make run` leaves in ./data
+    assert "the standalone cluster here (make run) has --metastore lmdb://data/metastore" in said()

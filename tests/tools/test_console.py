@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import pty
@@ -270,3 +271,18 @@ async def test_json_of_show_and_describe_carries_the_text_facts(cluster: LocalCl
     assert [[h["address"] for h in docs[0]], docs[1], docs[2]] == [[h["address"] for h in hubs], topics, described]
     assert whole.stderr.count("Finished ") == 5
     assert "timeout = 10.0" in whole.stderr and "usage: describe topic {topic} [--json]" in whole.stderr
+
+
+async def test_one_command_after_the_options_runs_as_in_hedwig(cluster: LocalCluster) -> None:
+    """``HedwigConsole [options] [command] [args]``: what a newcomer types first (it used to be refused)."""
+    run = functools.partial(asyncio.to_thread, subprocess.run, capture_output=True, text=True, timeout=TIMEOUT)
+    res = await run([*_console_args(cluster), "-c", "pub atopic first", "pub", "atopic", "two words"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count("Finished ") == 2
+    res = await run([*_console_args(cluster), "readtopic", "atopic"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Message:\n\nfirst\n" in res.stdout and "Message:\n\ntwo words\n" in res.stdout
+    res = await run([*_console_args(cluster), "describe", "topic", "atopic", "--json"])   # a word of the command
+    assert res.returncode == 0 and json.loads(res.stdout.splitlines()[0])["topic"] == "atopic", res.stdout
+    res = await run([*_console_args(cluster), "nosuchcommand", "x"])
+    assert res.returncode == 1 and "Unknown command: nosuchcommand" in res.stdout

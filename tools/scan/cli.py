@@ -22,10 +22,10 @@ from typing import Any
 from metastore.conf import ConfError
 from tools.cli_common import (
     CONF_ENV,
-    METASTORE_ENV,
     MetastoreOpenError,
     add_common_options,
     metastore_from_args,
+    no_metastore_message,
     probe_metastore,
 )
 from tools.scan.errors import ScanError
@@ -85,10 +85,7 @@ def metastore_uri(args: argparse.Namespace) -> str:
     """The URI from ``--metastore`` or from ``--conf`` (``ConfError`` when the file names none)."""
     uri, _ = metastore_from_args(args.metastore, args.conf)
     if uri is None:
-        conf = args.conf or os.environ.get(CONF_ENV)
-        if conf:
-            raise ConfError(f"{conf}: no metastore configured: set metastore_uri (or zk_host)")
-        raise ConfError(f"no metastore given: pass --metastore URI or --conf FILE (or set {METASTORE_ENV})")
+        raise ConfError(no_metastore_message(args.conf or os.environ.get(CONF_ENV)))
     return uri
 
 

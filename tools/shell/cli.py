@@ -29,11 +29,11 @@ from metastore.errors import IllegalOpError, MetastoreError
 from metastore.registry import scheme_of
 from tools.cli_common import (
     CONF_ENV,
-    METASTORE_ENV,
     BadMetastoreURIError,
     MetastoreOpenError,
     add_common_options,
     metastore_from_args,
+    no_metastore_message,
     number_at_least,
     open_tool_metastore,
     quiet_logging,
@@ -248,10 +248,7 @@ def resolve_metastore(args: argparse.Namespace) -> tuple[str, dict[str, str]]:
     except ConfError as exc:
         raise UsageError(str(exc)) from None
     if not uri:
-        conf_file = args.conf or os.environ.get(CONF_ENV)
-        where = f"{conf_file} has no metastore_uri (nor zk_host)" if conf_file else "no metastore given"
-        raise UsageError(f"{where}: give --metastore URI or --conf FILE with metastore_uri "
-                         f"(or set {METASTORE_ENV})")
+        raise UsageError(no_metastore_message(args.conf or os.environ.get(CONF_ENV)))
     return uri, conf
 
 
