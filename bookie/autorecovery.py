@@ -29,7 +29,9 @@ of every closed ledger from its live bookie and marks the ledger when the
 bookie says it has no such entry, and counts every bookie that ledgers
 name but that is not registered as gone from then on (one that registered
 and died between two ticks never showed in a comparison of registrations;
-BookKeeper's periodic bookie check).
+BookKeeper's periodic bookie check). ``quire shell triggeraudit``
+(``UnderReplicationManager.request_audit``) makes the auditor run that check
+at its next tick.
 
 *Replication worker.* It takes the marked ledgers one at a time: it claims
 one by creating an ephemeral key in ``underreplicated_locks`` (so two workers
@@ -98,6 +100,8 @@ AUTORECOVERY_TABLE = "autorecovery"
 AUDITOR_KEY = "auditor"
 ENABLED_KEY = "enabled"
 DELAY_KEY = "lost_bookie_recovery_delay"
+AUDIT_REQUEST_KEY = "audit_requested"
+_NOT_READ = b"\x00not read"
 POLL_INTERVAL = 1.0
 """Seconds between auditor ticks, election attempts and idle worker polls."""
 RETRY_AFTER = 5.0
@@ -220,6 +224,15 @@ class UnderReplicationManager:
             raise ValueError("lost_bookie_recovery_delay must be >= 0 seconds")
         await self._set_control(DELAY_KEY, f"{seconds:g}".encode())
 
+    async def request_audit(self) -> None:
+        """Ask the auditor for a full audit at its next tick (``quire shell triggeraudit``; BookKeeper's
+        ``triggeraudit``): what ``auditor_periodic_check_interval`` runs, now."""
+        await self._set_control(AUDIT_REQUEST_KEY, str(time.time_ns()).encode())
+
+    async def audit_request(self) -> bytes | None:
+        """The last audit request (an opaque token; a new one means "audit now"), or None."""
+        return await self._control(AUDIT_REQUEST_KEY)
+
     async def auditor(self) -> str | None:
         """Who the auditor is (its session id), or None while there is none."""
         try:
@@ -265,13 +278,17 @@ class Auditor:
         self._handled: set[str] = set()
         self._live: set[str] | None = None
         self._last_check = clock()
+        self._audit_seen: bytes | None = _NOT_READ
 
     async def tick(self) -> None:
         now = self._clock()
         live = set(await list_bookies(self._store))
-        if self._live is None:  # just elected: ledgers may name bookies that died before
+        full = await self._full_audit_due(now)
+        if self._live is None or full:
+            # just elected, or a full audit: ledgers may name bookies that died unseen (one that
+            # registered and died between two ticks never showed in a comparison of registrations)
             await self.note_unregistered(live, now)
-        else:
+        if self._live is not None:
             for b in self._live - live:
                 log.info("auditor: bookie %s is gone", b)
                 self.gone_since.setdefault(b, now)
@@ -280,23 +297,33 @@ class Auditor:
             del self.gone_since[b]
             self._handled.discard(b)
         self._live = live
+        still_gone = self._handled & set(self.gone_since)
         delay = await self._urm.lost_bookie_recovery_delay(float(self._conf.lost_bookie_recovery_delay))
         due = {b for b, t in self.gone_since.items() if now - t >= delay} - self._handled
         if due:
             n = await self.mark_ledgers_on(due)
             log.info("auditor: %s gone over %gs: %d ledgers marked", ", ".join(sorted(due)), delay, n)
             self._handled |= due
-        interval = self._conf.auditor_periodic_check_interval
-        if interval > 0 and now - self._last_check >= interval:
-            self._last_check = now
-            # A bookie that registered and died between two ticks never showed in a
-            # comparison of registrations: only the ledgers naming it tell.
-            await self.note_unregistered(live, now)
-            still_gone = self._handled & set(self.gone_since)
+        if full:
             if still_gone:  # a safety net: ledgers still naming a lost bookie are marked again
                 await self.mark_ledgers_on(still_gone)
             await self.check_fragments(live)
         self._stats.underreplicated.set(len(await self._urm.list()))
+
+    async def _full_audit_due(self, now: float) -> bool:
+        """Whether this tick runs the full audit: ``auditor_periodic_check_interval`` passed, or an
+        operator asked (``quire shell triggeraudit``) since the last tick."""
+        requested = await self._urm.audit_request()
+        if self._audit_seen == _NOT_READ:   # just elected: its own scan of the ledgers' bookies serves it
+            self._audit_seen = requested
+        interval = self._conf.auditor_periodic_check_interval
+        if requested != self._audit_seen:
+            self._audit_seen = requested
+            log.info("auditor: a full audit was requested (quire shell triggeraudit)")
+        elif not (interval > 0 and now - self._last_check >= interval):
+            return False
+        self._last_check = now
+        return True
 
     async def note_unregistered(self, live: set[str], now: float) -> set[str]:
         """Count every bookie that ledgers name but that is not registered as gone since ``now``

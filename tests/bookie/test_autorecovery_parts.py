@@ -177,3 +177,35 @@ async def test_a_bookie_that_registers_and_dies_between_two_ticks_is_found_by_th
         await ops.close()
         for r in regs.values():
             await r.unregister()
+
+
+async def test_triggeraudit_runs_the_full_audit_at_the_next_tick(store: MetaStore) -> None:
+    """With the periodic check off, only a request (``quire shell triggeraudit``) finds the bookie no tick saw."""
+    mgr = await LedgerMetadataManager.open(store)
+    regs = {b: BookieRegistration(store, b, "/r/a", session_timeout=5.0) for b in ("x:1", "v:1")}
+    await regs["x:1"].register(read_only=False, free_disk=1, total_disk=1)
+    urm = await UnderReplicationManager.open(store)
+    await urm.request_audit()                 # made before this auditor was elected: its election scan serves it
+    ops = await BookieOps.open(store)
+    conf = BookieConf.from_properties({"lost_bookie_recovery_delay": "0", "auditor_periodic_check_interval": "0"})
+    clock = FakeClock()
+    auditor = Auditor(store, urm, ops, conf, AutoRecoveryStats(CollectorRegistry()), clock=clock)
+    try:
+        await auditor.tick()
+        await regs["v:1"].register(read_only=False, free_disk=1, total_disk=1)
+        await mgr.create(4, LedgerMetadata(2, 2, 2, [(0, ["x:1", "v:1"])]))
+        await regs["v:1"].unregister()
+        for _ in range(3):
+            clock.now += 3600
+            await auditor.tick()
+        assert await urm.list() == [], "no periodic check, no tick saw it"
+        await urm.request_audit()
+        await auditor.tick()
+        assert [(m.ledger_id, m.missing) for m in await urm.list()] == [(4, frozenset({"v:1"}))]
+        await urm.unmark(4)
+        await auditor.tick()                  # a request is served once
+        assert await urm.list() == []
+    finally:
+        await ops.close()
+        for r in regs.values():
+            await r.unregister()

@@ -475,3 +475,24 @@ async def test_recover_to_a_given_destination_drains_a_live_bookie(setup: Setup)
         await ops.close()
         await ms.close()
     assert (await shell("readledger", str(setup.pair), *setup.ms())).lines == [f"{i}\t00{i:02x}ff" for i in range(3)]
+
+
+async def test_triggeraudit_leaves_a_request_the_auditor_reads(setup: Setup) -> None:
+    from bookie.autorecovery import UnderReplicationManager
+
+    ms = await open_metastore(setup.uri)
+    try:
+        urm = await UnderReplicationManager.open(ms)
+
+        async def elected() -> bool:   # the cluster's bookies run AutoRecovery: one of them is the auditor
+            return await urm.auditor() is not None
+
+        await wait_for(elected, timeout=15)
+        before = await urm.audit_request()
+        r = await shell("triggeraudit", *setup.ms())
+        assert r.rc == 0, r.err
+        after = await urm.audit_request()
+        assert after is not None and after != before
+        assert f"the auditor ({await urm.auditor()})" in r.out and "listunderreplicated" in r.out
+    finally:
+        await ms.close()

@@ -213,6 +213,9 @@ _register("listunderreplicated", commands.listunderreplicated,
           "--json", _json_option)
 _register("autorecovery", commands.autorecovery,
           "AutoRecovery status, or enable/disable its replication workers cluster-wide", "disable", _autorecovery)
+_register("triggeraudit", commands.triggeraudit,
+          "ask the AutoRecovery auditor for a full audit now (unregistered bookies that ledgers name, fragments)",
+          "", lambda _p: None)
 _register("lostbookierecoverydelay", commands.lostbookierecoverydelay,
           "print or set the cluster-wide seconds a bookie may be gone before its ledgers are re-replicated",
           "60", _lostbookierecoverydelay)

@@ -325,6 +325,20 @@ async def autorecovery(ops: BookieOps, args: argparse.Namespace, out: TextIO) ->
     return 0
 
 
+async def triggeraudit(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> int:
+    """Ask the auditor for a full audit now (BookKeeper's ``triggeraudit``)."""
+    urm = await UnderReplicationManager.open(ops.store)
+    await urm.request_audit()
+    auditor = await urm.auditor()
+    if auditor is None:
+        out.write("audit requested; no auditor is elected now: the next one audits every ledger's bookies "
+                  "when it is\n")
+    else:
+        out.write(f"audit requested: the auditor ({auditor}) checks every ledger's bookies and fragments "
+                  f"within about a second; see listunderreplicated\n")
+    return 0
+
+
 def _delay_text(delay: float | None) -> str:
     if delay is None:
         return "not set cluster-wide (each bookie's lost_bookie_recovery_delay applies; default 30)"
