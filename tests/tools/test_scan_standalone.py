@@ -93,3 +93,19 @@ def test_executor_that_cannot_see_the_lmdb_path(spark: SparkSession, cluster: Sp
     assert line.startswith("quire scan: error: MetastoreNotVisibleError: lmdb metastore lmdb://relative-store/meta "
                            "is not visible on executor host"), done.stderr[-3000:]
     assert "every executor must see it at the same absolute path" in line
+
+
+def test_the_executor_probe_answers_without_task_retries(spark: SparkSession, lmdb_store: tuple[str, Dataset]) -> None:
+    """``quire scan`` probes the executors first: a task reports "not visible" as a value, so the answer comes
+    from one attempt per task rather than after ``spark.task.maxFailures`` failed ones."""
+    from tools.scan.datasource import probe_executors
+    from tools.scan.errors import MetastoreNotVisibleError
+
+    probe_executors(spark, lmdb_store[0])      # an absolute path on this host: every executor sees it
+    tracker = spark.sparkContext.statusTracker()
+    before = set(tracker.getJobIdsForGroup())
+    with pytest.raises(MetastoreNotVisibleError, match=r"lmdb://nowhere-\w+/meta is not visible on executor host"):
+        probe_executors(spark, f"lmdb://nowhere-{uuid.uuid4().hex}/meta")   # relative: not in the worker's cwd
+    (job,) = set(tracker.getJobIdsForGroup()) - before
+    info = tracker.getJobInfo(job)
+    assert info is not None and info.status == "SUCCEEDED"   # the job itself did not fail, nothing was retried

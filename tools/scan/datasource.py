@@ -27,7 +27,8 @@ scan in key order is read as one partition with an unordered cursor.
 An lmdb metastore is a local directory: the driver refuses a path that does
 not exist (instead of creating an empty store), and an executor that cannot
 see the path fails with ``MetastoreNotVisibleError`` naming the path, the
-executor's host and the driver's host. Store errors
+executor's host and the driver's host (``quire scan`` probes the executors
+first, ``probe_executors``, so that this error is not retried). Store errors
 (``metastore.errors.MetastoreError``) propagate and fail the Spark job.
 """
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -80,6 +81,31 @@ def check_visible(uri: str, where: str, driver_host: str | None = None) -> None:
         f"(the driver on {driver_host} planned the scan); an lmdb store is a local directory, so every "
         f"executor must see it at the same absolute path: run executors on that machine, share the "
         f"directory, or use a zk:// or hbase:// metastore")
+
+
+def probe_executors(spark: SparkSession, uri: str) -> None:
+    """Check, before a scan, that the executors see an lmdb ``uri``; ``MetastoreNotVisibleError`` if one does not.
+
+    One task per slot of the default parallelism. A task reports what it
+    found as a value instead of raising: a raised error would be retried
+    ``spark.task.maxFailures`` times (4 on a cluster) before the job failed,
+    half a minute for an answer that cannot change. Nothing to do for other
+    schemes, or in local mode (the executors are the driver's host).
+    """
+    if lmdb_path(uri) is None or (spark.sparkContext.master or "local").startswith("local"):
+        return
+    driver = socket.gethostname()
+    slots = max(1, spark.sparkContext.defaultParallelism)
+
+    def check(_rows: Iterable[int]) -> Iterable[str]:
+        try:
+            check_visible(uri, "executor", driver)
+        except MetastoreNotVisibleError as exc:
+            yield str(exc)
+
+    problems = spark.sparkContext.parallelize(range(slots), slots).mapPartitions(check).collect()
+    if problems:
+        raise MetastoreNotVisibleError(problems[0])
 
 
 @dataclass
