@@ -62,6 +62,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shlex
 import sys
@@ -71,6 +72,8 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 Handler = Callable[[argparse.Namespace], int]
+
+log = logging.getLogger(__name__)
 
 EXAMPLE = """example:
   quire console --server 127.0.0.1:4080 --metastore lmdb://data/metastore
@@ -295,6 +298,10 @@ class HedwigConsole:
         except UsageError:
             cmd = COMMANDS[name]
             self.say(f"usage: {cmd.usage}")
+            self.failed = True
+        except Exception as exc:   # a bookie or metastore that fails mid-command: one line, the console goes on
+            log.debug("%s failed", name, exc_info=True)
+            self.say(f"{name} failed: {type(exc).__name__}: {exc}")
             self.failed = True
         self.say(f"Finished {time.perf_counter() - started:.4f} s.")
         return True
@@ -769,7 +776,9 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
                         help="show hubs, show topics, show grants, describe topic and release topic print one JSON "
                              "document per line on stdout; everything else (Finished lines, errors, other output) "
                              "goes to stderr")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND [ARGS]",
+    # nargs="*", not REMAINDER: the options still work after the command ("readtopic t --metastore URI"), as
+    # for every tool; a word that starts with "-" goes in a -c command instead
+    parser.add_argument("command", nargs="*", metavar="COMMAND [ARGS]",
                         help="run this one command (after any -c ones) and exit, as Hedwig's "
                              "HedwigConsole [options] [command] [args]")
     return run_console

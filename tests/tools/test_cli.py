@@ -203,3 +203,19 @@ def test_no_metastore_names_the_standalone_clusters_when_it_is_here(tmp_path: Pa
     (tmp_path / "data" / "metastore").mkdir(parents=True)
     (tmp_path / "data" / "metastore" / "data.mdb").touch()   # what `make run` leaves in ./data
     assert "the standalone cluster here (make run) has --metastore lmdb://data/metastore" in said()
+
+
+def test_a_console_command_whose_bookies_are_down_fails_in_one_line_and_the_console_goes_on(tmp_path: Path) -> None:
+    """readtopic of a topic whose ledger's bookies do not answer: a traceback ended the console before."""
+    from tests.tools.scan_data import populate
+
+    uri = f"lmdb://{tmp_path / 'meta'}"
+    data = populate(uri, ledgers=10)     # its ledgers name bookies on 127.0.0.1:3181-3189, where nothing listens
+    assert data.topics["topic-1"]
+    out = quire("console", "--metastore", uri, "--timeout", "5", "-c", "readtopic topic-1", "-c", "show topics")
+    said = out.stdout + out.stderr
+    assert out.returncode == 1, said
+    assert "Traceback" not in said
+    failed = [line for line in out.stdout.splitlines() if line.startswith("readtopic failed: ")]
+    assert len(failed) == 1 and "bookie" in failed[0].lower(), said
+    assert "Topic List:" in out.stdout.split(failed[0], 1)[1], "the next command ran"

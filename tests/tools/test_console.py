@@ -279,7 +279,8 @@ async def test_one_command_after_the_options_runs_as_in_hedwig(cluster: LocalClu
     res = await run([*_console_args(cluster), "-c", "pub atopic first", "pub", "atopic", "two words"])
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("Finished ") == 2
-    res = await run([*_console_args(cluster), "readtopic", "atopic"])
+    args = _console_args(cluster)
+    res = await run([*args[:4], "readtopic", "atopic", *args[4:]])   # the options may follow the command
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Message:\n\nfirst\n" in res.stdout and "Message:\n\ntwo words\n" in res.stdout
     res = await run([*_console_args(cluster), "describe", "topic", "atopic", "--json"])   # a word of the command
