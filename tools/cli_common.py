@@ -75,6 +75,16 @@ def no_metastore_message(conf_file: str | None = None) -> str:
     return hint
 
 
+def connect_failure(server: str, exc: BaseException, label: str = "hub") -> str:
+    """``cannot connect to LABEL SERVER: REASON`` for a failed hub connection, without the client's own
+    "cannot connect to hub SERVER: " repeated inside the reason."""
+    reason = str(exc) or "timed out"
+    inner = f"cannot connect to hub {server}: "
+    if reason.startswith(inner):
+        reason = reason[len(inner):]
+    return f"cannot connect to {label} {server}: {reason}"
+
+
 def number_at_least(least: float, *, what: str = "a number", integer: bool = False) -> Callable[[str], float]:
     """An argparse type: a number >= ``least`` (an ``int`` with ``integer``), else a one-line error."""
 

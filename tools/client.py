@@ -36,6 +36,7 @@ from tools.cli_common import (
     AUTH_TOKEN_ENV,
     add_auth_token_options,
     auth_token_conf,
+    connect_failure,
     count_at_least,
     number_at_least,
     seconds,
@@ -116,7 +117,7 @@ async def _connect(args: argparse.Namespace, conf: dict[str, str] | None = None)
     except AuthenticationError:
         raise
     except (OSError, TimeoutError, PubSubError) as exc:
-        raise ClientCommandError(f"cannot connect to hub {server}: {exc or 'timed out'}") from None
+        raise ClientCommandError(connect_failure(server, exc)) from None
 
 
 def _bodies(args: argparse.Namespace) -> Iterable[bytes]:

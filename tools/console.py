@@ -224,7 +224,8 @@ class HedwigConsole:
                 self._client = await asyncio.wait_for(
                     HedwigClient.connect(self.server, conf=self.client_conf or None), self.settings.timeout)
             except (OSError, TimeoutError, PubSubError) as exc:
-                raise CommandError(f"cannot connect to hub server {self.server}: {exc or 'timed out'}") from None
+                from tools.cli_common import connect_failure
+                raise CommandError(connect_failure(self.server, exc, "hub server")) from None
         return self._client
 
     async def store(self) -> Any:

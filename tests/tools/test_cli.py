@@ -183,6 +183,7 @@ def test_console_finds_its_hub_in_quire_server() -> None:
                          capture_output=True, text=True, timeout=60, env={**os.environ, "QUIRE_SERVER": "127.0.0.1:1"})
     assert out.returncode == 1
     assert "cannot connect to hub server 127.0.0.1:1" in out.stdout + out.stderr
+    assert (out.stdout + out.stderr).count("cannot connect") == 1
 
 
 @pytest.mark.parametrize("argv", [["shell", "listbookies"], ["console", "-c", "show topics"],

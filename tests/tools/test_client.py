@@ -85,3 +85,4 @@ async def test_unreachable_hub_is_one_line(tmp_path: Path) -> None:
     assert rc == 1 and out == ""
     assert err.splitlines() == [err.strip()]
     assert err.startswith("quire client produce: cannot connect to hub 127.0.0.1:1")
+    assert err.count("cannot connect") == 1, err   # the client's own wording is not repeated inside
