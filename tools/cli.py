@@ -52,6 +52,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+EXTRAS = {"pyspark": "scan", "pyarrow": "scan", "tabulate": "scan", "redis": "bench", "nats": "bench"}
+"""Top-level modules of the optional extras (pyproject.toml) -> the extra that installs them."""
+
+
 def _configure(name: str, parser: argparse.ArgumentParser) -> Handler | None:
     target, _ = SUBCOMMANDS[name]
     module_name, func = target.split(":")
@@ -60,8 +64,22 @@ def _configure(name: str, parser: argparse.ArgumentParser) -> Handler | None:
     except ModuleNotFoundError as exc:
         if exc.name and module_name.startswith(exc.name):
             return None  # not built yet
-        raise
+        missing = (exc.name or "").split(".")[0]
+        if missing not in EXTRAS:
+            raise
+        # `make run` installs no extras: the command stays listed and says what to install
+        parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        return _needs_extra(name, missing, EXTRAS[missing])
     handler: Handler = getattr(module, func)(parser)
+    return handler
+
+
+def _needs_extra(command: str, missing: str, extra: str) -> Handler:
+    def handler(_args: argparse.Namespace) -> int:
+        print(f"quire {command}: needs the '{extra}' extra ({missing} is not installed): run "
+              f"`pip install -e '.[{extra}]'` in the source tree (`make setup` installs every extra)",
+              file=sys.stderr)
+        return 2
     return handler
 
 

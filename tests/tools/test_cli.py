@@ -220,3 +220,20 @@ def test_a_console_command_whose_bookies_are_down_fails_in_one_line_and_the_cons
     failed = [line for line in out.stdout.splitlines() if line.startswith("readtopic failed: ")]
     assert len(failed) == 1 and "bookie" in failed[0].lower(), said
     assert "Topic List:" in out.stdout.split(failed[0], 1)[1], "the next command ran"
+
+
+@pytest.mark.parametrize(("argv", "rc", "needle"), [
+    (["--help"], 0, "scan"),
+    (["scan", "ledgers-per-bookie", "--metastore", "lmdb://x"], 2,
+     "quire scan: needs the 'scan' extra (pyspark is not installed)"),
+    (["bench", "--help"], 0, "publish"),
+])
+def test_a_venv_without_the_scan_extra_still_runs_and_says_what_to_install(argv: list[str], rc: int,
+                                                                            needle: str) -> None:
+    """`make run` installs no extras: `quire --help` died with a traceback there (pyspark imported by `scan`)."""
+    root = Path(__file__).resolve().parents[2]
+    script = ("import sys; sys.modules['pyspark'] = sys.modules['pyarrow'] = None\n"   # as if not installed
+              "from tools.cli import main\nsys.argv = ['quire', *sys.argv[1:]]\nsys.exit(main())")
+    out = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == rc, out.stderr
+    assert "Traceback" not in out.stderr and needle in out.stdout + out.stderr
