@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -145,67 +147,78 @@ async def test_a_new_auditor_counts_bookies_named_by_ledgers_but_unregistered_as
         await ops.close()
 
 
-async def test_a_bookie_that_registers_and_dies_between_two_ticks_is_found_by_the_periodic_check(
-        store: MetaStore) -> None:
-    """Its registration never shows in a tick; the ledger it wrote to names it, and the periodic check reads that."""
-    mgr = await LedgerMetadataManager.open(store)
-    regs = {b: BookieRegistration(store, b, "/r/a", session_timeout=5.0) for b in ("x:1", "y:1", "v:1")}
-    for b in ("x:1", "y:1"):
+@dataclass
+class Audit:
+    store: MetaStore
+    auditor: Auditor
+    urm: UnderReplicationManager
+    clock: FakeClock
+    regs: dict[str, BookieRegistration]
+
+    async def flash(self, bookie: str, ledger_id: int, ensemble: list[str]) -> None:
+        """``bookie`` registers, is named by a new ledger and unregisters, all between two ticks."""
+        await self.regs[bookie].register(read_only=False, free_disk=1, total_disk=1)
+        await (await LedgerMetadataManager.open(self.store)).create(
+            ledger_id, LedgerMetadata(len(ensemble), 2, 2, [(0, ensemble)]))
+        await self.regs[bookie].unregister()
+
+    async def marks(self) -> list[tuple[int, frozenset[str]]]:
+        return [(m.ledger_id, m.missing) for m in await self.urm.list()]
+
+
+@asynccontextmanager
+async def auditing(store: MetaStore, conf: dict[str, str], registered: list[str],
+                   others: list[str]) -> AsyncIterator[Audit]:
+    """An auditor (fake clock) over ``registered`` bookies; ``others`` have registrations made but not yet used."""
+    regs = {b: BookieRegistration(store, b, "/r/a", session_timeout=5.0) for b in registered + others}
+    for b in registered:
         await regs[b].register(read_only=False, free_disk=1, total_disk=1)
     urm = await UnderReplicationManager.open(store)
     ops = await BookieOps.open(store)
-    conf = BookieConf.from_properties({"lost_bookie_recovery_delay": "10",
-                                       "auditor_periodic_check_interval": "60"})
     clock = FakeClock()
-    auditor = Auditor(store, urm, ops, conf, AutoRecoveryStats(CollectorRegistry()), clock=clock)
+    auditor = Auditor(store, urm, ops, BookieConf.from_properties(conf), AutoRecoveryStats(CollectorRegistry()),
+                      clock=clock)
     try:
-        await auditor.tick()                      # elected: every named bookie is registered (none named yet)
-        await regs["v:1"].register(read_only=False, free_disk=1, total_disk=1)
-        await mgr.create(8, LedgerMetadata(3, 2, 2, [(0, ["x:1", "y:1", "v:1"])]))
-        await regs["v:1"].unregister()            # between two ticks: no tick ever saw it
-        clock.now += 1
-        await auditor.tick()
-        assert auditor.gone_since == {}, "comparing registrations cannot see it"
-        clock.now += 60                           # the periodic check is due
-        await auditor.tick()
-        assert auditor.gone_since == {"v:1": clock.now}
-        assert await urm.list() == [], "marked only once gone for lost_bookie_recovery_delay"
-        clock.now += 10
-        await auditor.tick()
-        assert [(m.ledger_id, m.missing) for m in await urm.list()] == [(8, frozenset({"v:1"}))]
+        yield Audit(store, auditor, urm, clock, regs)
     finally:
         await ops.close()
         for r in regs.values():
             await r.unregister()
+
+
+async def test_a_bookie_that_registers_and_dies_between_two_ticks_is_found_by_the_periodic_check(
+        store: MetaStore) -> None:
+    """Its registration never shows in a tick; the ledger it wrote to names it, and the periodic check reads that."""
+    conf = {"lost_bookie_recovery_delay": "10", "auditor_periodic_check_interval": "60"}
+    async with auditing(store, conf, ["x:1", "y:1"], ["v:1"]) as a:
+        await a.auditor.tick()                    # elected: every named bookie is registered (none named yet)
+        await a.flash("v:1", 8, ["x:1", "y:1", "v:1"])
+        a.clock.now += 1
+        await a.auditor.tick()
+        assert a.auditor.gone_since == {}, "comparing registrations cannot see it"
+        a.clock.now += 60                         # the periodic check is due
+        await a.auditor.tick()
+        assert a.auditor.gone_since == {"v:1": a.clock.now}
+        assert await a.marks() == [], "marked only once gone for lost_bookie_recovery_delay"
+        a.clock.now += 10
+        await a.auditor.tick()
+        assert await a.marks() == [(8, frozenset({"v:1"}))]
 
 
 async def test_triggeraudit_runs_the_full_audit_at_the_next_tick(store: MetaStore) -> None:
     """With the periodic check off, only a request (``quire shell triggeraudit``) finds the bookie no tick saw."""
-    mgr = await LedgerMetadataManager.open(store)
-    regs = {b: BookieRegistration(store, b, "/r/a", session_timeout=5.0) for b in ("x:1", "v:1")}
-    await regs["x:1"].register(read_only=False, free_disk=1, total_disk=1)
-    urm = await UnderReplicationManager.open(store)
-    await urm.request_audit()                 # made before this auditor was elected: its election scan serves it
-    ops = await BookieOps.open(store)
-    conf = BookieConf.from_properties({"lost_bookie_recovery_delay": "0", "auditor_periodic_check_interval": "0"})
-    clock = FakeClock()
-    auditor = Auditor(store, urm, ops, conf, AutoRecoveryStats(CollectorRegistry()), clock=clock)
-    try:
-        await auditor.tick()
-        await regs["v:1"].register(read_only=False, free_disk=1, total_disk=1)
-        await mgr.create(4, LedgerMetadata(2, 2, 2, [(0, ["x:1", "v:1"])]))
-        await regs["v:1"].unregister()
+    conf = {"lost_bookie_recovery_delay": "0", "auditor_periodic_check_interval": "0"}
+    async with auditing(store, conf, ["x:1"], ["v:1"]) as a:
+        await a.urm.request_audit()               # made before this auditor was elected: its election scan serves it
+        await a.auditor.tick()
+        await a.flash("v:1", 4, ["x:1", "v:1"])
         for _ in range(3):
-            clock.now += 3600
-            await auditor.tick()
-        assert await urm.list() == [], "no periodic check, no tick saw it"
-        await urm.request_audit()
-        await auditor.tick()
-        assert [(m.ledger_id, m.missing) for m in await urm.list()] == [(4, frozenset({"v:1"}))]
-        await urm.unmark(4)
-        await auditor.tick()                  # a request is served once
-        assert await urm.list() == []
-    finally:
-        await ops.close()
-        for r in regs.values():
-            await r.unregister()
+            a.clock.now += 3600
+            await a.auditor.tick()
+        assert await a.marks() == [], "no periodic check, no tick saw it"
+        await a.urm.request_audit()
+        await a.auditor.tick()
+        assert await a.marks() == [(4, frozenset({"v:1"}))]
+        await a.urm.unmark(4)
+        await a.auditor.tick()                    # a request is served once
+        assert await a.marks() == []
