@@ -325,9 +325,9 @@ class Auditor:
         self._last_check = now
         return True
 
-    async def note_unregistered(self, live: set[str], now: float) -> set[str]:
+    async def note_unregistered(self, live: set[str], now: float) -> None:
         """Count every bookie that ledgers name but that is not registered as gone since ``now``
-        (unless already counted); returns the newly counted ones."""
+        (unless already counted)."""
         named: set[str] = set()
         async for _, md in self._ops.list_ledgers():
             named |= md.bookies()
@@ -336,7 +336,6 @@ class Auditor:
             if self._live is not None:
                 log.info("auditor: bookie %s is named by ledgers but not registered", b)
             self.gone_since[b] = now
-        return new
 
     async def mark_ledgers_on(self, bookies: set[str]) -> int:
         """Mark every ledger with a segment on one of ``bookies``; returns how many were marked."""

@@ -230,10 +230,9 @@ class HedwigConsole:
 
     async def store(self) -> Any:
         if self._store is None:
+            from tools.cli_common import MetastoreOpenError, no_metastore_message, open_tool_metastore
             if not self.metastore_uri:
-                from tools.cli_common import no_metastore_message
                 raise CommandError(no_metastore_message())
-            from tools.cli_common import MetastoreOpenError, open_tool_metastore
             try:
                 self._store = await open_tool_metastore(self.metastore_uri, self.settings.timeout)
             except MetastoreOpenError as exc:

@@ -170,17 +170,14 @@ def _run_spark(master: str, report: str, uri: str, kwargs: dict[str, Any]) -> An
         spark = spark_session(master)
     except Exception as exc:  # Spark start-up fails in many ways (bad master URL, no Java)
         raise ScanError(f"cannot start Spark on {master}: {one_line(exc)}") from None
-    try:
-        from tools.scan.datasource import probe_executors
-        from tools.scan.errors import MetastoreNotVisibleError
+    from tools.scan.datasource import probe_executors
+    from tools.scan.errors import MetastoreNotVisibleError
 
-        try:
-            probe_executors(spark, uri)
-        except MetastoreNotVisibleError as exc:
-            raise ScanError(f"MetastoreNotVisibleError: {exc}") from None
+    try:
+        probe_executors(spark, uri)
         return run_report(spark, report, uri, **kwargs).toArrow()
-    except ScanError:
-        raise
+    except MetastoreNotVisibleError as exc:   # the probe's own answer, named as a failed job's would be
+        raise ScanError(f"{type(exc).__name__}: {exc}") from None
     except Exception as exc:  # a failed job arrives as a Py4J/pyspark error wrapping the Python one
         raise ScanError(one_line(exc)) from None
     finally:
