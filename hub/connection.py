@@ -31,6 +31,7 @@ from hub import errors, protocol
 from hub.message import Message
 from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
+from hub.regions import is_hub_subscriber
 from hub.subscriptions import SubState
 from hub.topic import Topic
 from metastore.tasks import spawn
@@ -247,7 +248,8 @@ class HubConnection(asyncio.Protocol):
             self.machine.request_finished()
             self.send(protocol.response(req.txnId))
             return
-        if self.server.authenticator is not None and not self._authorized(req, ev):
+        if (not self._authorized(req, ev) if self.server.authenticator is not None
+                else req.type != pb.PUBLISH and self._foreign_region_request(req, ev)):
             if req.type != pb.CONSUME:
                 self.machine.request_finished()   # answered (AUTHENTICATE) or refused already
             return
@@ -299,6 +301,23 @@ class HubConnection(asyncio.Protocol):
             self.server.stats.incr("not_authorized")
             self._fail(req, refused)
             return False
+        return True
+
+    def _foreign_region_request(self, req: pb.PubSubRequest, ev: protocol.RequestReceived) -> bool:
+        """Without authentication: refuse (and answer) a request on a region subscription (``__region_*``
+        or ``hubSubscriber``) from a peer that is not a configured region hub (``hub.regions``)."""
+        if not (is_hub_subscriber(ev.subscriber)
+                or (req.type == pb.SUBSCRIBE and req.subscribeRequest.hubSubscriber)):
+            return False
+        regions = self.server.regions
+        peer = self.transport.get_extra_info("peername") if self.transport is not None else None
+        host = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if regions is not None and regions.is_region_peer(host):
+            return False
+        self.server.stats.incr("not_authorized")
+        self._fail(req, errors.NotAuthorizedError(
+            f"{host} is not a hub of a configured region: region subscriptions (__region_*, hubSubscriber) "
+            "are for the hubs named in regions / remote_hubs (or enable authentication with region_roles)"))
         return True
 
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

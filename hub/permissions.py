@@ -22,7 +22,12 @@ acknowledged stay.
 Superusers may do anything. Region roles (and superusers) are region hubs:
 they may subscribe as a region's hub subscriber (``__region_<region>``,
 ``hubSubscriber``) on any topic and keep the ``srcRegion`` of what they
-publish; anything else they do needs grants like any role.
+publish; anything else they do needs grants like any role. A region
+subscription (a subscriber id starting ``__region_``) is theirs alone:
+any other role is refused every request on it (subscribe, attach with
+force, start/stop delivery, consume, close, unsubscribe) whatever its
+grants and whatever the request's ``hubSubscriber`` flag says, so a
+consume grant on a topic cannot take a region's replication over.
 
 A grant is (role, topic prefix, actions): ``produce`` allows publishing to
 every topic whose name starts with the prefix; ``consume`` allows
@@ -256,8 +261,14 @@ class Authorizer:
         """``None`` when ``role`` may do ``op`` (a ``pb.OperationType``) on ``topic``; else the error to answer."""
         if role in self.superusers or op == pb.AUTHENTICATE:
             return None
-        if op != pb.PUBLISH and role in self.region_roles and is_hub_subscriber(subscriber):
-            return None
+        if op != pb.PUBLISH and is_hub_subscriber(subscriber):
+            if role in self.region_roles:
+                return None
+            # another region's replication subscription: a consume grant on the topic is not enough
+            # (a force attach would take the region's messages, and it would never get them back)
+            return errors.NotAuthorizedError(
+                f"role {role!r} may not use the region subscription "
+                f"{subscriber.decode('utf-8', 'backslashreplace')!r}: only region_roles and superuser_roles may")
         action = PRODUCE if op == pb.PUBLISH else CONSUME
         if self.cache.allowed(role, topic, action):
             return None

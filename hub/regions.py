@@ -33,9 +33,28 @@ hub forwards only messages that originated in R (not those it received from
 a third region). With all-to-all subscriptions each message reaches each
 region exactly once.
 
+Who may hold a region subscription (``__region_*``, or ``hubSubscriber``
+set): with ``authentication_enabled``, roles in ``region_roles`` or
+``superuser_roles`` only (``hub.permissions``). Without it a hub has only
+the peer's address to go by: such a request is served only when it comes
+from a configured region hub, an address of one of the hubs that
+``regions`` / the region client conf's ``remote_hubs`` name (host names
+resolved when the hub starts; when one of them is a loopback address, any
+loopback address, as when every region runs on one machine), and refused
+with NOT_AUTHORIZED otherwise; a hub without ``regions`` refuses them all.
+This trusts the network (addresses can be shared or translated): regions
+that talk through NAT, or that share hosts with untrusted clients, need
+authentication with ``region_roles`` and a region token.
+
 Failure: a remote subscription that fails (remote region down, redirect
-loop, local persistence failure) is logged and retried every
-``retry_remote_subscribe_thread_run_interval`` ms; local publishes and
+loop, local persistence failure) or that the remote hub closes under us
+(``SUBSCRIPTION_FORCED_CLOSED``: an attach with force, an operator's
+``DELETE .../subscriptions/__region_R?force=true``, a forced topic delete)
+is logged and made again every ``retry_remote_subscribe_thread_run_interval``
+ms while the topic has local subscribers (after a forced close the next
+round re-attaches, with force, from the stored consume pointer; after a
+delete it subscribes anew from the remote topic's end, so what the remote
+region published in between is not pulled); local publishes and
 subscriptions never wait on a remote region unless the subscriber asked for
 ``synchronous``, whose subscribe then fails with ``COULD_NOT_CONNECT`` naming
 the region (after at most the region client's ``server_ack_response_timeout``;
@@ -47,8 +66,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import ipaddress
 import logging
 import os
+import socket
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -117,6 +139,20 @@ def is_hub_subscriber(subscriber: bytes) -> bool:
     return subscriber.startswith(HUB_SUBSCRIBER_PREFIX)
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def ip_of(host: str) -> IPAddress | None:
+    """``host`` as an IP address (an IPv4-mapped IPv6 address as IPv4); None when it is a name."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
 class RegionFilter:
     """Server filter for hub subscribers: pass only messages that originated in this region.
 
@@ -151,6 +187,7 @@ class _Remote:
 
     def __init__(self) -> None:
         self.ok = False
+        self.closes = 0          # forced closes seen: one during a (re)subscribe means it is not made
         self.task: asyncio.Task[None] | None = None
 
 
@@ -203,6 +240,11 @@ class RegionManager:
         self.clients: dict[str, Any] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._retry_task: asyncio.Task[None] | None = None
+        self._resolve_task: asyncio.Task[None] | None = None
+        # the hosts of the other regions' hubs (regions, remote_hubs) and their addresses (is_region_peer)
+        self.region_hosts = sorted({a.split(":", 1)[0] for addrs in self.remotes.values()
+                                    for a in addrs.split(",") if a.strip()})
+        self.region_ips: set[IPAddress] = {ip for ip in map(ip_of, self.region_hosts) if ip is not None}
 
     @property
     def enabled(self) -> bool:
@@ -214,8 +256,38 @@ class RegionManager:
 
     def start(self) -> None:
         if self.enabled:
-            self._retry_task = asyncio.get_running_loop().create_task(self._retry_loop())
+            loop = asyncio.get_running_loop()
+            self._retry_task = loop.create_task(self._retry_loop())
+            if any(ip_of(h) is None for h in self.region_hosts):
+                self._resolve_task = loop.create_task(self._resolve_region_hosts())
             log.info("region %s: remote regions %s", self.region, ", ".join(sorted(self.remotes)))
+
+    async def _resolve_region_hosts(self) -> None:
+        """Add the addresses the other regions' hub host names resolve to (once, when the hub starts)."""
+        loop = asyncio.get_running_loop()
+        for host in self.region_hosts:
+            if ip_of(host) is not None:
+                continue
+            try:
+                infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            except OSError as exc:
+                log.warning("region %s: cannot resolve region hub host %s (its unauthenticated region "
+                            "subscriptions are refused): %s", self.region, host, exc)
+                continue
+            self.region_ips.update(ip for ip in (ip_of(str(info[4][0])) for info in infos) if ip is not None)
+
+    def is_region_peer(self, host: str) -> bool:
+        """Whether a connection from ``host`` (an IP address) comes from a configured region hub.
+
+        Without ``authentication_enabled`` this is all a hub knows of who may hold a region
+        subscription: the peer's address is one of the addresses of the other regions' hubs named
+        in ``regions`` / the region client conf's ``remote_hubs`` (host names resolved when the hub
+        starts), or, when one of those is a loopback address, any loopback address (every region on
+        one machine). The port is not compared: a hub connects from an ephemeral port."""
+        ip = ip_of(host)
+        if ip is None:
+            return False
+        return ip in self.region_ips or (ip.is_loopback and any(r.is_loopback for r in self.region_ips))
 
     # --- version vectors --------------------------------------------------------------------------
     def stamp(self, topic: bytes, msg: pb.Message) -> None:
@@ -294,8 +366,24 @@ class RegionManager:
         c = self.clients.get(region)
         if c is None:
             c = await HedwigClient.connect(self.remotes[region], conf=self.client_conf)
+            c.add_subscription_listener(functools.partial(self._subscription_event, region))
             self.clients[region] = c
         return c
+
+    def _subscription_event(self, region: str, topic: bytes, subscriber: bytes, event: str) -> None:
+        """A remote hub closed our subscription under us (an attach with force, an operator's forced
+        delete of it or of its topic, a failing filter): the client has dropped it, so the retry loop
+        makes it again while the topic has local subscribers (within one retry interval)."""
+        if subscriber != self.subscriber_id or event != "SUBSCRIPTION_FORCED_CLOSED":
+            return
+        rs = self.subs.get((topic, region))
+        if rs is None:
+            return        # we removed it ourselves (the last local subscriber left, the topic moved)
+        rs.ok = False
+        rs.closes += 1
+        log.warning("region %s: the subscription to %r in region %s was closed by that region's hub; "
+                    "subscribing again within %d ms", self.region, topic, region,
+                    self.server.conf.retry_remote_subscribe_thread_run_interval)
 
     async def _ensure(self, topic: bytes, region: str) -> None:
         key = (topic, region)
@@ -304,6 +392,7 @@ class RegionManager:
             rs = self.subs.setdefault(key, _Remote())
             if rs.ok:
                 return
+            closes = rs.closes
             try:
                 c = await self._client(region)
                 await c.subscribe(topic, self.subscriber_id, "CREATE_OR_ATTACH", force_attach=True,
@@ -319,6 +408,8 @@ class RegionManager:
                                               f"{region} failed: {exc}") from None
             if not self._has_local_subscribers(topic):   # the last one left meanwhile
                 await self._remove_locked(topic, region, c, unsubscribe=True)
+                return
+            if rs.closes != closes:   # closed under us meanwhile: the retry loop makes it again
                 return
             rs.ok = True
             log.info("region %s: subscribed to %r in region %s", self.region, topic, region)
@@ -409,10 +500,11 @@ class RegionManager:
             await asyncio.gather(*retries)      # at most one round in flight
 
     async def close(self) -> None:
-        if self._retry_task is not None:
-            self._retry_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._retry_task
+        for task in (self._retry_task, self._resolve_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
         for c in list(self.clients.values()):
             with contextlib.suppress(Exception):
                 await c.close()
