@@ -6,6 +6,9 @@ STAMP  := $(VENV)/.quire-installed
 RUN_STAMP := $(VENV)/.quire-run-installed
 BENCH_STAMP := $(VENV)/.quire-bench-installed
 DATA   ?= data
+# `make run` variables: make run HUB_PORT=0 (any free port) BOOKIES=1 DATA=/tmp/q
+HUB_PORT ?= 4080
+BOOKIES  ?= 3
 PROTOS := $(wildcard metastore/proto/*.proto bookie/proto/*.proto hub/proto/*.proto)
 
 .PHONY: all setup system-deps bench-deps run test lint typecheck proto proto-check pytest bench-smoke clean
@@ -58,7 +61,7 @@ $(BENCH_STAMP): $(STAMP)
 bench-deps: system-deps $(BENCH_STAMP)
 
 run: $(RUN_STAMP)
-	$(VENV)/bin/quire standalone --data $(DATA)
+	$(VENV)/bin/quire standalone --data $(DATA) --hub-port $(HUB_PORT) --bookies $(BOOKIES)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -9,7 +9,9 @@ restarts a bookie or hub that dies, and stops every process cleanly on
 SIGINT, SIGTERM or SIGHUP; killed outright (SIGKILL), its processes get
 SIGTERM from the kernel (``tools.launch.die_with_parent``). The hub listens
 on ``--hub-port`` (default 4080, Hedwig's; 0 picks a free one): a port in use
-is an error, never a silent move. A second standalone on the same data
+is an error, never a silent move (a port held only by the TIME_WAIT
+connections of a hub stopped a moment ago is free: the hub binds with
+``SO_REUSEADDR``, and so does the check). A second standalone on the same data
 directory exits with ``already running (pid N)``.
 """
 
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if args.hubs and args.hub_port and not _port_free(args.hub_port):
         sys.stderr.write(f"quire standalone: hub port {args.hub_port} is in use "
-                         f"(stop what holds it, or pass --hub-port 0 for any free port)\n")
+                         f"(stop what holds it, or pass --hub-port 0 for any free port; "
+                         f"make run HUB_PORT=0, also BOOKIES=N DATA=DIR)\n")
         return 1
     try:
         return asyncio.run(_run(args))
@@ -67,7 +70,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether the hub could listen on ``port``: bound as the hub binds it (``SO_REUSEADDR``), so the
+    connections of a hub stopped a moment ago (in TIME_WAIT for up to a minute) do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -76,8 +76,40 @@ def test_bad_counts_and_a_busy_hub_port_are_one_line_errors() -> None:
         res = quire("standalone", "--hub-port", str(port), "--data", "/nonexistent/never-created")
     assert res.returncode == 1, res.stderr
     assert res.stderr.strip().splitlines() == [
-        f"quire standalone: hub port {port} is in use (stop what holds it, or pass --hub-port 0 for any free port)"]
+        f"quire standalone: hub port {port} is in use (stop what holds it, or pass --hub-port 0 for any free port; "
+        "make run HUB_PORT=0, also BOOKIES=N DATA=DIR)"]
     assert not Path("/nonexistent/never-created").exists()
+
+
+@pytest.mark.slow
+async def test_a_restart_right_after_stopping_with_a_client_connected(tmp_path: Path) -> None:
+    """The stopped hub closed its client's connection first, so the port has a TIME_WAIT connection for up to a
+    minute: the port check binds as the hub does (SO_REUSEADDR) and the restart comes up at once."""
+    from hub.proto import pubsub_pb2 as pb
+    from hub.protocol import encode
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    args = ("--bookies", "1", "--hub-port", str(port), "--data", str(tmp_path / "sa"))
+    async with standalone(*args) as (proc, _):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(encode(pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PING, txnId=1)))
+            async with asyncio.timeout(20):
+                assert len(await reader.readexactly(4)) == 4       # answered: the hub holds the connection
+            proc.send_signal(signal.SIGINT)                   # Ctrl-C with the client still connected
+            assert await asyncio.wait_for(proc.wait(), 60) == 0
+            async with asyncio.timeout(20):
+                while await reader.read(4096):                # the hub closed it (so its side is in TIME_WAIT)
+                    pass
+        finally:
+            writer.close()
+    with socket.socket() as plain, pytest.raises(OSError):   # the condition: a bind without SO_REUSEADDR fails
+        plain.bind(("127.0.0.1", port))
+    async with standalone(*args) as (_, report):
+        hub = [p for p in report["processes"] if p["role"] == "hub"]  # type: ignore[union-attr,index]
+        assert hub[0]["address"] == f"127.0.0.1:{port}"
 
 
 @pytest.mark.slow
