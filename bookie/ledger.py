@@ -19,6 +19,7 @@ no writer: adds raise ``LedgerClosedError``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from bookie.context import ClientContext
@@ -184,8 +185,9 @@ class LedgerHandle:
         limit = self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
         if first < 0 or last < first or last > limit:
             raise NoSuchEntryError(f"ledger {self.ledger_id}: cannot read {first}..{last} (last readable is {limit})")
-        async for entry in self._reader.read_range(first, last):
-            yield entry
+        async with contextlib.aclosing(self._reader.read_range(first, last)) as entries:   # its reads end with us
+            async for entry in entries:
+                yield entry
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         """Read one entry from its write set, speculatively asking the next replica after a delay."""

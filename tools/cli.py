@@ -11,8 +11,9 @@ Every command shares one logging setup (``setup_logging``): ``--log-level``
 (one JSON object per line, python-json-logger), libraries (kazoo, happybase,
 thriftpy2, py4j, asyncio) at WARNING unless the level asked for is DEBUG.
 ``quire --print-completion bash|zsh|...`` prints a shell completion
-script of every command and option (shtab). Output cut short by a closed pipe (``quire shell listledgers | head``) ends
-the command quietly with status 141, as a process killed by SIGPIPE would.
+script of every command and option (shtab). Output cut short by a closed pipe (``quire shell listledgers | head``,
+``quire --print-completion bash | head -3``) ends the command quietly with status 141, as a process killed by
+SIGPIPE would.
 """
 
 from __future__ import annotations
@@ -160,7 +161,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if os.environ.get(LOG_LEVEL_ENV, "INFO").upper() not in LOG_LEVELS:
         parser.error(f"{LOG_LEVEL_ENV}={os.environ[LOG_LEVEL_ENV]!r} is not a log level "
                      f"(expected one of {', '.join(LOG_LEVELS)})")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except BrokenPipeError:        # --print-completion, --help: printed while parsing
+        return _quiet_broken_pipe()
+    except SystemExit:
+        try:
+            sys.stdout.flush()   # what --help or --print-completion printed: a closed pipe shows here
+        except BrokenPipeError:
+            return _quiet_broken_pipe()
+        raise
     setup_logging(args.log_level, args.log_format)
     handler = getattr(args, "handler", None)
     if handler is None:

@@ -237,3 +237,17 @@ def test_a_venv_without_the_scan_extra_still_runs_and_says_what_to_install(argv:
     out = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True, text=True, timeout=60)
     assert out.returncode == rc, out.stderr
     assert "Traceback" not in out.stderr and needle in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("argv", [["--print-completion", "bash"], ["--help"], ["shell", "--help"]])
+def test_printing_while_parsing_into_a_closed_pipe_ends_quietly(argv: list[str]) -> None:
+    """`quire --print-completion bash | head -3`: before, a BrokenPipeError traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)                                     # `head` has gone before anything is written
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tools.cli", *argv], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode in (0, 141)   # argparse's own --help output swallows the error (0); the rest 141

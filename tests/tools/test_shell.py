@@ -496,3 +496,27 @@ async def test_triggeraudit_leaves_a_request_the_auditor_reads(setup: Setup) -> 
         assert f"the auditor ({await urm.auditor()})" in r.out and "listunderreplicated" in r.out
     finally:
         await ms.close()
+
+
+async def test_readledger_into_a_closed_pipe_ends_quietly(setup: Setup) -> None:
+    """`quire shell readledger N | head -1`: before, 40 lines of 'unhandled exception during asyncio.run()
+    shutdown' (the reads in flight failed once their bookie connections were gone)."""
+    ms = await open_metastore(setup.uri)
+    bk = await BookKeeper.connect(ms)
+    try:
+        lh = await bk.create_ledger(3, 2, 2)
+        await lh.add_entries([b"line-%04d-" % i + b"x" * 60 for i in range(3000)])   # ~200 KB of output
+        await lh.close()
+    finally:
+        await bk.close()
+        await ms.close()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tools.cli", "shell", "readledger",
+                                                str(lh.ledger_id), *setup.ms(), stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    async with asyncio.timeout(60):
+        assert (await proc.stdout.readline()).startswith(b"0\tline-0000-")
+        proc._transport.get_pipe_transport(1).close()  # type: ignore[attr-defined]   # what `head -1` does
+        err = (await proc.stderr.read()).decode()
+        assert await proc.wait() == 141
+    assert err == ""

@@ -9,6 +9,7 @@ and turns errors into exit statuses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -147,8 +148,11 @@ async def readledger(ops: BookieOps, args: argparse.Namespace, out: TextIO) -> i
     if last > last_readable:
         raise ShellError(f"ledger {args.ledger_id}: entry {last} is past the last readable entry {last_readable}")
     try:
-        async for e in lh.read(first, last):
-            out.write(f"{e.entry_id}\t{_show(e.data, args.hex)}\n")
+        # closed at once when writing fails (`| head -1`: BrokenPipeError), so the reads in flight are
+        # cancelled before the bookie connections close (else each one's failure is printed at exit)
+        async with contextlib.aclosing(lh.read(first, last)) as entries:
+            async for e in entries:
+                out.write(f"{e.entry_id}\t{_show(e.data, args.hex)}\n")
     except NoSuchEntryError as exc:
         raise ShellError(f"ledger {args.ledger_id}: {exc}") from None
     return 0
