@@ -13,6 +13,12 @@ is an error, never a silent move (a port held only by the TIME_WAIT
 connections of a hub stopped a moment ago is free: the hub binds with
 ``SO_REUSEADDR``, and so does the check). A second standalone on the same data
 directory exits with ``already running (pid N)``.
+
+``--metastore hbase`` would run on the in-memory HBase Thrift emulator, a
+test double where nothing persists: it is refused unless
+``--allow-test-double`` is given (then a WARNING says so on stderr once the
+cluster is up); a real HBase is ``hbase://HOST:PORT/PREFIX``. An unknown
+metastore name is a one-line usage error (status 2) before anything starts.
 """
 
 from __future__ import annotations
@@ -42,7 +48,12 @@ def _port(text: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.add_argument("--bookies", type=count_at_least(1), default=3, help="number of bookie processes (default 3)")
     parser.add_argument("--data", default="data", help="data directory, kept across runs (default ./data)")
-    parser.add_argument("--metastore", default="lmdb", help="lmdb (default), zookeeper, hbase or a URI")
+    parser.add_argument("--metastore", default="lmdb",
+                        help="lmdb (default), zookeeper (a local ZooKeeper from the system jars), a URI "
+                             "(zk://HOST:PORT/PREFIX, hbase://HOST:PORT/PREFIX, lmdb://DIR), or hbase: the "
+                             "in-memory HBase emulator, a test double (needs --allow-test-double)")
+    parser.add_argument("--allow-test-double", action="store_true",
+                        help="let --metastore hbase run on the in-memory HBase Thrift emulator (nothing persists)")
     parser.add_argument("--hubs", type=count_at_least(0), default=1, help="number of hub processes (default 1)")
     parser.add_argument("--hub-port", type=_port, default=4080,
                         help="port of the first hub (default 4080; 0: any free port); a port in use is an error")
@@ -51,7 +62,28 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return run
 
 
+METASTORE_NAMES = ("lmdb", "zookeeper", "zk", "hbase")
+TEST_DOUBLE_WARNING = ("quire standalone: WARNING: the metastore is the in-memory HBase Thrift emulator (a test "
+                       "double): nothing persists, every topic and ledger is forgotten when it stops")
+
+
+def _metastore_problem(args: argparse.Namespace) -> str | None:
+    """Why ``--metastore`` cannot be used as given (one line), or None."""
+    m = args.metastore
+    if "://" not in m and m not in METASTORE_NAMES:
+        return (f"unknown metastore {m!r}: use lmdb, zookeeper, a URI (zk://HOST:PORT/PREFIX, "
+                "hbase://HOST:PORT/PREFIX, lmdb://DIR) or hbase with --allow-test-double")
+    if m == "hbase" and not args.allow_test_double:
+        return ("--metastore hbase runs the in-memory HBase Thrift emulator, a test double: nothing persists. "
+                "Give a real HBase as hbase://HOST:PORT/PREFIX, or pass --allow-test-double to run on the emulator")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = _metastore_problem(args)
+    if problem is not None:
+        sys.stderr.write(f"quire standalone: {problem}\n")
+        return 2
     running = LocalCluster.running_pid(args.data)   # before the port: a second `make run` holds 4080 too
     if running is not None:
         sys.stderr.write(f"quire standalone: already running (pid {running}) on {Path(args.data).resolve()}\n")
@@ -97,6 +129,8 @@ async def _run(args: argparse.Namespace) -> int:
         cluster.set_hub_conf(0, server_port=str(args.hub_port))
     await cluster.start()
     try:
+        if args.metastore == "hbase":      # allowed with --allow-test-double: said at start and once ready
+            sys.stderr.write(TEST_DOUBLE_WARNING + "\n")
         if args.json:
             print(json.dumps(ready_report(cluster)), flush=True)
         else:

@@ -182,3 +182,30 @@ async def test_one_cluster_per_data_directory(tmp_path: Path) -> None:
     again = LocalCluster(bookies=0, metastore=f"lmdb://{tmp_path / 'meta'}", data_dir=tmp_path / "c")
     await again.start()
     await again.stop()
+
+
+def test_a_bad_or_test_double_metastore_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    data = tmp_path / "never-created"
+    res = quire("standalone", "--metastore", "bogus", "--data", str(data))
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines() == [
+        "quire standalone: unknown metastore 'bogus': use lmdb, zookeeper, a URI (zk://HOST:PORT/PREFIX, "
+        "hbase://HOST:PORT/PREFIX, lmdb://DIR) or hbase with --allow-test-double"]
+    res = quire("standalone", "--metastore", "hbase", "--data", str(data))
+    assert res.returncode == 2, res.stderr
+    [line] = res.stderr.strip().splitlines()
+    assert "test double: nothing persists" in line and "--allow-test-double" in line
+    assert not data.exists()
+
+
+@pytest.mark.slow
+async def test_the_hbase_test_double_runs_when_asked_and_says_nothing_persists(tmp_path: Path) -> None:
+    args = ("--metastore", "hbase", "--allow-test-double", "--bookies", "1", "--hubs", "0",
+            "--data", str(tmp_path / "sa"))
+    async with standalone(*args) as (proc, report):
+        assert str(report["metastore"]).startswith("hbase://127.0.0.1:")
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), 60) == 0
+        assert proc.stderr is not None
+        err = (await proc.stderr.read()).decode()
+    assert "WARNING: the metastore is the in-memory HBase Thrift emulator" in err
