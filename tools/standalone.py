@@ -62,6 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     return run
 
 
+TAIL_LINES = 10
+"""Lines of a failed role's log tail shown after the one-line error (the reason is usually the last)."""
 METASTORE_NAMES = ("lmdb", "zookeeper", "zk", "hbase")
 TEST_DOUBLE_WARNING = ("quire standalone: WARNING: the metastore is the in-memory HBase Thrift emulator (a test "
                        "double): nothing persists, every topic and ledger is forgotten when it stops")
@@ -96,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(_run(args))
     except RuntimeError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        sys.stderr.write(f"quire standalone: {first}\n")
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        sys.stderr.write(f"quire standalone: {lines[0]}\n")
+        for line in [ln for ln in lines[1:] if ln.strip()][-TAIL_LINES:]:   # the role's own last words
+            sys.stderr.write(f"  {line}\n")
         return 1
 
 

@@ -209,3 +209,14 @@ async def test_the_hbase_test_double_runs_when_asked_and_says_nothing_persists(t
         assert proc.stderr is not None
         err = (await proc.stderr.read()).decode()
     assert "WARNING: the metastore is the in-memory HBase Thrift emulator" in err
+
+
+def test_a_role_failing_to_start_shows_why(tmp_path: Path) -> None:
+    """An unreachable ZooKeeper: before, 'bookie-0 exited with 1 before it was ready; log tail:' and nothing."""
+    res = quire("standalone", "--metastore", "zk://127.0.0.1:1/q", "--bookies", "1", "--hubs", "0",
+                "--data", str(tmp_path / "sa"))
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert lines[0] == "quire standalone: bookie-0 exited with 1 before it was ready; log tail:"
+    assert any("cannot connect to ZooKeeper at 127.0.0.1:1" in line for line in lines[1:]), res.stderr
+    assert "Traceback" not in res.stderr
