@@ -20,7 +20,7 @@ no writer: adds raise ``LedgerClosedError``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 
 from bookie.context import ClientContext
 from bookie.errors import BKError, LedgerClosedError, NoSuchEntryError
@@ -177,7 +177,7 @@ class LedgerHandle:
         """
         return self._reader.last_entry_seen
 
-    async def read(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+    async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
         """Yield entries ``first..last`` in order (reads pipelined, each from the best replica).
 
         ``NoSuchEntryError`` when the range goes past the last confirmed entry.

@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from typing import NamedTuple
 
 from bookie import digest as digests
@@ -86,7 +86,7 @@ class LedgerReader:
         return digests.decode_entry(payload, self._digest, self._password, ledger_id=self.ledger_id,
                                     entry_id=entry_id)
 
-    async def read_range(self, first: int, last: int) -> AsyncIterator[LedgerEntry]:
+    async def read_range(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
         """Yield entries ``first..last`` in order, ``read_window`` reads in flight."""
         window = max(1, self._ctx.conf.read_window)
         loop = asyncio.get_running_loop()
