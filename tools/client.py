@@ -6,7 +6,8 @@
 
 ``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
 ``--rate`` messages per second (default 0: as fast as each publish is
-acknowledged), and prints ``produced N messages to TOPIC (seq ids A..B)``.
+acknowledged), and prints ``produced N messages to TOPIC (seq ids A..B)``
+(``produced 1 message to TOPIC (seq id A)``).
 ``consume`` subscribes (creating the subscription, or attaching to it; a new
 one starts after the topic's last message), says ``subscribed to TOPIC as
 SUB`` on stderr, then prints each message as ``SEQ<TAB>BODY`` (or one JSON
@@ -17,7 +18,10 @@ The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080. For a
 hub with ``authentication_enabled``, ``--auth-token TOKEN`` or
 ``--auth-token-file FILE`` (else ``$QUIRE_AUTH_TOKEN``) gives the token
 (client conf ``auth_token``/``auth_token_file``).
-Failures (hub unreachable, a refused publish) print one line and exit 1.
+Failures (hub unreachable, a refused publish) print one line and exit 1;
+output into a closed pipe (``consume ... | head -1``) ends quietly with
+status 141, as every ``quire`` command does. ``--json`` lines always carry
+``properties`` (``{}`` when the message has none).
 """
 
 from __future__ import annotations
@@ -96,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     command = produce if args.client_command == "produce" else consume
     try:
         return int(uvloop.run(command(args)))
+    except BrokenPipeError:
+        raise              # `consume | head -1`: ends quietly like every quire command (tools.cli)
     except AuthenticationError as exc:
         sys.stderr.write(f"quire client {args.client_command}: {exc.status}: {exc} (give a token with "
                          f"--auth-token, --auth-token-file or ${AUTH_TOKEN_ENV})\n")
@@ -148,8 +154,8 @@ async def produce(args: argparse.Namespace) -> int:
                                          f"({len(seqs)} produced)") from None
     finally:
         await client.close()
-    span = f" (seq ids {seqs[0]}..{seqs[-1]})" if seqs else ""
-    print(f"produced {len(seqs)} messages to {args.topic}{span}", flush=True)
+    span = "" if not seqs else f" (seq id {seqs[0]})" if len(seqs) == 1 else f" (seq ids {seqs[0]}..{seqs[-1]})"
+    print(f"produced {len(seqs)} message{'' if len(seqs) == 1 else 's'} to {args.topic}{span}", flush=True)
     return 0
 
 
@@ -163,8 +169,7 @@ def _line(message: Any, as_json: bool) -> str:
         out["body_base64"] = base64.b64encode(message.body).decode()
     if message.message_type:
         out["message_type"] = message.message_type
-    if message.properties:
-        out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
+    out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
     return json.dumps(out)
 
 

@@ -86,3 +86,26 @@ async def test_unreachable_hub_is_one_line(tmp_path: Path) -> None:
     assert err.splitlines() == [err.strip()]
     assert err.startswith("quire client produce: cannot connect to hub 127.0.0.1:1")
     assert err.count("cannot connect") == 1, err   # the client's own wording is not repeated inside
+
+
+async def test_one_message_is_singular_json_has_properties_and_a_closed_pipe_ends_quietly(hub: str) -> None:
+    as_json = await client("consume", "small", "-s", "j", "-n", "1", "--json", "--server", hub)
+    # `consume | head -1`: stdout is a pipe whose reader leaves after the first line
+    read_end, write_end = os.pipe()
+    piped = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tools.cli", "client", "consume", "small", "-s", "h", "--server", hub,
+        stdin=asyncio.subprocess.DEVNULL, stdout=write_end, stderr=asyncio.subprocess.PIPE)
+    os.close(write_end)
+    await asyncio.gather(subscribed(as_json), subscribed(piped))
+    rc, out, err = await finish(await client("produce", "small", "-m", "one", "--server", hub))
+    assert (rc, out, err) == (0, "produced 1 message to small (seq id 1)\n", "")
+    rc, out, _ = await finish(as_json)
+    assert rc == 0 and json.loads(out) == {"seq_id": 1, "body": "one", "src_region": "standalone", "properties": {}}
+    with open(read_end, "rb") as reader:
+        assert await asyncio.to_thread(reader.readline) == b"1\tone\n"
+    # the reader is gone; the next message's line cannot be written
+    await finish(await client("produce", "small", "-m", "two", "--server", hub))
+    assert piped.stderr is not None
+    async with asyncio.timeout(60):
+        rest = await piped.stderr.read()      # after its "subscribed to" line
+        assert (await piped.wait(), rest) == (141, b"")
