@@ -77,9 +77,9 @@ def _configure(name: str, parser: argparse.ArgumentParser) -> Handler | None:
 
 def _needs_extra(command: str, missing: str, extra: str) -> Handler:
     def handler(_args: argparse.Namespace) -> int:
-        print(f"quire {command}: needs the '{extra}' extra ({missing} is not installed): run "
-              f"`pip install -e '.[{extra}]'` in the source tree (`make setup` installs every extra)",
-              file=sys.stderr)
+        from tools.cli_common import needs_extra_message
+
+        print(needs_extra_message(command, missing, extra), file=sys.stderr)
         return 2
     return handler
 

@@ -49,6 +49,7 @@ __all__ = [
     "count_at_least",
     "metastore_from_args",
     "metastore_uri_of",
+    "needs_extra_message",
     "number_at_least",
     "open_tool_metastore",
     "probe_metastore",
@@ -63,6 +64,12 @@ STANDALONE_METASTORE = "lmdb://data/metastore"
 """The metastore of ``quire standalone`` (``make run``) run from this directory with its default ``--data``."""
 AUTH_TOKEN_ENV = "QUIRE_AUTH_TOKEN"
 """Environment variable holding the hub client's token when neither --auth-token nor --auth-token-file is given."""
+
+
+def needs_extra_message(command: str, missing: str, extra: str) -> str:
+    """The one line a command says when an optional extra it needs is not installed."""
+    return (f"quire {command}: needs the '{extra}' extra ({missing} is not installed): run "
+            f"`pip install -e '.[{extra}]'` in the source tree (`make setup` installs every extra)")
 
 
 def no_metastore_message(conf_file: str | None = None) -> str:

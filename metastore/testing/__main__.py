@@ -1,7 +1,8 @@
 """``python -m metastore.testing --uri SCHEME://...``: run the conformance kit, print a table.
 
 Exit status 0 when every case passed (skipped optional capabilities are
-listed with their reason), 1 otherwise.
+listed with their reason), 1 otherwise; 2 (one line naming the ``testing``
+extra) when pytest is not installed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,12 @@ import os
 import sys
 from typing import Any
 
-import pytest
+try:
+    import pytest
+except ImportError:   # `make run` installs no extras: say which one runs the kit
+    sys.stderr.write("python -m metastore.testing: the conformance kit runs on pytest, which is not installed: "
+                     "run `pip install -e '.[testing]'` in the source tree (or `pip install pytest`)\n")
+    raise SystemExit(2) from None
 
 from metastore.testing import conformance
 

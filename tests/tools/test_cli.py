@@ -251,3 +251,33 @@ def test_printing_while_parsing_into_a_closed_pipe_ends_quietly(argv: list[str])
         os.close(write_end)
     assert proc.stderr == ""
     assert proc.returncode in (0, 141)   # argparse's own --help output swallows the error (0); the rest 141
+
+
+@pytest.mark.parametrize("argv", [["scan", "--help"], ["scan", "orphan-ledgers", "--help"]])
+def test_scan_help_without_the_scan_extra_shows_the_options_and_what_to_install(argv: list[str]) -> None:
+    """Before: only `usage: quire scan [-h]`."""
+    root = Path(__file__).resolve().parents[2]
+    script = ("import sys; sys.modules['pyspark'] = sys.modules['pyarrow'] = None\n"   # as if not installed
+              "from tools.cli import main\nsys.argv = ['quire', *sys.argv[1:]]\nsys.exit(main())")
+    out = subprocess.run([sys.executable, "-c", script, *argv], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "--metastore" in out.stdout and "--timeout" in out.stdout
+    assert ("orphan-ledgers" in out.stdout) if len(argv) == 2 else ("--min-age" in out.stdout)
+    assert "needs the 'scan' extra (pyspark is not installed): run `pip install -e '.[scan]'`" in out.stdout
+
+
+def test_the_conformance_kit_without_pytest_names_the_testing_extra() -> None:
+    """`python -m metastore.testing` in `make run`'s venv (no pytest): before, a ModuleNotFoundError traceback."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    script = ("import runpy, sys; sys.modules['pytest'] = None\n"           # as if not installed
+              "sys.argv = ['metastore.testing', '--uri', 'lmdb:///nonexistent']\n"
+              "runpy.run_module('metastore.testing', run_name='__main__')")
+    out = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "python -m metastore.testing: the conformance kit runs on pytest, which is not installed: "
+        "run `pip install -e '.[testing]'` in the source tree (or `pip install pytest`)"]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(dep.startswith("pytest") for dep in extras["testing"])

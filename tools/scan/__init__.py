@@ -14,6 +14,18 @@ reads in the executors), ``tools.scan.schema`` the per-table columns,
 ``quire scan`` command.
 """
 
-from tools.scan.datasource import FORMAT, register_datasource
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["FORMAT", "register_datasource"]
+
+
+def __getattr__(name: str) -> Any:
+    """``FORMAT`` and ``register_datasource`` come from ``tools.scan.datasource`` (Spark) when first used,
+    so ``tools.scan.cli`` imports (and ``quire scan --help`` shows its options) without the scan extra."""
+    if name in __all__:
+        from tools.scan import datasource
+
+        return getattr(datasource, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

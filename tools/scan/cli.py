@@ -25,11 +25,12 @@ from tools.cli_common import (
     MetastoreOpenError,
     add_common_options,
     metastore_from_args,
+    needs_extra_message,
     no_metastore_message,
     probe_metastore,
 )
+from tools.scan.catalog import REPORT_HELP, missing_scan_module
 from tools.scan.errors import ScanError
-from tools.scan.reports import REPORTS
 
 OUT_FORMATS = (".csv", ".parquet")
 DEFAULT_TIMEOUT = 30.0
@@ -63,12 +64,14 @@ def _positive(text: str) -> int:
 
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.epilog = EXAMPLE.format(name="ledgers-per-bookie", out="per-bookie.parquet")
+    missing = missing_scan_module()
+    install = f"\n{needs_extra_message('scan', missing, 'scan')}\n" if missing else ""
+    parser.epilog = EXAMPLE.format(name="ledgers-per-bookie", out="per-bookie.parquet") + install
     add_common_options(parser, timeout=DEFAULT_TIMEOUT)
     sub = parser.add_subparsers(dest="report", metavar="REPORT", required=True)
-    for name, (_, help_text) in REPORTS.items():
+    for name, help_text in REPORT_HELP.items():
         p = sub.add_parser(name, help=help_text, description=help_text,
-                           epilog=EXAMPLE.format(name=name, out=f"{name}.csv"),
+                           epilog=EXAMPLE.format(name=name, out=f"{name}.csv") + install,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         add_common_options(p, timeout=DEFAULT_TIMEOUT, in_command=True)
         p.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
@@ -137,6 +140,10 @@ def render(table: Any, limit: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = missing_scan_module()
+    if missing is not None:    # `make run` installs no extras: say what to install, before anything else
+        print(needs_extra_message("scan", missing, "scan"), file=sys.stderr)
+        return 2
     try:
         if args.out and not args.out.endswith(OUT_FORMATS):
             raise ScanError(f"--out {args.out}: the name must end in .csv or .parquet")

@@ -35,6 +35,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from tools.scan.catalog import REPORT_HELP
 from tools.scan.datasource import FORMAT
 
 
@@ -106,10 +107,9 @@ def orphan_ledgers(spark: SparkSession, uri: str, partitions: int | None = None,
 
 Report = Callable[..., DataFrame]
 REPORTS: dict[str, tuple[Report, str]] = {
-    "ledgers-per-bookie": (ledgers_per_bookie, "ledgers per bookie address, with registration state"),
-    "under-replicated": (under_replicated, "ledgers with a fragment on a bookie that is not registered"),
-    "subscription-backlog": (subscription_backlog, "per topic and subscriber: last published minus consumed"),
-    "orphan-ledgers": (orphan_ledgers, "ledgers no topic range references, older than --min-age"),
+    name: (func, REPORT_HELP[name]) for name, func in (
+        ("ledgers-per-bookie", ledgers_per_bookie), ("under-replicated", under_replicated),
+        ("subscription-backlog", subscription_backlog), ("orphan-ledgers", orphan_ledgers))
 }
 
 
