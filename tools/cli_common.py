@@ -117,13 +117,15 @@ seconds = number_at_least(0, what="a number of seconds")
 
 
 def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_command: bool = False,
-                       conf_help: str = "properties file with metastore_uri (or zk_host/zk_prefix)") -> None:
+                       conf_help: str = "properties file with metastore_uri (or zk_host/zk_prefix)",
+                       conf_default: str = f"${CONF_ENV}") -> None:
     """``--metastore``, ``--conf``, ``--timeout`` on a tool's parser, or (``in_command``) on one command's.
 
     Add them to both so they are accepted before and after the command: the
     command's copies default to "not given" (``argparse.SUPPRESS``), so a value
     given before the command is kept. ``--metastore``/``--conf`` default to
     ``None``: ``metastore_from_args`` then reads ``QUIRE_METASTORE``/``QUIRE_CONF``.
+    ``conf_default`` is what ``--conf``'s help names as its default.
     """
     group = parser.add_argument_group("metastore")
     unset: object = argparse.SUPPRESS
@@ -131,7 +133,7 @@ def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_co
                        help=f"metastore URI (lmdb://data/metastore, zk://host:port/prefix, ...); "
                             f"default ${METASTORE_ENV}")
     group.add_argument("--conf", metavar="FILE", default=unset if in_command else None,
-                       help=f"{conf_help}; default ${CONF_ENV}")
+                       help=f"{conf_help}; default {conf_default}")
     group.add_argument("--timeout", metavar="SECONDS", type=seconds, default=unset if in_command else timeout,
                        help=f"bound for opening the metastore and each request (default {timeout:g})")
 

@@ -764,7 +764,7 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
     from tools.cli_common import add_common_options
 
     add_common_options(parser, timeout=10.0, conf_help="hub server conf (hw_server.conf: metastore_uri, "
-                       "server_port, region); default $HEDWIG_CONSOLE_SERVER_CONF, then")
+                       "server_port, region)", conf_default="$HEDWIG_CONSOLE_SERVER_CONF, then $QUIRE_CONF")
     parser.add_argument("--client-conf", metavar="FILE", help="client conf (hw_client.conf); "
                         "default $HEDWIG_CONSOLE_CLIENT_CONF")
     from tools.cli_common import add_auth_token_options

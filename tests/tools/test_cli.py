@@ -281,3 +281,30 @@ def test_the_conformance_kit_without_pytest_names_the_testing_extra() -> None:
         "run `pip install -e '.[testing]'` in the source tree (or `pip install pytest`)"]
     extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert any(dep.startswith("pytest") for dep in extras["testing"])
+
+
+def test_console_help_names_both_conf_variables_in_order() -> None:
+    """Before: "default $HEDWIG_CONSOLE_SERVER_CONF, then; default $QUIRE_CONF"."""
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "console", "--help"], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "COLUMNS": "300"})   # one line per option
+    assert out.returncode == 0
+    [conf] = [line for line in out.stdout.splitlines() if line.strip().startswith("--conf FILE")]
+    assert conf.endswith("; default $HEDWIG_CONSOLE_SERVER_CONF, then $QUIRE_CONF"), conf
+
+
+def test_the_readme_writes_keys_and_tokens_only_where_git_ignores_them() -> None:
+    """Before: the token steps wrote conf/token.key and orders-app.token into the tree, which git did not ignore."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "README.md").read_text()
+    paths = set(re.findall(r"(?:--output|--secret-key|--auth-token-file|> ?|token_secret_key=|"
+                           r"region_auth_token_file=)\s*([\w./-]+\.(?:key|token))\b", text))
+    assert {"data/auth/token.key", "data/auth/orders-app.token"} <= paths, paths
+    for path in sorted(paths):
+        if path.startswith("/"):
+            continue
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--no-index", path], cwd=root, timeout=30)
+        assert ignored.returncode == 0, f"{path} (named in the README) would be committed"
+    assert subprocess.run(["git", "check-ignore", "-q", "--no-index", "conf/token.key"], cwd=root,
+                          timeout=30).returncode == 0     # written elsewhere, still never committed
