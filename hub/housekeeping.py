@@ -131,7 +131,11 @@ class HubHousekeeping:
         victims = self.shedder.choose(mine, others)
         if victims:
             log.info("shedding %d of %d topics (other hubs own %s)", len(victims), len(mine), others)
-        for topic in victims:
+        mean = (len(mine) + sum(others)) / (len(others) + 1)
+        for topic in victims:   # each release said with its reason: clients see only TOPIC_MOVED
+            log.info("load shedding: releasing topic %r (this hub owns %d topics, the mean over %d live hubs is "
+                     "%.1f, tolerance %g %%; the least recently published go first)", topic, len(mine),
+                     len(others) + 1, mean, self.conf.rebalance_tolerance_percentage)
             await self.release_topic(topic)
         if victims:
             self.stats.incr("topics_shed", len(victims))

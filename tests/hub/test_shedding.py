@@ -142,3 +142,8 @@ async def test_a_busy_hub_sheds_topics_to_hubs_started_later(tmp_path: Path) -> 
                 await cond.wait_for(lambda: all(len(got[t]) >= len(published[t]) for t in watched))
             for t in watched:  # delivered exactly once, in order, through TOPIC_MOVED and re-attaching
                 assert got[t] == published[t], (t, got[t], published[t])
+        # every release is in hub 0's log at INFO, with its reason (issue 33: topics moved without a word)
+        hub0_log = next(p for p in cluster.processes() if p.role == "hub").log_path
+        released = [line for line in Path(hub0_log).read_text().splitlines()
+                    if "load shedding: releasing topic b'shed-" in line]
+        assert released and all(" INFO " in line and "the mean over" in line for line in released), released[:3]
