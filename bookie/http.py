@@ -20,6 +20,15 @@ unknown path gets 404, a known path with another method 405, an unexpected
 exception 500 (logged here). With an admin token, every PUT, POST and
 DELETE needs ``Authorization: Bearer TOKEN`` (else 401).
 
+Protected mode (Redis's): without an admin token, a server listening on an
+address that is not loopback (``http_server_host``, e.g. ``0.0.0.0``)
+refuses every PUT, POST and DELETE with 403 naming ``http_admin_token``
+(the key to set); on loopback (the default, 127.0.0.1) they are open, as
+Pulsar standalone's admin API is. And without an admin token, a request
+that presents one (an ``Authorization`` header) on any path but the
+monitoring ones (``/metrics``, ``/heartbeat``, ``/healthz``, ``/readyz``)
+gets 401 rather than being served as if its token had been checked.
+
 Ports (``resolve_http_port``): ``http_server_port`` 0 is a free port (the
 default), N is port N, -1 turns the server off; ``stats_http_port`` is the
 older name: when ``http_server_port`` is 0 a positive ``stats_http_port``
@@ -41,8 +50,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["TOKEN_ENV", "HttpError", "HttpServer", "admin_token", "errors_as_statuses", "json_body", "json_response",
-           "resolve_http_port"]
+__all__ = ["MONITORING", "TOKEN_ENV", "HttpError", "HttpServer", "admin_token", "errors_as_statuses", "is_loopback",
+           "json_body", "json_response", "resolve_http_port"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +59,20 @@ TOKEN_ENV = "QUIRE_HTTP_ADMIN_TOKEN"
 """Environment variable holding the admin token when neither conf key gives one."""
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
+MONITORING = frozenset({"/metrics", "/heartbeat", "/healthz", "/readyz"})
+"""Paths scrapers and probes read: a token they present (for a proxy in front) is not questioned."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address; a name or ``0.0.0.0`` is not."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 Ready = Callable[[], Awaitable[str | None]]
 """``None`` when the process is ready; else the reason it is not."""
@@ -130,7 +153,8 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return data
 
 
-def _middlewares(token: str) -> list[Any]:
+def _middlewares(token: str, protected: Callable[[], str | None]) -> list[Any]:
+    """``protected()``: the host a token-less server listens on when it is not loopback (protected mode)."""
     @web.middleware
     async def errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                      ) -> web.StreamResponse:
@@ -153,10 +177,20 @@ def _middlewares(token: str) -> list[Any]:
     @web.middleware
     async def auth(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
                    ) -> web.StreamResponse:
-        if token and request.method in MUTATING:
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return _error(401, "missing or wrong Authorization: Bearer token")
+        if token:
+            if request.method in MUTATING:
+                given = request.headers.get("Authorization", "")
+                if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                    return _error(401, "missing or wrong Authorization: Bearer token")
+        elif "Authorization" in request.headers and request.path not in MONITORING:
+            return _error(401, "this server has no admin token (http_admin_token is not set), so the "
+                               "Authorization token given cannot be checked: set http_admin_token on the server, "
+                               "or send no token")
+        elif request.method in MUTATING and (host := protected()) is not None:
+            return _error(403, f"protected mode: the HTTP server listens on {host}, not a loopback address, and "
+                               f"no admin token is set: set http_admin_token (or http_admin_token_file, or "
+                               f"${TOKEN_ENV}) to allow {request.method}, or listen on 127.0.0.1 "
+                               f"(http_server_host)")
         return await handler(request)
 
     return [errors, auth]
@@ -169,7 +203,9 @@ class HttpServer:
                  routes: Iterable[web.RouteDef] = ()) -> None:
         self.registry = registry
         self.ready = ready
-        self.app = web.Application(middlewares=_middlewares(token))
+        self.token = token
+        self.protected_host: str | None = None   # set by start: the non-loopback host of a token-less server
+        self.app = web.Application(middlewares=_middlewares(token, lambda: self.protected_host))
         self.app.add_routes([web.get("/metrics", self._metrics), web.get("/heartbeat", self._alive),
                              web.get("/healthz", self._alive), web.get("/readyz", self._readyz), *routes])
         self._runner: web.AppRunner | None = None
@@ -186,6 +222,10 @@ class HttpServer:
             await runner.cleanup()
             raise
         self._runner = runner
+        if not self.token and not is_loopback(host):
+            self.protected_host = host
+            log.warning("HTTP server on %s (not loopback) without an admin token: protected mode, PUT/POST/DELETE "
+                        "are refused (set http_admin_token)", host)
         bound = runner.addresses[0][1]
         self.url = f"http://{host}:{bound}"
         log.info("HTTP server at %s", self.url)
