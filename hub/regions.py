@@ -373,16 +373,20 @@ class RegionManager:
     def _subscription_event(self, region: str, topic: bytes, subscriber: bytes, event: str) -> None:
         """A remote hub closed our subscription under us (an attach with force, an operator's forced
         delete of it or of its topic, a failing filter): the client has dropped it, so the retry loop
-        makes it again while the topic has local subscribers (within one retry interval)."""
-        if subscriber != self.subscriber_id or event != "SUBSCRIPTION_FORCED_CLOSED":
+        makes it again while the topic has local subscribers (within one retry interval). Any other
+        event detaches it too (``TOPIC_MOVED``): the client re-attaches by itself unless the region
+        client conf turns ``enable_resubscribe`` off, and then the retry loop does."""
+        if subscriber != self.subscriber_id:
+            return
+        if event != "SUBSCRIPTION_FORCED_CLOSED" and self.client_conf.enable_resubscribe:
             return
         rs = self.subs.get((topic, region))
         if rs is None:
             return        # we removed it ourselves (the last local subscriber left, the topic moved)
         rs.ok = False
         rs.closes += 1
-        log.warning("region %s: the subscription to %r in region %s was closed by that region's hub; "
-                    "subscribing again within %d ms", self.region, topic, region,
+        log.warning("region %s: the subscription to %r in region %s was closed by that region's hub (%s); "
+                    "subscribing again within %d ms", self.region, topic, region, event,
                     self.server.conf.retry_remote_subscribe_thread_run_interval)
 
     async def _ensure(self, topic: bytes, region: str) -> None:

@@ -34,21 +34,18 @@ REGION_SUB = b"__region_west"          # what west's hub holds in east
 AS_WEST = {"options": {"quire.region": b"east"}, "message_filter": "hub.regions.RegionFilter"}
 
 
-@pytest.fixture(scope="module")
-def key(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("trust-keys") / "hub.key"
-    create_secret_key(path)
-    return path
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def regions(key: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+async def regions(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    """The two regions; the hubs' secret key is ``data_dir/hub.key`` (``key_of``)."""
+    data_dir = tmp_path_factory.mktemp("trust")
+    key = key_of(data_dir)
+    create_secret_key(key)
     conf = {**ONE_BOOKIE, "authentication_enabled": "true", "token_secret_key": str(key),
             "superuser_roles": "ops", "region_roles": "regionhub",
             "region_auth_token": create_token(key, "regionhub"),
             "retry_remote_subscribe_thread_run_interval": str(RETRY_MS)}
     async with LocalCluster(bookies=1, hubs=1, regions=["east", "west"], conf_overrides=conf,
-                            data_dir=tmp_path_factory.mktemp("trust")) as c:
+                            data_dir=data_dir) as c:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
             for region in c.region_clusters.values():
                 url = region.stats_urls[0].removesuffix("/metrics") + "/admin/v1/permissions/app/news"
@@ -57,9 +54,17 @@ async def regions(key: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncI
         yield c
 
 
-async def connect(cluster: LocalCluster, region: str, key: Path, role: str) -> HedwigClient:
+def key_of(data_dir: Path) -> Path:
+    return data_dir / "hub.key"
+
+
+def token(cluster: LocalCluster, role: str) -> str:
+    return create_token(key_of(cluster.data_dir), role)
+
+
+async def connect(cluster: LocalCluster, region: str, role: str) -> HedwigClient:
     return await HedwigClient.connect(cluster.hub_addresses_by_region[region][0],
-                                      conf={"auth_token": create_token(key, role),
+                                      conf={"auth_token": token(cluster, role),
                                             "server_ack_response_timeout": "10000"})
 
 
@@ -67,9 +72,9 @@ def topic_name() -> bytes:
     return b"news-" + uuid.uuid4().hex[:8].encode()
 
 
-async def west_follows(cluster: LocalCluster, key: Path, topic: bytes) -> tuple[HedwigClient, Collector]:
+async def west_follows(cluster: LocalCluster, topic: bytes) -> tuple[HedwigClient, Collector]:
     """A west subscriber on ``topic``: once this returns, east's hub holds ``__region_west`` on it."""
-    west = await connect(cluster, "west", key, "app")
+    west = await connect(cluster, "west", "app")
     col = Collector()
     await west.subscribe(topic, b"local", synchronous=True)
     await west.start_delivery(topic, b"local", col)
@@ -118,9 +123,9 @@ async def raw_requests(address: str, token: str, requests: list[pb.PubSubRequest
 
 
 @in_cluster
-async def test_a_consume_grant_cannot_touch_another_regions_subscription(regions: LocalCluster, key: Path) -> None:
+async def test_a_consume_grant_cannot_touch_another_regions_subscription(regions: LocalCluster) -> None:
     topic = topic_name()
-    west, col = await west_follows(regions, key, topic)
+    west, col = await west_follows(regions, topic)
     try:
         sub = REGION_SUB
         attach = _request(pb.SUBSCRIBE, 2, "subscribeRequest", topic, sub)
@@ -138,13 +143,13 @@ async def test_a_consume_grant_cannot_touch_another_regions_subscription(regions
                     consume,
                     _request(pb.CLOSESUBSCRIPTION, 8, "closeSubscriptionRequest", topic, sub),
                     _request(pb.UNSUBSCRIBE, 9, "unsubscribeRequest", topic, sub)]
-        got = await raw_requests(regions.hub_addresses_by_region["east"][0], create_token(key, "app"), requests)
+        got = await raw_requests(regions.hub_addresses_by_region["east"][0], token(regions, "app"), requests)
         assert [(r.txnId, r.statusCode) for r in got] == [(1, pb.SUCCESS)] + [(t, pb.NOT_AUTHORIZED)
                                                                              for t in range(2, 10)]
         assert "region subscription" in got[1].statusMsg and "region_roles" in got[1].statusMsg
 
         # the client API says the same, and west's replication was never disturbed
-        async with await connect(regions, "east", key, "app") as east:
+        async with await connect(regions, "east", "app") as east:
             with pytest.raises(errors.NotAuthorizedError, match="may not use the region subscription"):
                 await east.subscribe(topic, sub, "ATTACH", force_attach=True, **AS_WEST)
             with pytest.raises(errors.NotAuthorizedError):
@@ -157,13 +162,12 @@ async def test_a_consume_grant_cannot_touch_another_regions_subscription(regions
 
 
 @in_cluster
-async def test_replication_comes_back_after_its_region_subscription_is_closed_under_it(regions: LocalCluster,
-                                                                                      key: Path) -> None:
+async def test_replication_comes_back_after_its_region_subscription_is_closed_under_it(regions: LocalCluster) -> None:
     topic = topic_name()
-    west, col = await west_follows(regions, key, topic)
+    west, col = await west_follows(regions, topic)
     try:
-        async with await connect(regions, "east", key, "ops") as ops, \
-                await connect(regions, "east", key, "app") as east:
+        async with await connect(regions, "east", "ops") as ops, \
+                await connect(regions, "east", "app") as east:
             # a superuser (may touch it) attaches with force: west's hub is closed out, then ops leaves
             await ops.subscribe(topic, REGION_SUB, "ATTACH", force_attach=True, **AS_WEST)
             await ops.close_subscription(topic, REGION_SUB)
