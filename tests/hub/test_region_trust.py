@@ -200,3 +200,32 @@ async def test_without_authentication_only_configured_region_hubs_hold_region_su
             # the connection and the hub go on serving everyone else
             await client.subscribe(topic, b"plain")
             assert await client.publish(topic, b"x") == 1
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_configured_region_hubs_are_known_by_address() -> None:
+    """Without authentication: who counts as a configured region hub (``RegionManager.is_region_peer``)."""
+    from types import SimpleNamespace
+
+    from hub.conf import load_hub_conf
+    from hub.regions import RegionManager
+
+    def manager(regions: str) -> RegionManager:
+        return RegionManager(SimpleNamespace(conf=load_hub_conf(None, {"region": "r1", "regions": regions})))
+
+    m = manager("r2=10.0.0.2:4080 r3=10.0.0.3:4080:4443")
+    assert m.is_region_peer("10.0.0.2") and m.is_region_peer("10.0.0.3")      # any port: hubs dial from any
+    assert m.is_region_peer("::ffff:10.0.0.2")                                 # an IPv4-mapped peer address
+    assert not m.is_region_peer("10.0.0.9") and not m.is_region_peer("127.0.0.1")
+    local = manager("r2=127.0.0.1:4080")          # every region on one machine: any loopback address
+    assert local.is_region_peer("127.0.0.1") and local.is_region_peer("::1")
+    assert not local.is_region_peer("192.168.1.5")
+    assert not manager("").is_region_peer("127.0.0.1")                       # no regions: nobody
+    named = manager("r2=localhost:4080")          # names are resolved when the hub starts
+    named.start()
+    try:
+        assert named._resolve_task is not None
+        await asyncio.wait_for(named._resolve_task, 10)
+        assert named.is_region_peer("127.0.0.1")
+    finally:
+        await named.close()
