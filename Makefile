@@ -52,12 +52,20 @@ system-deps:
 			DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$pkgs >/dev/null; fi; \
 	fi
 	@command -v redis-server >/dev/null || { echo "redis-server missing after install" >&2; exit 1; }
+	@# the web console's browser tests (tests/hub/test_ui.py): Debian's chromium and its driver
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		echo "installing Debian chromium chromium-driver"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+	@command -v chromedriver >/dev/null || { echo "chromedriver missing after install" >&2; exit 1; }
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) -m pip install -q -e '.[bench,plot]'
 	touch $@
 
-# Peers and clients for `quire bench publish|fanout`: Debian redis-server and nats-server, redis-py and nats-py.
+# Peers and clients for `quire bench publish|fanout`: Debian redis-server and nats-server, redis-py and nats-py;
+# matplotlib for `quire bench ... --plot`.
 bench-deps: system-deps $(BENCH_STAMP)
 
 run: $(RUN_STAMP)

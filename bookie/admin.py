@@ -7,7 +7,10 @@
 ``GET /api/v1/bookie/info``                                    ``address``, ``state`` (``writable`` or
                                                                ``read_only``), ``read_only``,
                                                                ``free_disk``/``total_disk`` (bytes; also
-                                                               BookKeeper's ``freeSpace``/``totalSpace``)
+                                                               BookKeeper's ``freeSpace``/``totalSpace``),
+                                                               ``disk_usage_threshold``, ``ledgers`` (held
+                                                               here), ``journal_sync_ms`` (mean; ``null``
+                                                               before the first sync)
 ``GET /api/v1/bookie/list_bookies?type=rw|ro``                 ``{address: {state, rack, free_disk,
                                                                total_disk}}``; no ``type``: every bookie
 ``GET /api/v1/ledger/list``                                    ``{"ledgers": [id, ...]}`` of the cluster
@@ -82,6 +85,12 @@ def _ledger_id(request: web.Request) -> int:
     return ledger_id
 
 
+def _mean_ms(histogram: Any) -> float | None:
+    """The mean of a seconds histogram (``bookie.stats``) in ms since start; ``None`` before any sample."""
+    count = sum(histogram.counts)
+    return round(histogram.total / count * 1000.0, 3) if count else None
+
+
 def _true(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
@@ -102,6 +111,9 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
             "read_only": server.read_only, "operator_read_only": server.operator_read_only,
             "registered": server.registered, "free_disk": usage.free, "total_disk": usage.total,
             "freeSpace": usage.free, "totalSpace": usage.total,
+            "disk_usage_threshold": server.conf.disk_usage_threshold,
+            "ledgers": len(server.storage.ledger_ids()),
+            "journal_sync_ms": _mean_ms(server.stats.journal_sync_seconds),
         })
 
     async def bookies(request: web.Request) -> web.Response:

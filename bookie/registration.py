@@ -67,14 +67,15 @@ class BookieRegistration:
     """One bookie's ephemeral registration; see the module docstring."""
 
     def __init__(self, ms: MetaStore, address: str, network_location: str,
-                 session_timeout: float) -> None:
+                 session_timeout: float, http_url: str = "") -> None:
         self.address = address
         self.network_location = network_location
         self.session_timeout = session_timeout
         self._ms = ms
         self._table: MetastoreScannableTable | None = None
         self._session: Session | None = None
-        self._record = BookieRegistrationRecord(address=address, network_location=network_location)
+        self._record = BookieRegistrationRecord(address=address, network_location=network_location,
+                                                http_url=http_url)
 
     @property
     def record(self) -> BookieRegistrationRecord:

@@ -391,6 +391,7 @@ class BookieServer:
         self._lac_risen: dict[int, None] = {}  # ledgers with parked reads whose LAC rose this loop turn
         self.last_disk_usage: DiskUsage | None = None
         self.stats_url: str | None = None
+        self.http_url = ""              # base URL of the HTTP server ("" when off), named in the registration
         self._ms = metastore
         self._own_ms = metastore is None
         self._storage: EntryStorage | None = None
@@ -503,11 +504,11 @@ class BookieServer:
             if host in ("0.0.0.0", "::", ""):
                 host = "127.0.0.1"
             self._address = f"{host}:{port}"
+            await self._start_http()     # before registering: the registration names its URL
             self._registration = BookieRegistration(self._ms, self._address, conf.bookie_rack,
-                                                    conf.session_timeout_s)
+                                                    conf.session_timeout_s, http_url=self.http_url)
             await self._registration.register(read_only=self.read_only, free_disk=usage.free,
                                               total_disk=usage.total)
-            await self._start_http()
             self._spawn(self._disk_loop(), "disk-check")
             self._spawn(self._session_loop(), "registration-watchdog")
             if conf.gc_wait_time > 0:
@@ -537,7 +538,8 @@ class BookieServer:
         self._http = HttpServer(self.stats.registry, ready=lambda: bookie_readiness(self),
                                 token=admin_token(conf.http_admin_token, conf.http_admin_token_file),
                                 routes=bookie_routes(self))
-        self.stats_url = await self._http.start(conf.http_host, port) + "/metrics"
+        self.http_url = await self._http.start(conf.http_host, port)
+        self.stats_url = self.http_url + "/metrics"
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         spawn(self._tasks, coro, name=f"bookie-{name}")

@@ -13,7 +13,7 @@ prints it and exits with status 2.
 Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``http_server_port``, ``http_server_host``, ``http_admin_token``,
-``http_admin_token_file``, ``stats_http_port``, ``max_batch_bytes``, ``max_batch_messages``,
+``http_admin_token_file``, ``stats_http_port``, ``http_ui_base_path``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
 ``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
@@ -158,6 +158,8 @@ class HubConf:
                                              "http_admin_token is empty)")
     stats_http_port: int = setting(0, "older name of http_server_port: a port > 0 is used when http_server_port "
                                       "is 0; 0 and -1 leave the port free", min=-1, max=65535)
+    http_ui_base_path: str = setting("", "path prefix a reverse proxy serves this hub's HTTP server under (it "
+                                         "strips it), e.g. /quire: the web console's links carry it; empty: none")
 
     def __post_init__(self) -> None:
         # Hedwig keys that have no meaning here: a non-default value is refused rather than ignored

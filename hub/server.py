@@ -272,7 +272,8 @@ class HubServer(HubHousekeeping):
         self.address = f"{self.conf.server_host}:{self._port}"
 
     async def _start_http(self) -> None:
-        """The one place the HTTP server is set up (``bookie.http``: metrics of ``hub.stats``, ``hub.admin``)."""
+        """The one place the HTTP server is set up (``bookie.http``: metrics of ``hub.stats``, ``hub.admin``,
+        the web console ``hub.ui``)."""
         from bookie.http import HttpServer, admin_token, resolve_http_port
         from hub.admin import HubAdmin
         from hub.stats import HubMetrics
@@ -286,6 +287,8 @@ class HubServer(HubHousekeeping):
         self._http = HttpServer(metrics.registry, ready=admin.readiness,
                                 token=admin_token(conf.http_admin_token, conf.http_admin_token_file),
                                 routes=admin.routes())
+        from hub.ui import install as install_console
+        install_console(self._http.app, self, admin, base_path=conf.http_ui_base_path)   # /ui/: hub.ui
         self.http_url = await self._http.start(conf.http_server_host, port)
         self.stats_url = self.http_url + "/metrics"
         self.stats.observer = metrics.observe

@@ -106,7 +106,7 @@ class Response(_message.Message):
     def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., adds: _Optional[_Iterable[_Union[Response, _Mapping]]] = ...) -> None: ...
 
 class BookieRegistrationRecord(_message.Message):
-    __slots__ = ("address", "network_location", "state", "free_disk", "total_disk", "registered_ms")
+    __slots__ = ("address", "network_location", "state", "free_disk", "total_disk", "registered_ms", "http_url")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         WRITABLE: _ClassVar[BookieRegistrationRecord.State]
@@ -119,13 +119,15 @@ class BookieRegistrationRecord(_message.Message):
     FREE_DISK_FIELD_NUMBER: _ClassVar[int]
     TOTAL_DISK_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_MS_FIELD_NUMBER: _ClassVar[int]
+    HTTP_URL_FIELD_NUMBER: _ClassVar[int]
     address: str
     network_location: str
     state: BookieRegistrationRecord.State
     free_disk: int
     total_disk: int
     registered_ms: int
-    def __init__(self, address: _Optional[str] = ..., network_location: _Optional[str] = ..., state: _Optional[_Union[BookieRegistrationRecord.State, str]] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., registered_ms: _Optional[int] = ...) -> None: ...
+    http_url: str
+    def __init__(self, address: _Optional[str] = ..., network_location: _Optional[str] = ..., state: _Optional[_Union[BookieRegistrationRecord.State, str]] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., registered_ms: _Optional[int] = ..., http_url: _Optional[str] = ...) -> None: ...
 
 class LedgerIndexRecord(_message.Message):
     __slots__ = ("master_key", "fenced", "lac")
