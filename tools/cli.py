@@ -50,6 +50,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "console": ("tools.console:configure", "the Hedwig console: publish, subscribe, inspect topics"),
     "client": ("tools.client:configure", "produce and consume messages (like pulsar-client)"),
     "token": ("tools.token:configure", "make token secret keys and signed tokens (hub authentication)"),
+    "ui": ("tools.ui:configure", "print (or --open) the standalone cluster's web console address"),
 }
 
 

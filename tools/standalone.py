@@ -4,6 +4,7 @@
 
 Once everything is up it prints the metastore, then one line per process
 (``bookie 127.0.0.1:PORT metrics=URL log=FILE pid=N``, ``hub ...``) and
+``console http://127.0.0.1:PORT/ui/`` (the web console, ``quire ui``) and
 ``standalone ready ...`` (with ``--json``: one JSON document instead). It
 restarts a bookie or hub that dies, and stops every process cleanly on
 SIGINT, SIGTERM or SIGHUP; killed outright (SIGKILL), its processes get
@@ -117,10 +118,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _console(cluster: LocalCluster) -> str:
+    """The first hub's web console URL (``tools.ui``), or ``""`` without a hub serving HTTP."""
+    from tools.ui import console_url
+
+    hub = next((p for p in cluster.processes() if p.role == "hub" and p.metrics_url), None)
+    return console_url(hub.metrics_url) if hub is not None else ""
+
+
 def ready_report(cluster: LocalCluster) -> dict[str, object]:
-    """What ``--json`` prints: the metastore, the data directory and every process."""
+    """What ``--json`` prints: the metastore, the data directory, every process and the console's URL."""
     return {"metastore": cluster.metastore_uri, "data": str(cluster.data_dir),
-            "processes": [asdict(p) for p in cluster.processes()]}
+            "processes": [asdict(p) for p in cluster.processes()], "console": _console(cluster)}
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -132,6 +141,7 @@ async def _run(args: argparse.Namespace) -> int:
     if args.hubs and args.hub_port:   # 0: the port it had on this data dir, else any free one
         cluster.set_hub_conf(0, server_port=str(args.hub_port))
     await cluster.start()
+    ui = _console(cluster)
     try:
         if args.metastore == "hbase":      # allowed with --allow-test-double: said at start and once ready
             sys.stderr.write(TEST_DOUBLE_WARNING + "\n")
@@ -142,6 +152,8 @@ async def _run(args: argparse.Namespace) -> int:
             for p in cluster.processes():
                 metrics = f" metrics={p.metrics_url}" if p.metrics_url else ""
                 print(f"{p.role} {p.address}{metrics} log={p.log_path} pid={p.pid}", flush=True)
+            if ui:
+                print(f"console {ui} (quire ui --open)", flush=True)
             print("standalone ready (Ctrl-C stops it)", flush=True)
         await cluster.supervise(stop)
     finally:
