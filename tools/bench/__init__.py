@@ -4,7 +4,13 @@ Each benchmark is a module ``tools.bench.<name>`` with
 ``add_arguments(parser)`` and ``run(args) -> Iterable[dict]``; every dict is
 printed as one JSON line. A result holds at least ``bench``, ``case``, the
 configuration it ran with, and ``ops_per_sec`` and/or latency percentiles
-(``p50_ms``, ``p99_ms``, ``p999_ms``) where they apply.
+(``p50_ms``, ``p99_ms``, ``p999_ms`` and the ladder ``percentiles_ms``,
+p1 ... p99.99) where they apply.
+
+``--plot FILE.png`` after any benchmark's name draws what the run printed
+(``tools.bench.plot``: latency CDFs, throughput bars with ratios);
+``quire bench plot RESULTS.jsonl --out FILE.png`` draws saved lines. Both
+need the ``plot`` extra (matplotlib; ``make bench-deps``).
 """
 
 from __future__ import annotations
@@ -42,13 +48,35 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                 continue
             raise
         module.add_arguments(p)
+        p.add_argument("--plot", metavar="FILE.png", default="",
+                       help="also draw the results (latency CDFs, throughput bars) to this PNG (needs matplotlib)")
         p.set_defaults(bench_run=module.run)
+    from tools.bench import plot
+
+    p = sub.add_parser("plot", help=plot.HELP, description=plot.HELP)
+    plot.add_arguments(p)
+    p.set_defaults(bench_run=plot.run, plot="")
     return _run
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.plot:
+        from tools.bench.plot import PlotUnavailable, require_matplotlib
+
+        try:
+            require_matplotlib()       # before the run, not after minutes of it
+        except PlotUnavailable as exc:
+            sys.stderr.write(f"quire bench: {exc}\n")
+            return 2
+    rows = []
     for result in args.bench_run(args):
         emit(result)
+        rows.append(result)
+    if args.plot:
+        from tools.bench.plot import draw
+
+        draw(rows, args.plot)
+        sys.stderr.write(f"quire bench: plot written to {args.plot}\n")
     return 0
 
 
@@ -58,16 +86,27 @@ def emit(result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def percentiles(latencies_s: Sequence[float]) -> dict[str, float]:
-    """p50/p99/p999 in milliseconds of a list of latencies in seconds."""
+LADDER = (1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 99.99)
+"""The percentiles every latency summary keeps (``percentiles_ms``): enough to draw a CDF."""
+
+
+def percentiles(latencies_s: Sequence[float]) -> dict[str, Any]:
+    """p50/p99/p999 in milliseconds of a list of latencies in seconds, and the ladder ``percentiles_ms``.
+
+    ``percentiles_ms`` maps ``"p1"`` ... ``"p99.99"`` (``LADDER``) to
+    milliseconds (``{}`` without samples), so ``quire bench plot`` can draw a
+    latency CDF from the JSON line alone; a percentile is the sample at rank
+    ``floor(q * n)`` of the sorted samples.
+    """
     if not latencies_s:
-        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0}
+        return {"p50_ms": 0.0, "p99_ms": 0.0, "p999_ms": 0.0, "percentiles_ms": {}}
     xs = sorted(latencies_s)
 
     def pick(q: float) -> float:
-        return round(xs[min(len(xs) - 1, int(q * len(xs)))] * 1000.0, 4)
+        return round(xs[min(len(xs) - 1, int(round(q * len(xs), 9)))] * 1000.0, 4)   # 0.9999 * 10000 is 9998.99...
 
-    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "p999_ms": pick(0.999)}
+    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "p999_ms": pick(0.999),
+            "percentiles_ms": {f"p{q:g}": pick(q / 100) for q in LADDER}}
 
 
 def rate(count: int, seconds: float) -> float:
