@@ -18,9 +18,12 @@
 =============================================================  ==============================================
 
 A topic summary is what ``GET /admin/v1/topics/{topic}/stats`` says, cut
-down: ``topic``, ``owner``, ``publish_rate``, ``last_seq_id``, ``backlog``
-(the sum over its subscriptions), ``subscriptions`` (a count), ``ledgers``
-(a count) and ``messages`` (kept: last seq id - first kept + 1). A bookie row
+down: ``topic``, ``owner``, ``publish_rate``, ``msg_rate_out`` (the sum
+over its subscriptions, when the stats have it), ``last_seq_id``,
+``backlog`` (the sum over its subscriptions), ``backlog_bytes`` and
+``storage_bytes`` (when the stats have them, else ``null``),
+``subscriptions`` (a count), ``ledgers`` (a count) and ``messages`` (kept:
+last seq id - first kept + 1). A bookie row
 merges its registration (``state``, ``rack``, ``free_disk``,
 ``total_disk``) with what its HTTP server answers (``disk_usage_threshold``,
 ``ledgers``, ``journal_sync_ms``); ``info_error`` says why the latter is
@@ -72,8 +75,11 @@ def topic_summary(stats: dict[str, Any]) -> dict[str, Any]:
     ledgers = stats.get("ledgers") or []
     last = int(stats.get("last_seq_id") or 0)
     first = ledgers[0]["start_seq_id"] if ledgers else last + 1
+    rates_out = [s["msg_rate_out"] for s in subs.values() if isinstance(s.get("msg_rate_out"), int | float)]
     return {"topic": stats["topic"], "owner": stats.get("owner"), "publish_rate": stats.get("publish_rate", 0.0),
+            "msg_rate_out": round(sum(rates_out), 3) if rates_out else None,
             "last_seq_id": last, "backlog": sum(int(s.get("backlog") or 0) for s in subs.values()),
+            "backlog_bytes": stats.get("backlog_bytes"), "storage_bytes": stats.get("storage_bytes"),
             "subscriptions": len(subs), "ledgers": len(ledgers), "messages": max(0, last - first + 1)}
 
 

@@ -72,15 +72,17 @@ COLUMNS: dict[str, list[Column]] = {
                       Column("journal_sync_ms", "Journal sync", "ms"), Column("info_error", "Error"),
                       Column("state", "Read-only switch", "actions:bookie")],
     "topics": [Column("topic", "Topic", link="topic"), Column("owner", "Owner"),
-               Column("publish_rate", "Publish rate", "rate"), Column("backlog", "Backlog", "int"),
-               Column("subscriptions", "Subscriptions", "int"), Column("ledgers", "Ledgers", "int"),
-               Column("messages", "Messages kept", "int")],
+               Column("publish_rate", "Rate in", "rate"), Column("msg_rate_out", "Rate out", "rate"),
+               Column("backlog", "Backlog", "int"), Column("subscriptions", "Subscriptions", "int"),
+               Column("ledgers", "Ledgers", "int"), Column("messages", "Messages kept", "int"),
+               Column("storage_bytes", "Storage", "bytes")],
     "ledgers": [Column("ledger_id", "Ledger", "int"), Column("start_seq_id", "First seq id", "int"),
                 Column("end_seq_id", "Last seq id", "int")],
     "subscriptions": [Column("name", "Subscription"), Column("type", "Type"),
                       Column("consumed_seq_id", "Consumed seq id", "int"), Column("backlog", "Backlog", "int"),
                       Column("attached", "Attached", "bool"), Column("consumers", "Consumers", "count"),
-                      Column("unacked", "Unacked", "count"), Column("name", "Actions", "actions:sub")],
+                      Column("unacked", "Unacked", "count"), Column("msg_rate_out", "Rate out", "rate"),
+                      Column("name", "Actions", "actions:sub")],
     "under_replicated": [Column("ledger_id", "Ledger", "int"), Column("missing", "Missing on", "list"),
                          Column("marked_ms", "Marked at", "time")],
     "grants": [Column("role", "Role"), Column("prefix", "Topic prefix"), Column("actions", "Actions", "list"),
@@ -129,12 +131,13 @@ def row_key(row: dict[str, Any], key: str) -> str:
     return "|".join(str(row.get(k, "")) for k in key.split(","))
 
 
-def auto_columns(rows: list[dict[str, Any]]) -> list[Column]:
-    """Columns for rows of an unknown shape: every key, in first-seen order, values as JSON."""
+def auto_columns(rows: list[dict[str, Any]], actions: str = "") -> list[Column]:
+    """Columns for rows of an unknown shape: every key, in first-seen order, values as JSON; then ``actions``."""
     keys: dict[str, None] = {}
     for row in rows:
         keys.update(dict.fromkeys(row))
-    return [Column(k, k, "json") for k in keys]
+    cols = [Column(k, k, "json") for k in keys]
+    return [*cols, Column(next(iter(keys)), "", actions)] if actions and keys else cols
 
 
 def _loopback(url: str) -> str:
@@ -221,7 +224,8 @@ class ConsolePages:
                                 error=grants.get("error") if isinstance(grants, dict) else str(grants))
         p_status, policies = await self._api(POLICIES_PATH)
         if p_status == 200:
-            policy_rows: list[dict[str, Any]] | None = rows_of(policies)
+            policy_rows: list[dict[str, Any]] | None = [
+                {"prefix": r.pop("name"), **r} if "prefix" not in r and "name" in r else r for r in rows_of(policies)]
             policy_note = ""
         else:
             policy_rows = None

@@ -71,6 +71,9 @@
     } else if (fmt === "actions:bookie") {
       td.append(el("button", {type: "button", "data-action": "readonly", "data-arg": row.address, "data-value": value},
                    value === "read_only" ? "Make writable" : "Make read-only"));
+    } else if (fmt === "actions:policy") {
+      td.append(el("button", {type: "button", "data-action": "delete-policy", "data-arg": value, class: "danger"},
+                   "Delete"));
     } else if (fmt === "actions:grant") {
       td.append(el("button", {type: "button", "data-action": "revoke", "data-arg": row.role,
                               "data-arg2": row.prefix, class: "danger"}, "Revoke"));
@@ -273,6 +276,10 @@
       if (!window.confirm("Revoke every action of " + arg + " on '" + prefix + "'?")) return;
       done = await change("DELETE", "/admin/v1/permissions/" + enc(arg) + "/" + enc(prefix));
       if (done) show("revoked " + arg + " on '" + prefix + "'", false);
+    } else if (action === "delete-policy") {
+      if (!window.confirm("Delete the policy of prefix '" + arg + "'? The hub conf's defaults apply again.")) return;
+      done = await change("DELETE", "/admin/v1/policies/" + enc(arg));
+      if (done) { sessionStorage.setItem("quire-message", "policy of '" + arg + "' deleted"); location.reload(); }
     }
     if (done) document.querySelectorAll("[data-poll]").forEach(poll);
   }
@@ -297,6 +304,24 @@
     });
   }
 
+  const policyForm = document.getElementById("policy-form");
+  if (policyForm) {
+    policyForm.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const f = policyForm.elements, prefix = f.prefix.value, body = {};
+      for (const pair of f.settings.value.trim().split(/\s+/)) {
+        const at = pair.indexOf("=");
+        if (at < 1) { show("expected key=value, not '" + pair + "'", true); return; }
+        const raw = pair.slice(at + 1), num = Number(raw);
+        body[pair.slice(0, at)] = raw !== "" && !Number.isNaN(num) ? num : raw;
+      }
+      const done = await change("PUT", "/admin/v1/policies/" + enc(prefix), body);
+      if (done) { sessionStorage.setItem("quire-message", "policy of '" + prefix + "' set"); location.reload(); }
+    });
+  }
+
+  const carried = sessionStorage.getItem("quire-message");     // said before a reload
+  if (carried) { sessionStorage.removeItem("quire-message"); show(carried, false); }
   tokenState();
   const sections = document.querySelectorAll("[data-poll]");
   sections.forEach((s) => { poll(s); setInterval(() => poll(s), POLL_MS); });
