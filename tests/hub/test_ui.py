@@ -25,6 +25,7 @@ import pytest_asyncio
 from aiohttp import web
 
 from hub.client import HedwigClient
+from hub.ui.cluster import _alerts, topic_summary
 from tools.cluster import LocalCluster
 
 from .conftest import hub_url
@@ -150,6 +151,24 @@ async def make_topic(cluster: LocalCluster, topic: str, messages: int, subs: tup
             await c.close_subscription(topic.encode(), sub.encode())
 
 
+def test_topic_summary_and_the_banner_sentences() -> None:
+    stats = {"topic": "t", "owner": "h:1", "publish_rate": 2.5, "last_seq_id": 9,
+             "ledgers": [{"ledger_id": 3, "start_seq_id": 4, "end_seq_id": 9}],
+             "subscriptions": {"a": {"backlog": 2, "msg_rate_out": 1.0}, "b": {"backlog": 5}}}
+    assert topic_summary(stats) == {"topic": "t", "owner": "h:1", "publish_rate": 2.5, "msg_rate_out": 1.0,
+                                    "last_seq_id": 9, "backlog": 7, "backlog_bytes": None, "storage_bytes": None,
+                                    "subscriptions": 2, "ledgers": 1, "messages": 6}
+    bookies = [{"address": "b1", "state": "read_only", "used_fraction": 0.2, "disk_usage_threshold": 0.95},
+               {"address": "b2", "state": "writable", "used_fraction": 0.97, "disk_usage_threshold": 0.95},
+               {"address": "b3", "state": "writable", "used_fraction": None, "disk_usage_threshold": None}]
+    recovery = {"enabled": False, "under_replicated": [{"ledger_id": i} for i in range(12)]}
+    assert _alerts([{"address": "h2", "error": "cannot ask it: timed out"}, {"address": "h1"}], bookies,
+                   recovery) == [
+        "12 ledger(s) under-replicated: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9 ...", "AutoRecovery is disabled cluster-wide",
+        "bookie b1 is read-only", "bookie b2 disk is over its threshold", "hub h2: cannot ask it: timed out"]
+    assert _alerts([], bookies[2:], {"enabled": True, "under_replicated": []}) == []
+
+
 # --- pages ------------------------------------------------------------------------------------------
 @in_cluster
 async def test_overview_bookies_autorecovery_and_policies_pages(cluster: LocalCluster, page: Any,
@@ -248,6 +267,9 @@ async def test_topic_page_shows_a_live_publish_rate_while_a_producer_runs(cluste
             return rate > 0 and int(samples) >= 3
 
         await asyncio.to_thread(wait_for, page, rising, 40.0)
+        if SHOTS:        # a picture with a curve in it
+            await asyncio.to_thread(wait_for, page, lambda d: int(d.find_element(
+                By.CSS_SELECTOR, "svg#rate-chart polyline").get_attribute("data-samples")) >= 15, 60.0)
         shot(page, "topic")
         last = int(text_of(page, "[data-field=last_seq_id]"))
         await asyncio.to_thread(wait_for, page, lambda d: int(text_of(d, "[data-field=last_seq_id]")) > last)

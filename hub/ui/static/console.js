@@ -8,7 +8,6 @@
   const TOKEN_KEY = "quire-admin-token";
   const POLL_MS = 2000;
   const CHART_POINTS = 90;  // 3 minutes at one sample every 2 s
-  const series = [];
 
   // --- formatting: the same as hub.ui.pages._format ------------------------------------------
   function format(value, fmt) {
@@ -127,12 +126,19 @@
 
   // --- the live chart (inline SVG) ----------------------------------------------------------
   function drawChart(svg, value) {
-    series.push(Number(value) || 0);
-    if (series.length > CHART_POINTS) series.shift();
+    // the samples of this topic in this tab, kept across reloads for the chart's span (sessionStorage)
+    const holder = document.querySelector("[data-topic]");
+    const key = "quire-rate:" + (holder ? holder.dataset.topic : "");
+    const span = CHART_POINTS * POLL_MS, now = Date.now();
+    let samples = [];
+    try { samples = JSON.parse(sessionStorage.getItem(key) || "[]"); } catch (e) { samples = []; }
+    samples = samples.filter((s) => Array.isArray(s) && now - s[0] < span);
+    samples.push([now, Number(value) || 0]);
+    sessionStorage.setItem(key, JSON.stringify(samples));
     const NS = "http://www.w3.org/2000/svg";
     const w = 600, h = 120, left = 48, top = 8, bottom = 18;
-    const max = Math.max(1, ...series);
-    const step = (w - left - 4) / (CHART_POINTS - 1);
+    const max = Math.max(1, ...samples.map((s) => s[1]));
+    const x = (t) => left + (w - left - 4) * (1 - (now - t) / span);
     const y = (v) => top + (h - top - bottom) * (1 - v / max);
     const shape = (tag, attrs, text) => {
       const n = document.createElementNS(NS, tag);
@@ -140,15 +146,15 @@
       if (text !== undefined) n.textContent = text;
       return n;
     };
-    const offset = CHART_POINTS - series.length;
-    const points = series.map((v, i) => `${(left + (offset + i) * step).toFixed(1)},${y(v).toFixed(1)}`).join(" ");
+    const points = samples.map((s) => `${x(s[0]).toFixed(1)},${y(s[1]).toFixed(1)}`).join(" ");
     svg.replaceChildren(
       shape("line", {x1: left, y1: y(0), x2: w - 4, y2: y(0), class: "axis"}),
       shape("line", {x1: left, y1: top, x2: left, y2: y(0), class: "axis"}),
       shape("text", {x: left - 4, y: top + 8, class: "label", "text-anchor": "end"}, format(max, "rate")),
       shape("text", {x: left - 4, y: y(0), class: "label", "text-anchor": "end"}, "0"),
+      shape("text", {x: left + 2, y: h - 4, class: "label"}, "-3 min"),
       shape("text", {x: w - 4, y: h - 4, class: "label", "text-anchor": "end"}, "now"),
-      shape("polyline", {points: points, class: "rate", "data-samples": series.length}));
+      shape("polyline", {points: points, class: "rate", "data-samples": samples.length}));
   }
 
   // --- polling ------------------------------------------------------------------------------
