@@ -169,6 +169,34 @@ def test_topic_summary_and_the_banner_sentences() -> None:
     assert _alerts([], bookies[2:], {"enabled": True, "under_replicated": []}) == []
 
 
+@in_cluster
+async def test_the_console_admin_resources_answer_and_refuse_bad_input(cluster: LocalCluster,
+                                                                       http: aiohttp.ClientSession) -> None:
+    base = hub_url(cluster, 1)                  # any hub answers for the whole cluster
+    async with http.get(base + "/admin/v1/cluster") as resp:
+        doc = await resp.json()
+    assert resp.status == 200
+    assert sorted(h["address"] for h in doc["hubs"]) == sorted(cluster.hub_addresses)
+    assert all("error" not in h for h in doc["hubs"])
+    assert sorted(b["address"] for b in doc["bookies"]) == sorted(cluster.bookie_addresses)
+    assert all(b["info_error"] is None and b["disk_usage_threshold"] == 0.95 and b["http_url"].startswith("http://")
+               for b in doc["bookies"])
+    assert doc["autorecovery"]["under_replicated"] == [] and doc["alerts"] == []
+    bookie = cluster.bookie_addresses[0]
+    url = f"{base}/admin/v1/bookies/{bookie}/readonly"
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    cases = [("PUT", url, {"readOnly": True}, {}, 401, "missing or wrong Authorization"),
+             ("PUT", url, {"readOnly": "yes"}, auth, 400, 'expected {"readOnly": true|false}'),
+             ("PUT", f"{base}/admin/v1/bookies/127.0.0.1:1/readonly", {"readOnly": True}, auth, 404,
+              "no registered bookie '127.0.0.1:1'"),
+             ("POST", f"{base}/admin/v1/autorecovery/audit", None, {}, 401, "missing or wrong Authorization")]
+    for method, where, body, headers, status, error in cases:
+        async with http.request(method, where, json=body, headers=headers) as resp:
+            assert (resp.status, error in (await resp.json())["error"]) == (status, True), (where, body)
+    async with http.get(base + "/admin/v1/bookies") as resp:     # nothing changed, and it goes on serving
+        assert resp.status == 200 and all(b["state"] == "writable" for b in await resp.json())
+
+
 # --- pages ------------------------------------------------------------------------------------------
 @in_cluster
 async def test_overview_bookies_autorecovery_and_policies_pages(cluster: LocalCluster, page: Any,

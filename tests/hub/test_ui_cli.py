@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(180)
 
 
-def quire_ui(*args: str) -> subprocess.CompletedProcess[str]:
+def quire_ui(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "tools.cli", "ui", *args], capture_output=True, text=True,
-                          timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL)
+                          timeout=60, cwd=ROOT, stdin=subprocess.DEVNULL, env=env)
 
 
 async def test_standalone_prints_the_console_and_quire_ui_finds_it(tmp_path: Path) -> None:
@@ -30,6 +31,12 @@ async def test_standalone_prints_the_console_and_quire_ui_finds_it(tmp_path: Pat
         res = quire_ui("--data", str(data))
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == url
+        opener = tmp_path / "browser"           # $BROWSER, as webbrowser reads it: gets the address
+        opener.write_text(f'#!/bin/sh\necho "$1" > {tmp_path / "opened"}\n')
+        opener.chmod(0o755)
+        res = quire_ui("--data", str(data), "--open", env={**os.environ, "BROWSER": str(opener)})
+        assert res.returncode == 0 and res.stdout.strip() == url, res.stderr
+        assert (tmp_path / "opened").read_text().strip() == url
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
             async with http.get(url) as resp:
                 assert resp.status == 200 and resp.content_type == "text/html"
