@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tools.bench import LADDER, percentiles
-from tools.bench.plot import draw, label, latency_points, read_rows
+from tools.bench.plot import draw, label, latency_points
+from tools.cli import main
 
 pytest.importorskip("matplotlib", reason="the plot extra is missing: make bench-deps")
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,17 +57,18 @@ def test_draw_writes_a_png_with_cdfs_and_bars(tmp_path: Path) -> None:
         draw([{"bench": "x", "case": "ratio", "ratio": 2.0}], tmp_path / "none.png")
 
 
-def test_bench_plot_command_draws_saved_results_and_names_a_bad_line(tmp_path: Path) -> None:
+def test_bench_plot_command_draws_saved_results_and_names_a_bad_line(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     results = tmp_path / "results.jsonl"
     results.write_text(json.dumps({"bench": "b", "case": "c", "ops_per_sec": 5.0, **percentiles([0.001, 0.002])})
                        + "\n\n")
-    res = quire("bench", "plot", str(results), "--out", str(tmp_path / "saved.png"))
-    assert res.returncode == 0, res.stderr
-    assert res.stdout == "" and (tmp_path / "saved.png").read_bytes().startswith(PNG)
-    assert read_rows(results)[0]["case"] == "c"
+    assert main(["bench", "plot", str(results), "--out", str(tmp_path / "saved.png")]) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"quire bench plot: 1 rows drawn to {tmp_path / 'saved.png'}\n"
+    assert (tmp_path / "saved.png").read_bytes().startswith(PNG)
     results.write_text('{"bench": "b"}\nnot json\n')
-    res = quire("bench", "plot", str(results), "--out", str(tmp_path / "bad.png"))
-    assert res.returncode == 1 and res.stderr.startswith(f"quire bench plot: {results}:2: not a JSON line")
+    with pytest.raises(SystemExit, match=f"quire bench plot: {results}:2: not a JSON line"):
+        main(["bench", "plot", str(results), "--out", str(tmp_path / "bad.png")])
     assert not (tmp_path / "bad.png").exists()
 
 
