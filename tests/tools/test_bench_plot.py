@@ -53,6 +53,10 @@ def test_draw_writes_a_png_with_cdfs_and_bars(tmp_path: Path) -> None:
             {"bench": "publish", "case": "nats", "system": "nats", "skipped": "nats-server not installed"}]
     out = draw(rows, tmp_path / "p.png")
     assert out.read_bytes().startswith(PNG) and out.stat().st_size > 10_000
+    soak = [{"bench": "disk", "case": "sample", "cycle": c, "phase": phase, "disk_bytes": (c + 1) * 2**20,
+             "journal_bytes": 2**19} for c in range(3) for phase in ("published", "deleted")]
+    soak.append({"bench": "disk", "case": "plateau", "growth_bytes": 0, "plateau": True})
+    assert draw(soak, tmp_path / "disk.png").read_bytes().startswith(PNG)
     with pytest.raises(ValueError, match="nothing to draw"):
         draw([{"bench": "x", "case": "ratio", "ratio": 2.0}], tmp_path / "none.png")
 

@@ -13,6 +13,10 @@ One PNG with up to two panels, from whatever the rows hold:
   bar also says Quire's ratio to it, from the run's ratio lines
   (``"case": "ratio"``) when it printed them, else computed against the best
   Quire bar of the same size.
+* **Disk usage** (MiB over the run's samples): the soak of ``quire bench
+  disk`` (issue 30), rows ``"case": "sample"`` with ``disk_bytes`` (and
+  ``lmdb_file_bytes``, ``lmdb_allocated_bytes``, ``journal_bytes`` where
+  present), each point named by its ``cycle`` and ``phase``.
 
 A row's label is its ``system`` (when not ``quire`` only by name), ``case``,
 ``config``, ``mode`` and ``size`` — the fields that tell rows apart.
@@ -38,6 +42,7 @@ HELP = "draw saved results (JSON lines) as latency CDFs and throughput bars into
 LABEL_FIELDS = ("system", "case", "config", "mode", "size", "subscribers", "publishers")
 RATIO_CASES = ("ratio", "p99 ratio")
 LADDER_TICKS = (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
+DISK_FIELDS = ("disk_bytes", "lmdb_file_bytes", "lmdb_allocated_bytes", "journal_bytes")
 
 
 class PlotUnavailable(RuntimeError):
@@ -159,9 +164,11 @@ def draw(rows: list[dict[str, Any]], out: str | Path) -> Path:
     rows = [r for r in rows if not r.get("skipped")]
     with_latency = [r for r in rows if r.get("case") not in RATIO_CASES and latency_points(r)]
     bars = _rate_rows(rows)
-    if not with_latency and not bars:
-        raise ValueError("nothing to draw: no row has latencies (p50_ms, percentiles_ms) or ops_per_sec")
-    panels = int(bool(with_latency)) + int(bool(bars))
+    disk = [r for r in rows if r.get("case") == "sample" and isinstance(r.get("disk_bytes"), int | float)]
+    if not with_latency and not bars and not disk:
+        raise ValueError("nothing to draw: no row has latencies (p50_ms, percentiles_ms), ops_per_sec or "
+                         "disk_bytes")
+    panels = int(bool(with_latency)) + int(bool(bars)) + int(bool(disk))
     height = max(5.0, 0.4 * len(bars) + 1.5, 0.2 * len(with_latency) + 2.0)
     fig, axes = plt.subplots(1, panels, figsize=(7.0 * panels, height), squeeze=False)
     ax_iter: Iterator[Any] = iter(axes[0])
@@ -203,6 +210,19 @@ def draw(rows: list[dict[str, Any]], out: str | Path) -> Path:
         ax.set_xlim(0, top * 1.8 if math.isfinite(top) and top > 0 else 1)   # room for the labels
         ax.set_xlabel("operations per second")
         ax.set_title("throughput")
+    if disk:
+        ax = next(ax_iter)
+        xs = range(len(disk))
+        for key in DISK_FIELDS:
+            if any(isinstance(r.get(key), int | float) for r in disk):
+                ax.plot(xs, [(r.get(key) or 0) / 2**20 for r in disk], marker="o", markersize=3, label=key)
+        ax.set_xticks(xs, [f"{r.get('cycle', i)} {r.get('phase', '')}".strip() for i, r in enumerate(disk)],
+                      rotation=45, ha="right", fontsize="small")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.set_title("disk usage (cycle, phase)", fontsize="medium")
+        ax.legend(fontsize="x-small")
     fig.suptitle(_title(rows))
     fig.tight_layout()
     path = Path(out)
