@@ -54,7 +54,7 @@ class Column:
 
     field: str
     label: str
-    fmt: str = "text"      # text int rate bytes pct ms time list count bool json actions:KIND
+    fmt: str = "text"      # text int rate bytes pct ms time list count consumers bool json actions:KIND
     link: str = ""         # "topic": the value names a topic page
 
 
@@ -80,7 +80,7 @@ COLUMNS: dict[str, list[Column]] = {
                 Column("end_seq_id", "Last seq id", "int")],
     "subscriptions": [Column("name", "Subscription"), Column("type", "Type"),
                       Column("consumed_seq_id", "Consumed seq id", "int"), Column("backlog", "Backlog", "int"),
-                      Column("attached", "Attached", "bool"), Column("consumers", "Consumers", "count"),
+                      Column("attached", "Attached", "bool"), Column("consumers", "Consumers", "consumers"),
                       Column("unacked", "Unacked", "count"), Column("msg_rate_out", "Rate out", "rate"),
                       Column("name", "Actions", "actions:sub")],
     "under_replicated": [Column("ledger_id", "Ledger", "int"), Column("missing", "Missing on", "list"),
@@ -110,12 +110,16 @@ def _format(value: Any, fmt: str) -> str:
         return datetime.fromtimestamp(int(value) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     if fmt == "list":
         return ", ".join(str(v) for v in value) if isinstance(value, list) else str(value)
-    if fmt == "count":
+    if fmt == "consumers" and isinstance(value, list):
+        return f"{len(value)}" + (": " + ", ".join(
+            f"{c.get('address') or '?'} ({c.get('unacked', 0)} unacked)" if isinstance(c, dict) else str(c)
+            for c in value) if value else "")
+    if fmt in ("count", "consumers"):
         return str(len(value)) if isinstance(value, list | dict) else str(value)
     if fmt == "bool":
         return "yes" if value else "no"
     if fmt == "json":
-        return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))   # as JSON.stringify
     return str(value)
 
 

@@ -26,6 +26,7 @@ from aiohttp import web
 
 from hub.client import HedwigClient
 from hub.ui.cluster import _alerts, topic_summary
+from hub.ui.pages import _format
 from tools.cluster import LocalCluster
 
 from .conftest import hub_url
@@ -328,6 +329,19 @@ async def test_policies_are_shown_and_set_or_clearly_not_available(cluster: Loca
     row(page, "policies", "ui-policy/").find_element(By.CSS_SELECTOR, "button[data-action=delete-policy]").click()
     wait_for(page, ec.alert_is_present()).accept()
     wait_for(page, lambda d: row(d, "policies", "ui-policy/") is None)
+
+
+@in_cluster
+async def test_the_script_formats_cells_as_the_templates_do(cluster: LocalCluster, page: Any) -> None:
+    cases = [(None, "int"), (None, "text"), ("", "rate"), (12, "int"), (3.14159, "rate"), (0.6943, "pct"),
+             (28.16, "ms"), (512, "bytes"), (82698842112, "bytes"), (3 * 2**40 * 1024, "bytes"),
+             (1764286800123, "time"), (["b1", "b2"], "list"), ([1, 2, 3], "count"), (True, "bool"),
+             ([{"address": "10.0.0.1:4080", "unacked": 3}], "consumers"), ([], "consumers"), (4, "consumers"),
+             ({"message_ttl_seconds": 60}, "json"), ("<b>x</b>", "text")]
+    page.get(ui(cluster, "/ui/bookies"))
+    got = page.execute_script("return arguments[0].map((c) => window.quireConsole.format(c[0], c[1]))",
+                              [list(c) for c in cases])
+    assert got == [_format(v, f) for v, f in cases]
 
 
 # --- changes, with and without the token ----------------------------------------------------------------

@@ -27,6 +27,12 @@
       }
       case "time": return new Date(Number(value)).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
       case "list": return Array.isArray(value) ? value.join(", ") : String(value);
+      case "consumers":
+        if (Array.isArray(value)) {
+          return String(value.length) + (value.length ? ": " + value.map((c) => (c && typeof c === "object")
+            ? (c.address || "?") + " (" + (c.unacked || 0) + " unacked)" : String(c)).join(", ") : "");
+        }
+        return String(value);
       case "count": return Array.isArray(value) ? String(value.length)
         : (typeof value === "object" ? String(Object.keys(value).length) : String(value));
       case "bool": return value ? "yes" : "no";
