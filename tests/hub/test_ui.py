@@ -131,6 +131,11 @@ def row(driver: Any, table: str, key: str) -> Any:
         ".find((tr) => tr.dataset.key === arguments[1]) || null", table, key)
 
 
+def state_of(driver: Any, bookie: str) -> str:
+    """The State cell of a bookie on the bookies page (the switch's label says "writable" too)."""
+    return str(row(driver, "bookies", bookie).find_elements(By.TAG_NAME, "td")[1].text)
+
+
 def polled(driver: Any) -> bool:
     """True once the page's script has polled the admin API at least once."""
     return text_of(driver, "#updated").startswith("updated")
@@ -257,16 +262,16 @@ async def test_read_only_switch_shows_on_the_overview_banner(cluster: LocalClust
     page.get(ui(cluster, "/ui/bookies"))
     page.execute_script(f"sessionStorage.setItem('quire-admin-token', '{TOKEN}')")
     row(page, "bookies", bookie).find_element(By.CSS_SELECTOR, "button[data-action=readonly]").click()
-    wait_for(page, lambda d: "read_only" in row(d, "bookies", bookie).text)
+    wait_for(page, lambda d: state_of(d, bookie) == "read_only")
     try:
         page.get(ui(cluster))
         assert f"bookie {bookie} is read-only" in text_of(page, "#alerts")
     finally:
         page.get(ui(cluster, "/ui/bookies"))
         row(page, "bookies", bookie).find_element(By.CSS_SELECTOR, "button[data-action=readonly]").click()
-        wait_for(page, lambda d: "writable" in row(d, "bookies", bookie).text)
+        wait_for(page, lambda d: state_of(d, bookie) == "writable")
     page.get(ui(cluster))
-    assert page.find_element(By.ID, "alerts").is_displayed() is False
+    assert page.find_element(By.ID, "alerts").is_displayed() is False, text_of(page, "#alerts")
 
 
 @in_cluster
@@ -457,6 +462,7 @@ async def test_a_topic_that_does_not_exist_is_a_clear_404_page(cluster: LocalClu
     async with http.get(url) as resp:
         body = await resp.text()
         assert resp.status == 404 and resp.content_type == "text/html"
+        assert resp.headers["Content-Security-Policy"].startswith("default-src 'self'; script-src 'self'")
     assert "No such topic" in body and "Traceback" not in body
     page.get(url)
     assert text_of(page, "h1") == "No such topic" and text_of(page, "#topic-name") == name
