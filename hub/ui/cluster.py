@@ -11,7 +11,8 @@
                                                                ``/api/v1/bookie/info``
 ``PUT /admin/v1/bookies/{bookie}/readonly``                    ``{"readOnly": bool}``: passed to that
                                                                bookie's ``/api/v1/bookie/state/readonly``
-``GET /admin/v1/autorecovery``                                 ``auditor``, ``enabled``, ``audit_requested``,
+``GET /admin/v1/autorecovery``                                 ``auditor``, ``enabled``, ``audit_requested``
+                                                               (and ``audit_requested_ms``),
                                                                ``under_replicated`` ledgers
 ``POST /admin/v1/autorecovery/audit``                          ask the auditor for a full audit now
                                                                (``quire shell triggeraudit``)
@@ -223,8 +224,10 @@ class ClusterAdmin:
         mgr = await UnderReplicationManager.open(self.server.store)
         marks = await mgr.list()
         requested = await mgr.audit_request()
-        return {"auditor": await mgr.auditor(), "enabled": await mgr.enabled(),
-                "audit_requested": requested.decode() if requested else None,
+        token = requested.decode() if requested else None
+        return {"auditor": await mgr.auditor(), "enabled": await mgr.enabled(), "audit_requested": token,
+                # the token is the request's time in ns (request_audit); shown as a time
+                "audit_requested_ms": int(token) // 1_000_000 if token and token.isdigit() else None,
                 "under_replicated": [{"ledger_id": m.ledger_id, "missing": sorted(m.missing),
                                       "marked_ms": m.marked_ms} for m in marks]}
 

@@ -231,12 +231,13 @@ async def test_overview_bookies_autorecovery_and_policies_pages(cluster: LocalCl
 
     page.get(ui(cluster, "/ui/autorecovery"))
     assert "none: every ledger has its replicas" in text_of(page, "table#under-replicated")
-    before = text_of(page, "[data-field=audit_requested]")
+    before = text_of(page, "[data-field=audit_requested_ms]")
     page.find_element(By.CSS_SELECTOR, "button[data-action=audit]").click()
     wait_for(page, ec.alert_is_present()).send_keys(TOKEN)
     page.switch_to.alert.accept()
     wait_for(page, lambda d: text_of(d, "#message") == "audit requested")
-    wait_for(page, lambda d: text_of(d, "[data-field=audit_requested]") not in ("", before, "—"))
+    wait_for(page, lambda d: text_of(d, "[data-field=audit_requested_ms]").endswith(" UTC")
+             and text_of(d, "[data-field=audit_requested_ms]") != before)
     assert text_of(page, "#token-state") == "admin token kept for this tab"
     shot(page, "autorecovery")
 
