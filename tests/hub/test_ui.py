@@ -30,6 +30,7 @@ from hub.ui.pages import _format
 from tools.cluster import LocalCluster
 
 from .conftest import hub_url
+from .test_tls import make_ca, make_cert
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium missing: pip install -e '.[test]'")
 from selenium.common.exceptions import (  # noqa: E402
@@ -59,8 +60,11 @@ SHOTS = os.environ.get("QUIRE_UI_SCREENSHOTS", "")
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    c = LocalCluster(bookies=2, hubs=2, data_dir=tmp_path_factory.mktemp("webui"), conf_overrides=CONF)
-    c.set_hub_conf(1, http_ui_base_path=PREFIX)
+    root = tmp_path_factory.mktemp("webui")
+    pem, _ = make_cert(root, ca=make_ca(root))
+    c = LocalCluster(bookies=2, hubs=2, data_dir=root / "cluster", conf_overrides=CONF)
+    # hub 1: behind a proxy under PREFIX, and serving its clients over TLS too (the console does not mind)
+    c.set_hub_conf(1, http_ui_base_path=PREFIX, ssl_enabled="true", cert_path=str(pem), password="")
     async with c:
         yield c
 
