@@ -5,8 +5,10 @@
                                                                ``topics`` (one summary per owned topic)
 ``GET /admin/v1/cluster``                                      ``hubs`` (each live hub's ``/admin/v1/hub``),
                                                                ``topics`` (owned ones summarised, unowned
-                                                               ones by name), ``bookies``, ``autorecovery``
-                                                               and ``alerts`` (one sentence each)
+                                                               ones by name; the first ``MAX_TOPICS`` by
+                                                               name, ``topics_total`` and ``topics_note``
+                                                               say so), ``bookies``, ``autorecovery`` and
+                                                               ``alerts`` (one sentence each)
 ``GET /admin/v1/bookies``                                      every registered bookie: registration and its
                                                                ``/api/v1/bookie/info``
 ``PUT /admin/v1/bookies/{bookie}/readonly``                    ``{"readOnly": bool}``: passed to that
@@ -62,10 +64,12 @@ if TYPE_CHECKING:
     from hub.admin import HubAdmin
     from hub.server import HubServer
 
-__all__ = ["PEER_TIMEOUT", "ClusterAdmin", "topic_summary"]
+__all__ = ["MAX_TOPICS", "PEER_TIMEOUT", "ClusterAdmin", "topic_summary"]
 
 log = logging.getLogger(__name__)
 
+MAX_TOPICS = 1000
+"""Topics the overview lists at most (by name; ``topics_total`` counts them all)."""
 PEER_TIMEOUT = 3.0
 """Seconds another hub or a bookie has to answer before it is listed with an ``error``."""
 
@@ -156,9 +160,13 @@ class ClusterAdmin:
         stored = await self.admin._stored_topics()
         topics += [{"topic": name, "owner": None} for name in sorted(stored - owned)]
         topics.sort(key=lambda t: t["topic"])
+        total = len(topics)
+        topics = topics[:MAX_TOPICS]
         hub_rows = [{k: v for k, v in h.items() if k != "topics"} | {"topics": len(h.get("topics", []))}
                     for h in hubs]
-        return json_response({"hub": self.server.address, "hubs": hub_rows, "topics": topics, "bookies": bookies,
+        note = f"showing the first {MAX_TOPICS} of {total} topics (by name)" if total > MAX_TOPICS else ""
+        return json_response({"hub": self.server.address, "hubs": hub_rows, "topics": topics,
+                              "topics_total": total, "topics_note": note, "bookies": bookies,
                               "autorecovery": recovery, "alerts": _alerts(hub_rows, bookies, recovery)})
 
     # --- bookies ----------------------------------------------------------------------------------

@@ -41,6 +41,9 @@
     }
   }
 
+  // as Python's urllib.parse.quote(s, safe=""), so the server's links and the script's are the same
+  const enc = (s) => encodeURIComponent(s).replace(/[!'()*]/g, (c) => "%" + c.charCodeAt(0).toString(16).toUpperCase());
+
   function rowsOf(value) {
     if (value && !Array.isArray(value) && typeof value === "object") {
       return Object.keys(value).map((k) => (value[k] && typeof value[k] === "object")
@@ -94,8 +97,10 @@
       td.replaceChildren();
       actionCell(td, col.fmt, value, row);
     } else if (col.link === "topic") {
-      const a = el("a", {href: BASE + "/ui/topics/" + encodeURIComponent(value)}, format(value, col.fmt));
-      td.replaceChildren(a);
+      const href = BASE + "/ui/topics/" + enc(value), text = format(value, col.fmt);
+      const a = td.querySelector("a");
+      if (a && a.getAttribute("href") === href && a.textContent === text) return;   // unchanged: keep the node
+      td.replaceChildren(el("a", {href}, text));
     } else {
       td.textContent = format(value, col.fmt);
     }
@@ -242,8 +247,6 @@
     }
     return null;
   }
-
-  const enc = encodeURIComponent;
 
   function topicPath() {
     const holder = document.querySelector("[data-topic]");
