@@ -25,6 +25,7 @@ sheet run (no inline script), behind the escaping.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -172,15 +173,18 @@ class ConsolePages:
                                    undefined=jinja2.StrictUndefined)
         env.filters["fmt"] = _format
         env.filters["q"] = lambda s: quote(str(s), safe="")
+        static = Path(__file__).parent / "static"
+        # in the script's and style sheet's addresses: a browser never runs an old script against a new hub
+        version = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(static.iterdir()))).hexdigest()[:12]
         env.globals.update(base=self.base, columns=COLUMNS, auto_columns=auto_columns, rows_of=rows_of,
-                           row_key=row_key)
+                           row_key=row_key, static_version=version)
         app.router.add_get("/ui", self._to_overview)
         app.router.add_get("/ui/", self.overview)
         app.router.add_get("/ui/topics/{topic}", self.topic)
         app.router.add_get("/ui/bookies", self.bookies)
         app.router.add_get("/ui/autorecovery", self.autorecovery)
         app.router.add_get("/ui/policies", self.policies)
-        app.router.add_static("/ui/static/", Path(__file__).parent / "static")   # package data
+        app.router.add_static("/ui/static/", static)   # package data
 
     async def _api(self, path: str) -> tuple[int, Any]:
         """``GET path`` on this hub's own admin API: (status, JSON), or (502, {"error"}) when it cannot answer."""
