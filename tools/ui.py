@@ -1,24 +1,28 @@
 """``quire ui``: the web console's address for the standalone cluster (``make run``).
 
     quire ui [--data data] [--open]
+    quire ui --metastore zk://host:2181/quire [--open]      # any cluster: a live hub's console
 
 Prints ``http://127.0.0.1:PORT/ui/`` of the standalone cluster running on
 ``--data`` (default ``./data``, ``make run``'s): the first hub's HTTP port
 is in its conf file there (``hub-0/hw_server.conf``, kept across restarts).
 ``--open`` also opens it in the default browser (``webbrowser``). No cluster
 running on that directory, or one whose hub serves no HTTP, is a one-line
-error and exit status 1. Another cluster: every hub serves ``/ui/`` on its
-``http_server_port`` (the URL is in the hub's ready line, ``stats=``).
+error and exit status 1. ``--metastore URI`` finds the console of any
+cluster instead: a live hub that registered an HTTP server (every hub
+serves ``/ui/`` on its ``http_server_port``); none, or a metastore that
+cannot be opened, is the same one-line error.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["configure", "console_url", "run", "standalone_console_url"]
+__all__ = ["cluster_console_url", "configure", "console_url", "run", "standalone_console_url"]
 
 UI_PATH = "/ui/"
 
@@ -45,15 +49,40 @@ def standalone_console_url(data_dir: str | Path) -> str:
     return console_url(f"http://127.0.0.1:{port}/metrics")
 
 
+async def cluster_console_url(uri: str, timeout: float) -> str:
+    """The console URL of a live hub of the cluster on metastore ``uri``; ``LookupError`` saying why there is none."""
+    from tools.cli_common import BadMetastoreURIError, MetastoreUnreachableError, open_tool_metastore
+    from tools.hub_http import HubHttpError, hub_http_url
+
+    try:
+        store = await open_tool_metastore(uri, timeout)
+    except (BadMetastoreURIError, MetastoreUnreachableError) as exc:
+        raise LookupError(str(exc)) from None
+    try:
+        return await asyncio.wait_for(hub_http_url(store, ""), timeout) + UI_PATH
+    except HubHttpError as exc:
+        raise LookupError(str(exc)) from None
+    except TimeoutError:
+        raise LookupError(f"metastore {uri} did not answer within {timeout:g} s") from None
+    finally:
+        await store.close()
+
+
 def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace], int]:
     parser.add_argument("--data", default="data", help="the standalone cluster's data directory (default ./data)")
+    parser.add_argument("--metastore", metavar="URI", default=None,
+                        help="instead: any cluster, by its metastore; the console of a live hub that serves HTTP")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds for the metastore (with --metastore)")
     parser.add_argument("--open", action="store_true", help="also open it in the default web browser")
     return run
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        url = standalone_console_url(args.data)
+        if args.metastore:
+            url = asyncio.run(cluster_console_url(args.metastore, args.timeout))
+        else:
+            url = standalone_console_url(args.data)
     except LookupError as exc:
         sys.stderr.write(f"quire ui: {exc}\n")
         return 1

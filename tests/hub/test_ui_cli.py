@@ -31,6 +31,9 @@ async def test_standalone_prints_the_console_and_quire_ui_finds_it(tmp_path: Pat
         res = quire_ui("--data", str(data))
         assert res.returncode == 0, res.stderr
         assert res.stdout.strip() == url
+        metastore = next(line.split()[1] for line in lines if line.startswith("metastore "))
+        res = quire_ui("--metastore", metastore)                # any cluster, by its metastore
+        assert res.returncode == 0 and res.stdout.strip() == url, res.stderr
         opener = tmp_path / "browser"           # $BROWSER, as webbrowser reads it: gets the address
         opener.write_text(f'#!/bin/sh\necho "$1" > {tmp_path / "opened"}\n')
         opener.chmod(0o755)
@@ -41,6 +44,9 @@ async def test_standalone_prints_the_console_and_quire_ui_finds_it(tmp_path: Pat
             async with http.get(url) as resp:
                 assert resp.status == 200 and resp.content_type == "text/html"
                 assert "<title>Overview · Quire console</title>" in await resp.text()
+    res = quire_ui("--metastore", f"lmdb://{tmp_path / 'none'}")
+    assert res.returncode == 1 and res.stderr.startswith("quire ui: no lmdb metastore at ")
+    assert len(res.stderr.strip().splitlines()) == 1
     res = quire_ui("--data", str(data))                    # stopped: a one-line error
     assert res.returncode == 1 and res.stdout == ""
     assert res.stderr.strip().splitlines() == [
