@@ -116,7 +116,7 @@ class BookKeeper:
         owns = isinstance(metastore, str)
         store = await open_existing_metastore(metastore) if isinstance(metastore, str) else metastore
         try:
-            manager = await LedgerMetadataManager.open(store)
+            manager = await LedgerMetadataManager.open(store, id_block_size=cconf.ledger_id_block_size)
             await store.create_scannable_table(BOOKIES_TABLE)
             watcher = BookieWatcher(store, placement_policy, mapping, cconf.bookie_watch_interval_ms / 1000.0)
             await watcher.refresh()

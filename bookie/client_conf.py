@@ -87,6 +87,10 @@ class LedgerClientConf:
         3.0, "Seconds a bookie that failed an add or a read is left out of new ledgers' ensembles, and of "
              "replacements while other bookies are available (BookKeeper's bookieQuarantineTime; a dead bookie "
              "stays registered up to its session_timeout); 0 = never.", min=0)
+    ledger_id_block_size: int = setting(
+        1000, "Ledger ids this client reserves at once, with one metastore write (bookie.idgen): hundreds of "
+              "ledgers created together (a hub taking its topics over) never contend for the id record. "
+              "Ids a stopped client left unused are a gap, never reused.", min=1)
     failure_half_life_s: float = setting(
         60.0, "Seconds after which a bookie's read/add failure count (read ordering) is halved.", min=0.001)
 

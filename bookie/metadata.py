@@ -1,7 +1,7 @@
 """Ledger metadata and its manager over the metastore ``ledgers`` and ``idgen`` tables.
 
-    mgr = await LedgerMetadataManager.open(store)
-    ledger_id = await mgr.new_ledger_id()                 # CAS increment of idgen/ledger
+    mgr = await LedgerMetadataManager.open(store, id_block_size=1000)
+    ledger_id = await mgr.new_ledger_id()                 # from a block reserved in idgen (bookie.idgen)
     version = await mgr.create(ledger_id, metadata)       # LedgerExistsError if taken
     metadata, version = await mgr.read(ledger_id)         # NoSuchLedgerError
     version = await mgr.write(ledger_id, metadata, version)  # MetadataVersionError on a lost CAS
@@ -11,9 +11,10 @@
     ids = await mgr.ledger_ids()                          # every ledger id (keys only; for bookie GC)
 
 Every read-modify-write goes through ``metastore.cas.cas_retry`` (bounded
-attempts, jittered backoff): ``update`` for ledger records, ``update_record``
-for the id generator. ``close_ledger`` is the one close-by-CAS, used by the
-writer's ``close`` and by recovery.
+attempts, jittered backoff): ``update`` for ledger records. ``close_ledger``
+is the one close-by-CAS, used by the writer's ``close`` and by recovery.
+Ledger ids come from ``bookie.idgen``: blocks of ids, one metastore write
+per block.
 
 Records are ``LedgerMetadataFormat`` protobufs in field ``data``; keys are the
 20-digit zero-padded ledger id so the scannable table lists ledgers in id
@@ -32,17 +33,17 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from bookie.errors import BKError, LedgerFencedError, NoSuchLedgerError, UnauthorizedError
+from bookie.idgen import DEFAULT_BLOCK_SIZE, IDGEN_TABLE, LedgerIdAllocator
+from bookie.idgen import IDGEN_KEY as IDGEN_KEY  # re-exported: where callers have found it
 from bookie.proto import ledger_metadata_pb2 as pb
 from metastore import MetaStore, Order, Value, Version
-from metastore.api import MetastoreScannableTable, MetastoreTable, Versioned
-from metastore.cas import cas_retry, update_record
+from metastore.api import MetastoreScannableTable, MetastoreTable
+from metastore.cas import cas_retry
 from metastore.errors import BadVersionError, KeyExistsError, NoKeyError
 
 log = logging.getLogger(__name__)
 
 LEDGERS_TABLE = "ledgers"
-IDGEN_TABLE = "idgen"
-IDGEN_KEY = "ledger"
 
 
 class MetadataVersionError(BKError):
@@ -161,27 +162,26 @@ def metadata_dict(ledger_id: int, md: LedgerMetadata) -> dict[str, object]:
 class LedgerMetadataManager:
     """Read/write/delete-with-version of ledger metadata; ledger ids from ``idgen``."""
 
-    def __init__(self, ledgers: MetastoreScannableTable, idgen: MetastoreTable) -> None:
+    def __init__(self, ledgers: MetastoreScannableTable, idgen: MetastoreTable,
+                 ids: LedgerIdAllocator | None = None) -> None:
         self.ledgers = ledgers
         self.idgen = idgen
+        self.ids = ids if ids is not None else LedgerIdAllocator(idgen)
 
     @classmethod
-    async def open(cls, store: MetaStore) -> LedgerMetadataManager:
-        return cls(await store.create_scannable_table(LEDGERS_TABLE), await store.create_table(IDGEN_TABLE))
+    async def open(cls, store: MetaStore, *, id_block_size: int = DEFAULT_BLOCK_SIZE) -> LedgerMetadataManager:
+        """The manager on ``store``'s tables; ledger ids in blocks of ``id_block_size`` (``bookie.idgen``)."""
+        idgen = await store.create_table(IDGEN_TABLE)
+        return cls(await store.create_scannable_table(LEDGERS_TABLE), idgen,
+                   await LedgerIdAllocator.open(store, idgen, id_block_size))
 
     async def new_ledger_id(self) -> int:
-        """The next ledger id (1, 2, ...), by CAS increment of ``idgen/ledger``.
+        """A ledger id never handed out before, from this client's block (``bookie.idgen``).
 
-        Raises ``BadVersionError`` when every bounded attempt lost the race.
+        Contention between clients never fails it: a block reservation that
+        loses a compare-and-set retries; metastore errors propagate.
         """
-
-        def bump(current: Versioned | None) -> Value:
-            nxt = int(current.value.get("next") or b"1") if current is not None else 1
-            return Value({"next": str(nxt + 1).encode()})
-
-        written = await update_record(self.idgen, IDGEN_KEY, bump)
-        assert written is not None
-        return int(written.value.get("next") or b"2") - 1
+        return await self.ids.next_id()
 
     async def create(self, ledger_id: int, metadata: LedgerMetadata) -> Version:
         try:

@@ -9,6 +9,7 @@ blocking facade.
 
 from metastore.api import (
     ALL_FIELDS,
+    Counters,
     EventType,
     MetaStore,
     MetastoreCursor,
@@ -25,6 +26,7 @@ from metastore.registry import open_existing_metastore, open_metastore
 
 __all__ = [
     "ALL_FIELDS",
+    "Counters",
     "EventType",
     "MetaStore",
     "MetastoreCursor",

@@ -34,6 +34,9 @@ Rules every backend follows (the conformance kit in
   called once, on the event loop that made the call, when the key next
   changes or is removed.
 * Every operation on a closed store, table or cursor -> ``IllegalOpError``.
+* Optional capabilities: ``SessionCapability`` (``session()``: ephemeral
+  keys) and ``CounterCapability`` (``counters()``: native atomic counters);
+  a backend without one raises ``IllegalOpError`` from its factory method.
 """
 
 from __future__ import annotations
@@ -421,6 +424,39 @@ class Session(abc.ABC):
         """False once the session expired or was closed."""
 
 
+MAX_COUNTER = (1 << 63) - 1
+"""The largest value a counter may reach (a signed 64-bit integer, as HBase's counters)."""
+
+
+def check_counter(name: object, delta: object) -> tuple[str, int]:
+    """Validate a ``Counters.add`` call: a non-empty ``str`` name and an ``int`` delta >= 0."""
+    name = check_key(name)
+    if not isinstance(delta, int) or isinstance(delta, bool):
+        raise IllegalOpError(f"a counter delta is an int, not {type(delta).__name__}")
+    if delta < 0 or delta > MAX_COUNTER:
+        raise IllegalOpError(f"a counter delta must be between 0 and {MAX_COUNTER}, not {delta}")
+    return name, delta
+
+
+class Counters(abc.ABC):
+    """Native atomic counters (``CounterCapability``): ``await ms.counters()``.
+
+    A counter is named by a non-empty ``str`` and lives in the store's own
+    counter namespace (no table's get, put or scan sees it). It starts at 0;
+    ``add(name, delta)`` adds ``delta`` (an ``int`` >= 0; 0 reads) in one
+    atomic step of the backend itself, never a compare-and-set that can lose,
+    durably, across every process and host sharing the store, and returns
+    the value after the add. Counters only grow; a sum past ``MAX_COUNTER``
+    raises ``IllegalOpError``. Backends: lmdb (one write
+    transaction), hbase (the Thrift ``atomicIncrement``); ZooKeeper has none
+    (callers fall back to compare-and-set).
+    """
+
+    @abc.abstractmethod
+    async def add(self, name: str, delta: int) -> int:
+        """Add ``delta`` to counter ``name`` atomically; its new value. ``IllegalOpError`` for bad arguments."""
+
+
 class MetaStore(Closeable, abc.ABC):
     """A metadata store: a factory of tables.
 
@@ -453,6 +489,10 @@ class MetaStore(Closeable, abc.ABC):
     async def session(self, timeout: float | None = None) -> Session:
         """Open a ``SessionCapability`` session; ``IllegalOpError`` if unsupported."""
         raise IllegalOpError(f"backend {self.name} has no session capability")
+
+    async def counters(self) -> Counters:
+        """The store's native atomic counters (``CounterCapability``); ``IllegalOpError`` if unsupported."""
+        raise IllegalOpError(f"backend {self.name} has no counter capability")
 
     async def close(self) -> None:
         self._closed = True

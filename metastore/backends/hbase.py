@@ -94,6 +94,14 @@ Concurrency and failures
     gateway's ``IllegalArgument`` -> ``IllegalOpError``. ``open`` makes one
     call, so an unreachable or silent gateway fails there within ``timeout``.
 
+Counters (``CounterCapability``)
+    The HBase table ``<prefix>_-counters`` (no metastore table maps there:
+    escaping only ever puts two hex digits after a ``-``), one row per
+    counter, its value in the cell ``f:n`` as HBase's own 8-byte counters;
+    an add is one Thrift ``atomicIncrement`` (not retried after a transport
+    error: its outcome is unknown, so the counter may have moved on, which
+    leaves a gap and never a repeat).
+
 Sessions are leases and watches are polled (``metastore.lease``).
 """
 
@@ -120,6 +128,8 @@ from thriftpy2.transport import TTransportException
 
 from metastore.api import (
     ALL_FIELDS,
+    MAX_COUNTER,
+    Counters,
     Fields,
     ListCursor,
     MetastoreCursor,
@@ -130,6 +140,7 @@ from metastore.api import (
     Version,
     Versioned,
     Watcher,
+    check_counter,
     check_fields,
     check_key,
     check_range,
@@ -595,6 +606,35 @@ class HBaseTable(MetastoreScannableTable):
 # -- the store -----------------------------------------------------------------------------------
 
 
+COUNTERS_TABLE_SUFFIX = b"_-counters"
+COL_COUNTER = b"f:n"
+
+
+class HBaseCounters(Counters):
+    """``CounterCapability`` on HBase: Thrift ``atomicIncrement`` on ``<prefix>_-counters`` (see the docstring)."""
+
+    def __init__(self, store: HBaseMetaStore, hbase_name: bytes) -> None:
+        self._store = store
+        self._table = hbase_name
+
+    def _increment(self, client: Any, row: bytes, delta: int) -> int:
+        if not delta:
+            cells = client.get(self._table, row, COL_COUNTER, {})
+            return int(struct.unpack(">q", cells[0].value)[0]) if cells else 0
+        new: int = client.atomicIncrement(self._table, row, COL_COUNTER, delta)
+        return new
+
+    async def add(self, name: str, delta: int) -> int:
+        name, delta = check_counter(name, delta)
+        row = _utf8(name)
+        if len(row) > MAX_ROW_BYTES:
+            raise IllegalOpError(f"counter name of {len(row)} bytes is over HBase's {MAX_ROW_BYTES}-byte limit")
+        new = await self._store.call(self._increment, row, delta, idempotent=not delta)
+        if new < 0:   # HBase's signed 64-bit counter wrapped
+            raise IllegalOpError(f"counter {name!r} passed {MAX_COUNTER}")
+        return new
+
+
 @dataclass(frozen=True)
 class HBaseOptions(LeaseOptions):
     """Options of ``hbase://`` stores (URI query string or ``open_metastore`` keyword arguments)."""
@@ -775,6 +815,15 @@ class HBaseMetaStore(LeaseBackedMetaStore):
             log.info("created HBase table %s", hbase_name.decode())
         except Hbase_thrift.AlreadyExists:
             pass  # another process won the race
+
+    async def counters(self) -> Counters:
+        """``CounterCapability``: ``HBaseCounters`` (one ``atomicIncrement`` per add)."""
+        self._check_open()
+        hbase_name = self.prefix.encode("ascii") + COUNTERS_TABLE_SUFFIX
+        if hbase_name not in self._known_tables:
+            await self.call(self._ensure_table, hbase_name, idempotent=True)
+            self._known_tables.add(hbase_name)
+        return HBaseCounters(self, hbase_name)
 
     async def _open_raw_table(self, name: str, scannable: bool) -> MetastoreTable:
         self._check_open()

@@ -24,6 +24,9 @@
 * Decoded records are cached per table, validated on every read by comparing
   the stored bytes, so another process's write is always seen.
 * Sessions are leases and watches are polled (``metastore.lease``).
+* ``counters()`` (``CounterCapability``): the database ``c:counters``, each
+  counter 8 bytes big-endian, each add one write transaction (sharing group
+  commits with puts); an add of 0 is a plain read.
 
 ``create=false`` (what ``open_existing_metastore`` passes for clients and
 tools) opens only an existing store: a directory without one raises
@@ -63,6 +66,8 @@ import lmdb
 
 from metastore.api import (
     ALL_FIELDS,
+    MAX_COUNTER,
+    Counters,
     Fields,
     ListCursor,
     MetastoreCursor,
@@ -73,6 +78,7 @@ from metastore.api import (
     Version,
     Versioned,
     Watcher,
+    check_counter,
     check_fields,
     check_key,
     check_range,
@@ -134,17 +140,18 @@ class _SharedEnv:
         self.lock = threading.Lock()
         self.writer = _Writer(self.env, os.path.basename(path))
 
-    def db(self, table: str) -> Any:
+    def db(self, table: str, prefix: str = "t:") -> Any:
+        """The named database of ``table`` (``prefix`` ``t:``; the counters are ``c:counters``)."""
         with self.lock:
-            handle = self.dbs.get(table)
+            handle = self.dbs.get(prefix + table)
             if handle is None:
                 try:
-                    handle = self.env.open_db(("t:" + table).encode(), create=True)
+                    handle = self.env.open_db((prefix + table).encode(), create=True)
                 except lmdb.DbsFullError:
                     raise IllegalOpError(
                         f"cannot open table {table}: this process already has max_tables={self.max_tables} "
                         f"tables of {self.path} open (raise it with ?max_tables=N)") from None
-                self.dbs[table] = handle
+                self.dbs[prefix + table] = handle
             return handle
 
 
@@ -515,6 +522,37 @@ class LmdbTable(MetastoreScannableTable):
         return await self._cursor(first_key, first_inclusive, last_key, last_inclusive, order, fields)
 
 
+class LmdbCounters(Counters):
+    """``CounterCapability`` on LMDB: the database ``c:counters``, one write transaction per add.
+
+    A counter is 8 bytes, big-endian; adds queued together share a group commit like puts.
+    """
+
+    def __init__(self, store: LmdbMetaStore, db: Any) -> None:
+        self._store = store
+        self._db = db
+
+    def _add_txn(self, txn: Any, k: bytes, name: str, delta: int) -> int:
+        raw = txn.get(k, db=self._db)
+        new = (_VER.unpack(raw)[0] if raw is not None else 0) + delta
+        if new > MAX_COUNTER:
+            raise IllegalOpError(f"counter {name!r} would pass {MAX_COUNTER}")
+        if delta:
+            txn.put(k, _VER.pack(new), db=self._db)
+        return new
+
+    async def add(self, name: str, delta: int) -> int:
+        name, delta = check_counter(name, delta)
+        k = name.encode("utf-8", "surrogatepass")
+        if len(k) > MAX_KEY_BYTES:
+            raise IllegalOpError(f"counter name of {len(k)} bytes is over LMDB's {MAX_KEY_BYTES}-byte limit")
+        if not delta:   # a read: no transaction to wait for
+            self._store._check_open()
+            raw = self._store.shared.env.begin(db=self._db).get(k)
+            return _VER.unpack(raw)[0] if raw is not None else 0
+        return await self._store.write(self._add_txn, k, name, delta)
+
+
 class _FastGet(LeasedTable):
     """Lease wrapper whose ``get`` reads inline, one layer deep, when the record is not ephemeral."""
 
@@ -567,6 +605,7 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         except (OSError, lmdb.Error) as exc:
             raise ServiceDownError(f"cannot open lmdb store at {path}: {exc}") from exc
         self._write_lock = asyncio.Lock()
+        self._counters: LmdbCounters | None = None
 
     @staticmethod
     def _check_exists(path: str) -> None:
@@ -613,6 +652,17 @@ class LmdbMetaStore(LeaseBackedMetaStore):
             except lmdb.Error as exc:
                 raise ServiceDownError(f"lmdb write failed: {exc}") from exc
         return await self.shared.writer.submit(fn, args)
+
+    async def counters(self) -> Counters:
+        """``CounterCapability``: ``LmdbCounters`` (one write transaction per add)."""
+        self._check_open()
+        if self._counters is None:
+            try:
+                db = await self.shared.writer.submit(self.shared.db, ("counters", "c:"), txn=False)
+            except ServiceDownError as exc:
+                raise ServiceDownError(f"cannot open the counters: {exc}") from exc
+            self._counters = LmdbCounters(self, db)
+        return self._counters
 
     async def _open_raw_table(self, name: str, scannable: bool) -> MetastoreTable:
         self._check_open()

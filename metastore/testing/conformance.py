@@ -12,7 +12,7 @@ with it. Three ways to run it:
 
 The tests are plain functions that run their own event loop, so the kit
 needs no asyncio pytest plugin. Each test uses fresh, uniquely named tables.
-Optional capabilities (scannable tables, sessions) are skipped, with the
+Optional capabilities (scannable tables, sessions, counters) are skipped, with the
 reason, when the backend raises ``IllegalOpError`` for them.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from metastore import ALL_FIELDS, Order, Value, Version, open_metastore
-from metastore.api import EventType, MetaStore, MetastoreCursor, MetastoreScannableTable, WatchEvent
+from metastore.api import Counters, EventType, MetaStore, MetastoreCursor, MetastoreScannableTable, WatchEvent
 from metastore.errors import (
     BadVersionError,
     IllegalOpError,
@@ -532,13 +532,82 @@ async def _multiprocess_cas(store: MetaStore, name: str, uri: str) -> None:
     assert int((await t.get("counter")).value["n"] or b"") == sum(done)
 
 
+_COUNTER_ADDER = textwrap.dedent("""
+    import asyncio, sys
+    from metastore import open_metastore
+    async def main():
+        ms = await open_metastore(sys.argv[1])
+        counters = await ms.counters()
+        got = [await counters.add(sys.argv[2], 1) for _ in range(int(sys.argv[3]))]
+        await ms.close()
+        print(" ".join(map(str, got)), flush=True)
+    asyncio.run(main())
+""")
+
+
+async def _counters_or_skip(store: MetaStore) -> Counters:
+    try:
+        return await store.counters()
+    except IllegalOpError as exc:
+        pytest.skip(f"backend has no counter capability: {exc}")
+
+
+async def _counters(store: MetaStore, name: str, uri: str) -> None:
+    """CounterCapability: counters start at 0, add returns the new value, 0 reads; separate from tables."""
+    counters = await _counters_or_skip(store)
+    a, b = f"{name}-a", f"{name}-b"
+    assert await counters.add(a, 0) == 0
+    assert await counters.add(a, 5) == 5
+    assert await counters.add(a, 1) == 6
+    assert await counters.add(a, 0) == 6
+    assert await counters.add(b, 1000) == 1000          # another counter, its own value
+    assert await counters.add(a, 0) == 6
+    t = await store.create_table(name)                   # a table of the same name does not see them
+    with pytest.raises(NoKeyError):
+        await t.get(a)
+    await t.put(a, Value({"n": b"1"}), Version.NEW)
+    assert await counters.add(a, 0) == 6
+    for bad_name, delta in ((a, -1), (a, 1.5), (a, True), ("", 1), (None, 1), (a, None)):
+        with pytest.raises(IllegalOpError):
+            await counters.add(bad_name, delta)  # type: ignore[arg-type]
+    assert await counters.add(a, 0) == 6
+    # concurrent adds each get their own value
+    got = await asyncio.gather(*(counters.add(a, 1) for _ in range(50)))
+    assert sorted(got) == list(range(7, 57))
+    # durable: another store, and the same store reopened, see the value
+    other = await open_metastore(uri)
+    try:
+        assert await (await other.counters()).add(a, 2) == 58
+    finally:
+        await other.close()
+    await store.close()
+    again = await open_metastore(uri)
+    try:
+        assert await (await again.counters()).add(a, 0) == 58
+    finally:
+        await again.close()
+
+
+async def _multiprocess_counters(store: MetaStore, name: str, uri: str) -> None:
+    """CounterCapability: processes adding to one counter at once never get the same value."""
+    counters = await _counters_or_skip(store)
+    procs = [child(_COUNTER_ADDER, uri, name, "25") for _ in range(4)]
+    try:
+        seen = [int(v) for p in procs for v in (await readline(p, timeout=120)).split()]
+    finally:
+        for p in procs:
+            reap(p)
+    assert sorted(seen) == list(range(1, 101))
+    assert await counters.add(name, 0) == 100
+
+
 CASES: list[Case] = [
     _create_and_get, _create_existing_fails, _put_missing_key, _cas_put, _any_put_and_field_delete,
     _empty_and_binary_values, _get_fields, _remove, _recreate_after_remove, _illegal_arguments,
     _odd_keys, _tables_are_separate, _concurrent_cas, _full_cursor, _cursor_versions_match_get,
     _scan_ranges, _inverted_range, _scannable_is_a_table, _cursor_paging_exact,
     _versions_survive_reopen, _use_after_close, _watch, _large_values,
-    _ephemeral_dies_with_owner, _multiprocess_cas,
+    _ephemeral_dies_with_owner, _multiprocess_cas, _counters, _multiprocess_counters,
 ]
 
 for _fn in CASES:

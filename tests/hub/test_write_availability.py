@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bookie.metadata import IDGEN_KEY, LedgerMetadataManager
+from bookie.metadata import LedgerMetadataManager
 from hub import errors
 from hub.client import HedwigClient, Message
 from hub.metadata import TopicPersistenceManager
@@ -46,8 +46,11 @@ async def test_e3_w3_a2_hub_keeps_publishing_through_a_bookie_loss(tmp_path: Pat
 
 
 async def test_a_hub_without_enough_bookies_backs_off_and_leaves_no_empty_ledgers(tmp_path: Path) -> None:
+    bk_conf = tmp_path / "bk_client.conf"
+    bk_conf.write_text("ledger_id_block_size=1\n")     # every ledger the hub tries reserves one id
     conf = {**BASE, "bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2",
-            "ledger_create_backoff_ms": "200", "ledger_create_backoff_max_ms": "1000"}
+            "ledger_create_backoff_ms": "200", "ledger_create_backoff_max_ms": "1000",
+            "bk_client_conf": str(bk_conf)}
     async with LocalCluster(bookies=3, hubs=1, data_dir=tmp_path / "c", conf_overrides=conf) as cluster:
         topic = uuid.uuid4().hex.encode()
         store = await open_metastore(cluster.metastore_uri)
@@ -55,8 +58,7 @@ async def test_a_hub_without_enough_bookies_backs_off_and_leaves_no_empty_ledger
             ledgers = await LedgerMetadataManager.open(store)
 
             async def allocated() -> int:
-                got = await ledgers.idgen.get(IDGEN_KEY)
-                return int(got.value.get("next") or b"1") - 1 if got is not None else 0
+                return await ledgers.ids.reserved()
 
             async with await HedwigClient.connect(cluster.hub_addresses[0],
                                                   conf={"server_ack_response_timeout": "4000"}) as c:
