@@ -101,6 +101,10 @@ class HubConf:
     rebalance_tolerance_percentage: float = setting(10.0, "how far above the mean topic count a hub may be before "
                                                           "it sheds topics (percent)", min=0)
     rebalance_max_shed: int = setting(50, "most topics one rebalance releases", min=1)
+    max_concurrent_topic_loads: int = setting(
+        64, "topics a hub acquires at once (claim, ranges and subscriptions read, recovery of the last ledger) "
+            "and, separately, first ledgers it starts at once; more wait their turn, none fails (Pulsar's "
+            "maxConcurrentTopicLoadRequest)", min=1)
     messages_consumed_thread_run_interval: int = setting(
         60000, "ms between runs of the consumed-ledger deletion task", min=1)
     max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)

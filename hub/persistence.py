@@ -110,7 +110,8 @@ class TopicLog(EntryBatcher, LogReader):
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
-                 dedup_store: TopicDedupManager | None = None, owned: Callable[[], bool] | None = None) -> None:
+                 dedup_store: TopicDedupManager | None = None, owned: Callable[[], bool] | None = None,
+                 ledger_slots: asyncio.Semaphore | None = None) -> None:
         self.topic = topic
         self.bk = bk
         self.pm = pm
@@ -147,20 +148,24 @@ class TopicLog(EntryBatcher, LogReader):
         self.closed = False
         self.owned = owned                # False once this hub may have lost the topic (its metastore session)
         self._broken: str | None = None   # why this log may write no more ledger ranges (see _give_up)
+        self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
     async def acquire(cls, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                       on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
                       dedup_store: TopicDedupManager | None = None,
-                      owned: Callable[[], bool] | None = None) -> TopicLog:
+                      owned: Callable[[], bool] | None = None,
+                      ledger_slots: asyncio.Semaphore | None = None) -> TopicLog:
         """Recover every range left open and the dedup state; ``BadVersionError`` if raced.
 
         ``owned`` (the ownership claim's liveness: the hub's metastore session)
         is asked before every new ledger and every entry sent: once it says
         False the log gives the topic up (see "Fencing" in the module docstring).
+        ``ledger_slots`` (the hub's, shared by its topics) bounds the new
+        ledgers being started at once: a start waits for a slot.
         """
-        self = cls(topic, bk, pm, conf, on_persisted, dedup_store, owned)
+        self = cls(topic, bk, pm, conf, on_persisted, dedup_store, owned, ledger_slots)
         got = await pm.read_topic_persistence_info(topic)
         if got is not None:
             self.ranges, self.version = got
@@ -280,6 +285,13 @@ class TopicLog(EntryBatcher, LogReader):
             raise errors.ServiceDownError(f"topic {self.topic!r}: not writable here ({self._broken}); retry")
 
     async def _new_ledger(self) -> None:
+        if self._ledger_slots is None:
+            await self._start_ledger()
+            return
+        async with self._ledger_slots:
+            await self._start_ledger()
+
+    async def _start_ledger(self) -> None:
         self._may_write()
         c = self.conf
         lh = await self.bk.create_ledger(ensemble=c.bk_ensemble_size, write_quorum=c.bk_write_quorum_size,

@@ -92,6 +92,10 @@ class HubServer(HubHousekeeping):
         self.topics: dict[bytes, Topic] = {}
         self.connections: set[HubConnection] = set()
         self._acquiring: dict[bytes, asyncio.Future[Topic]] = {}
+        # max_concurrent_topic_loads: acquisitions, and new ledgers, at once (more wait their turn)
+        self._load_slots = asyncio.Semaphore(conf.max_concurrent_topic_loads)
+        self._ledger_slots = asyncio.Semaphore(conf.max_concurrent_topic_loads)
+        self.loads_waiting = 0          # acquisitions waiting for a slot
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
         self._servers: list[Any] = []     # asyncio.Server, hub.tls.TlsListener
@@ -332,13 +336,34 @@ class HubServer(HubHousekeeping):
             fut = asyncio.get_running_loop().create_future()
             self._acquiring[topic] = fut
             try:
-                fut.set_result(await self._acquire(topic, should_claim))
+                fut.set_result(await self._acquire_bounded(topic, should_claim))
             except BaseException as exc:
                 fut.set_exception(exc)
                 fut.exception()    # retrieved: waiters re-raise it themselves
             finally:
                 self._acquiring.pop(topic, None)
         return await asyncio.shield(fut)
+
+    async def _acquire_bounded(self, topic: bytes, should_claim: bool) -> Topic:
+        """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).
+
+        A failover or a burst of new topics makes hundreds of acquisitions at
+        once; bounded, they keep the metastore queues short and the event loop
+        responsive (the hub's own session heartbeat included) and finish
+        sooner than all at once. The client waits (its own response timeout
+        still applies).
+        """
+        self.loads_waiting += 1
+        try:
+            await self._load_slots.acquire()
+        finally:
+            self.loads_waiting -= 1
+        try:
+            if self.stopping:
+                raise errors.ServiceDownError("this hub is stopping; retry")
+            return await self._acquire(topic, should_claim)
+        finally:
+            self._load_slots.release()
 
     async def _acquire(self, topic: bytes, should_claim: bool) -> Topic:
         assert self.ownership is not None
@@ -349,7 +374,7 @@ class HubServer(HubHousekeeping):
         owned = (lambda: bool(session.alive)) if session is not None else None
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
-                                          owned=owned)
+                                          owned=owned, ledger_slots=self._ledger_slots)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
                                       track=self.track, first_kept=tlog.first_kept)
             await subs.load()

@@ -32,6 +32,7 @@ BENCHMARKS = {
     "publish": "durable publishes through one hub (E1W1A1, E3W2A2) vs Redis Streams, NATS JetStream, a python floor",
     "fanout": "1/10/100 subscribers on one topic against Redis consumer groups",
     "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
+    "topics": "many topics: acquisition at 64/512 in flight, takeover after kill -9, idle RSS, spread publishing",
     "scan": "Spark scan of 1M ledger rows (quire-metastore DataSource) against the one-process cursor scan",
 }
 

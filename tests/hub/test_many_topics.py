@@ -1,0 +1,115 @@
+"""Many new topics at once on real processes: first publishes and a failover with hundreds in flight.
+
+Every first publish to a new topic claims it, creates its first ledger (a new
+ledger id) and writes its ranges; after a kill -9 of their hub another hub
+recovers each topic's ledger and starts a new one. None of it may fail
+because hundreds happen at once (issue 34: the ledger id record was a
+compare-and-set storm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import pytest
+
+from hub.client import HedwigClient
+from hub.metadata import TopicPersistenceManager
+from metastore import open_metastore
+from tools.bench.topics import wait_owner_gone
+from tools.cluster import LocalCluster
+
+pytestmark = pytest.mark.asyncio(loop_scope="function")
+CONF = {"bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2", "zk_timeout": "1000",
+        "session_timeout": "1000", "rebalance_interval_sec": "0"}
+IN_FLIGHT = 512
+
+
+async def _publish_all(address: str, topics: list[bytes], body: bytes) -> list[int | BaseException]:
+    conf = {"max_outstanding_messages": str(IN_FLIGHT), "server_ack_response_timeout": "60000"}
+    async with await HedwigClient.connect(address, conf=conf) as c:
+        return await asyncio.wait_for(
+            asyncio.gather(*(c.publish_async(t, body) for t in topics), return_exceptions=True), 120)
+
+
+async def _burst_and_failover(tmp_path: Path, metastore: str) -> None:
+    async with LocalCluster(bookies=3, hubs=2, metastore=metastore, data_dir=tmp_path / "c",
+                            conf_overrides=CONF) as cluster:
+        await cluster.stop_hub(1)                 # hub 0 alone acquires every topic
+        topics = [f"many-{uuid.uuid4().hex[:6]}-{i}".encode() for i in range(IN_FLIGHT)]
+        first = await _publish_all(cluster.hub_addresses[0], topics, b"first")
+        failed = [r for r in first if isinstance(r, BaseException)]
+        assert not failed, f"{len(failed)} first publishes failed, e.g. {failed[0]!r}"
+        assert first == [1] * IN_FLIGHT           # each a new topic: seq id 1
+
+        await cluster.restart_hub(1)
+        await cluster.kill_hub(0)
+        await wait_owner_gone(cluster.metastore_uri, topics[-1], timeout=60)
+        second = await _publish_all(cluster.hub_addresses[1], topics, b"second")
+        failed = [r for r in second if isinstance(r, BaseException)]
+        assert not failed, f"{len(failed)} publishes after the failover failed, e.g. {failed[0]!r}"
+        assert second == [2] * IN_FLIGHT          # dense: the recovered first message kept its seq id
+
+        store = await open_metastore(cluster.metastore_uri)
+        try:
+            pm = TopicPersistenceManager(store)
+            ledgers: list[int] = []
+            for t in topics:
+                got = await pm.read_topic_persistence_info(t)
+                assert got is not None
+                ledgers += [r.ledgerId for r in got[0].ranges]
+        finally:
+            await store.close()
+        assert len(ledgers) == 2 * IN_FLIGHT and len(set(ledgers)) == len(ledgers)   # no ledger id twice
+
+
+async def test_512_first_publishes_in_flight_and_a_failover_on_lmdb(tmp_path: Path) -> None:
+    await _burst_and_failover(tmp_path, "lmdb")
+
+
+@pytest.mark.slow
+@pytest.mark.zookeeper
+async def test_512_first_publishes_in_flight_and_a_failover_on_zookeeper(tmp_path: Path) -> None:
+    await _burst_and_failover(tmp_path, "zookeeper")
+
+
+async def test_topic_loads_beyond_the_bound_wait_their_turn(tmp_path: Path) -> None:
+    """In process: 60 new topics at once with ``max_concurrent_topic_loads=3``: all publishes succeed,
+    acquisitions and new ledgers run 3 at a time (concurrently, but never more)."""
+    from hub.conf import load_hub_conf
+    from hub.server import HubServer
+
+    async with LocalCluster(bookies=3, hubs=0, data_dir=tmp_path / "c", conf_overrides=CONF) as cluster:
+        hub_keys = {k: v for k, v in CONF.items() if k != "session_timeout"}     # a bookie key
+        conf = load_hub_conf(None, {**hub_keys, "zk_timeout": "3000", "server_port": "0",
+                                    "max_concurrent_topic_loads": "3", "metastore_uri": cluster.metastore_uri})
+        server = HubServer(conf)
+        await server.start()
+        try:
+            peaks = {"acquire": [0, 0], "ledger": [0, 0]}     # [now, most at once]
+            waiting: list[int] = []
+
+            def counted(kind: str, fn):  # type: ignore[no-untyped-def]
+                async def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+                    peak = peaks[kind]
+                    peak[0] += 1
+                    peak[1] = max(peak[1], peak[0])
+                    waiting.append(server.loads_waiting)
+                    try:
+                        await asyncio.sleep(0.02)            # hold the slot a while: the others must queue
+                        return await fn(*args, **kwargs)
+                    finally:
+                        peak[0] -= 1
+                return wrapper
+
+            server._acquire = counted("acquire", server._acquire)  # type: ignore[method-assign]
+            server.bk.create_ledger = counted("ledger", server.bk.create_ledger)  # type: ignore[method-assign]
+            topics = [f"bounded-{i}".encode() for i in range(60)]
+            got = await _publish_all(server.address, topics, b"m")
+            assert got == [1] * 60, [r for r in got if isinstance(r, BaseException)][:3]
+            assert peaks["acquire"][1] == 3 and peaks["ledger"][1] == 3
+            assert max(waiting) > 0 and server.loads_waiting == 0
+        finally:
+            await server.stop()

@@ -1,0 +1,204 @@
+"""``quire bench topics``: many topics — acquisition rate, takeover after kill -9, idle cost, spread publishing.
+
+    quire bench topics                               # LMDB metastore
+    quire bench topics --metastore zookeeper         # a ZooKeeper server started by the cluster
+    quire bench topics --takeover-topics 10000
+
+Runs ``LocalCluster(bookies=3, hubs=2)`` (E3 W2 A2, 100-byte messages) and
+prints one JSON line per case:
+
+* ``acquire`` at ``--windows`` (64 and 512) first publishes in flight: each
+  publish goes to a new topic, so the hub claims it, reads its (missing)
+  ranges and subscriptions and creates its first ledger. Only hub 0 runs
+  meanwhile (hub 1 is stopped), so hub 0 owns every topic. Topics per second,
+  publish latency percentiles, failures (none expected: a failed first
+  publish is a defect, the figure the bench exists to watch).
+* ``idle_topic_rss``: hub 0's resident memory (``VmRSS``) before and after
+  those acquisitions, per topic it owns (each idle, its ledger open).
+* ``takeover``: hub 1 is started, hub 0 is killed with SIGKILL, and once its
+  ownership records have expired (``lease_wait_s`` after the kill: the
+  hub's ``zk_timeout``) one message is published to each of the
+  ``--takeover-topics`` topics hub 0 had acquired last through hub 1, 512
+  in flight: hub 1 claims each, recovery-opens its ledger (fencing), reads its
+  last entry and starts a new ledger. ``seconds`` counts from the lease
+  expiry to the last publish answered. With ``--takeover-topics`` above what
+  the acquisitions made, more topics are acquired first (untimed).
+* ``spread_publish``: ``--spread-topics`` (2000) topics owned by hub 1, one
+  client with ``--depth`` publishes in flight, ``--messages`` messages
+  round-robin over them; then the same client, depth and count on one topic
+  (``one_topic``); then a ``ratio`` line (spread / one topic), same run.
+
+Figures measured on a shared machine are contended: the lines carry the
+configuration, not the machine's load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from tools.bench import percentiles, rate
+from tools.bench.publish import Outcome, Runner, Window, bench_data_dir
+from tools.bench.subscribe import rss_bytes
+
+BODY = b"x" * 100
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metastore", default="lmdb", choices=("lmdb", "zookeeper"),
+                        help="metastore backend of the cluster (zookeeper: a server started by the cluster)")
+    parser.add_argument("--windows", default="64,512",
+                        help="first publishes in flight in the acquisition cases, comma-separated")
+    parser.add_argument("--acquire-topics", type=int, default=1000, help="new topics per acquisition case")
+    parser.add_argument("--takeover-topics", type=int, default=1000,
+                        help="topics hub 1 takes over after hub 0's kill -9 (e.g. 10000)")
+    parser.add_argument("--spread-topics", type=int, default=2000, help="topics of the spread publish case")
+    parser.add_argument("--messages", type=int, default=20000, help="messages of each publish-rate case")
+    parser.add_argument("--depth", type=int, default=64, help="publishes in flight in the publish-rate cases")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a hub or bookie conf key for the cluster (repeatable)")
+    parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
+
+
+def _conf(args: argparse.Namespace) -> dict[str, str]:
+    # no load shedding: hub 0 keeps what it acquired until the kill
+    out = {"bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2",
+           "rebalance_interval_sec": "0"}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--conf wants KEY=VALUE, not {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+async def publish_each(address: str, topics: list[bytes], window: int) -> Outcome:
+    """One message to each of ``topics`` over one connection, ``window`` in flight."""
+    from hub.client import HedwigClient
+
+    out = Outcome()
+    client = await HedwigClient.connect(address, conf={"max_outstanding_messages": str(max(window, 10)),
+                                                       "server_ack_response_timeout": "60000"})
+    try:
+        w = Window(window, out)
+        t0 = time.perf_counter()
+        for topic in topics:
+            await w.submit(lambda t=topic: client.publish_async(t, BODY))  # type: ignore[misc]
+        await w.drain()
+        out.seconds = time.perf_counter() - t0
+    finally:
+        await client.close()
+    return out
+
+
+async def publish_spread(address: str, topics: list[bytes], messages: int, depth: int) -> Outcome:
+    """``messages`` messages round-robin over ``topics`` over one connection, ``depth`` in flight."""
+    from hub.client import HedwigClient
+
+    out = Outcome()
+    client = await HedwigClient.connect(address, conf={"max_outstanding_messages": str(max(depth, 10))})
+    try:
+        w = Window(depth, out)
+        cycle = itertools.cycle(topics)
+        t0 = time.perf_counter()
+        for _ in range(messages):
+            topic = next(cycle)
+            await w.submit(lambda t=topic: client.publish_async(t, BODY))  # type: ignore[misc]
+        await w.drain()
+        out.seconds = time.perf_counter() - t0
+    finally:
+        await client.close()
+    return out
+
+
+async def wait_owner_gone(uri: str, topic: bytes, timeout: float = 120.0) -> float:
+    """Seconds until ``topic``'s owner record is gone (its owner's lease expired)."""
+    from hub.metadata import TopicOwnershipManager
+    from metastore import open_metastore
+
+    store = await open_metastore(uri)
+    t0 = time.perf_counter()
+    try:
+        owners = TopicOwnershipManager(store)
+        async with asyncio.timeout(timeout):
+            while await owners.read_owner_info(topic) is not None:  # noqa: ASYNC110 - another process's lease
+                await asyncio.sleep(0.05)
+    finally:
+        await store.close()
+    return time.perf_counter() - t0
+
+
+def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> dict[str, Any]:
+    ok = len(out.latencies) - out.errors
+    line: dict[str, Any] = {"bench": "topics", "case": case, "metastore": args.metastore, **extra,
+                            "ok": ok, "errors": out.errors, "seconds": round(out.seconds, 3),
+                            "ops_per_sec": rate(ok, out.seconds), **percentiles(out.latencies)}
+    if out.first_error:
+        line["first_error"] = out.first_error
+    return line
+
+
+def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    from tools.cluster import LocalCluster
+
+    windows = [int(w) for w in str(args.windows).split(",") if w.strip()]
+    run_id = uuid.uuid4().hex[:6]
+    names: Callable[[str, int], list[bytes]] = lambda kind, n: [  # noqa: E731
+        f"{kind}-{run_id}-{i}".encode() for i in range(n)]
+    with bench_data_dir(args, "topics-") as data_dir, Runner() as loop:
+        cluster = LocalCluster(bookies=3, hubs=2, metastore=args.metastore, data_dir=data_dir,
+                               conf_overrides=_conf(args))
+        loop.run(cluster.start())
+        try:
+            loop.run(cluster.stop_hub(1))      # hub 0 alone: it owns every topic acquired next
+            hub0 = cluster.hub_addresses[0]
+            loop.run(publish_each(hub0, [f"warm-{run_id}".encode()], 1))
+            pid = cluster.hub_pid(0)
+            assert pid is not None
+            before = rss_bytes(pid)
+            owned = 1
+            last: list[bytes] = []
+            for window in windows:
+                topics = names(f"acq{window}", args.acquire_topics)
+                out = loop.run(publish_each(hub0, topics, window))
+                owned += len(topics)
+                last = topics
+                yield _line("acquire", args, out, in_flight=window, topics=len(topics))
+            after = rss_bytes(pid)
+            acquired = owned - 1
+            yield {"bench": "topics", "case": "idle_topic_rss", "metastore": args.metastore, "topics": acquired,
+                   "hub_rss_before_mb": round(before / 2**20, 1), "hub_rss_after_mb": round(after / 2**20, 1),
+                   "hub_bytes_per_topic": round((after - before) / acquired) if acquired else None}
+
+            takeover = last[-args.takeover_topics:]
+            if len(takeover) < args.takeover_topics:
+                extra = names("take", args.takeover_topics - len(takeover))
+                loop.run(publish_each(hub0, extra, 512))
+                takeover = extra + takeover
+            loop.run(cluster.restart_hub(1))
+            hub1 = cluster.hub_addresses[1]
+            loop.run(cluster.kill_hub(0))
+            lease = loop.run(wait_owner_gone(cluster.metastore_uri, takeover[-1]))
+            out = loop.run(publish_each(hub1, takeover, 512))
+            yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2))
+
+            spread = names("spread", args.spread_topics)
+            loop.run(publish_each(hub1, spread, 512))     # acquired, first ledgers open: not timed
+            one = [f"one-{run_id}".encode()]
+            loop.run(publish_each(hub1, one, 1))
+            many = loop.run(publish_spread(hub1, spread, args.messages, args.depth))
+            yield _line("spread_publish", args, many, topics=len(spread), depth=args.depth)
+            single = loop.run(publish_spread(hub1, one, args.messages, args.depth))
+            yield _line("one_topic", args, single, topics=1, depth=args.depth)
+            one_rate = rate(len(single.latencies) - single.errors, single.seconds)
+            many_rate = rate(len(many.latencies) - many.errors, many.seconds)
+            yield {"bench": "topics", "case": "ratio", "metastore": args.metastore,
+                   "what": f"{len(spread)} topics / 1 topic, msg/s", "depth": args.depth,
+                   "ratio": round(many_rate / one_rate, 3) if one_rate else None, "target": 0.7}
+        finally:
+            loop.run(cluster.stop())
