@@ -79,21 +79,7 @@ def _conf(args: argparse.Namespace) -> dict[str, str]:
 
 async def publish_each(address: str, topics: list[bytes], window: int) -> Outcome:
     """One message to each of ``topics`` over one connection, ``window`` in flight."""
-    from hub.client import HedwigClient
-
-    out = Outcome()
-    client = await HedwigClient.connect(address, conf={"max_outstanding_messages": str(max(window, 10)),
-                                                       "server_ack_response_timeout": "60000"})
-    try:
-        w = Window(window, out)
-        t0 = time.perf_counter()
-        for topic in topics:
-            await w.submit(lambda t=topic: client.publish_async(t, BODY))  # type: ignore[misc]
-        await w.drain()
-        out.seconds = time.perf_counter() - t0
-    finally:
-        await client.close()
-    return out
+    return await publish_spread(address, topics, len(topics), window)
 
 
 async def publish_spread(address: str, topics: list[bytes], messages: int, depth: int) -> Outcome:
@@ -101,7 +87,8 @@ async def publish_spread(address: str, topics: list[bytes], messages: int, depth
     from hub.client import HedwigClient
 
     out = Outcome()
-    client = await HedwigClient.connect(address, conf={"max_outstanding_messages": str(max(depth, 10))})
+    client = await HedwigClient.connect(address, conf={"max_outstanding_messages": str(max(depth, 10)),
+                                                       "server_ack_response_timeout": "60000"})
     try:
         w = Window(depth, out)
         cycle = itertools.cycle(topics)

@@ -1,0 +1,26 @@
+"""``quire bench topics`` end to end with small counts: every case prints its JSON line, nothing fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "topics", "--windows", "8,32",
+                          "--acquire-topics", "40", "--takeover-topics", "50", "--spread-topics", "20",
+                          "--messages", "200", "--data", str(tmp_path / "data")],
+                         capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).parents[2]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["case"] for r in rows] == ["acquire", "acquire", "idle_topic_rss", "takeover", "spread_publish",
+                                         "one_topic", "ratio"]
+    assert [r["in_flight"] for r in rows[:2]] == [8, 32]
+    assert all(r["errors"] == 0 and r["ok"] > 0 for r in rows if "errors" in r), rows
+    assert rows[3]["topics"] == 50 and rows[3]["ok"] == 50      # 40 acquired last, 10 more made for it
+    assert rows[2]["topics"] == 80 and rows[6]["ratio"] > 0
