@@ -348,10 +348,10 @@ class HubServer(HubHousekeeping):
         """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).
 
         A failover or a burst of new topics makes hundreds of acquisitions at
-        once; bounded, they keep the metastore queues short and the event loop
-        responsive (the hub's own session heartbeat included) and finish
-        sooner than all at once. The client waits (its own response timeout
-        still applies).
+        once; bounded, they keep the metastore and bookie queues short and the
+        event loop responsive (the hub's own session heartbeat included: a
+        hub that misses its lease loses every topic). The client waits (its
+        own response timeout still applies).
         """
         self.loads_waiting += 1
         try:
