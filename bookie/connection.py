@@ -9,8 +9,11 @@
 
 The adds of one loop turn (``submit_entry``, as the ledger writer sends
 them) leave as one ADD_ENTRIES frame per ledger, one answer for all of
-them; a bookie that does not know the op (an older version answers
-UNKNOWN_OP) gets them, and every later add, one ADD_ENTRY frame each.
+them, or, when they are of several ledgers sharing a master key (a hub's
+topics), as one ADD_ENTRIES_MULTI frame, one answer for all; a bookie that
+does not know ADD_ENTRIES_MULTI gets one ADD_ENTRIES per ledger from then
+on, and one that does not know ADD_ENTRIES (older versions answer
+UNKNOWN_OP) every add as one ADD_ENTRY frame.
 Requests submitted in one loop turn leave in one ``writelines`` call
 (``bookie.outbox.Outbox``, shared with the bookie server), at the end of
 the turn or as soon as ``FLUSH_BYTES`` (64 KiB) wait (see below);
@@ -61,6 +64,7 @@ __all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "FLUSH_BYTES", "
 
 _ADD_ENTRY = protocol.ADD_ENTRY
 _ADD_ENTRIES = protocol.ADD_ENTRIES
+_ADD_ENTRIES_MULTI = protocol.ADD_ENTRIES_MULTI
 _OK = protocol.OK
 _add_frame_head = protocol.add_frame_head
 
@@ -114,6 +118,9 @@ class BookieConnection(asyncio.Protocol):
         self._add_wait_since = self.last_reply
         self.batch_adds = True
         """Adds of one loop turn leave as ADD_ENTRIES frames (False once the bookie refused the op)."""
+        self.batch_ledgers = True
+        """Adds of several ledgers in one loop turn leave as one ADD_ENTRIES_MULTI frame (False once the
+        bookie refused the op: then one ADD_ENTRIES per ledger)."""
         self._entries: list[bytes] = []   # ``submit_entry``s of this turn not framed yet
         self._entry_ledgers: list[protocol.AddBodies] = []
         self._entry_ids: list[int] = []
@@ -256,11 +263,46 @@ class BookieConnection(asyncio.Protocol):
             self._outbox.flush()
 
     def _frame_entries(self) -> None:
-        """Frame the entries queued by ``submit_entry``: one ADD_ENTRIES per run of one ledger (of one entry: an
-        ADD_ENTRY), into the outbox."""
+        """Frame the entries queued by ``submit_entry`` into the outbox: the adds of several ledgers as one
+        ADD_ENTRIES_MULTI per master key and recovery flag (``_frame_ledgers``), else one ADD_ENTRIES per run of
+        one ledger (of one entry: an ADD_ENTRY)."""
         payloads, ledgers, ids, callbacks = self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks
         self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks = [], [], [], []
         self._entries_bytes = 0
+        first = ledgers[0]
+        if all(ledger is first for ledger in ledgers):
+            self._frame_runs(payloads, ledgers, ids, callbacks)
+        elif self.batch_ledgers and self.batch_adds:
+            self._frame_ledgers(payloads, ledgers, ids, callbacks)
+        else:
+            self._frame_runs(*_by_ledger(payloads, ledgers, ids, callbacks))
+
+    def _frame_ledgers(self, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
+                       callbacks: list[ResponseCallback]) -> None:
+        """One ADD_ENTRIES_MULTI frame per set of ledgers sharing a master key and recovery flag (a hub's
+        topics all do); a set of one ledger goes as its runs (``_frame_runs``)."""
+        groups: dict[bytes, list[int]] = {}
+        for i, ledger in enumerate(ledgers):
+            groups.setdefault(ledger.multi_fields, []).append(i)
+        for fields, idx in groups.items():
+            if len(groups) == 1:
+                part = (payloads, ledgers, ids, callbacks)
+            else:
+                part = ([payloads[i] for i in idx], [ledgers[i] for i in idx], [ids[i] for i in idx],
+                        [callbacks[i] for i in idx])
+            first = part[1][0]
+            if all(ledger is first for ledger in part[1]):
+                self._frame_runs(*part)
+                continue
+            self._add_sent()
+            run = _LedgersRun(self, *part)
+            frame, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES_MULTI, run), fields,
+                                                       run.payloads, _ADD_ENTRIES_MULTI)
+            self._outbox.put_all(frame, nbytes)
+
+    def _frame_runs(self, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
+                    callbacks: list[ResponseCallback]) -> None:
+        """One ADD_ENTRIES per run of one ledger (of one entry: an ADD_ENTRY), into the outbox."""
         n = len(payloads)
         i = 0
         while i < n:
@@ -283,6 +325,19 @@ class BookieConnection(asyncio.Protocol):
                                                        ledger.ledger_fields, run.payloads)
             self._outbox.put_all(parts, nbytes)
             i = j
+
+    def _refused_ledgers(self, run: _LedgersRun) -> None:
+        """The bookie does not know ADD_ENTRIES_MULTI (an older version): send this frame's adds, and all later,
+        as one ADD_ENTRIES per ledger."""
+        if self.batch_ledgers:
+            log.info("bookie %s does not serve ADD_ENTRIES_MULTI: sending one ADD_ENTRIES per ledger", self.address)
+        self.batch_ledgers = False
+        if self.is_closed:
+            for callback in run.callbacks:
+                callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
+            return
+        self._frame_runs(*_by_ledger(run.payloads, run.ledgers, run.ids, run.callbacks))
+        self._outbox.flush()
 
     def _refused_batches(self, run: _AddRun) -> None:
         """The bookie does not know ADD_ENTRIES (an older version): send this run's adds, and all later, singly."""
@@ -341,6 +396,60 @@ class BookieConnection(asyncio.Protocol):
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} {reason}"))
 
 
+Frames = tuple[list[bytes], list[protocol.AddBodies], list[int], list[ResponseCallback]]
+
+
+def _by_ledger(payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
+               callbacks: list[ResponseCallback]) -> Frames:
+    """The adds reordered so that each ledger's are together, in their order (one ADD_ENTRIES run each)."""
+    groups: dict[int, list[int]] = {}
+    for i, ledger in enumerate(ledgers):
+        groups.setdefault(id(ledger), []).append(i)
+    order = [i for idx in groups.values() for i in idx]
+    return ([payloads[i] for i in order], [ledgers[i] for i in order], [ids[i] for i in order],
+            [callbacks[i] for i in order])
+
+
+class _LedgersRun:
+    """The callback of one ADD_ENTRIES_MULTI frame: hands each add its answer (``BookieConnection._frame_ledgers``)."""
+
+    __slots__ = ("callbacks", "conn", "ids", "ledgers", "payloads")
+
+    def __init__(self, conn: BookieConnection, payloads: list[bytes], ledgers: list[protocol.AddBodies],
+                 ids: list[int], callbacks: list[ResponseCallback]) -> None:
+        self.conn = conn
+        self.payloads = payloads
+        self.ledgers = ledgers
+        self.ids = ids
+        self.callbacks = callbacks
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        callbacks = self.callbacks
+        if isinstance(result, BKError):
+            for callback in callbacks:
+                callback(result)
+            return
+        adds = result.adds
+        if result.status == _OK and not adds:
+            ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the frame: callbacks read it at once
+            for ledger, entry_id, callback in zip(self.ledgers, self.ids, callbacks, strict=True):
+                ok.ledger_id = ledger.ledger_id
+                ok.entry_id = entry_id
+                callback(ok)
+            return
+        if result.status == protocol.UNKNOWN_OP and not adds:
+            self.conn._refused_ledgers(self)
+            return
+        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
+            err = protocol.error_for(result) or ProtocolError(
+                f"bookie {self.conn.address}: ADD_ENTRIES_MULTI answer with {len(adds)} of {len(callbacks)} adds")
+            for callback in callbacks:
+                callback(err)
+            return
+        for answer, callback in zip(adds, callbacks, strict=True):
+            callback(answer)
+
+
 class _AddRun:
     """The callback of one ADD_ENTRIES frame: hands each add its answer (``BookieConnection._frame_entries``)."""
 
@@ -362,7 +471,8 @@ class _AddRun:
             return
         adds = result.adds
         if result.status == _OK and not adds:
-            ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the run: callbacks read it at once
+            # one answer object for the run: callbacks read it at once
+            ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)
             for entry_id, callback in zip(self.ids, callbacks, strict=True):
                 ok.entry_id = entry_id
                 callback(ok)

@@ -73,7 +73,9 @@ READ_LAC = pb.READ_LAC
 GET_BOOKIE_INFO = pb.GET_BOOKIE_INFO
 WRITE_LAC = pb.WRITE_LAC
 ADD_ENTRIES = pb.ADD_ENTRIES
-OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC, ADD_ENTRIES})
+ADD_ENTRIES_MULTI = pb.ADD_ENTRIES_MULTI
+OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC, ADD_ENTRIES, ADD_ENTRIES_MULTI})
+ADD_OPS = frozenset({ADD_ENTRY, ADD_ENTRIES, ADD_ENTRIES_MULTI})
 
 OK = pb.OK
 NO_ENTRY = pb.NO_ENTRY
@@ -728,13 +730,16 @@ class AddBodies:
     of the cost of building a ``Request`` per add).
     """
 
-    __slots__ = ("_request", "_serialize", "ledger_fields")
+    __slots__ = ("_request", "_serialize", "ledger_fields", "ledger_id", "multi_fields")
 
     def __init__(self, ledger_id: int, master_key: bytes, *, recovery: bool = False) -> None:
+        self.ledger_id = ledger_id
         self._request = Request(op=ADD_ENTRY, ledger_id=ledger_id, master_key=master_key, recovery=recovery)
         self._serialize = self._request.SerializeToString
         self.ledger_fields = Request(ledger_id=ledger_id, master_key=master_key, recovery=recovery).SerializeToString()
         """The ledger's fields of an ADD_ENTRIES request (``add_entries_frame``)."""
+        self.multi_fields = Request(master_key=master_key, recovery=recovery).SerializeToString()
+        """The fields of an ADD_ENTRIES_MULTI request shared by the ledgers framed together (no ledger id)."""
 
     def body(self, entry_id: int, payload: bytes) -> bytes:
         request = self._request
@@ -771,11 +776,15 @@ def add_frame_head(txn_id: int, body: bytes) -> bytes:
 
 _ENTRIES_TAG = 0x62   # Request.entries is field 12, wire type 2 (length-delimited)
 _ENTRY_LEADS = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
-_ADD_ENTRIES_OP = b"\x10" + bytes((ADD_ENTRIES,))
+_OP_FIELD: dict[int, bytes] = {op: b"\x10" + bytes((op,)) for op in (ADD_ENTRIES, ADD_ENTRIES_MULTI)}
 
 
-def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes]) -> tuple[list[bytes], int]:
+def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
+                      op: int = ADD_ENTRIES) -> tuple[list[bytes], int]:
     """One ADD_ENTRIES frame of ``payloads`` as parts for ``writelines``, and its length.
+
+    With ``op=ADD_ENTRIES_MULTI`` and ``AddBodies.multi_fields`` the payloads
+    may be of several ledgers (each payload's header names its ledger).
 
     ``ledger_fields`` is ``AddBodies.ledger_fields`` (ledger id, master key,
     recovery flag, encoded once per writer). The parts are the head (length
@@ -800,7 +809,7 @@ def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes]) 
         parts.append(lead)
         parts.append(payload)
         total += len(lead) + n
-    head = b"\x08" + _varint(txn_id) + _ADD_ENTRIES_OP + ledger_fields
+    head = b"\x08" + _varint(txn_id) + _OP_FIELD[op] + ledger_fields
     total += len(head)
     parts[0] = LENGTH_PREFIX.pack(total) + head
     return parts, total + PREFIX_SIZE
@@ -827,7 +836,7 @@ class ClientTxns(PendingRequests[T]):
                misfit: Callable[[Response | None, errors.ProtocolError], None]) -> int:
         """Parse each response frame and run the callback of the request it answers, in order.
 
-        Returns how many answered an ADD_ENTRY or ADD_ENTRIES. A frame that does not parse
+        Returns how many answered an add (ADD_ENTRY, ADD_ENTRIES, ADD_ENTRIES_MULTI). A frame that does not parse
         (``misfit(None, MalformedFrameError)``) or matches no outstanding
         request of its op (``misfit(response, ProtocolError)``, as
         ``complete`` raises it) is skipped. The client's read path: one call
@@ -851,7 +860,7 @@ class ClientTxns(PendingRequests[T]):
                 except errors.ProtocolError as exc:
                     misfit(response, exc)
                 continue
-            if entry[0] == ADD_ENTRY or entry[0] == ADD_ENTRIES:
+            if entry[0] in ADD_OPS:
                 adds += 1
             entry[1](response)
         return adds

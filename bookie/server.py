@@ -15,7 +15,9 @@ its OK answer is framed when the add is accepted (``protocol.AddAcks``) and
 the storage hands each connection's adds back in runs, so a group's answers
 are queued, counted and released from flow control once per run, not per add.
 ADD_ENTRIES (``add_entries``: several adds in one frame, what the ledger
-client sends) serves each add the same way and answers once for the frame.
+client sends) serves each add the same way and answers once for the frame;
+ADD_ENTRIES_MULTI is the same for the adds of several ledgers (each named
+by its payload header) sharing one master key.
 Bad input never stops the process: an undecodable frame is answered
 ``BAD_REQUEST`` (txn id 0), an unknown op ``UNKNOWN_OP``, an oversized
 frame ``TOO_LARGE`` and the connection is then closed (the stream is out
@@ -139,12 +141,13 @@ class _AddsAnswer:
     ``failed`` records an add refused before the storage took it.
     """
 
-    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_server", "_submitting", "_txn_id")
+    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_op", "_server", "_submitting", "_txn_id")
 
     def __init__(self, server: BookieServer, conn: BookieServerProtocol, txn_id: int, ledger_id: int,
-                 entries: Any) -> None:
+                 entries: Any, op: proto.OperationType = proto.ADD_ENTRIES) -> None:
         self._server = server
         self._conn = conn
+        self._op = op         # ADD_ENTRIES, or ADD_ENTRIES_MULTI (each add's ledger from its payload header)
         self._txn_id = txn_id
         self._ledger_id = ledger_id
         self._entries = entries
@@ -180,19 +183,22 @@ class _AddsAnswer:
         ok = len(self._entries) - len(errs.keys() - {-1})
         if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
             requests[ADD_OK] = requests.get(ADD_OK, 0) + ok
+        op = self._op
         if not errs:
-            response = proto.Response(txn_id=self._txn_id, op=proto.ADD_ENTRIES)
+            response = proto.Response(txn_id=self._txn_id, op=op)
         else:
             first = errs[min(errs)]
-            response = proto.Response(txn_id=self._txn_id, op=proto.ADD_ENTRIES, status=status_of(first),
-                                      message=str(first))
+            response = proto.Response(txn_id=self._txn_id, op=op, status=status_of(first), message=str(first))
             for i, payload in enumerate(self._entries):
                 exc = errs.get(i)
                 if exc is not None:
                     self._server.stats.count(ADD_ENTRY, status_of(exc))
-                entry_id = proto.ENTRY_HEADER.unpack_from(payload)[1] if len(payload) >= HEADER_SIZE else -1
-                response.adds.append(proto.add_response(0, self._ledger_id, entry_id, exc))
-        conn.send_frame_later(proto.ADD_ENTRIES, response.status, proto.encode_frame(response))
+                ledger_id, entry_id = (proto.ENTRY_HEADER.unpack_from(payload)[:2] if len(payload) >= HEADER_SIZE
+                                       else (self._ledger_id, -1))
+                if op == proto.ADD_ENTRIES:   # the ledger of the request (a misplaced entry's answer names it)
+                    ledger_id = self._ledger_id
+                response.adds.append(proto.add_response(0, ledger_id, entry_id, exc))
+        conn.send_frame_later(op, response.status, proto.encode_frame(response))
         conn.finished()
 
 
@@ -618,7 +624,7 @@ class BookieServer:
         if op == proto.ADD_ENTRY:
             self.add_entry(req, conn)
             return
-        if op == proto.ADD_ENTRIES:
+        if op == proto.ADD_ENTRIES or op == proto.ADD_ENTRIES_MULTI:
             self.add_entries(req, conn)
             return
         try:
@@ -674,7 +680,8 @@ class BookieServer:
             conn.started()
 
     def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        """Serve an ADD_ENTRIES: each of ``req.entries`` as ``add_entry`` would, one answer for all.
+        """Serve an ADD_ENTRIES (or ADD_ENTRIES_MULTI: adds of several ledgers, each named by its payload
+        header, sharing ``master_key``): each of ``req.entries`` as ``add_entry`` would, one answer for all.
 
         Every entry goes through the checks of ``add_entry`` in request order
         (its payload header must name ``req.ledger_id``; the entry id and LAC
@@ -685,7 +692,8 @@ class BookieServer:
         """
         entries = req.entries
         ledger_id = req.ledger_id
-        answer = _AddsAnswer(self, conn, req.txn_id, ledger_id, entries)
+        multi = req.op == proto.ADD_ENTRIES_MULTI   # several ledgers: each add's from its payload header
+        answer = _AddsAnswer(self, conn, req.txn_id, ledger_id, entries, req.op)
         if not entries:
             answer.refuse(errors.BadRequestError("ADD_ENTRIES without entries"))
         storage = self._storage
@@ -702,9 +710,9 @@ class BookieServer:
                 if len(payload) < header_size:
                     raise errors.BadRequestError("entry payload shorter than its header")
                 lid, entry_id, lac = header(payload)
-                if lid != ledger_id:
+                if lid != ledger_id and not multi:
                     raise errors.BadRequestError(f"payload is of entry {lid}:{entry_id}")
-                storage.submit_acked_add(sink, i, ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
+                storage.submit_acked_add(sink, i, lid, entry_id, master_key, payload, lac, recovery=recovery)
             except Exception as exc:
                 if not isinstance(exc, errors.BKError):
                     log.error("error serving an add of ADD_ENTRIES from %s", conn.peer, exc_info=exc)

@@ -16,6 +16,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     GET_BOOKIE_INFO: _ClassVar[OperationType]
     WRITE_LAC: _ClassVar[OperationType]
     ADD_ENTRIES: _ClassVar[OperationType]
+    ADD_ENTRIES_MULTI: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +38,7 @@ READ_LAC: OperationType
 GET_BOOKIE_INFO: OperationType
 WRITE_LAC: OperationType
 ADD_ENTRIES: OperationType
+ADD_ENTRIES_MULTI: OperationType
 OK: StatusCode
 NO_ENTRY: StatusCode
 NO_LEDGER: StatusCode

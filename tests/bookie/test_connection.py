@@ -89,8 +89,9 @@ class ScriptedBookie:
     """An in-process bookie that records each request frame and answers adds OK (or as ``old``, without
     ADD_ENTRIES: UNKNOWN_OP, as a bookie of an earlier version; or ``fail_entry``: that add UNAUTHORIZED)."""
 
-    def __init__(self, *, old: bool = False, fail_entry: int = -1) -> None:
+    def __init__(self, *, old: bool = False, fail_entry: int = -1, multi: bool = False) -> None:
         self.old = old
+        self.multi = multi   # serves ADD_ENTRIES_MULTI (else UNKNOWN_OP, as a bookie of an earlier version)
         self.fail_entry = fail_entry
         self.seen: list[protocol.Request] = []
         self.server: asyncio.Server | None = None
@@ -117,6 +118,13 @@ class ScriptedBookie:
                 return protocol.Response(txn_id=req.txn_id, op=protocol.ADD_ENTRIES)
             return protocol.Response(txn_id=req.txn_id, op=protocol.ADD_ENTRIES, status=bad[0].status,
                                      message=bad[0].message, adds=answers)
+        if req.op == protocol.ADD_ENTRIES_MULTI and self.multi:
+            answers = [self._add(0, *protocol.ENTRY_HEADER.unpack_from(p)[:2]) for p in req.entries]
+            bad = [a for a in answers if a.status != protocol.OK]
+            if not bad:
+                return protocol.Response(txn_id=req.txn_id, op=req.op)
+            return protocol.Response(txn_id=req.txn_id, op=req.op, status=bad[0].status, message=bad[0].message,
+                                     adds=answers)
         return protocol.response_to(req, protocol.UNKNOWN_OP, f"unknown op {req.op}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -246,3 +254,83 @@ async def test_adds_not_framed_yet_fail_with_the_connection_and_large_ones_leave
                                                                         (protocol.ADD_ENTRY, 0)]
         finally:
             conn.close()
+
+
+KEY = b"k" * 20
+MIXED = [protocol.AddBodies(lid, KEY) for lid in (5, 6, 7)]
+
+
+async def _submit_mixed(conn: BookieConnection, adds: list[tuple[protocol.AddBodies, int, bytes]]) -> list[Outcome]:
+    """``submit_entry`` of each ``(ledger, entry id, payload)`` in one loop turn; ``(ledger, entry, status)`` each."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[Outcome]] = []
+    for ledger, entry_id, payload in adds:
+        fut: asyncio.Future[Outcome] = loop.create_future()
+        conn.submit_entry(ledger, entry_id, payload, lambda r, f=fut: f.set_result(
+            r if isinstance(r, BKError) else (r.ledger_id, r.entry_id, r.status)))
+        futures.append(fut)
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 10))
+
+
+def _interleaved(ledgers: list[protocol.AddBodies], per_ledger: int) -> list[tuple[protocol.AddBodies, int, bytes]]:
+    return [(lg, e, _payloads(per_ledger, ledger_id=lg.ledger_id)[e]) for e in range(per_ledger) for lg in ledgers]
+
+
+async def test_the_adds_of_several_ledgers_of_one_turn_leave_as_one_frame() -> None:
+    bookie = ScriptedBookie(multi=True, fail_entry=2)
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            adds = _interleaved(MIXED, 2)
+            got = await _submit_mixed(conn, adds)
+            assert got == [(lg.ledger_id, e, protocol.OK) for lg, e, _ in adds]
+            (frame,) = bookie.seen
+            assert (frame.op, frame.ledger_id, frame.master_key) == (protocol.ADD_ENTRIES_MULTI, 0, KEY)
+            assert list(frame.entries) == [p for _, _, p in adds]        # in submission order
+            # one failed add: each add gets its own answer, naming its ledger
+            adds = [(lg, 2, _payloads(3, ledger_id=lg.ledger_id)[2]) for lg in MIXED[:2]]
+            assert await _submit_mixed(conn, adds) == [(5, 2, protocol.UNAUTHORIZED), (6, 2, protocol.UNAUTHORIZED)]
+            assert conn.batch_ledgers and conn.add_silence(asyncio.get_running_loop().time()) == 0.0
+        finally:
+            conn.close()
+
+
+async def test_a_bookie_without_add_entries_multi_gets_one_add_entries_per_ledger() -> None:
+    bookie = ScriptedBookie()
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            adds = _interleaved(MIXED, 2)
+            assert await _submit_mixed(conn, adds) == [(lg.ledger_id, e, protocol.OK) for lg, e, _ in adds]
+            assert [(r.op, r.ledger_id, len(r.entries)) for r in bookie.seen] == [
+                (protocol.ADD_ENTRIES_MULTI, 0, 6), (protocol.ADD_ENTRIES, 5, 2), (protocol.ADD_ENTRIES, 6, 2),
+                (protocol.ADD_ENTRIES, 7, 2)]
+            assert not conn.batch_ledgers and conn.batch_adds
+            assert await _submit_mixed(conn, _interleaved(MIXED[:2], 2)) == [
+                (lg, e, protocol.OK) for e in range(2) for lg in (5, 6)]
+            assert [r.op for r in bookie.seen[4:]] == [protocol.ADD_ENTRIES] * 2    # and from then on
+        finally:
+            conn.close()
+
+
+async def test_a_real_bookie_serves_adds_of_several_ledgers_in_one_frame(shared_bookie: BookieProcess) -> None:
+    conn = await BookieConnection.connect(shared_bookie.address)
+    try:
+        base = 7_000_000 + _free_port()     # ledgers of this test only
+        ledgers = [protocol.AddBodies(base + i, KEY) for i in range(3)]
+        adds = _interleaved(ledgers, 3)
+        got = await _submit_mixed(conn, adds)
+        assert got == [(lg.ledger_id, e, protocol.OK) for lg, e, _ in adds]
+        for lg, e, payload in adds:
+            resp = await conn.request(protocol.read_request(conn.next_txn_id(), lg.ledger_id, e), timeout=5)
+            assert (resp.status, resp.body) == (protocol.OK, payload)
+        # a ledger of another master key in the frame: its add alone fails, naming its ledger
+        intruder = protocol.AddBodies(base + 1, b"x" * 20)
+        mixed = [(ledgers[0], 3, _payloads(4, ledger_id=base)[3]),
+                 (intruder, 3, _payloads(4, ledger_id=base + 1)[3]),
+                 (ledgers[2], 3, _payloads(4, ledger_id=base + 2)[3])]
+        got = await _submit_mixed(conn, mixed)
+        assert got == [(base, 3, protocol.OK), (base + 1, 3, protocol.UNAUTHORIZED), (base + 2, 3, protocol.OK)]
+        assert conn.batch_ledgers
+    finally:
+        conn.close()
