@@ -410,84 +410,88 @@ def _by_ledger(payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: li
             [callbacks[i] for i in order])
 
 
-class _LedgersRun:
-    """The callback of one ADD_ENTRIES_MULTI frame: hands each add its answer (``BookieConnection._frame_ledgers``)."""
+class _FrameAnswer:
+    """The callback of one ADD_ENTRIES or ADD_ENTRIES_MULTI frame: hands each add its answer."""
 
-    __slots__ = ("callbacks", "conn", "ids", "ledgers", "payloads")
+    __slots__ = ("callbacks", "conn", "ids", "payloads")
+    what = "ADD_ENTRIES"
+
+    def __init__(self, conn: BookieConnection, payloads: list[bytes], ids: list[int],
+                 callbacks: list[ResponseCallback]) -> None:
+        self.conn = conn
+        self.payloads = payloads
+        self.ids = ids
+        self.callbacks = callbacks
+
+    def _all_ok(self) -> None:
+        raise NotImplementedError
+
+    def _refused(self) -> None:
+        raise NotImplementedError
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        callbacks = self.callbacks
+        if isinstance(result, BKError):
+            for callback in callbacks:
+                callback(result)
+            return
+        adds = result.adds
+        if result.status == _OK and not adds:
+            self._all_ok()
+            return
+        if result.status == protocol.UNKNOWN_OP and not adds:
+            self._refused()
+            return
+        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
+            err = protocol.error_for(result) or ProtocolError(
+                f"bookie {self.conn.address}: {self.what} answer with {len(adds)} of {len(callbacks)} adds")
+            for callback in callbacks:
+                callback(err)
+            return
+        for answer, callback in zip(adds, callbacks, strict=True):
+            callback(answer)
+
+
+class _LedgersRun(_FrameAnswer):
+    """The adds of one ADD_ENTRIES_MULTI frame (``BookieConnection._frame_ledgers``)."""
+
+    __slots__ = ("ledgers",)
+    what = "ADD_ENTRIES_MULTI"
 
     def __init__(self, conn: BookieConnection, payloads: list[bytes], ledgers: list[protocol.AddBodies],
                  ids: list[int], callbacks: list[ResponseCallback]) -> None:
-        self.conn = conn
-        self.payloads = payloads
+        super().__init__(conn, payloads, ids, callbacks)
         self.ledgers = ledgers
-        self.ids = ids
-        self.callbacks = callbacks
 
-    def __call__(self, result: protocol.Response | BKError) -> None:
-        callbacks = self.callbacks
-        if isinstance(result, BKError):
-            for callback in callbacks:
-                callback(result)
-            return
-        adds = result.adds
-        if result.status == _OK and not adds:
-            ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the frame: callbacks read it at once
-            for ledger, entry_id, callback in zip(self.ledgers, self.ids, callbacks, strict=True):
-                ok.ledger_id = ledger.ledger_id
-                ok.entry_id = entry_id
-                callback(ok)
-            return
-        if result.status == protocol.UNKNOWN_OP and not adds:
-            self.conn._refused_ledgers(self)
-            return
-        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
-            err = protocol.error_for(result) or ProtocolError(
-                f"bookie {self.conn.address}: ADD_ENTRIES_MULTI answer with {len(adds)} of {len(callbacks)} adds")
-            for callback in callbacks:
-                callback(err)
-            return
-        for answer, callback in zip(adds, callbacks, strict=True):
-            callback(answer)
+    def _all_ok(self) -> None:
+        ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the frame: callbacks read it at once
+        for ledger, entry_id, callback in zip(self.ledgers, self.ids, self.callbacks, strict=True):
+            ok.ledger_id = ledger.ledger_id
+            ok.entry_id = entry_id
+            callback(ok)
+
+    def _refused(self) -> None:
+        self.conn._refused_ledgers(self)
 
 
-class _AddRun:
-    """The callback of one ADD_ENTRIES frame: hands each add its answer (``BookieConnection._frame_entries``)."""
+class _AddRun(_FrameAnswer):
+    """The adds of one ADD_ENTRIES frame, all of one ledger (``BookieConnection._frame_runs``)."""
 
-    __slots__ = ("callbacks", "conn", "ids", "ledger", "payloads")
+    __slots__ = ("ledger",)
 
     def __init__(self, conn: BookieConnection, ledger: protocol.AddBodies, payloads: list[bytes], ids: list[int],
                  callbacks: list[ResponseCallback]) -> None:
-        self.conn = conn
+        super().__init__(conn, payloads, ids, callbacks)
         self.ledger = ledger
-        self.payloads = payloads
-        self.ids = ids
-        self.callbacks = callbacks
 
-    def __call__(self, result: protocol.Response | BKError) -> None:
-        callbacks = self.callbacks
-        if isinstance(result, BKError):
-            for callback in callbacks:
-                callback(result)
-            return
-        adds = result.adds
-        if result.status == _OK and not adds:
-            # one answer object for the run: callbacks read it at once
-            ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)
-            for entry_id, callback in zip(self.ids, callbacks, strict=True):
-                ok.entry_id = entry_id
-                callback(ok)
-            return
-        if result.status == protocol.UNKNOWN_OP and not adds:
-            self.conn._refused_batches(self)
-            return
-        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
-            err = protocol.error_for(result) or ProtocolError(
-                f"bookie {self.conn.address}: ADD_ENTRIES answer with {len(adds)} of {len(callbacks)} adds")
-            for callback in callbacks:
-                callback(err)
-            return
-        for answer, callback in zip(adds, callbacks, strict=True):
-            callback(answer)
+    def _all_ok(self) -> None:
+        ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)   # one answer object for the run
+        for entry_id, callback in zip(self.ids, self.callbacks, strict=True):
+            ok.entry_id = entry_id
+            callback(ok)
+
+    def _refused(self) -> None:
+        self.conn._refused_batches(self)
 
 
 class BookieConnectionPool:

@@ -36,6 +36,21 @@ async def _publish_all(address: str, topics: list[bytes], body: bytes) -> list[i
             asyncio.gather(*(c.publish_async(t, body) for t in topics), return_exceptions=True), 120)
 
 
+async def _ledger_ids(uri: str, topics: list[bytes]) -> list[int]:
+    """The ledger id of every range of every topic."""
+    store = await open_metastore(uri)
+    try:
+        pm = TopicPersistenceManager(store)
+        ledgers: list[int] = []
+        for t in topics:
+            got = await pm.read_topic_persistence_info(t)
+            assert got is not None
+            ledgers += [r.ledgerId for r in got[0].ranges]
+    finally:
+        await store.close()
+    return ledgers
+
+
 async def _burst_and_failover(tmp_path: Path, metastore: str) -> None:
     async with LocalCluster(bookies=3, hubs=2, metastore=metastore, data_dir=tmp_path / "c",
                             conf_overrides=CONF) as cluster:
@@ -54,16 +69,7 @@ async def _burst_and_failover(tmp_path: Path, metastore: str) -> None:
         assert not failed, f"{len(failed)} publishes after the failover failed, e.g. {failed[0]!r}"
         assert second == [2] * IN_FLIGHT          # dense: the recovered first message kept its seq id
 
-        store = await open_metastore(cluster.metastore_uri)
-        try:
-            pm = TopicPersistenceManager(store)
-            ledgers: list[int] = []
-            for t in topics:
-                got = await pm.read_topic_persistence_info(t)
-                assert got is not None
-                ledgers += [r.ledgerId for r in got[0].ranges]
-        finally:
-            await store.close()
+        ledgers = await _ledger_ids(cluster.metastore_uri, topics)
         assert len(ledgers) == 2 * IN_FLIGHT and len(set(ledgers)) == len(ledgers)   # no ledger id twice
 
 
@@ -130,14 +136,5 @@ async def test_two_hubs_racing_for_the_same_1000_new_topics(tmp_path: Path) -> N
         assert not failed, f"{len(failed)} publishes failed, e.g. {failed[0]!r}"
         for seq_a, seq_b in zip(a, b[::-1], strict=True):
             assert {seq_a, seq_b} == {1, 2}                  # dense: one owner numbered both
-        store = await open_metastore(cluster.metastore_uri)
-        try:
-            pm = TopicPersistenceManager(store)
-            ledgers: list[int] = []
-            for t in topics:
-                got = await pm.read_topic_persistence_info(t)
-                assert got is not None
-                ledgers += [r.ledgerId for r in got[0].ranges]
-        finally:
-            await store.close()
+        ledgers = await _ledger_ids(cluster.metastore_uri, topics)
         assert len(ledgers) == len(set(ledgers)) == 1000     # one ledger per topic, none shared
