@@ -25,6 +25,7 @@ import asyncio
 import collections
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -83,10 +84,12 @@ class EntryBatcher:
     topic: bytes
     conf: HubConf
     last_seq: int
+    last_write_ms: int
     lh: LedgerHandle | None
     entries_in_ledger: int
     on_persisted: Callable[[bytes, list[pb.Message]], None] | None
     closed: bool
+    gate: Callable[[pb.Message, Done], bool] | None
     _index: dict[int, list[int]]
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
@@ -135,6 +138,8 @@ class EntryBatcher:
         if self.closed:
             done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
             return
+        if self.gate is not None and not self.gate(message, done):
+            return     # held or refused by the backlog quota (hub.lifecycle)
         if message.producer:
             producer, sequence_id = message.producer, message.sequenceId
             if not self.dedup.admit(producer, sequence_id, done):
@@ -367,6 +372,7 @@ class EntryBatcher:
         first, batch = add.first, add.batch
         self._index[add.lh.ledger_id].append(first)
         self.last_seq = first + len(batch) - 1
+        self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
         msgs = []
         for seq, (m, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
             m.msgId.localComponent = seq

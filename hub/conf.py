@@ -19,7 +19,9 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
 ``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``,
 ``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``,
-``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``;
+``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``,
+``message_ttl_seconds``, ``retention_time_minutes``, ``retention_size_mb``, ``backlog_quota_limit_bytes``,
+``backlog_quota_policy``, ``backlog_quota_hold_timeout``, ``policies_refresh_interval``;
 client: ``ssl_ca_file``, ``ssl_verify``, ``producer_name``, ``auth_token``, ``auth_token_file``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
@@ -107,6 +109,24 @@ class HubConf:
             "maxConcurrentTopicLoadRequest)", min=1)
     messages_consumed_thread_run_interval: int = setting(
         60000, "ms between runs of the consumed-ledger deletion task", min=1)
+    # --- lifecycle policies (hub.policies): the defaults of every topic; per prefix in topic_policies ---
+    message_ttl_seconds: int = setting(0, "unconsumed messages older than this are acknowledged for every "
+                                       "subscription (0: never)", min=0)
+    retention_time_minutes: int = setting(0, "minutes consumed ledgers are kept for readers and seeks (0: deleted "
+                                          "once consumed; -1: for ever)", min=-1)
+    retention_size_mb: int = setting(0, "MB of consumed ledgers kept for readers and seeks (0: deleted once "
+                                     "consumed; -1: for ever)", min=-1)
+    backlog_quota_limit_bytes: int = setting(0, "most bytes of unconsumed messages a topic may hold (0: no "
+                                             "quota)", min=0)
+    backlog_quota_policy: str = setting("producer_request_hold", "what a publish past the backlog quota gets: "
+                                        "producer_request_hold, producer_exception or consumer_backlog_eviction",
+                                        choices=("producer_request_hold", "producer_exception",
+                                                 "consumer_backlog_eviction"))
+    backlog_quota_hold_timeout: int = setting(25000, "ms producer_request_hold holds a publish before it fails "
+                                              "with BACKLOG_QUOTA_EXCEEDED (keep it below the clients' "
+                                              "server_ack_response_timeout)", min=1)
+    policies_refresh_interval: int = setting(1000, "ms between re-reads of the topic_policies table: a policy "
+                                             "change is in force on every hub within this", min=1)
     max_batch_bytes: int = setting(MIB, "bytes of messages one ledger entry may batch", min=1)
     max_batch_messages: int = setting(1000, "messages one ledger entry may batch", min=1)
     max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)

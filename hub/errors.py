@@ -17,6 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "AuthenticationError",
+    "BacklogQuotaExceededError",
     "BadVersionError",
     "CertificateError",
     "ClientAlreadySubscribedError",
@@ -155,6 +156,14 @@ class NotAuthorizedError(PubSubError):
     status = "NOT_AUTHORIZED"
 
 
+class BacklogQuotaExceededError(PubSubError):
+    """The topic's backlog is over its ``backlog_quota_limit_bytes`` (``hub.policies``): the publish was
+    refused (``producer_exception``) or held until ``backlog_quota_hold_timeout`` (``producer_request_hold``);
+    nothing was stored."""
+
+    status = "BACKLOG_QUOTA_EXCEEDED"
+
+
 # --- metadata statuses (5xx in Hedwig): raised by hub.metadata ---------------------------------
 
 class BadVersionError(PubSubError):
@@ -223,7 +232,7 @@ _BY_STATUS: dict[str, type[PubSubError]] = {
                 NoTopicPersistenceInfoError, TopicPersistenceInfoExistsError, NoSubscriptionStateError,
                 SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
                 SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError, DuplicatePublishError,
-                AuthenticationError, NotAuthorizedError)
+                AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError)
 }
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from hub.lifecycle import apply_ttl_and_retention
 from hub.ownership import Ownership, same_hub
 from hub.proto import pubsub_pb2 as pb
 from hub.shedding import TopicLoadShedder
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from hub.conf import HubConf
     from hub.connection import HubConnection
     from hub.metadata import HubRegistry
+    from hub.policy_store import PolicyCache
     from hub.topic import Topic
     from metastore.api import MetaStore, Session
 
@@ -56,8 +58,11 @@ class HubHousekeeping:
     ownership: Ownership | None
     shedder: TopicLoadShedder
     stats: HubStats
+    policies: PolicyCache
 
     if TYPE_CHECKING:
+        def track(self, task: asyncio.Task[Any]) -> None: ...
+
         async def release_topic(self, topic: bytes) -> None: ...
 
     async def _close_stalled_connections(self) -> None:
@@ -143,10 +148,19 @@ class HubHousekeeping:
         return victims
 
     async def delete_consumed_ledgers(self) -> int:
-        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many."""
+        """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many.
+
+        The topic's lifecycle policy (``hub.policies``) applies first: message
+        TTL acknowledges what expired, retention keeps consumed ledgers until
+        both its limits let them go (``hub.lifecycle.apply_ttl_and_retention``).
+        """
         n = 0
-        for t in list(self.topics.values()):
-            n += len(await t.log.delete_consumed(t.subs.retained_after()))
+        now_ms = int(time.time() * 1000)
+        for topic, t in list(self.topics.items()):
+            policy = self.policies.for_topic(topic)
+            n += len(await apply_ttl_and_retention(t.log, t.subs, policy, now_ms, self.track))
+            if t.quota is not None:
+                t.quota.wake()
         if n:
             self.stats.incr("ledgers_deleted", n)
         return n

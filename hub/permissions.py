@@ -56,7 +56,6 @@ cannot be reached).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ from typing import Any
 from hub import errors
 from hub.metadata import SEPARATOR, _Manager
 from hub.proto import pubsub_pb2 as pb
+from hub.refresh import RefreshedCopy
 from hub.regions import is_hub_subscriber
 from metastore import errors as ms_errors
 from metastore.api import ALL_FIELDS, MetaStore, Value, Version
@@ -196,45 +196,31 @@ class PermissionStore(_Manager):
             return await cas_retry(step)
 
 
-class PermissionCache:
-    """A hub's copy of the grants, re-read every ``refresh_interval`` seconds (see the module docstring)."""
+_Grants = dict[str, tuple[tuple[str, frozenset[str]], ...]]
+
+
+class PermissionCache(RefreshedCopy[_Grants]):
+    """A hub's copy of the grants, re-read every ``refresh_interval`` seconds (see the module docstring).
+
+    The re-reading (``start``, ``refresh``, ``refresh_forever``, ``generation``) is ``hub.refresh``'s."""
+
+    what = "permissions"
 
     def __init__(self, store: PermissionStore, refresh_interval: float,
                  on_refresh_failure: Callable[[], None] | None = None,
                  on_change: Callable[[], None] | None = None) -> None:
+        super().__init__({}, refresh_interval, on_refresh_failure, on_change)
         self.store = store
-        self.refresh_interval = refresh_interval
-        self._by_role: dict[str, tuple[tuple[str, frozenset[str]], ...]] = {}
-        self.generation = 0          # bumped whenever the grants read differ from the ones held
-        self._on_failure = on_refresh_failure
-        self._on_change = on_change
+        self._by_role: _Grants = {}
 
-    async def start(self) -> None:
-        """Read the grants; errors propagate (a hub does not start without them). Then run ``refresh_forever``."""
-        await self.refresh()
-
-    async def refresh(self) -> None:
-        """Read the table now."""
+    async def read(self) -> _Grants:
         by_role: dict[str, list[tuple[str, frozenset[str]]]] = {}
         for g in await self.store.grants():
             by_role.setdefault(g.role, []).append((g.prefix, frozenset(g.actions)))
-        new = {role: tuple(grants) for role, grants in by_role.items()}
-        if new != self._by_role:
-            self._by_role = new
-            self.generation += 1
-            if self._on_change is not None:
-                self._on_change()
+        return {role: tuple(grants) for role, grants in by_role.items()}
 
-    async def refresh_forever(self) -> None:
-        """Re-read the table every ``refresh_interval`` seconds until cancelled."""
-        while True:
-            await asyncio.sleep(self.refresh_interval)   # the staleness bound: a periodic re-read
-            try:
-                await self.refresh()
-            except Exception as exc:     # whatever failed, the loop goes on: it is the staleness bound
-                log.warning("could not re-read the permissions table (keeping the grants read before): %s", exc)
-                if self._on_failure is not None:
-                    self._on_failure()
+    def install(self, value: _Grants) -> None:
+        self._by_role = value
 
     def allowed(self, role: str, topic: bytes, action: str) -> bool:
         """Whether ``role`` holds ``action`` on a prefix of ``topic``."""

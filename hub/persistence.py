@@ -89,6 +89,7 @@ from hub.batcher import Batch, Done, EntryBatcher, InflightAdd
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.log_reader import LogReader, decode_batch
+from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 
@@ -105,7 +106,7 @@ _REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, err
 """Range-write failures that certainly wrote nothing."""
 
 
-class TopicLog(EntryBatcher, LogReader):
+class TopicLog(EntryBatcher, LogReader, LogUsage):
     """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``."""
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
@@ -149,6 +150,8 @@ class TopicLog(EntryBatcher, LogReader):
         self.owned = owned                # False once this hub may have lost the topic (its metastore session)
         self._broken: str | None = None   # why this log may write no more ledger ranges (see _give_up)
         self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
+        self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
+        self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
@@ -314,6 +317,7 @@ class TopicLog(EntryBatcher, LogReader):
             raise
         self.ranges = ranges
         self.lh = lh
+        self._ledger_started(lh)
         self.entries_in_ledger = 0
         self._index[lh.ledger_id] = []
 
@@ -349,6 +353,7 @@ class TopicLog(EntryBatcher, LogReader):
 
     async def _record_close(self, lh: LedgerHandle) -> None:
         await lh.close()
+        self._ledger_closed(lh)
         rs = self.ranges.ranges
         ranges = pb.LedgerRanges()
         ranges.CopyFrom(self.ranges)
@@ -367,12 +372,19 @@ class TopicLog(EntryBatcher, LogReader):
             await self._delete_ledger_quietly(lh.ledger_id)
 
     # --- consumed ledgers and release -----------------------------------------------------------
-    async def delete_consumed(self, consumed: int) -> list[int]:
-        """Delete closed ledgers whose every message is at or below ``consumed``; their ids."""
+    async def delete_consumed(self, consumed: int, retain: Callable[[list[int]], list[int]] | None = None
+                              ) -> list[int]:
+        """Delete closed ledgers whose every message is at or below ``consumed``; their ids.
+
+        ``retain`` (retention, ``hub.policies.retention_deletes``) gets the ids
+        of those ledgers, oldest first, and returns the ones that may go."""
         async with self._lock:
             gone = [r for r in self.ranges.ranges[:-1]   # the last range keeps the topic's last seq id
                     if r.HasField("endSeqIdIncluded") and r.endSeqIdIncluded.localComponent <= consumed
                     and (self.lh is None or r.ledgerId != self.lh.ledger_id)]
+            if retain is not None and gone:
+                allowed = set(retain([r.ledgerId for r in gone]))
+                gone = [r for r in gone if r.ledgerId in allowed]
             if not gone:
                 return []
             ranges = pb.LedgerRanges()
@@ -388,6 +400,7 @@ class TopicLog(EntryBatcher, LogReader):
                 rh = self._readers.pop(lid, None)
                 if rh is not None:
                     await self._close_quietly(rh)
+                self._forget_usage(lid)
                 await self._delete_ledger_quietly(lid)
             return sorted(ids)
 

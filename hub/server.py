@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import math
@@ -42,6 +43,7 @@ from hub import errors
 from hub.conf import HubConf
 from hub.connection import HubConnection, Redirect
 from hub.housekeeping import HubHousekeeping
+from hub.lifecycle import BacklogQuota
 from hub.message import Message
 from hub.metadata import (
     HubRegistry,
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from bookie.client import BookKeeper
     from hub.auth import TokenAuthenticator
     from hub.permissions import Authorizer
+    from hub.policy_store import PolicyCache
     from hub.regions import RegionManager
     from metastore.api import MetaStore, Session
 
@@ -83,6 +86,7 @@ class HubServer(HubHousekeeping):
     store: MetaStore            # opened by start()
     bk: BookKeeper              # connected by start()
     cache: ReadAheadCache       # built by start()
+    policies: PolicyCache       # read by start() (hub.policy_store)
 
     def __init__(self, conf: HubConf) -> None:
         self.conf = conf
@@ -202,6 +206,7 @@ class HubServer(HubHousekeeping):
         for m in (self.owners, self.pm, self.sm, self.registry, self.dedup_store):
             await m.start()
         self.cache = ReadAheadCache(self.conf, self._scan, last_seq=self._last_seq)
+        self.policies = await self._policies()
         if self.conf.authentication_enabled:    # a missing key fails start-up before any port opens
             from hub.auth import TokenAuthenticator
 
@@ -231,6 +236,24 @@ class HubServer(HubHousekeeping):
         await cache.start()
         self.spawn(cache.refresh_forever())
         return Authorizer(cache, self.conf.superuser_roles, self.conf.region_roles)
+
+    async def _policies(self) -> PolicyCache:
+        """The lifecycle policies (``hub.policy_store``), read now and re-read every ``policies_refresh_interval``."""
+        from hub.policies import Policy
+        from hub.policy_store import PolicyCache, PolicyStore
+
+        cache = PolicyCache(PolicyStore(self.store), Policy.from_conf(self.conf),
+                            self.conf.policies_refresh_interval / 1000.0,
+                            lambda: self.stats.incr("policies_refresh_failures"), self._policies_changed)
+        await cache.start()
+        self.spawn(cache.refresh_forever())
+        return cache
+
+    def _policies_changed(self) -> None:
+        """A policy changed: publishes held by a quota that no longer holds them go on."""
+        for t in list(self.topics.values()):
+            if t.quota is not None:
+                t.quota.wake()
 
     def _close_revoked(self) -> None:
         """The grants changed: close the attached subscriptions whose role lost ``consume`` there."""
@@ -385,6 +408,10 @@ class HubServer(HubHousekeeping):
                 raise errors.ServiceDownError(f"cannot acquire topic {topic!r}: {exc}") from exc
             raise
         t = Topic(tlog, subs)
+        t.quota = BacklogQuota(tlog, subs, functools.partial(self.policies.for_topic, topic),
+                               self.conf.backlog_quota_hold_timeout / 1000.0, track=self.track,
+                               on_refused=lambda which: self.stats.incr(f"backlog_quota_{which}"))
+        tlog.gate = t.quota.admit
         if self.regions is not None:
             await self.regions.recover_vector(topic, tlog)
         self.topics[topic] = t
@@ -398,6 +425,8 @@ class HubServer(HubHousekeeping):
     def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
         self.flush()   # the publish answers of this batch leave before the deliveries are built
         t = self.topics.get(topic)
+        if t is not None and t.quota is not None:
+            t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
         if t is not None and t.subs.delivering():
             # a hint for the cache: only worth building messages someone may read soon
             self.cache.on_published_many(topic, [Message.from_proto(m, keep_wire=True) for m in msgs])
@@ -407,6 +436,8 @@ class HubServer(HubHousekeeping):
         t = self.topics.get(topic)
         if t is not None:
             self.cache.consumed_up_to(topic, t.subs.retained_after())
+            if t.quota is not None:
+                t.quota.wake()        # held publishes that now fit go on (hub.lifecycle)
 
     def _last_seq(self, topic: bytes) -> int:
         t = self.topics.get(topic)
@@ -430,6 +461,8 @@ class HubServer(HubHousekeeping):
             return
         self.releasing.add(topic)
         try:
+            if t.quota is not None:
+                t.quota.close()
             await t.subs.release()
             await t.log.release()
             self.cache.release_topic(topic)

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import collections
 import time
+from typing import TYPE_CHECKING
 
 from hub.persistence import TopicLog
 from hub.subscriptions import TopicSubscriptions
+
+if TYPE_CHECKING:
+    from hub.lifecycle import BacklogQuota
 
 __all__ = ["RATE_WINDOW", "Topic"]
 
@@ -27,6 +31,7 @@ class Topic:
     def __init__(self, log_: TopicLog, subs: TopicSubscriptions) -> None:
         self.log = log_
         self.subs = subs
+        self.quota: BacklogQuota | None = None     # set by the server (hub.lifecycle)
         self.last_active = time.monotonic()
         # (when, last seq id) sampled by the hub's timer loop: the rate costs nothing per publish
         self.rate_samples: collections.deque[tuple[float, int]] = collections.deque([(self.last_active,

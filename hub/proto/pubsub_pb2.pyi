@@ -43,6 +43,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DUPLICATE_PUBLISH: _ClassVar[StatusCode]
     AUTHENTICATION_FAILED: _ClassVar[StatusCode]
     NOT_AUTHORIZED: _ClassVar[StatusCode]
+    BACKLOG_QUOTA_EXCEEDED: _ClassVar[StatusCode]
     BAD_VERSION: _ClassVar[StatusCode]
     NO_TOPIC_PERSISTENCE_INFO: _ClassVar[StatusCode]
     TOPIC_PERSISTENCE_INFO_EXISTS: _ClassVar[StatusCode]
@@ -81,6 +82,7 @@ UNKNOWN_OPERATION: StatusCode
 DUPLICATE_PUBLISH: StatusCode
 AUTHENTICATION_FAILED: StatusCode
 NOT_AUTHORIZED: StatusCode
+BACKLOG_QUOTA_EXCEEDED: StatusCode
 BAD_VERSION: StatusCode
 NO_TOPIC_PERSISTENCE_INFO: StatusCode
 TOPIC_PERSISTENCE_INFO_EXISTS: StatusCode
