@@ -15,6 +15,8 @@
                                                               does
 ``GET|PUT|DELETE /admin/v1/permissions...``                   grants of produce/consume on topic prefixes
                                                               (``hub.admin_permissions``)
+``GET|PUT|DELETE /admin/v1/policies...``                      lifecycle policies by topic prefix
+                                                              (``hub.admin_policies``)
 ============================================================  ==============================================
 
 Names are URL-encoded path segments (UTF-8). Any hub answers for any
@@ -24,6 +26,11 @@ HTTP server (its URL is in its ``hubs`` registration; the header
 travels along). When the owner cannot be reached, ``stats`` is answered from
 the metastore (then ``publish_rate`` is 0.0 and ``attached`` is ``null``:
 only the owner knows) and a change is refused with 409 naming the owner.
+``storage_bytes`` are the bytes of every ledger kept, ``backlog_bytes``
+those after the slowest subscription (``hub.lifecycle``), ``msg_rate_in``
+the publish rate (messages/s) and ``policy`` the lifecycle policy in force
+(``hub.policies``); answered from the metastore, ``storage_bytes`` and
+``backlog_bytes`` count the closed ledgers only and ``msg_rate_in`` is 0.0.
 ``ledgers`` lists ``{ledger_id, start_seq_id, end_seq_id}``; the ledger
 being written has ``end_seq_id`` = the last seq id (``null`` while empty).
 ``backlog`` is ``last_seq_id - consumed_seq_id``. Read from the metastore, the
@@ -70,6 +77,9 @@ from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.admin_permissions import PermissionsAdmin
+from hub.admin_policies import PoliciesAdmin
+from hub.lifecycle import backlog_bytes
+from hub.log_usage import bytes_after as usage_bytes_after
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
 from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
@@ -142,6 +152,7 @@ class HubAdmin:
             web.delete("/admin/v1/topics/{topic}/subscriptions/{sub}", self._wrap(self.delete_subscription)),
             web.post("/admin/v1/topics/{topic}/release", self._wrap(self.release_topic)),
             *PermissionsAdmin(self.server).routes(),      # /admin/v1/permissions: hub.admin_permissions
+            *PoliciesAdmin(self.server).routes(),         # /admin/v1/policies: hub.admin_policies
         ]
 
     @staticmethod
@@ -205,7 +216,9 @@ class HubAdmin:
             last = max(last, tail)
         return json_response({
             "topic": _name(topic), "owner": f"{owner[0].hostname}:{owner[0].port}" if owner is not None else None,
-            "owned_here": False, "last_seq_id": last, "publish_rate": 0.0,
+            "owned_here": False, "last_seq_id": last, "publish_rate": 0.0, "msg_rate_in": 0.0,
+            **await self._stored_usage(ranges, [data.state.msgId.localComponent for data, _ in subs.values()]),
+            "policy": self.server.policies.for_topic(topic).to_json(),
             "ledgers": _ledgers(ranges, tail),
             "subscriptions": {
                 _name(sub): {"consumed_seq_id": data.state.msgId.localComponent,
@@ -214,6 +227,21 @@ class HubAdmin:
                              "preferences": _prefs(data.preferences)}
                 for sub, (data, _) in sorted(subs.items())},
         })
+
+    async def _stored_usage(self, ranges: pb.LedgerRanges, pointers: list[int]) -> dict[str, int]:
+        """``storage_bytes`` and ``backlog_bytes`` of the closed ledgers, from their metadata."""
+        closed = []
+        for r in ranges.ranges:
+            if not r.HasField("endSeqIdIncluded"):
+                continue
+            try:
+                md, _ = await self.server.bk.ledgers.read(r.ledgerId)
+            except (BKError, MetastoreError) as exc:
+                log.info("stats: cannot read the metadata of ledger %d: %s", r.ledgerId, exc)
+                continue
+            closed.append((int(r.startSeqIdIncluded), int(r.endSeqIdIncluded.localComponent), md.length))
+        backlog = usage_bytes_after(closed, min(pointers)) if pointers else 0
+        return {"storage_bytes": sum(size for _, _, size in closed), "backlog_bytes": backlog}
 
     async def _confirmed_tail(self, ranges: pb.LedgerRanges) -> int | None:
         """The last confirmed seq id of an open last ledger (read without fencing: its LAC), or ``None``."""
@@ -237,9 +265,12 @@ class HubAdmin:
 
     def _owned_stats(self, topic: bytes, t: Topic) -> dict[str, Any]:
         last = int(t.log.last_seq)
+        rate = round(t.publish_rate(time.monotonic()), 3)
         return {
             "topic": _name(topic), "owner": self.server.address, "owned_here": True, "last_seq_id": last,
-            "publish_rate": round(t.publish_rate(time.monotonic()), 3),
+            "publish_rate": rate, "msg_rate_in": rate, "storage_bytes": t.log.storage_bytes(),
+            "backlog_bytes": backlog_bytes(t.log, t.subs),
+            "policy": self.server.policies.for_topic(topic).to_json(),
             "ledgers": _ledgers(t.log.ranges, last),
             "subscriptions": {
                 _name(sub): {"consumed_seq_id": s.consumed, "backlog": max(0, last - s.consumed),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -41,11 +42,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")
 
-__all__ = ["LedgerUsage", "LogUsage"]
+__all__ = ["LedgerUsage", "LogUsage", "bytes_after"]
 
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def bytes_after(ledgers: Iterable[tuple[int, int, int]], seq: int) -> int:
+    """Bytes of the messages after ``seq`` in ``(first seq id, last seq id, bytes)`` ledgers.
+
+    A ledger holding ``seq`` counts in proportion of its seq ids after it."""
+    total = 0
+    for start, end, size in ledgers:
+        if end <= seq or end < start:
+            continue
+        total += size if start > seq else size * (end - seq) // (end - start + 1)
+    return total
 
 
 @dataclass(frozen=True)
@@ -119,17 +132,8 @@ class LogUsage:
 
     def bytes_after(self, seq: int) -> int:
         """Bytes of the messages after ``seq`` (in proportion of seq ids within a ledger)."""
-        total = 0
-        for r in self.ranges.ranges:
-            start, end = int(r.startSeqIdIncluded), self._end(r)
-            if end <= seq or end < start:
-                continue
-            size = self._size(r.ledgerId)
-            if start > seq:
-                total += size
-            else:
-                total += size * (end - seq) // (end - start + 1)
-        return total
+        return bytes_after([(int(r.startSeqIdIncluded), self._end(r), self._size(r.ledgerId))
+                            for r in self.ranges.ranges], seq)
 
     def consumed_ledgers(self, consumed: int) -> list[LedgerUsage]:
         """Closed ledgers (not the last) wholly at or below ``consumed``, oldest first, with size and time.

@@ -10,11 +10,13 @@
     echo "show hubs" | quire console --conf conf/hw_server.conf
 
 Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
-rmsub, consume, consumeto, pubsub, show hubs|topics|grants, describe topic,
+rmsub, consume, consumeto, pubsub, show hubs|topics|grants|policies, describe topic,
 readtopic, release topic, grant, revoke, set, history, redo, help, quit, exit. ``grant``,
 ``revoke`` and ``show grants`` act on the metastore's ``permissions`` table
 (``hub.permissions``); hubs apply a change within their
-``permissions_refresh_interval``. After every command the
+``permissions_refresh_interval``. ``set policy PREFIX KEY=VALUE ...`` and
+``show policies`` act on the ``topic_policies`` table (``hub.policies``);
+hubs apply a change within their ``policies_refresh_interval``. After every command the
 console prints ``Finished N s.``. Interactive and admin commands talk to the
 hub through ``hub.client.HedwigClient``; ``show``, ``describe`` and
 ``readtopic`` read the metastore (and the topic's ledgers) directly, so what
@@ -33,7 +35,7 @@ shedding does; it needs the admin token (the ``--conf``'s
 ``http_admin_token``/``http_admin_token_file``, else
 ``$QUIRE_HTTP_ADMIN_TOKEN``). A topic no hub owns is an error.
 
-JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``describe topic`` and
+JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``show policies``, ``describe topic`` and
 ``release topic`` take
 a ``--json`` word (``show hubs --json``) and then print one JSON document on
 one line instead of the text; ``quire console --json`` makes them all do so
@@ -116,11 +118,12 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "pubsub {topic} {subscriber} {timeout_secs} {message}",
             "  subscribes {subscriber}-{timestamp} to {topic}, publishes {message}-{timestamp}\n"
             "  and waits up to {timeout_secs} seconds for it to arrive."),
-    Command("show", "List the live hubs (with their number of topics), all topics, or the grants",
-            "show hubs [--json] | show topics [--json] | show grants [{role}] [--json]",
+    Command("show", "List the live hubs (with their number of topics), all topics, the grants or the policies",
+            "show hubs [--json] | show topics [--json] | show grants [{role}] [--json] | show policies [--json]",
             "  --json : print one JSON document on one line: show hubs, a list of\n"
             "           {address, hostname, port, ssl_port, num_topics}; show topics,\n"
-            "           a list of {topic}; show grants, a list of {role, prefix, actions}."),
+            "           a list of {topic}; show grants, a list of {role, prefix, actions};\n"
+            "           show policies, an object {prefix: {key: value}}."),
     Command("grant", "Let a role produce and/or consume on every topic starting with a prefix",
             "grant {role} {prefix} {actions}",
             "  {role}    : the token subject (quire token create --subject).\n"
@@ -143,9 +146,17 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "           last_seq_id, subscribers_moved}."),
     Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
             "readtopic {topic} [start_msg_id]"),
-    Command("set", "Show or set a console setting", "set [{name} {value}]",
+    Command("set", "Show or set a console setting, or set a topic prefix's lifecycle policy",
+            "set [{name} {value}] | set policy {prefix} {key}={value} ...",
             "  timeout          : seconds to wait for a hub operation (default 10).\n"
-            "  print_messages   : print messages received by sub (default true)."),
+            "  print_messages   : print messages received by sub (default true).\n"
+            "  policy           : merge keys into the policy of topics starting with {prefix}\n"
+            "                     (\"\" means every topic): message_ttl_seconds,\n"
+            "                     retention_time_minutes, retention_size_mb (-1: for ever),\n"
+            "                     backlog_quota_limit_bytes, backlog_quota_policy =\n"
+            "                     producer_request_hold | producer_exception |\n"
+            "                     consumer_backlog_eviction. Written to the metastore; hubs\n"
+            "                     apply it within policies_refresh_interval."),
     Command("history", "List the last commands", "history"),
     Command("redo", "Run a command of the history again", "redo {cmdno} | redo !"),
     Command("help", "List the commands, or show one command's usage", "help [command]"),
@@ -349,6 +360,9 @@ class HedwigConsole:
             self.say(f"{i} - {self.history[i]}")
 
     async def cmd_set(self, args: list[str]) -> None:
+        if args[:1] == ["policy"]:
+            await self._set_policy(args[1:])
+            return
         if not args:
             self.say(f"timeout = {self.settings.timeout}")
             self.say(f"print_messages = {str(self.settings.print_messages).lower()}")
@@ -546,6 +560,8 @@ class HedwigConsole:
             self.say("Available Hub Servers:")
             for info, load in hubs:
                 self.say(f"        {hub_address(info)} :       {load.numTopics}")
+        elif args == ["policies"]:
+            await self._show_policies(as_json)
         elif args[:1] == ["grants"] and len(args) <= 2:
             await self._show_grants(args[1] if len(args) == 2 else None, as_json)
         elif args == ["topics"]:
@@ -557,6 +573,34 @@ class HedwigConsole:
             self.say("[" + ", ".join(topics) + "]")
         else:
             raise UsageError
+
+    async def _policy_store(self) -> Any:
+        from hub.policy_store import PolicyStore
+        store = PolicyStore(await self.store())
+        await store.start()
+        return store
+
+    async def _set_policy(self, args: list[str]) -> None:
+        from hub.policies import PolicyError, parse_assignments
+        if len(args) < 2:
+            raise UsageError
+        try:
+            values = parse_assignments(args[1:])      # every word checked before anything is written
+            stored = await (await self._policy_store()).update(args[0], values)
+        except PolicyError as exc:
+            raise CommandError(f"{exc.key}: {exc}") from None
+        keys = " ".join(f"{k}={v}" for k, v in sorted(stored.items()))
+        self.say(f"Policy of topics starting with {args[0]!r}: {keys}")
+
+    async def _show_policies(self, as_json: bool) -> None:
+        policies = await (await self._policy_store()).policies()
+        if as_json:
+            self.emit(policies)
+            return
+        self.say("Policies (topic prefix: keys; a topic takes each key from its longest prefix, else the hub conf):")
+        for prefix, keys in policies.items():
+            self.say(f"        {prefix or '(every topic)'}:    "
+                     + " ".join(f"{k}={v}" for k, v in sorted(keys.items())))
 
     async def _permissions(self) -> Any:
         from hub.permissions import PermissionStore
