@@ -32,7 +32,6 @@ from hub.policy_store import PolicyCache, PolicyStore
 from metastore import open_metastore
 from metastore.api import MetaStore
 
-
 # --- validation ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("values", "key"), [
