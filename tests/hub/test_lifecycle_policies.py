@@ -1,0 +1,329 @@
+"""Lifecycle policies on real hub and bookie processes: the admin API and console, retention by size and by
+time, each backlog quota policy at its boundary with several subscriptions, across an owner change."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from bookie.client import BookKeeper
+from hub.client import HedwigClient
+from hub.errors import BacklogQuotaExceededError
+from metastore import open_metastore
+from tests.fixtures.polling import eventually
+from tools.cluster import LocalCluster
+
+from .conftest import hub_url
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180)]
+
+TOKEN = "policies-admin-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CONF = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1", "zk_timeout": "1000",
+        "session_timeout": "1000", "http_admin_token": TOKEN, "rebalance_interval_sec": "0",
+        "max_entries_per_ledger": "1",                       # one publish, one ledger: many small ledgers
+        "messages_consumed_thread_run_interval": "200", "policies_refresh_interval": "200",
+        "backlog_quota_hold_timeout": "1500", "consume_interval": "1"}
+MANUAL = {"auto_send_consume_message_enabled": "false"}
+TIME_PREFIX = "rt-"
+STARTED: dict[str, Any] = {}     # the retention-by-time topic: set up by the first test, checked by the last
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[LocalCluster, BookKeeper]]:
+    async with LocalCluster(bookies=2, hubs=2, data_dir=tmp_path_factory.mktemp("policies"),
+                            conf_overrides=CONF) as cluster:
+        ms = await open_metastore(cluster.metastore_uri)
+        bk = await BookKeeper.connect(ms)
+        try:
+            yield cluster, bk
+        finally:
+            await bk.close()
+            await ms.close()
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as session:
+        yield session
+
+
+async def call(http: aiohttp.ClientSession, method: str, url: str, **kw: Any) -> tuple[int, Any]:
+    async with http.request(method, url, **kw) as resp:
+        return resp.status, await resp.json(content_type=None)
+
+
+def policy_url(cluster: LocalCluster, prefix: str, i: int = 0) -> str:
+    return f"{hub_url(cluster, i)}/admin/v1/policies/{quote(prefix, safe='')}"
+
+
+async def put_policy(cluster: LocalCluster, http: aiohttp.ClientSession, prefix: str, **values: Any) -> None:
+    status, body = await call(http, "PUT", policy_url(cluster, prefix), json=values, headers=AUTH)
+    assert status == 200, body
+
+
+async def stats(cluster: LocalCluster, http: aiohttp.ClientSession, topic: str) -> dict[str, Any]:
+    status, body = await call(http, "GET", f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(topic, safe='')}/stats")
+    assert status == 200, body
+    return dict(body)
+
+
+async def in_force(cluster: LocalCluster, http: aiohttp.ClientSession, topic: str, **values: Any) -> dict[str, Any]:
+    """The topic's stats once its owner applies ``values`` (the policy re-read: policies_refresh_interval)."""
+    async def check() -> dict[str, Any] | None:
+        s = await stats(cluster, http, topic)
+        return s if all(s["policy"][k] == v for k, v in values.items()) else None
+    return dict(await eventually(check))
+
+
+def name(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:8]
+
+
+async def ledger_sizes(bk: BookKeeper, st: dict[str, Any]) -> list[int]:
+    return [(await bk.ledgers.read(r["ledger_id"]))[0].length for r in st["ledgers"]]
+
+
+# --- admin API and console -----------------------------------------------------------------------
+
+async def test_admin_api_validates_names_the_key_and_keeps_serving(env: tuple[LocalCluster, BookKeeper],
+                                                                   http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    # the retention-by-time topic starts its clock now; the last test checks it (a minute is the unit)
+    await put_policy(cluster, http, TIME_PREFIX, retention_time_minutes=1)
+    topic = name(TIME_PREFIX)
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        await c.subscribe(topic.encode(), b"a")
+        await in_force(cluster, http, topic, retention_time_minutes=1)
+        for i in range(4):
+            await c.publish(topic.encode(), b"x%d" % i)
+        await c.consume(topic.encode(), b"a", 4)
+        await c.close_subscription(topic.encode(), b"a")
+    STARTED.update(topic=topic, at=time.monotonic())
+
+    prefix = "adm/é "
+    url = policy_url(cluster, prefix)
+    assert (await call(http, "PUT", url, json={"retention_size_mb": 5}))[0] == 401     # no admin token
+    for body, key in (({"retention_size_mb": -5}, "retention_size_mb"),
+                      ({"backlog_quota_policy": "drop"}, "backlog_quota_policy"),
+                      ({"retention_sise_mb": 1}, "retention_sise_mb"),
+                      ({"message_ttl_seconds": "1h"}, "message_ttl_seconds")):
+        status, got = await call(http, "PUT", url, json=body, headers=AUTH)
+        assert status == 400 and got["key"] == key and key in got["error"], got
+    status, got = await call(http, "PUT", f"{hub_url(cluster, 0)}/admin/v1/policies/bad%FF%FEprefix",
+                             json={"retention_size_mb": 1}, headers=AUTH)
+    assert status == 400 and got["key"] == "prefix" and "UTF-8" in got["error"]
+    status, got = await call(http, "PUT", url, data=b"{not json", headers=AUTH)
+    assert status == 400 and got["key"] == "body"
+    assert (await call(http, "GET", url))[0] == 404                                  # nothing was stored
+    want = {"retention_size_mb": 5, "backlog_quota_policy": "producer_exception"}
+    assert await call(http, "PUT", url, json=want, headers=AUTH) == (200, want)
+    assert await call(http, "GET", url) == (200, want)
+    assert await call(http, "GET", policy_url(cluster, prefix, 1)) == (200, want)    # the same table on any hub
+    assert (await call(http, "GET", f"{hub_url(cluster, 1)}/admin/v1/policies"))[1][prefix] == want
+    # the other hub applies it within its policies_refresh_interval (a topic it owns shows it)
+    topic2 = prefix + "t"
+    async with await HedwigClient.connect(cluster.hub_addresses[1]) as c:
+        assert await c.publish(topic2.encode(), b"still serving") == 1
+    await in_force(cluster, http, topic2, retention_size_mb=5, backlog_quota_policy="producer_exception")
+    assert await call(http, "DELETE", url, headers=AUTH) == (200, want)
+    assert (await call(http, "DELETE", url, headers=AUTH))[0] == 404
+    await in_force(cluster, http, topic2, retention_size_mb=0)                       # back to the hub default
+
+
+async def test_console_set_and_show_policies(env: tuple[LocalCluster, BookKeeper]) -> None:
+    cluster, _ = env
+
+    def console(*commands: str) -> subprocess.CompletedProcess[str]:
+        args = [sys.executable, "-m", "tools.cli", "console", "--metastore", cluster.metastore_uri]
+        for cmd in commands:
+            args += ["-c", cmd]
+        return subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=Path(__file__).parents[2])
+
+    done = await asyncio.to_thread(console, "set policy con/ retention_size_mb=3 backlog_quota_limit_bytes=100",
+                                   "set policy con/ backlog_quota_policy=consumer_backlog_eviction")
+    assert done.returncode == 0, done.stderr
+    assert "backlog_quota_limit_bytes=100" in done.stdout
+    bad = await asyncio.to_thread(console, "set policy con/ retention_size_mb=-4")
+    assert bad.returncode == 1 and "retention_size_mb" in bad.stdout + bad.stderr
+    bad = await asyncio.to_thread(console, "set policy con/ backlog_quota_policy=nope")
+    assert bad.returncode == 1 and "backlog_quota_policy" in bad.stdout + bad.stderr
+    shown = await asyncio.to_thread(console, "show policies --json")
+    assert shown.returncode == 0, shown.stderr
+    doc = next(line for line in shown.stdout.splitlines() if line.startswith("{"))
+    assert json.loads(doc)["con/"] == {"retention_size_mb": 3, "backlog_quota_limit_bytes": 100,
+                                       "backlog_quota_policy": "consumer_backlog_eviction"}
+    text = await asyncio.to_thread(console, "show policies")
+    assert "con/:" in text.stdout and "retention_size_mb=3" in text.stdout
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+async def test_retention_by_size_keeps_the_newest_consumed_ledgers(env: tuple[LocalCluster, BookKeeper],
+                                                                   http: aiohttp.ClientSession) -> None:
+    cluster, bk = env
+    await put_policy(cluster, http, "rs-", retention_size_mb=1)
+    await put_policy(cluster, http, "rf-", retention_size_mb=-1)
+    kept, forever, hedwig = name("rs-"), name("rf-"), name("rh-")
+    body = b"r" * 100_000                       # 100 kB a ledger: 1 MB is ten of them
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        for t in (kept, forever, hedwig):
+            await c.subscribe(t.encode(), b"a")
+            await c.subscribe(t.encode(), b"b")
+        await in_force(cluster, http, kept, retention_size_mb=1)
+        await in_force(cluster, http, forever, retention_size_mb=-1)
+        for t in (kept, forever, hedwig):
+            for _ in range(20):
+                await c.publish(t.encode(), body)
+            await c.consume(t.encode(), b"a", 20)
+            await c.consume(t.encode(), b"b", 20)
+
+        async def hedwig_deleted() -> bool:
+            return len((await stats(cluster, http, hedwig))["ledgers"]) == 1   # only the last stays
+        await eventually(hedwig_deleted)
+
+        limit = 1 << 20
+
+        async def size_trimmed() -> tuple[dict[str, Any], list[int]] | None:
+            s = await stats(cluster, http, kept)
+            sizes = (await ledger_sizes(bk, s))[:-1]   # the consumed ledgers kept (the last one always stays)
+            # just enough of the newest consumed ledgers to hold 1 MB: one fewer would not
+            return (s, sizes) if sum(sizes) >= limit and sum(sizes[1:]) < limit else None
+        st, sizes = await eventually(size_trimmed)
+        assert 10 <= len(sizes) < 19, sizes
+        assert st["ledgers"][-1]["end_seq_id"] == 20 and st["storage_bytes"] >= limit
+        assert st["backlog_bytes"] == 0
+        assert len((await stats(cluster, http, forever))["ledgers"]) == 20         # -1: kept for ever
+
+
+# --- backlog quotas ------------------------------------------------------------------------------
+
+async def entry_bytes(cluster: LocalCluster, http: aiohttp.ClientSession, c: HedwigClient, topic: str,
+                      body: bytes) -> int:
+    """Publish one message of ``body`` to ``topic`` (with a lagging subscription): its stored bytes."""
+    assert await c.publish(topic.encode(), body) == 1
+    size = (await stats(cluster, http, topic))["backlog_bytes"]
+    assert size > len(body)
+    return int(size)
+
+
+async def test_producer_exception_at_the_boundary_and_after_an_owner_change(
+        env: tuple[LocalCluster, BookKeeper], http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    topic = name("qe-")
+    body = b"q" * 100
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        await c.subscribe(topic.encode(), b"fast")
+        await c.subscribe(topic.encode(), b"slow")
+        size = await entry_bytes(cluster, http, c, topic, body)
+        await put_policy(cluster, http, "qe-", backlog_quota_limit_bytes=3 * size,
+                         backlog_quota_policy="producer_exception")
+        await in_force(cluster, http, topic, backlog_quota_limit_bytes=3 * size)
+        await c.consume(topic.encode(), b"fast", 1)
+        assert await c.publish(topic.encode(), body) == 2       # backlog 1 message: under
+        assert await c.publish(topic.encode(), body) == 3       # 2 messages: under
+        await c.consume(topic.encode(), b"fast", 3)             # the slowest decides, not the fastest
+        with pytest.raises(BacklogQuotaExceededError, match="quota"):
+            await c.publish(topic.encode(), body)               # 3 messages: at the quota
+        st = await stats(cluster, http, topic)
+        assert st["last_seq_id"] == 3 and st["backlog_bytes"] == 3 * size    # nothing was stored
+        await c.consume(topic.encode(), b"slow", 1)
+        assert await c.publish(topic.encode(), body) == 4       # room for one again
+        with pytest.raises(BacklogQuotaExceededError):
+            await c.publish(topic.encode(), body)
+        await c.close_subscription(topic.encode(), b"slow")
+        await c.close_subscription(topic.encode(), b"fast")
+    owner = cluster.hub_addresses.index((await stats(cluster, http, topic))["owner"])
+    await cluster.kill_hub(owner)                               # kill -9: the other hub takes the topic over
+    try:
+        async with await HedwigClient.connect(cluster.hub_addresses[1 - owner]) as c:
+            with pytest.raises(BacklogQuotaExceededError):      # the new owner knows the backlog at once
+                await c.publish(topic.encode(), body)
+    finally:
+        await cluster.restart_hub(owner)
+
+
+async def test_producer_request_hold_waits_for_room_then_fails(env: tuple[LocalCluster, BookKeeper],
+                                                               http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    topic = name("qh-")
+    body = b"h" * 100
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        await c.subscribe(topic.encode(), b"s1")
+        await c.subscribe(topic.encode(), b"s2")
+        size = await entry_bytes(cluster, http, c, topic, body)
+        await put_policy(cluster, http, "qh-", backlog_quota_limit_bytes=2 * size,
+                         backlog_quota_policy="producer_request_hold")
+        await in_force(cluster, http, topic, backlog_quota_limit_bytes=2 * size)
+        assert await c.publish(topic.encode(), body) == 2       # backlog 1 message: under
+        held = asyncio.ensure_future(c.publish(topic.encode(), body))   # 2 messages: at the quota, held
+        done, _ = await asyncio.wait([held], timeout=0.5)
+        assert not done and (await stats(cluster, http, topic))["last_seq_id"] == 2
+        await c.consume(topic.encode(), b"s1", 2)
+        await c.consume(topic.encode(), b"s2", 1)               # the slowest now has one message of backlog
+        assert await asyncio.wait_for(held, 10) == 3            # stored once there was room
+        t0 = time.monotonic()
+        with pytest.raises(BacklogQuotaExceededError):          # no room comes: fails after the hold timeout
+            await c.publish(topic.encode(), body)
+        assert 1.3 < time.monotonic() - t0 < 10
+        assert (await stats(cluster, http, topic))["last_seq_id"] == 3
+
+
+async def test_consumer_backlog_eviction_acks_the_oldest_for_the_slowest(env: tuple[LocalCluster, BookKeeper],
+                                                                         http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    topic = name("qv-")
+    body = b"v" * 100
+    got: list[int] = []
+
+    async def handler(t: bytes, s: bytes, msg: Any) -> None:
+        got.append(msg.seq_id)
+
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        for sub in (b"fast", b"idle", b"attached"):
+            await c.subscribe(topic.encode(), sub)
+        await c.close_subscription(topic.encode(), b"idle")
+        size = await entry_bytes(cluster, http, c, topic, body)
+        await c.consume(topic.encode(), b"fast", 1)
+        await put_policy(cluster, http, "qv-", backlog_quota_limit_bytes=3 * size,
+                         backlog_quota_policy="consumer_backlog_eviction")
+        await in_force(cluster, http, topic, backlog_quota_limit_bytes=3 * size)
+        for seq in range(2, 8):
+            assert await c.publish(topic.encode(), body) == seq   # never refused
+            await c.consume(topic.encode(), b"fast", seq)
+        st = await stats(cluster, http, topic)
+        subs = st["subscriptions"]
+        # after each publish the backlog is under 3 messages again: the slowest were acked up to 7 - 2
+        assert subs["idle"]["consumed_seq_id"] == 5 and subs["attached"]["consumed_seq_id"] == 5
+        assert subs["fast"]["consumed_seq_id"] == 7 and st["backlog_bytes"] == 2 * size
+        await c.start_delivery(topic.encode(), b"attached", handler)   # delivery goes on after what was acked
+        await eventually(lambda: got == [6, 7])
+
+
+async def test_retention_by_time_lets_go_after_a_minute(env: tuple[LocalCluster, BookKeeper],
+                                                        http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    topic = STARTED["topic"]
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:   # owned again (a hub was
+        await c.subscribe(topic.encode(), b"a", create_or_attach="ATTACH")          # killed meanwhile)
+        await c.close_subscription(topic.encode(), b"a")
+    st = await stats(cluster, http, topic)
+    assert len(st["ledgers"]) == 4, st["ledgers"]   # consumed long ago (many timer rounds), kept: 1 minute
+    left = 62 - (time.monotonic() - STARTED["at"])
+
+    async def trimmed() -> bool:
+        return len((await stats(cluster, http, topic))["ledgers"]) == 1
+    await eventually(trimmed, timeout=max(left, 0) + 20, interval=0.5)
+    assert time.monotonic() - STARTED["at"] > 55
