@@ -33,6 +33,7 @@ BENCHMARKS = {
     "fanout": "1/10/100 subscribers on one topic against Redis consumer groups",
     "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
     "topics": "many topics: acquisition at 64/512 in flight, takeover after kill -9, idle RSS, spread publishing",
+    "disk": "disk usage of a bookie over publish / consume / delete cycles of about 1 GB (does LMDB reuse pages?)",
     "scan": "Spark scan of 1M ledger rows (quire-metastore DataSource) against the one-process cursor scan",
 }
 
