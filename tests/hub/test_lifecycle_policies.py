@@ -312,6 +312,31 @@ async def test_consumer_backlog_eviction_acks_the_oldest_for_the_slowest(env: tu
         await eventually(lambda: got == [6, 7])
 
 
+async def test_message_ttl_acks_for_every_subscription_once_expired(env: tuple[LocalCluster, BookKeeper],
+                                                                     http: aiohttp.ClientSession) -> None:
+    cluster, _ = env
+    topic = name("tt-")
+    await put_policy(cluster, http, "tt-", message_ttl_seconds=2)
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        for sub in (b"a", b"b", b"c"):
+            await c.subscribe(topic.encode(), sub)
+        await c.close_subscription(topic.encode(), b"c")
+        await in_force(cluster, http, topic, message_ttl_seconds=2)
+        for _ in range(3):
+            await c.publish(topic.encode(), b"expires")
+        last_write = time.monotonic()
+        await c.consume(topic.encode(), b"a", 1)
+
+        async def expired() -> dict[str, Any] | None:
+            s = await stats(cluster, http, topic)
+            return s if all(v["consumed_seq_id"] == 3 for v in s["subscriptions"].values()) else None
+        st = await eventually(expired)
+        assert time.monotonic() - last_write >= 2.0          # not before the TTL
+        assert st["backlog_bytes"] == 0
+        assert await c.publish(topic.encode(), b"fresh") == 4   # a new message is not expired at once
+        assert (await stats(cluster, http, topic))["subscriptions"]["b"]["consumed_seq_id"] == 3
+
+
 async def test_retention_by_time_lets_go_after_a_minute(env: tuple[LocalCluster, BookKeeper],
                                                         http: aiohttp.ClientSession) -> None:
     cluster, _ = env
