@@ -153,7 +153,7 @@ class BacklogQuota:
             return False
         if self.held:
             self.wake()                    # the policy changed: what is held goes on first
-        if not quota_exceeded(policy, self.backlog_bytes()):
+        if policy.backlog_quota_limit_bytes <= 0 or not quota_exceeded(policy, self.backlog_bytes()):
             return True
         which = policy.backlog_quota_policy
         if which == CONSUMER_BACKLOG_EVICTION:
@@ -206,7 +206,8 @@ class BacklogQuota:
     def persisted(self) -> None:
         """After an entry was stored: with ``consumer_backlog_eviction``, ack the oldest backlog while full."""
         policy = self.policy()
-        if policy.backlog_quota_policy != CONSUMER_BACKLOG_EVICTION or not self.subs.subs:
+        if (policy.backlog_quota_policy != CONSUMER_BACKLOG_EVICTION or policy.backlog_quota_limit_bytes <= 0
+                or not self.subs.subs):
             return
         limit = policy.backlog_quota_limit_bytes
         if not quota_exceeded(policy, self.backlog_bytes()):
