@@ -206,6 +206,21 @@ async def test_retention_by_size_keeps_the_newest_consumed_ledgers(env: tuple[Lo
         assert st["ledgers"][-1]["end_seq_id"] == 20 and st["storage_bytes"] >= limit
         assert st["backlog_bytes"] == 0
         assert len((await stats(cluster, http, forever))["ledgers"]) == 20         # -1: kept for ever
+        # released: the next acquisition (on whichever hub) learns the ledgers' sizes and keeps the rule
+        status, got = await call(http, "POST", f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(kept, safe='')}"
+                                               "/release", headers=AUTH)
+        assert status == 200, got
+        first_kept = st["ledgers"][0]["ledger_id"]
+        for _ in range(5):
+            await c.publish(kept.encode(), body)
+        await c.consume(kept.encode(), b"a", 25)
+        await c.consume(kept.encode(), b"b", 25)
+
+        async def trimmed_again() -> tuple[dict[str, Any], list[int]] | None:
+            got = await size_trimmed()
+            return got if got is not None and got[0]["ledgers"][0]["ledger_id"] != first_kept else None
+        st, sizes = await eventually(trimmed_again)
+        assert st["ledgers"][-1]["end_seq_id"] == 25 and 10 <= len(sizes) < 19
 
 
 # --- backlog quotas ------------------------------------------------------------------------------
