@@ -10,7 +10,9 @@
                                                                BookKeeper's ``freeSpace``/``totalSpace``),
                                                                ``disk_usage_threshold``, ``ledgers`` (held
                                                                here), ``journal_sync_ms`` (mean; ``null``
-                                                               before the first sync)
+                                                               before the first sync),
+                                                               ``lmdb_file_bytes`` and ``reclaimable_bytes``
+                                                               (free pages in it, reused before it grows)
 ``GET /api/v1/bookie/list_bookies?type=rw|ro``                 ``{address: {state, rack, free_disk,
                                                                total_disk}}``; no ``type``: every bookie
 ``GET /api/v1/ledger/list``                                    ``{"ledgers": [id, ...]}`` of the cluster
@@ -106,7 +108,9 @@ def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
 
     async def info(request: web.Request) -> web.Response:
         usage = server.disk_usage()
+        lmdb_file, reclaimable = server.storage.lmdb_usage()
         return json_response({
+            "lmdb_file_bytes": lmdb_file, "reclaimable_bytes": reclaimable,
             "address": server.address, "state": "read_only" if server.read_only else "writable",
             "read_only": server.read_only, "operator_read_only": server.operator_read_only,
             "registered": server.registered, "free_disk": usage.free, "total_disk": usage.total,

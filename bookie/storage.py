@@ -704,6 +704,20 @@ class EntryStorage:
         pending = self.cache_bytes + self._flushing_bytes
         return (int(info["last_pgno"]) + 1) * psize + pending, int(info["map_size"])
 
+    def lmdb_usage(self) -> tuple[int, int]:
+        """``(file_bytes, reclaimable_bytes)`` of the LMDB file: its high-water page mark, and the part of it
+        no database page uses (the free pages of deleted ledgers, which later checkpoints reuse before the
+        file grows; LMDB's file itself never shrinks)."""
+        info = self._env.info()
+        with self._env.begin() as txn:
+            stats = [self._env.stat()] + [txn.stat(db) for db in (self._store.segments, self._store.legacy,
+                                                                 self._ledgers, self._meta)]
+        psize = int(stats[0]["psize"])
+        used = 2 + sum(int(st["branch_pages"]) + int(st["leaf_pages"]) + int(st["overflow_pages"])
+                       for st in stats)   # + the two meta pages
+        high = int(info["last_pgno"]) + 1
+        return high * psize, max(0, high - used) * psize
+
     def entry_count(self) -> int:
         """Durable entries in the storage, all ledgers (scans LMDB: for tools and tests)."""
         keys = set(self._cache)

@@ -70,6 +70,7 @@ async def test_info_and_list_bookies(cluster: LocalCluster, http: aiohttp.Client
     assert status == 200
     assert info["address"] == cluster.bookie_addresses[0] and info["state"] == "writable"
     assert 0 < info["free_disk"] <= info["total_disk"] and info["freeSpace"] == info["free_disk"]
+    assert 0 <= info["reclaimable_bytes"] < info["lmdb_file_bytes"]
     status, rw = await get(http, base(cluster) + "/api/v1/bookie/list_bookies?type=rw")
     assert status == 200 and set(rw) == set(cluster.bookie_addresses)
     assert (await get(http, base(cluster) + "/api/v1/bookie/list_bookies?type=ro")) == (200, {})

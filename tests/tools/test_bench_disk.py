@@ -4,10 +4,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
-from tools.bench.disk import BENCH_CONF, MIB, disk_sample, plateau, soak
+from hub.client import HedwigClient
+from tests.fixtures.polling import eventually
+from tools.bench.disk import BENCH_CONF, MIB, _publish, disk_sample, plateau, soak
 from tools.cluster import LocalCluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -41,3 +45,47 @@ async def test_usage_after_three_cycles_is_that_after_the_first(tmp_path: Path) 
     journal_file = 8 * MIB + 4 * MIB
     assert deleted[2]["disk_bytes"] <= deleted[0]["disk_bytes"] + slack + journal_file, rows
     assert plateau(rows, slack + journal_file)["plateau"]
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_a_read_only_bookie_still_deletes_and_reclaims(tmp_path: Path) -> None:
+    """Pulsar #3205: garbage collection must go on on a full (read-only) bookie, or it never gets room back."""
+    async with LocalCluster(bookies=1, hubs=1, data_dir=tmp_path, conf_overrides=CONF) as cluster, \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http, \
+            await HedwigClient.connect(cluster.hub_addresses[0], {"auto_send_consume_message_enabled": "false"}) as c:
+        hub = cluster.stats_urls[0].removesuffix("/metrics")
+        bookie = cluster.stats_urls[1].removesuffix("/metrics")
+        topic, body = b"ro-gc", b"g" * 16384
+
+        async def info() -> dict[str, Any]:
+            async with http.get(bookie + "/api/v1/bookie/info") as resp:
+                return dict(await resp.json())
+
+        await c.subscribe(topic, b"s")
+        last = await _publish(c, topic, body, count=12 * MIB // len(body), window=32)
+        async with http.put(bookie + "/api/v1/bookie/state/readonly", json={"readOnly": True}) as resp:
+            assert resp.status == 200
+        before = await info()
+        assert before["read_only"] and before["reclaimable_bytes"] < 4 * MIB
+        await c.consume(topic, b"s", last)
+
+        async def hub_deleted() -> bool:
+            async with http.get(f"{hub}/admin/v1/topics/{topic.decode()}/stats") as resp:
+                return len((await resp.json())["ledgers"]) == 1
+        await eventually(hub_deleted, timeout=30)
+
+        async def reclaimed() -> dict[str, Any] | None:
+            now = await info()
+            return now if now["reclaimable_bytes"] >= 8 * MIB else None
+        after = await eventually(reclaimed, timeout=30)     # garbage collected and checkpointed, read-only
+        assert after["read_only"]
+        async with http.put(bookie + "/api/v1/bookie/state/readonly", json={"readOnly": False}) as resp:
+            assert resp.status == 200
+        await _publish(c, topic, body, count=8 * MIB // len(body), window=32)   # fits in the reclaimed pages
+
+        async def reused() -> dict[str, Any] | None:
+            now = await info()
+            return now if now["reclaimable_bytes"] <= after["reclaimable_bytes"] - 4 * MIB else None
+        final = await eventually(reused, timeout=30)
+        # reused, not appended: a large value needs a contiguous run of free pages, so some still go to new ones
+        assert final["lmdb_file_bytes"] - after["lmdb_file_bytes"] < 6 * MIB
