@@ -38,8 +38,10 @@ async def test_usage_after_three_cycles_is_that_after_the_first(tmp_path: Path) 
     deleted = [r for r in rows if r["phase"] == "deleted"]
     published = [r for r in rows if r["phase"] == "published"]
     assert len(deleted) == 3 and published[-1]["published_bytes"] >= 3 * CYCLE_MB * MIB * 0.99
-    # without reuse each cycle would add its CYCLE_MB to the LMDB file; with it, a few MB at most
-    slack = 4 * MIB
+    # without reuse each cycle would add its CYCLE_MB to the LMDB file (48 MB over cycles 2 and 3); with it,
+    # a few MB: a segment (up to about 1 MB, bookie.segments) needs a contiguous run of free pages, and what a
+    # fragmented free list cannot hold goes to new pages (seen: 0 to 8 MB)
+    slack = CYCLE_MB * MIB // 2
     assert deleted[2]["lmdb_file_bytes"] <= deleted[0]["lmdb_file_bytes"] + slack, rows
     assert deleted[0]["lmdb_file_bytes"] < 2 * CYCLE_MB * MIB, rows
     journal_file = 8 * MIB + 4 * MIB
