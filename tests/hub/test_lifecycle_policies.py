@@ -247,6 +247,8 @@ async def test_producer_exception_at_the_boundary_and_after_an_owner_change(
                          backlog_quota_policy="producer_exception")
         await in_force(cluster, http, topic, backlog_quota_limit_bytes=3 * size)
         await c.consume(topic.encode(), b"fast", 1)
+        st = await stats(cluster, http, topic)
+        assert st["storage_bytes"] == size and isinstance(st["msg_rate_in"], float)
         assert await c.publish(topic.encode(), body) == 2       # backlog 1 message: under
         assert await c.publish(topic.encode(), body) == 3       # 2 messages: under
         await c.consume(topic.encode(), b"fast", 3)             # the slowest decides, not the fastest
@@ -263,6 +265,11 @@ async def test_producer_exception_at_the_boundary_and_after_an_owner_change(
     owner = cluster.hub_addresses.index((await stats(cluster, http, topic))["owner"])
     await cluster.kill_hub(owner)                               # kill -9: the other hub takes the topic over
     try:
+        # stats from the metastore meanwhile: the closed ledgers (1..3; the 4th is still open) count
+        status, st = await call(http, "GET", f"{hub_url(cluster, 1 - owner)}/admin/v1/topics/{quote(topic)}/stats",
+                                headers={"X-Quire-Forwarded": "test"})
+        assert status == 200 and st["owned_here"] is False and st["msg_rate_in"] == 0.0
+        assert st["storage_bytes"] == 3 * size and st["backlog_bytes"] == 2 * size   # after "slow" (at 1)
         async with await HedwigClient.connect(cluster.hub_addresses[1 - owner]) as c:
             with pytest.raises(BacklogQuotaExceededError):      # the new owner knows the backlog at once
                 await c.publish(topic.encode(), body)
