@@ -87,10 +87,14 @@ class LogUsage:
         self.last_write_ms = _now_ms()         # the last acknowledged add (or the acquisition)
 
     def _ledger_started(self, lh: LedgerHandle) -> None:
-        self._ctimes[lh.ledger_id] = lh.metadata.ctime_ms
+        metadata = getattr(lh, "metadata", None)     # (a stand-in handle of a white-box test may have none)
+        if metadata is not None:
+            self._ctimes[lh.ledger_id] = metadata.ctime_ms
 
     def _ledger_closed(self, lh: LedgerHandle) -> None:
-        self._sizes[lh.ledger_id] = lh.length
+        length = getattr(lh, "length", None)         # (likewise; learn_usage reads it from the metadata then)
+        if length is not None:
+            self._sizes[lh.ledger_id] = int(length)
 
     def _forget_usage(self, ledger_id: int) -> None:
         self._sizes.pop(ledger_id, None)
