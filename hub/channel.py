@@ -94,6 +94,10 @@ class ChannelOwner(Protocol):
 
     def _sub_event(self, conn: HubChannel, topic: bytes, sub: bytes, event: int) -> None: ...
 
+    def _consumer_delivered(self, conn: HubChannel, consumer_id: int, protos: Sequence[pb.Message]) -> None: ...
+
+    def _consumer_event(self, conn: HubChannel, consumer_id: int, event: int) -> None: ...
+
     def _conn_lost(self, conn: HubChannel) -> None: ...
 
 
@@ -215,9 +219,15 @@ class HubChannel(asyncio.Protocol):
                 if not ev.value.done():
                     ev.value.set_result(ev.response)
             elif isinstance(ev, DeliveryReceived):
-                self.client._delivered(self, ev.topic, ev.subscriber, ev.messages)
+                if ev.consumer:
+                    self.client._consumer_delivered(self, ev.consumer, ev.messages)
+                else:
+                    self.client._delivered(self, ev.topic, ev.subscriber, ev.messages)
             elif isinstance(ev, SubscriptionEventReceived):
-                self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
+                if ev.consumer:
+                    self.client._consumer_event(self, ev.consumer, ev.event)
+                else:
+                    self.client._sub_event(self, ev.topic, ev.subscriber, ev.event)
             elif isinstance(ev, ConnectionBroken):
                 log.warning("connection to %s broken: %s", self.address, ev.reason)
                 if self.transport is not None:

@@ -64,8 +64,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exp
 
 from hub import errors
 from hub.channel import Deadlines, HubChannel
+from hub.client_consumers import ClientConsumers
 from hub.client_subscription import ClientSubscription, Handler
 from hub.conf import HubClientConf, client_conf
+from hub.consumer import Consumer, subscription_type_value
 from hub.message import Message, MessageId, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
@@ -78,7 +80,7 @@ from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Handler", "HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
+__all__ = ["Consumer", "Handler", "HedwigClient", "Message", "MessageId", "SubscriptionPreferences"]
 
 # the names these had when they lived here
 _Deadlines = Deadlines
@@ -125,8 +127,11 @@ def _publish_request(topic: bytes) -> pb.PubSubRequest:
     return req
 
 
-def _fill(msg: pb.Message, body: bytes, properties: Mapping[str, bytes] | None, message_type: str) -> pb.Message:
+def _fill(msg: pb.Message, body: bytes, properties: Mapping[str, bytes] | None, message_type: str,
+          key: bytes | None = None) -> pb.Message:
     msg.body = body
+    if key is not None:
+        msg.key = key
     if message_type:
         msg.header.messageType = message_type
     if properties:
@@ -185,8 +190,8 @@ async def _logged(awaitable: Awaitable[Any], what: str) -> None:
         log.exception("%s raised", what)
 
 
-class HedwigClient:
-    """See the module docstring."""
+class HedwigClient(ClientConsumers):
+    """See the module docstring. Consumers (``consumer``) come from ``hub.client_consumers``."""
 
     def __init__(self, addresses: list[str], conf: HubClientConf) -> None:
         self.conf = conf
@@ -210,6 +215,7 @@ class HedwigClient:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listeners: list[SubscriptionListener] = []
         self.closed = False
+        self._init_consumers()
 
     @classmethod
     async def connect(cls, address: str | None = None, conf: Mapping[str, Any] | HubClientConf | None = None
@@ -326,6 +332,7 @@ class HedwigClient:
             if s.conn is conn:
                 s.conn = None
                 self._maybe_resubscribe(s)
+        self._consumers_lost(conn)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         spawn(self._tasks, coro)
@@ -434,11 +441,12 @@ class HedwigClient:
     # --- publish ----------------------------------------------------------------------------------
     async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,
-                      sequence_id: int | None = None) -> int:
+                      sequence_id: int | None = None, key: bytes | None = None) -> int:
         """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
 
         ``message_type`` sets the header's system property ``messageType`` (seen by filters as
-        ``Message.message_type``).
+        ``Message.message_type``). ``key`` (Pulsar's message key) is stored with the message: a
+        KEY_SHARED subscription hands all messages of one key to one consumer.
 
         Exactly once (Pulsar's producer deduplication): with ``producer`` (or the client conf's
         ``producer_name``) the owner stores (producer, ``sequence_id``) at most once per topic and
@@ -458,7 +466,7 @@ class HedwigClient:
         (Pulsar's synchronous ``send`` flushes the batch too); the delay is for ``publish_async``.
         """
         fut = self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
-                                 sequence_id=sequence_id)
+                                 sequence_id=sequence_id, key=key)
         batch = self._batches.get(topic)
         if batch is not None and batch.timer is not None:
             batch.timer.cancel()
@@ -467,7 +475,7 @@ class HedwigClient:
 
     def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,
-                      sequence_id: int | None = None) -> asyncio.Future[int]:
+                      sequence_id: int | None = None, key: bytes | None = None) -> asyncio.Future[int]:
         """``publish`` started now; a future of its seq id (Pulsar's ``send_async``, Hedwig's ``asyncPublish``).
 
         Same arguments, ordering and errors as ``publish``, but a bad argument (a name the hub would
@@ -495,13 +503,13 @@ class HedwigClient:
             raise ValueError("sequence_id needs a producer (or the client conf's producer_name)")
         if producer:
             if sequence_id is None:
-                key = (topic, producer)
-                sequence_id = self._sequences.get(key) or time.time_ns() // 1000
-                self._sequences[key] = sequence_id + 1
+                numbered = (topic, producer)
+                sequence_id = self._sequences.get(numbered) or time.time_ns() // 1000
+                self._sequences[numbered] = sequence_id + 1
             elif sequence_id < 0:
                 raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
             req = _publish_request(topic)
-            msg = _fill(req.publishRequest.msg, body, properties, message_type)
+            msg = _fill(req.publishRequest.msg, body, properties, message_type, key)
             msg.producer = producer
             msg.sequenceId = sequence_id
             self._flush_batch(topic)     # what the topic has batched goes first
@@ -509,14 +517,14 @@ class HedwigClient:
         if self.conf.batching_enabled:
             conn = self.conns.get(self.owner.get(topic, ""))
             if conn is not None and conn.alive:
-                return self._batched(topic, conn, body, properties, message_type)
+                return self._batched(topic, conn, body, properties, message_type, key)
         self._flush_batch(topic)     # (batched on a connection that has closed since: those go first)
         req = _publish_request(topic)
-        _fill(req.publishRequest.msg, body, properties, message_type)
+        _fill(req.publishRequest.msg, body, properties, message_type, key)
         return self._publish_future(topic, req)
 
     def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,
-                 message_type: str) -> asyncio.Future[int]:
+                 message_type: str, key: bytes | None = None) -> asyncio.Future[int]:
         batch = self._batches.get(topic)
         if batch is not None and (batch.conn is not conn or batch.bytes + len(body) > self.conf.batching_max_bytes):
             self._flush_batch(topic)
@@ -529,7 +537,7 @@ class HedwigClient:
                 batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
             else:
                 loop.call_soon(self._flush_batch, topic, batch)
-        _fill(batch.req.publishRequest.msgs.add(), body, properties, message_type)
+        _fill(batch.req.publishRequest.msgs.add(), body, properties, message_type, key)
         fut: asyncio.Future[int] = loop.create_future()
         batch.futures.append(fut)
         batch.bytes += len(body)
@@ -612,15 +620,23 @@ class HedwigClient:
                         message_bound: int = 0, message_window_size: int = 0,
                         options: Mapping[str, bytes] | None = None, message_filter: str | None = None,
                         *, force_attach: bool = False, synchronous: bool = False,
-                        hub_subscriber: bool = False) -> SubscriptionPreferences:
+                        hub_subscriber: bool = False, subscription_type: str = "EXCLUSIVE") -> SubscriptionPreferences:
         """Subscribe; returns the stored preferences (those given replace them).
 
         ``synchronous``: the hub answers only once its remote-region subscriptions are made (or
-        fails with their error); ``hub_subscriber`` marks a hub subscribing for its region."""
+        fails with their error); ``hub_subscriber`` marks a hub subscribing for its region.
+        ``subscription_type`` other than EXCLUSIVE: a consumer underneath (``hub.client_consumers``);
+        ``start_delivery`` handlers work the same, a handler's return acknowledges its message."""
         self._check_open()
         self._check_names(topic, subscriber_id)
         if create_or_attach not in _MODES:
             raise ValueError(f"create_or_attach must be one of {sorted(_MODES)}")
+        if subscription_type_value(subscription_type) != pb.EXCLUSIVE:
+            return await self._subscribe_typed(topic, subscriber_id, subscription_type, create_or_attach,
+                                               SubscriptionPreferences(
+                                                   options=dict(options or {}), message_bound=message_bound,
+                                                   message_filter=message_filter or "",
+                                                   message_window_size=message_window_size), force_attach)
         sreq = pb.SubscribeRequest(topic=topic, subscriberId=subscriber_id, createOrAttach=_MODES[create_or_attach],
                                    forceAttach=force_attach, synchronous=synchronous,
                                    hubSubscriber=hub_subscriber)
@@ -665,6 +681,10 @@ class HedwigClient:
     async def start_delivery(self, topic: bytes, subscriber_id: bytes, handler: Handler,
                              message_filter: Any = None) -> None:
         """Deliver to ``handler`` (see the handler contract); ``PubSubError`` ALREADY_DELIVERING if started."""
+        typed = self.typed.get((topic, subscriber_id))
+        if typed is not None:
+            await self._start_typed(typed, handler)
+            return
         s = self._get(topic, subscriber_id)
         if s.handler is not None:
             raise errors.PubSubError(f"{subscriber_id!r} on {topic!r} is already delivering",
@@ -843,6 +863,10 @@ class HedwigClient:
 
     async def consume(self, topic: bytes, subscriber_id: bytes, seq_id: int) -> None:
         """Consume up to ``seq_id`` (one-way; the hub applies requests of a connection in order)."""
+        typed = self.typed.get((topic, subscriber_id))
+        if typed is not None:   # a cumulative ack (NOT_ALLOWED on SHARED and KEY_SHARED)
+            await typed.ack_cumulative(Message(b"", msg_id=MessageId(seq_id)))
+            return
         s = self._get(topic, subscriber_id)
         if s.conn is None:
             raise errors.ServiceDownError(f"{subscriber_id!r} on {topic!r} is reconnecting")
@@ -857,6 +881,10 @@ class HedwigClient:
         s.queue.clear()
 
     async def stop_delivery(self, topic: bytes, subscriber_id: bytes) -> None:
+        typed = self.typed.get((topic, subscriber_id))
+        if typed is not None:
+            await self._stop_typed(typed)
+            return
         s = self._get(topic, subscriber_id)
         await self._stop_task(s)
         if s.conn is not None:
@@ -868,6 +896,10 @@ class HedwigClient:
 
     async def close_subscription(self, topic: bytes, subscriber_id: bytes) -> None:
         """Flush buffered consumes, stop delivery, detach (the subscription stays stored)."""
+        typed = self.typed.pop((topic, subscriber_id), None)
+        if typed is not None:
+            await self._close_typed(typed)
+            return
         s = self._get(topic, subscriber_id)
         s.closed = True
         await self._stop_task(s)
@@ -879,6 +911,9 @@ class HedwigClient:
     async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None:
         """Remove the subscription; ``ClientNotSubscribedError`` when it does not exist."""
         self._check_names(topic, subscriber_id)
+        typed = self.typed.pop((topic, subscriber_id), None)
+        if typed is not None:
+            await self._close_typed(typed)
         s = self.subs.pop((topic, subscriber_id), None)
         if s is not None:
             s.closed = True
@@ -919,6 +954,7 @@ class HedwigClient:
             with contextlib.suppress(errors.PubSubError):
                 await asyncio.wait_for(self.close_subscription(topic, sub), 5.0)
             s.closed = True
+        await self._close_consumers()
         self.closed = True
         for task in list(self._tasks):
             task.cancel()

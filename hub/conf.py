@@ -97,6 +97,8 @@ class HubConf:
     default_message_window_size: int = setting(0, "delivered-but-unconsumed messages per subscriber (0: unlimited)",
                                                min=0)
     consume_interval: int = setting(50, "consumes between persisted consume pointers", min=1)
+    ack_persist_interval_ms: int = setting(1000, "ms within which individual acks (consumer subscriptions) are "
+                                                 "persisted", min=1)
     retention_secs: int = setting(0, "release a topic idle this long (0: never)", min=0)
     rebalance_interval_sec: int = setting(60, "how often a hub compares its topic count with the cluster mean and "
                                               "sheds topics above it (0: never)", min=0)

@@ -94,6 +94,7 @@ class HubConnection(asyncio.Protocol):
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
         self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
+        self.address = ""              # the client's host:port (consumer stats)
 
     @property
     def partial_since(self) -> float | None:
@@ -107,6 +108,9 @@ class HubConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=self.conf.max_outbound_buffer)  # type: ignore[attr-defined]
         self.server.connections.add(self)
         self.server.stats.incr("connections")
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and len(peer) >= 2:
+            self.address = f"{peer[0]}:{peer[1]}"
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -125,7 +129,7 @@ class HubConnection(asyncio.Protocol):
         for (topic, sub) in list(self.subs):
             t = self.server.topics.get(topic)
             if t is not None:
-                await t.subs.detach(sub)
+                await t.subs.detach(sub, self)
         self.subs.clear()
 
     def pause_writing(self) -> None:
@@ -232,8 +236,12 @@ class HubConnection(asyncio.Protocol):
             self._write(protocol.delivery_batch(topic, subscriber, [m.wire for m in messages]))
         self.server.stats.incr("messages_delivered", len(messages))
 
-    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None:
-        self._write(protocol.subscription_event(topic, subscriber, event))
+    def send_event(self, topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> None:
+        self._write(protocol.subscription_event(topic, subscriber, event, consumer_id))
+
+    def send_consumer_delivery(self, topic: bytes, subscriber: bytes, consumer_id: int, wires: list[bytes]) -> None:
+        self._write(protocol.delivery_batch(topic, subscriber, wires, consumer_id))
+        self.server.stats.incr("messages_delivered", len(wires))
 
     def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None:
         if state is None:
@@ -343,6 +351,7 @@ class HubConnection(asyncio.Protocol):
         t.log.submit(msg, functools.partial(self._published, req, t, t0))
 
     def _stamp(self, topic: bytes, msg: pb.Message) -> None:
+        msg.publishTimeMs = time.time_ns() // 1_000_000   # the owner's clock when stored (hub.message)
         if not self.region_hub or not msg.srcRegion:
             # only an authenticated region hub may name another region or carry a version vector:
             # a crafted remoteComponents would otherwise become the topic's vector-max
@@ -410,7 +419,11 @@ class HubConnection(asyncio.Protocol):
             if t is None or (ev.topic, ev.subscriber) not in self.subs:
                 raise errors.ClientNotSubscribedError(f"{ev.subscriber!r} not attached to {ev.topic!r}")
             self.server.stats.incr("consumes")
-            if t.subs.consume(self, ev.subscriber, ev.request.consumeRequest.msgId.localComponent):
+            creq = ev.request.consumeRequest
+            if creq.consumerId or creq.ackType:   # a consumer's ack, redelivery request or permits
+                t.subs.ack(self, ev.subscriber, creq)
+                return
+            if t.subs.consume(self, ev.subscriber, creq.msgId.localComponent):
                 task = t.subs.persist_soon(ev.subscriber)   # one write in flight per subscription
                 if task is not None:
                     self.server.track(task)
@@ -437,11 +450,11 @@ class HubConnection(asyncio.Protocol):
                 await self.server.follow_regions(ev.topic, ev.subscriber, req.subscribeRequest.synchronous)
             elif req.type == pb.START_DELIVERY:
                 t.subs.start_delivery(self, ev.subscriber, self.server.cache,
-                                      req.startDeliveryRequest.maxBatchMessages)
+                                      req.startDeliveryRequest.maxBatchMessages, req.startDeliveryRequest.consumerId)
             elif req.type == pb.STOP_DELIVERY:
-                await t.subs.stop_delivery(self, ev.subscriber)
+                await t.subs.stop_delivery(self, ev.subscriber, req.stopDeliveryRequest.consumerId)
             elif req.type == pb.CLOSESUBSCRIPTION:
-                await t.subs.close(self, ev.subscriber)
+                await t.subs.close(self, ev.subscriber, req.closeSubscriptionRequest.consumerId)
             elif req.type == pb.UNSUBSCRIBE:
                 self.server.stats.incr("unsubscribes")
                 await t.subs.unsubscribe(self, ev.subscriber)

@@ -22,6 +22,7 @@ __all__ = [
     "CertificateError",
     "ClientAlreadySubscribedError",
     "ClientNotSubscribedError",
+    "ConsumerClosedError",
     "CouldNotConnectError",
     "DuplicatePublishError",
     "InvalidMessageFilterError",
@@ -37,6 +38,7 @@ __all__ = [
     "ServiceDownError",
     "SubscriptionForcedClosedError",
     "SubscriptionStateExistsError",
+    "SubscriptionTypeMismatchError",
     "TooManyRedirectsError",
     "TopicOwnerInfoExistsError",
     "TopicPersistenceInfoExistsError",
@@ -76,6 +78,18 @@ class ClientNotSubscribedError(PubSubError):
     """ATTACH, start_delivery, consume or unsubscribe on a subscription that does not exist."""
 
     status = "CLIENT_NOT_SUBSCRIBED"
+
+
+class SubscriptionTypeMismatchError(PubSubError):
+    """Attaching to a subscription with another subscription type than the one stored with it."""
+
+    status = "SUBSCRIPTION_TYPE_MISMATCH"
+
+
+class ConsumerClosedError(PubSubError):
+    """``receive``/``ack``/``nack`` on a consumer that was closed (client-side; ``hub.consumer``)."""
+
+    status = "CONSUMER_CLOSED"
 
 
 class CouldNotConnectError(PubSubError):
@@ -232,7 +246,7 @@ _BY_STATUS: dict[str, type[PubSubError]] = {
                 NoTopicPersistenceInfoError, TopicPersistenceInfoExistsError, NoSubscriptionStateError,
                 SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
                 SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError, DuplicatePublishError,
-                AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError)
+                AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError, SubscriptionTypeMismatchError)
 }
 
 

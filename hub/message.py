@@ -5,6 +5,9 @@
     msg.msg_id          # MessageId(local, {region: seq}) with the per-region components
     msg.src_region      # the region that first persisted it ("standalone" by default)
     msg.message_type    # the header's system property messageType ("" when unset; for filters)
+    msg.key             # the message key (bytes), None when it was published without one
+    msg.publish_time_ms # the owner's clock (epoch ms) when it was stored; 0 for messages stored before
+    msg.redelivery_count  # on delivery to a consumer: how often it was handed out before (0 the first time)
 
 ``Message.from_proto`` / ``to_proto`` convert to and from the wire's
 ``pubsub_pb2.Message``. ``hub.client.Message`` is this class.
@@ -63,6 +66,9 @@ class Message:
     msg_id: MessageId = field(default_factory=MessageId)
     src_region: str = ""
     message_type: str = ""
+    key: bytes | None = None
+    publish_time_ms: int = 0
+    redelivery_count: int = 0
 
     @property
     def seq_id(self) -> int:
@@ -84,6 +90,9 @@ class Message:
             fields["message_type"] = ""
         fields["msg_id"] = MessageId.from_proto(msg.msgId)
         fields["src_region"] = msg.srcRegion.decode("utf-8", "replace")
+        fields["key"] = msg.key if msg.HasField("key") else None
+        fields["publish_time_ms"] = msg.publishTimeMs
+        fields["redelivery_count"] = msg.redeliveryCount
         if keep_wire:
             fields["wire"] = msg.SerializeToString()
         return out
@@ -101,7 +110,21 @@ class Message:
             out.header.properties.entries.add(key=key, value=value)
         if self.message_type:
             out.header.messageType = self.message_type
+        if self.key is not None:
+            out.key = self.key
+        if self.publish_time_ms:
+            out.publishTimeMs = self.publish_time_ms
+        if self.redelivery_count:
+            out.redeliveryCount = self.redelivery_count
         return out
+
+    def redelivered_wire(self, count: int) -> bytes:
+        """``wire`` with ``redeliveryCount`` = ``count`` (a redelivery; ``wire`` itself stays shared)."""
+        if not count:
+            return self.wire
+        out = pb.Message.FromString(self.wire)
+        out.redeliveryCount = count
+        return out.SerializeToString()
 
 
 @dataclass(frozen=True)

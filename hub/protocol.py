@@ -366,7 +366,8 @@ class ServerConnection:
         problem = name_problem(sub, "subscriber id", MAX_SUBSCRIBER_BYTES)
         if problem is not None:
             return Reject(response(txn, pb.MALFORMED_REQUEST, problem, topic=topic))
-        if op == pb.CONSUME and not req.consumeRequest.HasField("msgId"):
+        if op == pb.CONSUME and not req.consumeRequest.HasField("msgId") and \
+                req.consumeRequest.ackType == pb.ConsumeRequest.CUMULATIVE:
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)
 
@@ -403,6 +404,7 @@ class DeliveryReceived:
     topic: bytes
     subscriber: bytes
     messages: Sequence[pb.Message]
+    consumer: int = 0    # the consumer it is for (0: the Hedwig subscriber)
 
     @property
     def message(self) -> pb.Message:
@@ -415,6 +417,7 @@ class SubscriptionEventReceived:
     topic: bytes
     subscriber: bytes
     event: int          # pb.SubscriptionEvent.Event
+    consumer: int = 0
 
 
 class ClientConnection(Generic[T]):
@@ -475,10 +478,10 @@ class ClientConnection(Generic[T]):
             which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
             if which == "delivery":
                 d = resp.delivery
-                out.append(DeliveryReceived(d.topic, d.subscriberId, d.messages or (d.message,)))
+                out.append(DeliveryReceived(d.topic, d.subscriberId, d.messages or (d.message,), d.consumerId))
             elif which == "subscriptionEvent":
                 e = resp.subscriptionEvent
-                out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event))
+                out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event, e.consumerId))
             else:
                 value = self._pending.forget(resp.txnId)
                 if value is None:
@@ -511,12 +514,14 @@ def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> by
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
-def delivery_batch(topic: bytes, subscriber: bytes, wires: list[bytes]) -> bytes:
+def delivery_batch(topic: bytes, subscriber: bytes, wires: list[bytes], consumer_id: int = 0) -> bytes:
     """One delivery frame carrying ``wires`` (serialized ``pubsub_pb2.Message``s, in seq order) in
-    ``Delivery.messages``; assembled like ``delivery``, byte for byte what protobuf serializes (tested)."""
+    ``Delivery.messages``; assembled like ``delivery``, byte for byte what protobuf serializes (tested).
+    ``consumer_id``: the consumer it is for (``Delivery.consumerId``, after the messages as field 5)."""
     head, inner = _delivery_head(topic, subscriber)
     tag = _MESSAGES_TAG
-    body = head + _field(_DELIVERY_TAG, inner + b"".join([tag + _varint(len(w)) + w for w in wires]))
+    tail = _CONSUMER_ID_TAG + _varint(consumer_id) if consumer_id else b""
+    body = head + _field(_DELIVERY_TAG, inner + b"".join([tag + _varint(len(w)) + w for w in wires]) + tail)
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
@@ -542,6 +547,7 @@ _PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
 _VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()
 _MESSAGE_TAG = _varint(3 << 3 | 2)     # Delivery.message
 _MESSAGES_TAG = _varint(4 << 3 | 2)    # Delivery.messages
+_CONSUMER_ID_TAG = _varint(5 << 3)     # Delivery.consumerId, a varint
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -581,9 +587,11 @@ def published_batch(txn_id: int, topic: bytes, first: int, stored: int, status: 
     return encode(resp)
 
 
-def subscription_event(topic: bytes, subscriber: bytes, event: int) -> bytes:
+def subscription_event(topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> bytes:
     resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=topic)
     resp.subscriptionEvent.topic = topic
     resp.subscriptionEvent.subscriberId = subscriber
     resp.subscriptionEvent.event = event  # type: ignore[assignment]
+    if consumer_id:
+        resp.subscriptionEvent.consumerId = consumer_id
     return encode(resp)

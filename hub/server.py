@@ -399,7 +399,7 @@ class HubServer(HubHousekeeping):
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
                                           owned=owned, ledger_slots=self._ledger_slots)
             subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
-                                      track=self.track, first_kept=tlog.first_kept)
+                                      track=self.track, first_kept=tlog.first_kept, cache=self.cache)
             await subs.load()
         except BaseException as exc:
             await self.ownership.release(topic)

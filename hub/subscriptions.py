@@ -30,6 +30,21 @@ one subscription (pointer and preferences) never overlap.
 
 Failure: metastore errors propagate as ``hub.errors`` classes; a bad
 server filter raises ``InvalidMessageFilterError`` and nothing is stored.
+
+Consumers (DESIGN.md section 6b, Pulsar's model): the subscription type is
+stored in the preferences (``subscriptionType``; records from before it
+read as EXCLUSIVE) and fixed at creation: attaching with another type raises
+``SubscriptionTypeMismatchError``. A subscribe with a ``consumerId`` or a
+type other than EXCLUSIVE attaches a consumer to the subscription's
+dispatcher (``hub.dispatch``: SHARED, FAILOVER, KEY_SHARED, and EXCLUSIVE
+through the consumer API, where a second consumer is refused as a second
+Hedwig attach is). Its acks, redelivery requests and flow permits come as
+``ConsumeRequest`` kinds (``ack``). The cursor's mark-delete point is the
+consume pointer (``consumed``, which retention and the backlog use); the
+acknowledged ranges after it are persisted with it at least every
+``consume_interval`` acks and within ``ack_persist_interval_ms``
+(``hub.cursor`` bounds them). Server filters and ``messageBound`` apply to
+Hedwig deliveries only.
 """
 
 from __future__ import annotations
@@ -42,7 +57,12 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from hub import errors
 from hub.conf import HubConf
+from hub.cursor import AckCursor
 from hub.delivery import Delivery
+from hub.dispatch import ConsumerSlot, Dispatcher
+from hub.dispatch_failover import FailoverDispatcher
+from hub.dispatch_key_shared import KeySharedDispatcher
+from hub.dispatch_shared import SharedDispatcher
 from hub.filters import load_server_filter, safe_uninitialize
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
@@ -55,7 +75,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed"]
+__all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed", "type_name"]
+
+_DISPATCHERS: dict[int, type[Dispatcher]] = {pb.EXCLUSIVE: SharedDispatcher, pb.SHARED: SharedDispatcher,
+                                             pb.FAILOVER: FailoverDispatcher, pb.KEY_SHARED: KeySharedDispatcher}
+
+
+def type_name(stype: int) -> str:
+    """The name of a ``pb.SubscriptionType`` value ("EXCLUSIVE", "SHARED", ...)."""
+    try:
+        return pb.SubscriptionType.Name(stype)
+    except ValueError:
+        return f"TYPE_{stype}"
 
 
 class Attachment(Protocol):
@@ -65,7 +96,10 @@ class Attachment(Protocol):
 
     def send_delivery(self, topic: bytes, subscriber: bytes, messages: list[Message]) -> None: ...
 
-    def send_event(self, topic: bytes, subscriber: bytes, event: int) -> None: ...
+    def send_event(self, topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> None: ...
+
+    def send_consumer_delivery(self, topic: bytes, subscriber: bytes, consumer_id: int,
+                               wires: list[bytes]) -> None: ...
 
     def attached(self, topic: bytes, subscriber: bytes, state: SubState | None) -> None: ...
 
@@ -93,6 +127,18 @@ class SubState:
         self.batch = 1                    # the attached client's maxBatchMessages (kept for a restart)
         self.persisting: asyncio.Task[None] | None = None   # the one pointer write loop in flight
         self.writing = asyncio.Lock()     # the subscription's record: one write at a time
+        self.stype = data.preferences.subscriptionType
+        self.ranges = [(r.first, r.last) for r in data.state.ackedRanges]   # until a dispatcher owns them
+        self.dispatcher: Dispatcher | None = None
+        self.acks_dirty = False           # acked ranges changed since the last write
+        self.ack_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def attached(self) -> bool:
+        return self.conn is not None or bool(self.dispatcher is not None and self.dispatcher.consumers)
+
+    def slot(self, conn: Any, consumer_id: int) -> ConsumerSlot | None:
+        return self.dispatcher.find(conn, consumer_id) if self.dispatcher is not None else None
 
 
 class TopicSubscriptions:
@@ -101,8 +147,9 @@ class TopicSubscriptions:
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,
                  track: Callable[[asyncio.Task[Any]], None] | None = None,
-                 first_kept: Callable[[], int] | None = None) -> None:
+                 first_kept: Callable[[], int] | None = None, cache: ReadAheadCache | None = None) -> None:
         self.topic = topic
+        self.cache = cache                # what consumer dispatchers read through
         self.first_kept = first_kept      # the log's oldest stored seq id (a bounded delivery skips to it)
         self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
@@ -138,7 +185,7 @@ class TopicSubscriptions:
 
     @property
     def attached_count(self) -> int:
-        return sum(1 for s in self.subs.values() if s.conn is not None)
+        return sum(1 for s in self.subs.values() if s.attached)
 
     def _load_filter(self, sub: bytes, prefs: pb.SubscriptionPreferences) -> Any:
         if not prefs.messageFilter:
@@ -151,16 +198,31 @@ class TopicSubscriptions:
     async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
         mode = req.createOrAttach
         state = self.subs.get(sub)
+        stype, cid = req.preferences.subscriptionType, req.consumerId
+        consumer = stype != pb.EXCLUSIVE or cid != 0
         if state is not None and mode == pb.SubscribeRequest.CREATE:
             raise errors.ClientAlreadySubscribedError(f"{sub!r} already subscribed to {self.topic!r}")
         if state is None and mode == pb.SubscribeRequest.ATTACH:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
-        if state is not None and state.conn is not None and state.conn is not conn:
-            if not req.forceAttach:
-                raise errors.PubSubError(f"{sub!r} is attached on another connection", status="TOPIC_BUSY")
-            old = state.conn
-            await self._detach(state)
-            old.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+        if state is not None and state.stype != stype:
+            raise errors.SubscriptionTypeMismatchError(
+                f"{sub!r} on {self.topic!r} is a {type_name(state.stype)} subscription, not {type_name(stype)}")
+        if state is not None and stype == pb.EXCLUSIVE:
+            hedwig = state.conn is not None and (state.conn is not conn or consumer)
+            others = [s for s in (state.dispatcher.consumers if state.dispatcher is not None else [])
+                      if not (consumer and s.conn is conn and s.consumer_id == cid)]
+            if hedwig or others:
+                if not req.forceAttach:
+                    raise errors.PubSubError(f"{sub!r} is attached on another connection", status="TOPIC_BUSY")
+                if hedwig:
+                    old = state.conn
+                    assert old is not None
+                    await self._detach(state)
+                    old.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+                for slot in others:
+                    self._remove_slot(state, slot)
+                    slot.conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED,
+                                         slot.consumer_id)
         flt = self._load_filter(sub, req.preferences)   # InvalidMessageFilterError before anything is stored
         if state is None:
             data = pb.SubscriptionData()
@@ -170,7 +232,7 @@ class TopicSubscriptions:
             state = SubState(sub, data, version)
             self.subs[sub] = state
         else:
-            if state.delivery is not None:
+            if state.delivery is not None and not consumer:
                 await state.delivery.stop()
                 state.delivery = None
             data = pb.SubscriptionData()
@@ -180,9 +242,90 @@ class TopicSubscriptions:
         if state.filter is not None and state.filter is not flt:
             safe_uninitialize(state.filter)
         state.filter = flt
-        state.conn = conn
+        if consumer:
+            self._dispatcher(state).add(conn, cid, req.receiverQueueSize, address=getattr(conn, "address", ""))
+        else:
+            state.conn = conn
         conn.attached(self.topic, sub, state)
         return state.prefs
+
+    # --- consumers (hub.dispatch) -----------------------------------------------------------------
+    def _dispatcher(self, state: SubState) -> Dispatcher:
+        d = state.dispatcher
+        if d is None:
+            if self.cache is None:
+                raise errors.PubSubError("this hub serves no consumers (no read-ahead cache)",
+                                         status="UNEXPECTED_CONDITION")
+            cursor = AckCursor(state.consumed, state.ranges)
+            d = _DISPATCHERS.get(state.stype, SharedDispatcher)(
+                self.topic, state.subscriber, cursor, cache=self.cache, last_seq=self.last_seq,
+                on_acked=functools.partial(self._on_acked, state))
+            state.dispatcher = d
+            state.ranges = []
+            if cursor.mark_delete > state.consumed:
+                state.consumed = cursor.mark_delete
+        return d
+
+    def _on_acked(self, state: SubState, advanced: bool) -> None:
+        d = state.dispatcher
+        if d is None or self.subs.get(state.subscriber) is not state:
+            return
+        if advanced and d.cursor.mark_delete > state.consumed:
+            state.consumed = d.cursor.mark_delete
+            if self.on_consumed is not None:
+                self.on_consumed(self.topic)
+        state.acks_dirty = True
+        state.consumes_since_persist += 1
+        if state.consumes_since_persist >= self.conf.consume_interval:
+            self._persist_tracked(state.subscriber)
+        elif state.ack_timer is None:
+            state.ack_timer = asyncio.get_running_loop().call_later(
+                self.conf.ack_persist_interval_ms / 1000.0, self._ack_timer_due, state)
+
+    def _ack_timer_due(self, state: SubState) -> None:
+        state.ack_timer = None
+        if self.subs.get(state.subscriber) is state:
+            self._persist_tracked(state.subscriber)
+
+    def _persist_tracked(self, sub: bytes) -> None:
+        task = self.persist_soon(sub)
+        if task is not None and self.track is not None:
+            self.track(task)
+
+    def _remove_slot(self, state: SubState, slot: ConsumerSlot) -> None:
+        """Detach one consumer; its connection forgets the subscription when it has no other attachment."""
+        d = state.dispatcher
+        if d is None:
+            return
+        d.remove(slot)
+        conn = slot.conn
+        if state.conn is not conn and not any(s.conn is conn for s in d.consumers):
+            conn.attached(self.topic, state.subscriber, None)
+
+    def ack(self, conn: Attachment, sub: bytes, req: pb.ConsumeRequest) -> None:
+        """Apply a consumer's ack, cumulative ack, redelivery request or flow permits (one-way requests).
+
+        Raises ``ClientNotSubscribedError`` when that consumer is not attached on ``conn``,
+        ``PubSubError`` NOT_ALLOWED for a cumulative ack on a SHARED or KEY_SHARED subscription.
+        """
+        state = self.subs.get(sub)
+        slot = state.slot(conn, req.consumerId) if state is not None else None
+        if state is None or slot is None or state.dispatcher is None:
+            raise errors.ClientNotSubscribedError(f"consumer {req.consumerId} of {sub!r} on {self.topic!r} is not "
+                                                  "attached on this connection")
+        d = state.dispatcher
+        kind = req.ackType
+        if kind == pb.ConsumeRequest.INDIVIDUAL:
+            d.ack(req.seqIds)
+        elif kind == pb.ConsumeRequest.CUMULATIVE:
+            if state.stype in (pb.SHARED, pb.KEY_SHARED):
+                raise errors.PubSubError(f"{sub!r} is {type_name(state.stype)}: cumulative acks are for "
+                                         "EXCLUSIVE and FAILOVER subscriptions", status="NOT_ALLOWED")
+            d.ack_cumulative(slot, min(req.msgId.localComponent, int(self.last_seq())))
+        elif kind == pb.ConsumeRequest.REDELIVER:
+            d.redeliver(slot, list(req.seqIds) or None)
+        elif kind == pb.ConsumeRequest.FLOW:
+            d.flow(slot, req.permits)
 
     async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
         """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
@@ -212,6 +355,11 @@ class TopicSubscriptions:
         """CAS-write consume pointer ``target``, unless the stored pointer is already at or past it."""
         data = pb.SubscriptionData()
         data.state.msgId.localComponent = target
+        ranges = state.dispatcher.cursor.persisted_ranges() if state.dispatcher is not None else \
+            [r for r in state.ranges if r[1] > target]
+        for first, last in ranges:
+            if last > target:
+                data.state.ackedRanges.add(first=max(first, target + 1), last=last)
         version: Version = Version.ANY   # set under the lock: the version the last write left
 
         async def step() -> Version:
@@ -236,15 +384,22 @@ class TopicSubscriptions:
             version = state.version
             state.version = await cas_retry(step, retry_on=(errors.BadVersionError,))
 
-    def attached(self, conn: Attachment, sub: bytes) -> SubState:
+    def attached(self, conn: Attachment, sub: bytes, consumer_id: int = 0) -> SubState:
         state = self.subs.get(sub)
+        if state is not None and state.slot(conn, consumer_id) is not None:
+            return state
         if state is None or state.conn is not conn:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r} on this connection")
         return state
 
-    def start_delivery(self, conn: Attachment, sub: bytes, cache: ReadAheadCache, batch: int | None = None) -> None:
-        """Deliver to ``conn``, ``batch`` messages per delivery at most (``None``: as the last start said)."""
-        state = self.attached(conn, sub)
+    def start_delivery(self, conn: Attachment, sub: bytes, cache: ReadAheadCache, batch: int | None = None,
+                       consumer_id: int = 0) -> None:
+        """Deliver to ``conn``, ``batch`` messages per delivery at most (``None``: as the last start said).
+
+        A consumer delivers from its subscribe on, as its flow permits allow: nothing to start."""
+        state = self.attached(conn, sub, consumer_id)
+        if state.slot(conn, consumer_id) is not None:
+            return
         if batch is not None:
             state.batch = batch
         if state.delivery is not None and state.delivery.running:
@@ -271,8 +426,12 @@ class TopicSubscriptions:
                                   on_error=failed, on_filtered=filtered, first_kept=self.first_kept)
         state.delivery.start()
 
-    async def stop_delivery(self, conn: Attachment, sub: bytes) -> None:
-        state = self.attached(conn, sub)
+    async def stop_delivery(self, conn: Attachment, sub: bytes, consumer_id: int = 0) -> None:
+        state = self.attached(conn, sub, consumer_id)
+        slot = state.slot(conn, consumer_id)
+        if slot is not None:   # a consumer: no more messages until it gives permits again
+            slot.permits = 0
+            return
         if state.delivery is not None:
             await state.delivery.stop()
             state.delivery = None
@@ -282,12 +441,19 @@ class TopicSubscriptions:
         state = self.subs.get(sub)
         if state is None:
             raise errors.ClientNotSubscribedError(f"{sub!r} is not subscribed to {self.topic!r}")
+        if state.slot(conn, 0) is not None:   # a consumer 0 (not a Hedwig subscriber): a cumulative ack
+            req = pb.ConsumeRequest(ackType=pb.ConsumeRequest.CUMULATIVE)
+            req.msgId.localComponent = seq
+            self.ack(conn, sub, req)
+            return False
         return self._advance(state, min(seq, int(self.last_seq())))
 
     def _advance(self, state: SubState, seq: int) -> bool:
         if seq <= state.consumed:
             return False
         state.consumed = seq
+        if state.dispatcher is not None:   # the consumers' cursor follows the Hedwig pointer
+            state.dispatcher.skip_to(seq)
         state.consumes_since_persist += 1
         if state.delivery is not None:
             state.delivery.consumed_up_to(seq)
@@ -302,7 +468,7 @@ class TopicSubscriptions:
         pointer is written again at the next ``consume_interval`` or detach.
         """
         state = self.subs.get(sub)
-        if state is None or state.consumed <= state.persisted:
+        if state is None or (state.consumed <= state.persisted and not state.acks_dirty):
             return None
         return self._persister(state)
 
@@ -314,7 +480,7 @@ class TopicSubscriptions:
         while True:
             task = state.persisting            # a write in flight may be of an older pointer: wait for it
             if task is None or task.done():
-                if state.consumed <= state.persisted:
+                if state.consumed <= state.persisted and not state.acks_dirty:
                     return
                 task = self._persister(state)
             try:
@@ -334,9 +500,10 @@ class TopicSubscriptions:
 
     async def _persist_loop(self, state: SubState) -> None:
         """Write the newest pointer until the stored one has caught up with ``state.consumed``."""
-        while state.consumed > state.persisted:
+        while state.consumed > state.persisted or state.acks_dirty:
             target = state.consumed
             state.consumes_since_persist = 0
+            state.acks_dirty = False
             await self._write_pointer(state, target)
             state.persisted = max(state.persisted, target)
 
@@ -365,15 +532,48 @@ class TopicSubscriptions:
         if state.conn is conn and self.subs.get(state.subscriber) is state:
             await self._detach(state)
 
-    async def close(self, conn: Attachment, sub: bytes) -> None:
-        state = self.attached(conn, sub)
-        await self._detach(state)
-
-    async def detach(self, sub: bytes) -> None:
-        """Detach ``sub`` wherever it is attached (its connection dropped)."""
-        state = self.subs.get(sub)
-        if state is not None:
+    async def close(self, conn: Attachment, sub: bytes, consumer_id: int = 0) -> None:
+        state = self.attached(conn, sub, consumer_id)
+        slot = state.slot(conn, consumer_id)
+        if slot is None:
             await self._detach(state)
+            return
+        self._remove_slot(state, slot)
+        await self._persist_quietly(state)
+
+    async def _persist_quietly(self, state: SubState) -> None:
+        try:
+            await self.persist(state.subscriber)
+        except errors.PubSubError as exc:
+            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
+
+    async def detach(self, sub: bytes, conn: Attachment | None = None) -> None:
+        """Detach ``sub``'s attachments on ``conn`` (its connection dropped; None: wherever attached)."""
+        state = self.subs.get(sub)
+        if state is None:
+            return
+        if state.dispatcher is not None:
+            slots = [s for s in state.dispatcher.consumers if conn is None or s.conn is conn]
+            for slot in slots:
+                self._remove_slot(state, slot)
+            if slots and state.conn is None:
+                await self._persist_quietly(state)
+        if state.conn is not None and (conn is None or state.conn is conn):
+            await self._detach(state)
+
+    async def _drop_consumers(self, state: SubState, event: int | None, but: Any = None) -> None:
+        """Detach every consumer of ``state`` (telling those not on ``but`` ``event``) and stop its dispatcher."""
+        d = state.dispatcher
+        if d is None:
+            return
+        for slot in list(d.consumers):
+            self._remove_slot(state, slot)
+            if event is not None and slot.conn is not but:
+                slot.conn.send_event(self.topic, state.subscriber, event, slot.consumer_id)
+        await d.stop()
+        if state.ack_timer is not None:
+            state.ack_timer.cancel()
+            state.ack_timer = None
 
     async def unsubscribe(self, conn: Attachment, sub: bytes) -> None:
         state = self.subs.get(sub)
@@ -382,6 +582,7 @@ class TopicSubscriptions:
         if state.delivery is not None:
             await state.delivery.stop()
             state.delivery = None
+        await self._drop_consumers(state, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED, but=conn)
         attached, state.conn = state.conn, None
         if attached is not None:
             attached.attached(self.topic, sub, None)
@@ -417,6 +618,12 @@ class TopicSubscriptions:
             state.version = await self.mgr.update_subscription_data(self.topic, sub, data, Version.ANY)
         state.consumed = state.persisted = consumed
         state.consumes_since_persist = 0
+        state.ranges = []
+        state.acks_dirty = False
+        if state.dispatcher is not None:
+            state.dispatcher.skip_to(consumed)
+            for slot in state.dispatcher.consumers:
+                slot.conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_RESET, slot.consumer_id)
         log.info("consume pointer of %r/%r reset to %d", self.topic, sub, consumed)
         conn = state.conn
         if conn is not None:
@@ -441,16 +648,20 @@ class TopicSubscriptions:
 
     def delivering(self) -> bool:
         """Whether any subscription of the topic is delivering now."""
-        return any(s.delivery is not None for s in self.subs.values())
+        return any(s.delivery is not None or (s.dispatcher is not None and s.dispatcher.consumers)
+                   for s in self.subs.values())
 
     def wake_all(self) -> None:
         for s in self.subs.values():
             if s.delivery is not None:
                 s.delivery.wake()
+            if s.dispatcher is not None:
+                s.dispatcher.wake()
 
     async def release(self) -> None:
         """The topic is moving: detach everyone (TOPIC_MOVED) and persist every pointer."""
         for state in list(self.subs.values()):
+            await self._drop_consumers(state, pb.SubscriptionEvent.TOPIC_MOVED)
             conn = state.conn
             await self._detach(state)
             if conn is not None:

@@ -43,6 +43,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DUPLICATE_PUBLISH: _ClassVar[StatusCode]
     AUTHENTICATION_FAILED: _ClassVar[StatusCode]
     NOT_AUTHORIZED: _ClassVar[StatusCode]
+    SUBSCRIPTION_TYPE_MISMATCH: _ClassVar[StatusCode]
     BACKLOG_QUOTA_EXCEEDED: _ClassVar[StatusCode]
     BAD_VERSION: _ClassVar[StatusCode]
     NO_TOPIC_PERSISTENCE_INFO: _ClassVar[StatusCode]
@@ -54,6 +55,13 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SUBSCRIPTION_FORCED_CLOSED: _ClassVar[StatusCode]
     UNEXPECTED_CONDITION: _ClassVar[StatusCode]
     COMPOSITE: _ClassVar[StatusCode]
+
+class SubscriptionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EXCLUSIVE: _ClassVar[SubscriptionType]
+    SHARED: _ClassVar[SubscriptionType]
+    FAILOVER: _ClassVar[SubscriptionType]
+    KEY_SHARED: _ClassVar[SubscriptionType]
 VERSION_UNSPECIFIED: ProtocolVersion
 VERSION_ONE: ProtocolVersion
 OP_UNSPECIFIED: OperationType
@@ -82,6 +90,7 @@ UNKNOWN_OPERATION: StatusCode
 DUPLICATE_PUBLISH: StatusCode
 AUTHENTICATION_FAILED: StatusCode
 NOT_AUTHORIZED: StatusCode
+SUBSCRIPTION_TYPE_MISMATCH: StatusCode
 BACKLOG_QUOTA_EXCEEDED: StatusCode
 BAD_VERSION: StatusCode
 NO_TOPIC_PERSISTENCE_INFO: StatusCode
@@ -93,6 +102,10 @@ TOPIC_OWNER_INFO_EXISTS: StatusCode
 SUBSCRIPTION_FORCED_CLOSED: StatusCode
 UNEXPECTED_CONDITION: StatusCode
 COMPOSITE: StatusCode
+EXCLUSIVE: SubscriptionType
+SHARED: SubscriptionType
+FAILOVER: SubscriptionType
+KEY_SHARED: SubscriptionType
 
 class RegionSpecificSeqId(_message.Message):
     __slots__ = ("region", "seqId")
@@ -132,20 +145,26 @@ class MessageHeader(_message.Message):
     def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ..., messageType: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("body", "srcRegion", "msgId", "header", "producer", "sequenceId")
+    __slots__ = ("body", "srcRegion", "msgId", "header", "producer", "sequenceId", "key", "publishTimeMs", "redeliveryCount")
     BODY_FIELD_NUMBER: _ClassVar[int]
     SRCREGION_FIELD_NUMBER: _ClassVar[int]
     MSGID_FIELD_NUMBER: _ClassVar[int]
     HEADER_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_FIELD_NUMBER: _ClassVar[int]
     SEQUENCEID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHTIMEMS_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERYCOUNT_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     srcRegion: bytes
     msgId: MessageSeqId
     header: MessageHeader
     producer: bytes
     sequenceId: int
-    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., producer: _Optional[bytes] = ..., sequenceId: _Optional[int] = ...) -> None: ...
+    key: bytes
+    publishTimeMs: int
+    redeliveryCount: int
+    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., producer: _Optional[bytes] = ..., sequenceId: _Optional[int] = ..., key: _Optional[bytes] = ..., publishTimeMs: _Optional[int] = ..., redeliveryCount: _Optional[int] = ...) -> None: ...
 
 class MessageBatch(_message.Message):
     __slots__ = ("first_local_seq_id", "messages")
@@ -156,16 +175,18 @@ class MessageBatch(_message.Message):
     def __init__(self, first_local_seq_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionPreferences(_message.Message):
-    __slots__ = ("options", "messageBound", "messageFilter", "messageWindowSize")
+    __slots__ = ("options", "messageBound", "messageFilter", "messageWindowSize", "subscriptionType")
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MESSAGEBOUND_FIELD_NUMBER: _ClassVar[int]
     MESSAGEFILTER_FIELD_NUMBER: _ClassVar[int]
     MESSAGEWINDOWSIZE_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIPTIONTYPE_FIELD_NUMBER: _ClassVar[int]
     options: Map
     messageBound: int
     messageFilter: str
     messageWindowSize: int
-    def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ...) -> None: ...
+    subscriptionType: SubscriptionType
+    def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ..., subscriptionType: _Optional[_Union[SubscriptionType, str]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("topic", "msg", "msgs")
@@ -178,7 +199,7 @@ class PublishRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ..., msgs: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber")
+    __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber", "consumerId", "receiverQueueSize")
     class CreateOrAttach(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CREATE: _ClassVar[SubscribeRequest.CreateOrAttach]
@@ -194,6 +215,8 @@ class SubscribeRequest(_message.Message):
     FORCEATTACH_FIELD_NUMBER: _ClassVar[int]
     PREFERENCES_FIELD_NUMBER: _ClassVar[int]
     HUBSUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVERQUEUESIZE_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     createOrAttach: SubscribeRequest.CreateOrAttach
@@ -201,17 +224,37 @@ class SubscribeRequest(_message.Message):
     forceAttach: bool
     preferences: SubscriptionPreferences
     hubSubscriber: bool
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., createOrAttach: _Optional[_Union[SubscribeRequest.CreateOrAttach, str]] = ..., synchronous: _Optional[bool] = ..., forceAttach: _Optional[bool] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ..., hubSubscriber: _Optional[bool] = ...) -> None: ...
+    consumerId: int
+    receiverQueueSize: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., createOrAttach: _Optional[_Union[SubscribeRequest.CreateOrAttach, str]] = ..., synchronous: _Optional[bool] = ..., forceAttach: _Optional[bool] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ..., hubSubscriber: _Optional[bool] = ..., consumerId: _Optional[int] = ..., receiverQueueSize: _Optional[int] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId", "msgId")
+    __slots__ = ("topic", "subscriberId", "msgId", "consumerId", "ackType", "seqIds", "permits")
+    class AckType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        CUMULATIVE: _ClassVar[ConsumeRequest.AckType]
+        INDIVIDUAL: _ClassVar[ConsumeRequest.AckType]
+        REDELIVER: _ClassVar[ConsumeRequest.AckType]
+        FLOW: _ClassVar[ConsumeRequest.AckType]
+    CUMULATIVE: ConsumeRequest.AckType
+    INDIVIDUAL: ConsumeRequest.AckType
+    REDELIVER: ConsumeRequest.AckType
+    FLOW: ConsumeRequest.AckType
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     MSGID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
+    ACKTYPE_FIELD_NUMBER: _ClassVar[int]
+    SEQIDS_FIELD_NUMBER: _ClassVar[int]
+    PERMITS_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     msgId: MessageSeqId
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ...) -> None: ...
+    consumerId: int
+    ackType: ConsumeRequest.AckType
+    seqIds: _containers.RepeatedScalarFieldContainer[int]
+    permits: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., consumerId: _Optional[int] = ..., ackType: _Optional[_Union[ConsumeRequest.AckType, str]] = ..., seqIds: _Optional[_Iterable[int]] = ..., permits: _Optional[int] = ...) -> None: ...
 
 class UnsubscribeRequest(_message.Message):
     __slots__ = ("topic", "subscriberId")
@@ -222,30 +265,36 @@ class UnsubscribeRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
 
 class StartDeliveryRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId", "maxBatchMessages")
+    __slots__ = ("topic", "subscriberId", "maxBatchMessages", "consumerId")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     MAXBATCHMESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     maxBatchMessages: int
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., maxBatchMessages: _Optional[int] = ...) -> None: ...
+    consumerId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., maxBatchMessages: _Optional[int] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class StopDeliveryRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId")
+    __slots__ = ("topic", "subscriberId", "consumerId")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+    consumerId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class CloseSubscriptionRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId")
+    __slots__ = ("topic", "subscriberId", "consumerId")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ...) -> None: ...
+    consumerId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
     __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest")
@@ -304,19 +353,21 @@ class SubscribeResponse(_message.Message):
     def __init__(self, preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ...) -> None: ...
 
 class Delivery(_message.Message):
-    __slots__ = ("topic", "subscriberId", "message", "messages")
+    __slots__ = ("topic", "subscriberId", "message", "messages", "consumerId")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     message: Message
     messages: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    consumerId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., message: _Optional[_Union[Message, _Mapping]] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class SubscriptionEvent(_message.Message):
-    __slots__ = ("topic", "subscriberId", "event")
+    __slots__ = ("topic", "subscriberId", "event", "consumerId")
     class Event(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         EVENT_UNSPECIFIED: _ClassVar[SubscriptionEvent.Event]
@@ -330,10 +381,12 @@ class SubscriptionEvent(_message.Message):
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     event: SubscriptionEvent.Event
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., event: _Optional[_Union[SubscriptionEvent.Event, str]] = ...) -> None: ...
+    consumerId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., event: _Optional[_Union[SubscriptionEvent.Event, str]] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubResponse(_message.Message):
     __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent")
@@ -413,13 +466,23 @@ class DedupSnapshot(_message.Message):
     producers: _containers.RepeatedCompositeFieldContainer[ProducerWindow]
     def __init__(self, atSeqId: _Optional[int] = ..., producers: _Optional[_Iterable[_Union[ProducerWindow, _Mapping]]] = ...) -> None: ...
 
+class AckRange(_message.Message):
+    __slots__ = ("first", "last")
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    first: int
+    last: int
+    def __init__(self, first: _Optional[int] = ..., last: _Optional[int] = ...) -> None: ...
+
 class SubscriptionState(_message.Message):
-    __slots__ = ("msgId", "messageBound")
+    __slots__ = ("msgId", "messageBound", "ackedRanges")
     MSGID_FIELD_NUMBER: _ClassVar[int]
     MESSAGEBOUND_FIELD_NUMBER: _ClassVar[int]
+    ACKEDRANGES_FIELD_NUMBER: _ClassVar[int]
     msgId: MessageSeqId
     messageBound: int
-    def __init__(self, msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., messageBound: _Optional[int] = ...) -> None: ...
+    ackedRanges: _containers.RepeatedCompositeFieldContainer[AckRange]
+    def __init__(self, msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., messageBound: _Optional[int] = ..., ackedRanges: _Optional[_Iterable[_Union[AckRange, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionData(_message.Message):
     __slots__ = ("state", "preferences")

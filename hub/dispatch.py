@@ -1,0 +1,358 @@
+"""Dispatch of one subscription's messages to its attached consumers (Pulsar's consumer model).
+
+    d = SharedDispatcher(topic, sub, cursor, cache=cache, last_seq=lambda: log.last_seq)
+    slot = d.add(conn, consumer_id=1, permits=1000, address="10.0.0.7:5123")
+    d.flow(slot, 500)            # the consumer takes 500 more messages (Pulsar's flow permits)
+    d.ack([7, 9])                # individual acks, any order
+    d.ack_cumulative(slot, 12)   # EXCLUSIVE / FAILOVER
+    d.redeliver(slot, [8])       # a nack or an ack timeout (the client decides when)
+    d.remove(slot)               # detached or its connection dropped: its unacked go to the others
+    await d.stop()
+
+The base class owns the cursor (``hub.cursor.AckCursor``), what each
+consumer holds unacknowledged (``pending``), the messages waiting to be
+handed out again (``replay``, always before newer ones, in seq order) and
+each message's redelivery count (in memory, as Pulsar's
+``InMemoryRedeliveryTracker``: after an owner change counts restart at 0).
+Subclasses decide who gets a message (``choose``): ``SharedDispatcher``
+(round-robin among consumers with permits), ``FailoverDispatcher`` (the
+first attached), ``KeySharedDispatcher`` (consistent hashing of the key).
+
+A consumer gets messages only while it has permits: each message handed to
+it takes one; the client gives them back as its application receives
+(``flow``). Redelivery adds one to a message's ``redelivery_count`` each time
+it goes back (``redeliver``, ``remove``). Acks of messages that are not
+outstanding (never delivered, or acknowledged already) are ignored.
+``on_acked(advanced)`` tells the owner after acks (``advanced``: the
+mark-delete point moved), so it can persist the cursor.
+
+Failure: a message deleted under the subscription (it can only be one an
+operator reset past) is skipped as acknowledged; any other read error is
+logged and retried on the next wake.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hub import errors
+from hub.cursor import AckCursor
+from hub.message import Message
+
+if TYPE_CHECKING:
+    from hub.readahead import ReadAheadCache
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ConsumerLink", "ConsumerSlot", "Dispatcher"]
+
+_YIELD_EVERY = 64          # messages handed out before the dispatch task yields once
+BATCH_BYTES = 64 * 1024    # a consumer's delivery frame is sent before it would pass this
+
+
+class ConsumerLink(Protocol):
+    """What a dispatcher needs of a consumer's connection (permits bound what it is sent)."""
+
+    def send_consumer_delivery(self, topic: bytes, subscriber: bytes, consumer_id: int,
+                               wires: list[bytes]) -> None: ...
+
+
+class ConsumerSlot:
+    """One attached consumer: its connection and id, permits, and what it holds unacknowledged."""
+
+    __slots__ = ("address", "conn", "consumer_id", "delivered", "name", "permits", "unacked")
+
+    def __init__(self, conn: Any, consumer_id: int, permits: int, name: str, address: str = "") -> None:
+        self.conn = conn
+        self.consumer_id = consumer_id
+        self.permits = permits
+        self.name = name               # stable while attached (key-shared hashing)
+        self.address = address
+        self.unacked: set[int] = set()
+        self.delivered = 0             # messages handed to it (stats)
+
+    def __repr__(self) -> str:
+        return f"<consumer {self.consumer_id} at {self.address or '?'}: {self.permits} permits, " \
+               f"{len(self.unacked)} unacked>"
+
+
+class Dispatcher:
+    """See the module docstring. Subclasses implement ``choose``."""
+
+    kind = "SHARED"
+
+    def __init__(self, topic: bytes, subscriber: bytes, cursor: AckCursor, *, cache: ReadAheadCache,
+                 last_seq: Callable[[], int], on_acked: Callable[[bool], None] | None = None) -> None:
+        self.topic = topic
+        self.subscriber = subscriber
+        self.cursor = cursor
+        self.cache = cache
+        self.last_seq = last_seq
+        self.on_acked = on_acked
+        self.consumers: list[ConsumerSlot] = []   # attach order
+        self.pending: dict[int, ConsumerSlot] = {}
+        self.replay: set[int] = set()
+        self.counts: dict[int, int] = {}
+        self.next_read = cursor.mark_delete + 1
+        self.redelivered_total = 0
+        self.delivered_total = 0
+        self._names = 0
+        self._rr = 0
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- consumers --------------------------------------------------------------------------------
+    def find(self, conn: Any, consumer_id: int) -> ConsumerSlot | None:
+        for slot in self.consumers:
+            if slot.conn is conn and slot.consumer_id == consumer_id:
+                return slot
+        return None
+
+    def add(self, conn: Any, consumer_id: int, permits: int, address: str = "") -> ConsumerSlot:
+        """Attach a consumer (the same connection and id again: that one, its permits topped up)."""
+        slot = self.find(conn, consumer_id)
+        if slot is None:
+            self._names += 1
+            slot = ConsumerSlot(conn, consumer_id, permits, f"c{self._names}", address)
+            self.consumers.append(slot)
+            self._joined(slot)
+        else:
+            slot.permits = max(slot.permits, permits)
+        self._start()
+        self.wake()
+        return slot
+
+    def remove(self, slot: ConsumerSlot) -> None:
+        """Detach ``slot``: what it held unacknowledged is handed out again (redelivery count + 1)."""
+        if slot not in self.consumers:
+            return
+        self.redeliver(slot, None)
+        self.consumers.remove(slot)
+        self._left(slot)
+        self.wake()
+
+    def _joined(self, slot: ConsumerSlot) -> None:
+        """A consumer attached (subclasses: hash rings)."""
+
+    def _left(self, slot: ConsumerSlot) -> None:
+        """A consumer detached, after its messages went back (subclasses: hash rings)."""
+
+    # --- flow and acks ----------------------------------------------------------------------------
+    def flow(self, slot: ConsumerSlot, permits: int) -> None:
+        slot.permits += permits
+        self.wake()
+
+    def ack(self, seqs: Iterable[int]) -> int:
+        """Acknowledge ``seqs`` individually (whoever holds them); how many were outstanding."""
+        before = self.cursor.mark_delete
+        n = 0
+        for seq in seqs:
+            holder = self.pending.pop(seq, None)
+            if holder is not None:
+                holder.unacked.discard(seq)
+                self._released(holder, seq)
+            elif seq in self.replay:
+                self.replay.discard(seq)
+            else:
+                continue
+            self.counts.pop(seq, None)
+            if self.cursor.ack(seq):
+                n += 1
+        if n:
+            self._acked(before)
+        return n
+
+    def ack_cumulative(self, slot: ConsumerSlot | None, upto: int) -> int:
+        """Acknowledge everything up to ``upto``; how many outstanding messages that covered."""
+        before = self.cursor.mark_delete
+        upto = min(upto, self.next_read - 1)
+        n = 0
+        for seq in [s for s in self.pending if s <= upto]:
+            holder = self.pending.pop(seq)
+            holder.unacked.discard(seq)
+            self._released(holder, seq)
+            n += 1
+        for seq in [s for s in self.replay if s <= upto]:
+            self.replay.discard(seq)
+            n += 1
+        for seq in [s for s in self.counts if s <= upto]:
+            del self.counts[seq]
+        self.cursor.ack_through(upto)
+        if self.cursor.mark_delete != before or n:
+            self._acked(before)
+        return n
+
+    def _acked(self, before: int) -> None:
+        self.wake()     # a key-shared hash may be free now
+        if self.on_acked is not None:
+            self.on_acked(self.cursor.mark_delete != before)
+
+    def redeliver(self, slot: ConsumerSlot, seqs: Iterable[int] | None) -> int:
+        """Hand ``seqs`` (None: all) that ``slot`` holds to the consumers again; how many went back."""
+        chosen = list(slot.unacked) if seqs is None else [s for s in seqs if self.pending.get(s) is slot]
+        for seq in chosen:
+            del self.pending[seq]
+            slot.unacked.discard(seq)
+            self._released(slot, seq)
+            self.counts[seq] = self.counts.get(seq, 0) + 1
+            self.replay.add(seq)
+        self.redelivered_total += len(chosen)
+        if chosen:
+            self.wake()
+        return len(chosen)
+
+    def skip_to(self, mark_delete: int) -> None:
+        """The consume pointer moved to ``mark_delete`` by other means (a Hedwig consume, an operator's reset):
+        forget everything outstanding and deliver from after it."""
+        for slot in self.consumers:
+            for seq in list(slot.unacked):
+                self._released(slot, seq)
+            slot.unacked.clear()
+        self.pending.clear()
+        self.replay.clear()
+        self.counts.clear()
+        self.cursor.reset(mark_delete)
+        self.next_read = mark_delete + 1
+        self.wake()
+
+    # --- choosing ---------------------------------------------------------------------------------
+    def choose(self, seq: int, msg: Message, blocked: set[int]) -> ConsumerSlot | None:
+        """The consumer to get ``msg`` now, or None (it waits in ``replay``). ``blocked``: per-pass state."""
+        raise NotImplementedError
+
+    def _round_robin(self) -> ConsumerSlot | None:
+        consumers = self.consumers
+        n = len(consumers)
+        for i in range(n):
+            slot = consumers[(self._rr + i) % n]
+            if slot.permits > 0:
+                self._rr = (self._rr + i + 1) % n
+                return slot
+        return None
+
+    def has_permits(self) -> bool:
+        return any(slot.permits > 0 for slot in self.consumers)
+
+    def _given(self, slot: ConsumerSlot, seq: int, msg: Message) -> None:
+        """``msg`` went to ``slot`` (subclasses: per-key bookkeeping)."""
+
+    def _released(self, slot: ConsumerSlot, seq: int) -> None:
+        """``slot`` no longer holds ``seq`` (acked or going back)."""
+
+    # --- the task ---------------------------------------------------------------------------------
+    def wake(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def _start(self) -> None:
+        if not self.running:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while self.consumers:
+            self._wake.clear()
+            try:
+                await self._pass()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("dispatch of %r/%r failed; retried at the next wake", self.topic, self.subscriber)
+            if not self._wake.is_set():
+                await self._wake.wait()
+
+    async def _fetch(self, seq: int, out: dict[ConsumerSlot, list[bytes]]) -> Message | None:
+        msg = self.cache.cached(self.topic, seq)
+        if msg is not None:
+            return msg
+        self._flush(out)
+        try:
+            return await self.cache.scan_single(self.topic, seq)
+        except errors.NoTopicPersistenceInfoError:
+            log.warning("%r/%r: message %d was deleted before it was acknowledged; skipped", self.topic,
+                        self.subscriber, seq)
+            self.replay.discard(seq)
+            self.counts.pop(seq, None)
+            self.cursor.ack(seq)
+            return None
+
+    def _flush(self, out: dict[ConsumerSlot, list[bytes]]) -> None:
+        for slot, wires in out.items():
+            if wires and slot in self.consumers:
+                slot.conn.send_consumer_delivery(self.topic, self.subscriber, slot.consumer_id, wires)
+        out.clear()
+
+    def _give(self, slot: ConsumerSlot, seq: int, msg: Message, out: dict[ConsumerSlot, list[bytes]]) -> None:
+        slot.permits -= 1
+        slot.unacked.add(seq)
+        slot.delivered += 1
+        self.pending[seq] = slot
+        self.delivered_total += 1
+        self._given(slot, seq, msg)
+        wires = out.setdefault(slot, [])
+        wires.append(msg.redelivered_wire(self.counts.get(seq, 0)))
+        if len(wires) >= 256:
+            self._flush(out)
+
+    async def _pass(self) -> None:
+        """Hand out what can go now: first what waits for redelivery (seq order), then new messages."""
+        out: dict[ConsumerSlot, list[bytes]] = {}
+        blocked: set[int] = set()
+        handed = 0
+        try:
+            if self.replay:
+                for seq in sorted(self.replay):
+                    if not self.has_permits():
+                        return
+                    if seq not in self.replay:
+                        continue
+                    if self.cursor.is_acked(seq):
+                        self.replay.discard(seq)
+                        continue
+                    msg = await self._fetch(seq, out)
+                    if msg is None or seq not in self.replay:
+                        continue
+                    slot = self.choose(seq, msg, blocked)
+                    if slot is None:
+                        continue
+                    self.replay.discard(seq)
+                    self._give(slot, seq, msg, out)
+                    handed += 1
+            limit = max(1000, sum(s.permits for s in self.consumers))
+            while self.next_read <= self.last_seq() and self.has_permits() and len(self.replay) < limit:
+                seq = self.next_read
+                if self.cursor.is_acked(seq):
+                    self.next_read = seq + 1
+                    continue
+                msg = await self._fetch(seq, out)
+                self.next_read = max(self.next_read, seq + 1)
+                if msg is None:
+                    continue
+                slot = self.choose(seq, msg, blocked)
+                if slot is None:
+                    self.replay.add(seq)
+                    continue
+                self._give(slot, seq, msg, out)
+                handed += 1
+                if handed % _YIELD_EVERY == 0:
+                    self._flush(out)
+                    await asyncio.sleep(0)
+        finally:
+            self._flush(out)
+
+    def stats(self) -> dict[str, Any]:
+        return {"consumers": [{"address": s.address, "consumer_id": s.consumer_id, "unacked": len(s.unacked),
+                               "permits": s.permits, "delivered": s.delivered} for s in self.consumers],
+                "unacked": len(self.pending), "redelivered_total": self.redelivered_total,
+                "delivered_total": self.delivered_total}
