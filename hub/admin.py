@@ -274,7 +274,7 @@ class HubAdmin:
             "ledgers": _ledgers(t.log.ranges, last),
             "subscriptions": {
                 _name(sub): {"consumed_seq_id": s.consumed, "backlog": max(0, last - s.consumed),
-                             "attached": s.conn is not None, "preferences": _prefs(s.prefs)}
+                             "attached": s.attached, "preferences": _prefs(s.prefs), **t.subs.stats_of(sub)}
                 for sub, s in sorted(t.subs.subs.items())},
         }
 
@@ -363,7 +363,7 @@ class HubAdmin:
         async with self._held(topic) as t:
             removed_subs: list[str] = []
             if t is not None:
-                attached = sorted(_name(s) for s, st in t.subs.subs.items() if st.conn is not None)
+                attached = sorted(_name(s) for s, st in t.subs.subs.items() if st.attached)
                 if attached and not force:
                     raise HttpError(409, f"subscribers attached to {_name(topic)!r}: {', '.join(attached)} "
                                          f"(add ?force=true to close them)")
@@ -474,7 +474,7 @@ class HubAdmin:
             if owner is not None:
                 raise HttpError(409, f"topic {_name(topic)!r} is owned by hub {owner}, which cannot be reached")
             raise HttpError(404, f"topic {_name(topic)!r} is not owned by any hub")
-        moved = sorted(_name(sub) for sub, st in t.subs.subs.items() if st.conn is not None)
+        moved = sorted(_name(sub) for sub, st in t.subs.subs.items() if st.attached)
         last = int(t.log.last_seq)
         await server.release_topic(topic)
         server.stats.incr("topics_released_by_admin")

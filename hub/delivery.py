@@ -42,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hub import errors
+from hub.dispatch import OutRate
 from hub.filters import safe_test
 from hub.message import Message
 
@@ -89,6 +90,7 @@ class Delivery:
         self.outstanding: collections.deque[int] = collections.deque()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.out = OutRate()              # messages sent (the admin API's msg_rate_out)
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -145,6 +147,7 @@ class Delivery:
             out = batch[:]
             batch.clear()
             self.send(self.topic, self.subscriber, out)
+            self.out.add(len(out))
 
     async def _run(self) -> None:
         run = 0

@@ -34,7 +34,9 @@ logged and retried on the next wake.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,7 +49,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConsumerLink", "ConsumerSlot", "Dispatcher"]
+__all__ = ["RATE_WINDOW", "ConsumerLink", "ConsumerSlot", "Dispatcher", "OutRate"]
+
+RATE_WINDOW = 10.0   # seconds over which ``OutRate`` measures
+
+
+class OutRate:
+    """Messages handed out per second over about the last ``RATE_WINDOW`` seconds (sampled, not per message)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self._samples: collections.deque[tuple[float, int]] = collections.deque([(time.monotonic(), 0)])
+
+    def add(self, n: int) -> None:
+        self.total += n
+        now = time.monotonic()
+        if now - self._samples[-1][0] >= 1.0:
+            self._samples.append((now, self.total))
+            while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW:
+                self._samples.popleft()
+
+    def rate(self) -> float:
+        when, total = self._samples[0]
+        elapsed = time.monotonic() - when
+        return (self.total - total) / elapsed if elapsed > 0 else 0.0
 
 _YIELD_EVERY = 64          # messages handed out before the dispatch task yields once
 BATCH_BYTES = 64 * 1024    # a consumer's delivery frame is sent before it would pass this
@@ -98,7 +123,7 @@ class Dispatcher:
         self.counts: dict[int, int] = {}
         self.next_read = cursor.mark_delete + 1
         self.redelivered_total = 0
-        self.delivered_total = 0
+        self.out = OutRate()
         self._names = 0
         self._rr = 0
         self._wake = asyncio.Event()
@@ -291,6 +316,7 @@ class Dispatcher:
         for slot, wires in out.items():
             if wires and slot in self.consumers:
                 slot.conn.send_consumer_delivery(self.topic, self.subscriber, slot.consumer_id, wires)
+                self.out.add(len(wires))
         out.clear()
 
     def _give(self, slot: ConsumerSlot, seq: int, msg: Message, out: dict[ConsumerSlot, list[bytes]]) -> None:
@@ -298,7 +324,6 @@ class Dispatcher:
         slot.unacked.add(seq)
         slot.delivered += 1
         self.pending[seq] = slot
-        self.delivered_total += 1
         self._given(slot, seq, msg)
         wires = out.setdefault(slot, [])
         wires.append(msg.redelivered_wire(self.counts.get(seq, 0)))
@@ -352,7 +377,8 @@ class Dispatcher:
             self._flush(out)
 
     def stats(self) -> dict[str, Any]:
+        """The admin API's view: consumers (address, unacked, permits), unacked, redelivered_total, msg_rate_out."""
         return {"consumers": [{"address": s.address, "consumer_id": s.consumer_id, "unacked": len(s.unacked),
                                "permits": s.permits, "delivered": s.delivered} for s in self.consumers],
-                "unacked": len(self.pending), "redelivered_total": self.redelivered_total,
-                "delivered_total": self.delivered_total}
+                "unacked": len(self.pending), "waiting_redelivery": len(self.replay),
+                "redelivered_total": self.redelivered_total, "msg_rate_out": round(self.out.rate(), 3)}

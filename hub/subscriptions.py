@@ -552,14 +552,14 @@ class TopicSubscriptions:
         state = self.subs.get(sub)
         if state is None:
             return
-        if state.dispatcher is not None:
-            slots = [s for s in state.dispatcher.consumers if conn is None or s.conn is conn]
-            for slot in slots:
-                self._remove_slot(state, slot)
-            if slots and state.conn is None:
-                await self._persist_quietly(state)
-        if state.conn is not None and (conn is None or state.conn is conn):
-            await self._detach(state)
+        slots = [s for s in state.dispatcher.consumers if conn is None or s.conn is conn] \
+            if state.dispatcher is not None else []
+        for slot in slots:
+            self._remove_slot(state, slot)
+        if conn is None or state.conn is conn:
+            await self._detach(state)      # persists
+        elif slots:
+            await self._persist_quietly(state)
 
     async def _drop_consumers(self, state: SubState, event: int | None, but: Any = None) -> None:
         """Detach every consumer of ``state`` (telling those not on ``but`` ``event``) and stop its dispatcher."""
@@ -645,6 +645,19 @@ class TopicSubscriptions:
         await self.unsubscribe(cast(Attachment, conn), sub)
         if conn is not None:
             conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
+
+    def stats_of(self, sub: bytes) -> dict[str, Any]:
+        """The admin API's consumer view of ``sub``: ``type``, ``consumers`` (``address``, ``unacked``),
+        ``unacked``, ``redelivered_total``, ``msg_rate_out``. ``KeyError`` for an unknown subscriber."""
+        state = self.subs[sub]
+        d = state.dispatcher
+        if d is not None:
+            return {"type": type_name(state.stype), **d.stats()}
+        delivery = state.delivery
+        unacked = len(delivery.outstanding) if delivery is not None else 0
+        consumers = [{"address": getattr(state.conn, "address", ""), "unacked": unacked}] if state.conn else []
+        return {"type": type_name(state.stype), "consumers": consumers, "unacked": unacked, "redelivered_total": 0,
+                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0}
 
     def delivering(self) -> bool:
         """Whether any subscription of the topic is delivering now."""

@@ -111,8 +111,12 @@ async def test_topic_stats_match_what_was_published_and_consumed(cluster: LocalC
 
         stats = await eventually(consumed_3)
         assert stats["owner"] == cluster.hub_addresses[owner] and stats["last_seq_id"] == 5
-        assert stats["subscriptions"]["s1"] == {"consumed_seq_id": 3, "backlog": 2, "attached": True,
-                                                "preferences": stats["subscriptions"]["s1"]["preferences"]}
+        s1 = stats["subscriptions"]["s1"]
+        assert {k: s1[k] for k in ("consumed_seq_id", "backlog", "attached", "type", "unacked",
+                                   "redelivered_total")} == {"consumed_seq_id": 3, "backlog": 2, "attached": True,
+                                                             "type": "EXCLUSIVE", "unacked": 2,
+                                                             "redelivered_total": 0}
+        assert [x["unacked"] for x in s1["consumers"]] == [2] and s1["msg_rate_out"] >= 0
         assert stats["subscriptions"]["s1"]["preferences"]["options"] == {"app": "demo"}
         assert stats["ledgers"][0]["start_seq_id"] == 1 and stats["ledgers"][-1]["end_seq_id"] == 5
         assert all(isinstance(r["ledger_id"], int) for r in stats["ledgers"])

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import time
 import uuid
 
+import aiohttp
 import pytest
 
 from hub import errors
 from hub.client import Consumer, HedwigClient, Message
 from tools.cluster import LocalCluster
+
+from .conftest import hub_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -45,9 +50,9 @@ async def test_messages_carry_key_publish_time_and_redelivery_count(cluster: Loc
             await c.publish(topic, b"a", key=b"user-7", properties={"p": b"1"})
             await c.publish(topic, b"b")
             first, second = await drain(consumer, 2, ack=False)
-            assert (first.body, first.key, first.properties, first.redelivery_count) == (b"a", b"user-7", {"p": b"1"}, 0)
-            assert second.key is None
-            assert abs(first.publish_time_ms - __import__("time").time() * 1000) < 60_000
+            assert (first.body, first.key, first.properties) == (b"a", b"user-7", {"p": b"1"})
+            assert first.redelivery_count == 0 and second.key is None
+            assert abs(first.publish_time_ms - time.time() * 1000) < 60_000
             await consumer.ack(first)
             await consumer.ack(second)
         # a Hedwig subscriber sees the same fields
@@ -74,17 +79,18 @@ async def test_shared_round_robin_each_message_to_one_consumer(cluster: LocalClu
             await c.publish(topic, str(i).encode())
         got_a: list[Message] = []
         got_b: list[Message] = []
+        all_in = asyncio.Event()
 
         async def run(cons: Consumer, out: list[Message]) -> None:
             while True:
                 msg = await cons.receive()
                 out.append(msg)
                 await cons.ack(msg)
+                if len(got_a) + len(got_b) >= 40:
+                    all_in.set()
 
         tasks = [asyncio.create_task(run(a, got_a)), asyncio.create_task(run(b, got_b))]
-        async with asyncio.timeout(TIMEOUT):
-            while len(got_a) + len(got_b) < 40:
-                await asyncio.sleep(0.02)
+        await asyncio.wait_for(all_in.wait(), TIMEOUT)
         for t in tasks:
             t.cancel()
         seqs = sorted(m.seq_id for m in got_a + got_b)
@@ -323,6 +329,7 @@ async def test_a_nack_storm_settles_and_the_hub_keeps_serving(cluster: LocalClus
             c.publish_async(topic, str(i).encode())
         acked: set[int] = set()
         nacks = 0
+        settled = asyncio.Event()
 
         async def work(cons: Consumer) -> None:
             nonlocal nacks
@@ -334,14 +341,98 @@ async def test_a_nack_storm_settles_and_the_hub_keeps_serving(cluster: LocalClus
                 else:
                     acked.add(msg.seq_id)
                     await cons.ack(msg)
+                    if len(acked) == 50:
+                        settled.set()
 
         tasks = [asyncio.create_task(work(cons)) for cons in consumers]
-        async with asyncio.timeout(TIMEOUT * 2):
-            while len(acked) < 50:
-                await asyncio.sleep(0.05)
+        await asyncio.wait_for(settled.wait(), TIMEOUT * 2)
         for t in tasks:
             t.cancel()
         assert nacks >= 150
         assert await c.publish(topic, b"after") == 51
         for cons in consumers:
             await cons.close()
+
+
+async def test_key_shared_keeps_each_key_in_order_while_consumers_join_and_leave(cluster: LocalCluster) -> None:
+    """Under load: B joins, C joins, A leaves with messages unacknowledged. For every key the messages are
+    acknowledged for the first time in seq order (a key never moves while an earlier message of it is
+    outstanding elsewhere), and every message is acknowledged."""
+    topic, sub = name(), name()
+    total, keys = 600, 16
+    rng = random.Random(29)
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        first_acks: dict[bytes, list[int]] = {}
+        acked: set[int] = set()
+        per_consumer: dict[int, set[bytes]] = {}
+        progress = asyncio.Condition()
+
+        async def work(cons: Consumer, who: int) -> None:
+            async for msg in cons:
+                assert msg.key is not None
+                per_consumer.setdefault(who, set()).add(msg.key)
+                await asyncio.sleep(rng.random() * 0.002)     # uneven work
+                await cons.ack(msg)
+                if msg.seq_id not in acked:
+                    acked.add(msg.seq_id)
+                    first_acks.setdefault(msg.key, []).append(msg.seq_id)
+                async with progress:
+                    progress.notify_all()
+
+        async def until(n: int) -> None:
+            async with asyncio.timeout(TIMEOUT * 2), progress:
+                await progress.wait_for(lambda: len(acked) >= n)
+
+        a = await c.consumer(topic, sub, subscription_type="KEY_SHARED", receiver_queue_size=20)
+        workers = {0: asyncio.create_task(work(a, 0))}
+
+        async def produce() -> None:
+            for i in range(total):
+                await c.publish(topic, str(i).encode(), key=f"key-{i % keys}".encode())
+
+        producer = asyncio.create_task(produce())
+        await until(100)
+        b = await c.consumer(topic, sub, subscription_type="KEY_SHARED", receiver_queue_size=20)
+        workers[1] = asyncio.create_task(work(b, 1))
+        await until(250)
+        d = await c.consumer(topic, sub, subscription_type="KEY_SHARED", receiver_queue_size=20)
+        workers[2] = asyncio.create_task(work(d, 2))
+        await until(400)
+        await a.close()                                   # leaves holding messages: they go to B and D
+        await producer
+        await until(total)
+        assert acked == set(range(1, total + 1))
+        for key, seqs in first_acks.items():
+            assert seqs == sorted(seqs), f"{key!r} acknowledged out of order: {seqs}"
+        assert len(per_consumer) == 3, "every consumer got keys"
+        for w in workers.values():
+            w.cancel()
+        await b.close()
+        await d.close()
+
+
+async def test_admin_stats_show_type_consumers_unacked_and_redeliveries(cluster: LocalCluster,
+                                                                       http: aiohttp.ClientSession) -> None:
+    topic, sub = name(), name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        a = await c.consumer(topic, sub, subscription_type="SHARED", negative_ack_redelivery_delay_ms=0)
+        b = await c.consumer(topic, sub, subscription_type="SHARED", receiver_queue_size=1)
+        for i in range(6):
+            await c.publish(topic, str(i).encode())
+        held = await drain(b, 1, ack=False)
+        got = await drain(a, 5, ack=False)
+        await a.nack(got[0])
+        again = await a.receive(timeout=TIMEOUT)
+        assert again.redelivery_count == 1
+        owner = cluster.hub_addresses.index(c.owner[topic])
+        url = f"{hub_url(cluster, owner)}/admin/v1/topics/{topic.decode()}/stats"
+        async with http.get(url) as resp:
+            stats = (await resp.json())["subscriptions"][sub.decode()]
+        assert stats["type"] == "SHARED" and stats["attached"] is True
+        assert stats["unacked"] == 6 and stats["redelivered_total"] == 1
+        assert sorted(x["unacked"] for x in stats["consumers"]) == [1, 5]
+        assert all(x["address"].startswith("127.0.0.1:") for x in stats["consumers"])
+        assert stats["msg_rate_out"] > 0 and stats["backlog"] == 6
+        await b.ack(held[0])
+        await a.close()
+        await b.close()

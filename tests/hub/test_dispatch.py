@@ -1,0 +1,140 @@
+"""hub.dispatch*: who gets which message, with an in-memory log in place of the read-ahead cache."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import pytest
+
+from hub.cursor import AckCursor
+from hub.dispatch import Dispatcher
+from hub.dispatch_failover import FailoverDispatcher
+from hub.dispatch_key_shared import KeySharedDispatcher
+from hub.dispatch_shared import SharedDispatcher
+from hub.message import Message, MessageId
+
+pytestmark = pytest.mark.asyncio
+
+
+class Log:
+    """The cache's two calls, over a list of messages (seq ids 1..n)."""
+
+    def __init__(self) -> None:
+        self.msgs: list[Message] = []
+
+    def add(self, key: bytes | None = None) -> None:
+        self.msgs.append(Message(str(len(self.msgs) + 1).encode(), msg_id=MessageId(len(self.msgs) + 1), key=key))
+
+    def cached(self, topic: bytes, seq: int) -> Message | None:
+        return self.msgs[seq - 1]
+
+    async def scan_single(self, topic: bytes, seq: int) -> Message:
+        return self.msgs[seq - 1]
+
+
+class Conn:
+    def __init__(self) -> None:
+        self.got: list[int] = []
+        self.arrived = asyncio.Event()
+
+    def send_consumer_delivery(self, topic: bytes, sub: bytes, cid: int, wires: list[bytes]) -> None:
+        from hub.proto import pubsub_pb2 as pb
+
+        self.got += [pb.Message.FromString(w).msgId.localComponent for w in wires]
+        self.arrived.set()
+
+
+def make(cls: type[Dispatcher], log: Log) -> Dispatcher:
+    return cls(b"t", b"s", AckCursor(0), cache=log, last_seq=lambda: len(log.msgs))  # type: ignore[arg-type]
+
+
+async def settle(d: Dispatcher) -> None:
+    for _ in range(50):
+        await asyncio.sleep(0)
+
+
+async def test_shared_round_robin_respects_permits_and_redelivers_a_leavers_messages() -> None:
+    log = Log()
+    for _ in range(10):
+        log.add()
+    d = make(SharedDispatcher, log)
+    a, b = Conn(), Conn()
+    sa = d.add(a, 1, 3)
+    sb = d.add(b, 2, 100)
+    await settle(d)
+    assert len(a.got) == 3 and len(b.got) == 7 and sorted(a.got + b.got) == list(range(1, 11))
+    d.ack(a.got[:1])
+    d.remove(sa)
+    await settle(d)
+    assert sorted(b.got) == sorted(set(range(1, 11)) - {a.got[0]})
+    assert d.counts == {s: 1 for s in a.got[1:]} and d.redelivered_total == 2
+    d.ack(range(1, 11))
+    assert d.cursor.mark_delete == 10 and not sb.unacked
+    await d.stop()
+
+
+async def test_failover_only_the_first_gets_and_the_next_continues_from_the_first_unacked() -> None:
+    log = Log()
+    for _ in range(6):
+        log.add()
+    d = make(FailoverDispatcher, log)
+    a, b = Conn(), Conn()
+    sa = d.add(a, 1, 100)
+    d.add(b, 2, 100)
+    await settle(d)
+    assert a.got == [1, 2, 3, 4, 5, 6] and b.got == []
+    d.ack_cumulative(sa, 2)
+    d.remove(sa)
+    await settle(d)
+    assert b.got == [3, 4, 5, 6]
+    await d.stop()
+
+
+async def test_key_shared_a_key_waits_for_its_outstanding_messages_before_moving() -> None:
+    log = Log()
+    d = make(KeySharedDispatcher, log)
+    assert isinstance(d, KeySharedDispatcher)
+    a, b = Conn(), Conn()
+    d.add(a, 1, 1000)
+    keys = [f"k{i}".encode() for i in range(40)]
+    for k in keys:
+        log.add(k)
+    d.wake()
+    await settle(d)
+    assert len(a.got) == 40
+    d.add(b, 2, 1000)                          # some keys now hash to b, but a holds their messages
+    for k in keys:
+        log.add(k)
+    d.wake()
+    await settle(d)
+    assert b.got == [] and len(a.got) == 80 - len(d.replay)
+    moved = [s for s in d.replay]
+    assert moved, "b owns some keys"
+    d.ack(range(1, 41))                        # a acknowledges the first round: the moved keys go to b
+    await settle(d)
+    assert sorted(b.got) == sorted(moved)
+    owner = collections.defaultdict(set)
+    for conn, got in (("a", a.got[40:]), ("b", b.got)):
+        for seq in got:
+            owner[log.msgs[seq - 1].key].add(conn)
+    assert all(len(v) == 1 for v in owner.values())
+    await d.stop()
+
+
+async def test_key_shared_a_joining_consumer_moves_only_its_share() -> None:
+    log = Log()
+    d = make(KeySharedDispatcher, log)
+    assert isinstance(d, KeySharedDispatcher)
+    slots = [d.add(Conn(), i, 0) for i in range(4)]
+    from hub.dispatch_key_shared import key_hash
+
+    hashes = [key_hash(f"user-{i}".encode()) for i in range(2000)]
+    before = [d.owner_of(h) for h in hashes]
+    d.add(Conn(), 9, 0)
+    after = [d.owner_of(h) for h in hashes]
+    moved = [(x, y) for x, y in zip(before, after, strict=True) if x is not y]
+    assert 0 < len(moved) < 2000 * 0.35                    # about a fifth, not a reshuffle
+    assert all(y.consumer_id == 9 for _, y in moved)       # and only to the newcomer
+    assert {s.consumer_id for s in before} == {s.consumer_id for s in slots}
+    await d.stop()
