@@ -3,6 +3,8 @@
     quire client produce TOPIC -m TEXT [-m TEXT ...] [-n COUNT] [--rate R] [--server HOST:PORT]
     seq 10 | quire client produce TOPIC            # no -m: one message per line of standard input
     quire client consume TOPIC -s SUB [-n COUNT] [--json] [--server HOST:PORT]
+    quire client produce TOPIC -m TEXT --key K        # a message key (KEY_SHARED keeps a key on one consumer)
+    quire client consume TOPIC -s SUB --type shared [--ack-timeout MS]   # several side by side: a work queue
 
 ``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
 ``--rate`` messages per second (default 0: as fast as each publish is
@@ -13,6 +15,11 @@ one starts after the topic's last message), says ``subscribed to TOPIC as
 SUB`` on stderr, then prints each message as ``SEQ<TAB>BODY`` (or one JSON
 object per line with ``--json``) and consumes it once printed; it exits after
 ``COUNT`` messages (default 0: until Ctrl-C), leaving later ones unconsumed.
+With ``--type shared|failover|key_shared`` (default exclusive: Hedwig's one
+subscriber) it attaches a consumer of that subscription type
+(``HedwigClient.consumer``) and acknowledges each message once printed;
+``--ack-timeout MS`` has the hub hand a message it did not acknowledge in
+time to another consumer. ``--json`` adds ``key`` and ``redelivery_count``.
 
 The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080. For a
 hub with ``authentication_enabled``, ``--auth-token TOKEN`` or
@@ -75,6 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                    help="a message body (repeatable; default: one message per line of standard input)")
     p.add_argument("-n", "--num-produce", dest="count", type=_count, default=1, metavar="COUNT",
                    help="times to send each -m body (default 1)")
+    p.add_argument("-k", "--key", default=None, metavar="K", help="the messages' key (default: none)")
     p.add_argument("-r", "--rate", type=_rate, default=0.0, metavar="R",
                    help="messages per second (default 0: each once the previous is acknowledged)")
     c = sub.add_parser("consume", parents=[common], help="subscribe and print messages",
@@ -84,6 +92,11 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     c.add_argument("-n", "--num-messages", dest="count", type=_count, default=0, metavar="COUNT",
                    help="exit after COUNT messages (default 0: run until Ctrl-C)")
     c.add_argument("--json", action="store_true", help="one JSON object per message")
+    c.add_argument("--type", dest="subscription_type", default="exclusive", type=str.lower,
+                   choices=["exclusive", "shared", "failover", "key_shared"],
+                   help="subscription type (default exclusive; the others make a consumer)")
+    c.add_argument("--ack-timeout", dest="ack_timeout", type=_count, default=0, metavar="MS",
+                   help="redeliver a message unacknowledged this long (consumers only; default 0: never)")
     return run
 
 
@@ -139,6 +152,7 @@ async def produce(args: argparse.Namespace) -> int:
     """Publish the bodies in order, paced by ``--rate``; prints one summary line."""
     client = await _connect(args)
     topic = args.topic.encode()
+    key = args.key.encode() if args.key is not None else None
     seqs: list[int] = []
     start = time.monotonic()
     try:
@@ -148,7 +162,7 @@ async def produce(args: argparse.Namespace) -> int:
                 if delay > 0:
                     await asyncio.sleep(delay)  # pacing: nothing to wait for but the clock
             try:
-                seqs.append(await asyncio.wait_for(client.publish(topic, body), args.timeout or None))
+                seqs.append(await asyncio.wait_for(client.publish(topic, body, key=key), args.timeout or None))
             except TimeoutError:
                 raise ClientCommandError(f"publish to {args.topic} not acknowledged within {args.timeout:g} s "
                                          f"({len(seqs)} produced)") from None
@@ -169,12 +183,43 @@ def _line(message: Any, as_json: bool) -> str:
         out["body_base64"] = base64.b64encode(message.body).decode()
     if message.message_type:
         out["message_type"] = message.message_type
+    if message.key is not None:
+        out["key"] = message.key.decode("utf-8", "backslashreplace")
+    if message.redelivery_count:
+        out["redelivery_count"] = message.redelivery_count
     out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
     return json.dumps(out)
 
 
+async def consume_typed(args: argparse.Namespace) -> int:
+    """``consume --type ...``: a consumer that prints and acknowledges each message."""
+    client = await _connect(args)
+    topic, sub = args.topic.encode(), args.subscription.encode()
+    try:
+        try:
+            attach = client.consumer(topic, sub, subscription_type=args.subscription_type.upper(),
+                                     ack_timeout_ms=args.ack_timeout)
+            consumer = await asyncio.wait_for(attach, args.timeout or None)
+        except TimeoutError:
+            raise ClientCommandError(f"subscribe to {args.topic} not answered within {args.timeout:g} s") from None
+        sys.stderr.write(f"subscribed to {args.topic} as {args.subscription} ({args.subscription_type})\n")
+        sys.stderr.flush()
+        async with consumer:
+            printed = 0
+            while not args.count or printed < args.count:
+                message = await consumer.receive()
+                print(_line(message, args.json), flush=True)
+                await consumer.ack(message)
+                printed += 1
+    finally:
+        await client.close()
+    return 0
+
+
 async def consume(args: argparse.Namespace) -> int:
     """Subscribe, print and consume ``--num-messages`` messages (or until interrupted)."""
+    if args.subscription_type != "exclusive" or args.ack_timeout:
+        return await consume_typed(args)
     # consumes are sent by hand once a message is printed, so what was not printed stays unconsumed
     client = await _connect(args, conf={"auto_send_consume_message_enabled": "false"})
     topic, sub = args.topic.encode(), args.subscription.encode()

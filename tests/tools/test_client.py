@@ -109,3 +109,22 @@ async def test_one_message_is_singular_json_has_properties_and_a_closed_pipe_end
     async with asyncio.timeout(60):
         rest = await piped.stderr.read()      # after its "subscribed to" line
         assert (await piped.wait(), rest) == (141, b"")
+
+
+async def test_shared_consumers_side_by_side_form_a_work_queue_and_keys_travel(hub: str) -> None:
+    workers = [await client("consume", "jobs", "-s", "workers", "-n", "3", "--type", "shared", "--json",
+                            "--ack-timeout", "30000", "--server", hub) for _ in range(2)]
+    await asyncio.gather(*(subscribed(w) for w in workers))
+    rc, out, _ = await finish(await client("produce", "jobs", "-m", "job", "-n", "6", "--key", "k1",
+                                           "--server", hub))
+    assert (rc, out) == (0, "produced 6 messages to jobs (seq ids 1..6)\n")
+    lines = []
+    for w in workers:
+        rc, out, _ = await finish(w)
+        assert rc == 0
+        lines += [json.loads(line) for line in out.splitlines()]
+    assert sorted(m["seq_id"] for m in lines) == [1, 2, 3, 4, 5, 6]       # each job to one worker
+    assert {m["key"] for m in lines} == {"k1"}
+    rc, _, err = await finish(await client("consume", "jobs", "-s", "workers", "--type", "failover",
+                                           "--server", hub))
+    assert rc == 1 and "SUBSCRIPTION_TYPE_MISMATCH" in err

@@ -1,0 +1,310 @@
+"""``HedwigClient``'s publishing: ``publish``, ``publish_async``, producer batching and exactly-once retries.
+
+A mixin of ``HedwigClient`` (``hub.client``, where the module docstring states
+the client's rules): the publish path to a topic's owner over its
+``HubChannel``, with the batching of one event-loop turn's publishes into
+one request, and the retries of a producer's (deduplicated) publish. What
+it needs of the client core (``_call``, connections, owners) is declared
+below. Errors are ``hub.errors`` classes, as ``publish`` says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hub import errors
+from hub.channel import HubChannel
+from hub.conf import HubClientConf
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import status_name
+from metastore.tasks import spawn
+
+log = logging.getLogger("hub.client")
+
+__all__ = ["ClientPublishing"]
+
+_Conn = HubChannel
+_RETRY_WAIT = 0.05         # seconds before the first retry of a request; doubles (hub.client)
+
+
+class _Batch:
+    """Publishes to one topic waiting to leave as one request (``HedwigClient._batched``)."""
+
+    __slots__ = ("bytes", "conn", "futures", "req", "timer")
+
+    def __init__(self, conn: _Conn, req: pb.PubSubRequest) -> None:
+        self.conn = conn
+        self.req = req
+        self.futures: list[asyncio.Future[int]] = []
+        self.bytes = 0
+        self.timer: asyncio.TimerHandle | asyncio.Handle | None = None   # the flush to come, when delayed
+
+
+def _publish_request(topic: bytes) -> pb.PubSubRequest:
+    req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
+    req.publishRequest.topic = topic
+    return req
+
+
+def _fill(msg: pb.Message, body: bytes, properties: Mapping[str, bytes] | None, message_type: str,
+          key: bytes | None = None) -> pb.Message:
+    msg.body = body
+    if key is not None:
+        msg.key = key
+    if message_type:
+        msg.header.messageType = message_type
+    if properties:
+        entries = msg.header.properties.entries
+        for k, v in properties.items():
+            entries.add(key=k, value=v)
+    return msg
+
+
+def _publish_settled(futures: list[asyncio.Future[int]], resp: pb.PubSubResponse) -> None:
+    """Each publish of the answered request gets its seq id, or the answer's error if it was not stored."""
+    status = resp.statusCode
+    first = int(resp.publishResponse.publishedMsgId.localComponent)
+    stored = len(futures) if status == pb.SUCCESS else resp.publishResponse.stored
+    for i, fut in enumerate(futures):
+        if fut.done():       # the caller cancelled it
+            continue
+        if i < stored:
+            fut.set_result(first + i)
+        else:
+            fut.set_exception(errors.error_for_status(status_name(status), resp.statusMsg or status_name(status)))
+
+
+def _fail_all(futures: list[asyncio.Future[int]], exc: BaseException | None) -> None:
+    """``exc`` for each publish still waiting (None: cancel them)."""
+    for fut in futures:
+        if not fut.done():
+            if exc is None:
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+
+
+def _answer_of(futures: list[asyncio.Future[int]], done: asyncio.Future[Any]) -> Any | None:
+    """``done``'s result; when it was cancelled or failed, so are the publishes, and None is returned."""
+    if done.cancelled():
+        _fail_all(futures, None)
+        return None
+    exc = done.exception()
+    if exc is not None:
+        _fail_all(futures, exc)
+        return None
+    return done.result()
+
+
+def _long_answered(futures: list[asyncio.Future[int]], task: asyncio.Future[tuple[Any, pb.PubSubResponse]]) -> None:
+    got = _answer_of(futures, task)
+    if got is not None:
+        _publish_settled(futures, got[1])
+
+
+
+class ClientPublishing:
+    """The publishing half of ``HedwigClient``."""
+
+    conf: HubClientConf
+    conns: dict[str, _Conn]
+    owner: dict[bytes, str]
+    _sequences: dict[tuple[bytes, bytes], int]
+    _batches: dict[bytes, _Batch]
+    _publishing: set[asyncio.Task[Any]]
+
+    if TYPE_CHECKING:
+        async def _call(self, topic: bytes, req: pb.PubSubRequest) -> tuple[_Conn, pb.PubSubResponse]: ...
+
+        def _check_open(self) -> None: ...
+
+        @staticmethod
+        def _check_names(topic: bytes, subscriber_id: bytes | None = None) -> None: ...
+
+    def _init_publishing(self) -> None:
+        self._sequences = {}     # (topic, producer) -> next sequence id
+        self._batches = {}       # topic -> publishes waiting to leave together
+        self._publishing = set() # publishes going the long way (_call)
+
+    # --- publish ----------------------------------------------------------------------------------
+    async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      message_type: str = "", producer: bytes | None = None,
+                      sequence_id: int | None = None, key: bytes | None = None) -> int:
+        """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
+
+        ``message_type`` sets the header's system property ``messageType`` (seen by filters as
+        ``Message.message_type``). ``key`` (Pulsar's message key) is stored with the message: a
+        KEY_SHARED subscription hands all messages of one key to one consumer.
+
+        Exactly once (Pulsar's producer deduplication): with ``producer`` (or the client conf's
+        ``producer_name``) the owner stores (producer, ``sequence_id``) at most once per topic and
+        answers a duplicate with the seq id the original got; ``DuplicatePublishError`` when the
+        sequence id is older than the producer's last ``dedup_window`` publishes. Without
+        ``sequence_id`` the client numbers the producer's publishes to the topic itself, increasing,
+        from the time in microseconds at its first one (so a restarted client continues above its
+        earlier numbers). Such a publish is retried with the same sequence id when its answer is lost
+        (a connection dropped, an owner failed) until ``server_ack_response_timeout``, instead of
+        raising ``UncertainStateError``; when its answer timed out on a silent hub (the connection
+        dropped, see ``hub.channel``) it is asked once more, through the default hub and its redirect
+        to the topic's current owner, with a fresh ``server_ack_response_timeout``: such a publish
+        fails over within about twice that time and is still stored at most once.
+
+        With ``batching_max_publish_delay_ms``, an awaited publish does not wait for the delay: the
+        topic's batch leaves at the end of this event-loop turn, with whatever else the turn added
+        (Pulsar's synchronous ``send`` flushes the batch too); the delay is for ``publish_async``.
+        """
+        fut = self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
+                                 sequence_id=sequence_id, key=key)
+        batch = self._batches.get(topic)
+        if batch is not None and batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = asyncio.get_running_loop().call_soon(self._flush_batch, topic, batch)
+        return await fut
+
+    def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
+                      message_type: str = "", producer: bytes | None = None,
+                      sequence_id: int | None = None, key: bytes | None = None) -> asyncio.Future[int]:
+        """``publish`` started now; a future of its seq id (Pulsar's ``send_async``, Hedwig's ``asyncPublish``).
+
+        Same arguments, ordering and errors as ``publish``, but a bad argument (a name the hub would
+        refuse, a message over ``max_message_size``) raises here, before anything is sent, and the
+        publish's own outcome comes through the future. Publishes started one after another on a
+        topic are sent, stored and answered in that order; cancelling the future does not recall a
+        publish already sent.
+
+        Producer batching (Pulsar's, on by default: ``batching_enabled``): to an owner the client
+        knows, the publishes a topic gets during one event-loop turn (or within
+        ``batching_max_publish_delay_ms``) leave as one request of up to ``batching_max_messages``
+        messages and ``batching_max_bytes`` of bodies. The owner stores them in order with
+        consecutive seq ids, each future gets its own, and a failure fails exactly the messages
+        that were not stored (the stored ones are always the first: its answer says how many). A
+        producer's (deduplicated) publish goes alone, after whatever the topic had batched.
+        """
+        self._check_open()
+        self._check_names(topic)
+        if len(body) > self.conf.max_message_size:
+            raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
+                                              f"{self.conf.max_message_size}")
+        if producer is None and self.conf.producer_name:
+            producer = self.conf.producer_name.encode()
+        if sequence_id is not None and not producer:
+            raise ValueError("sequence_id needs a producer (or the client conf's producer_name)")
+        if producer:
+            if sequence_id is None:
+                numbered = (topic, producer)
+                sequence_id = self._sequences.get(numbered) or time.time_ns() // 1000
+                self._sequences[numbered] = sequence_id + 1
+            elif sequence_id < 0:
+                raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
+            req = _publish_request(topic)
+            msg = _fill(req.publishRequest.msg, body, properties, message_type, key)
+            msg.producer = producer
+            msg.sequenceId = sequence_id
+            self._flush_batch(topic)     # what the topic has batched goes first
+            return spawn(self._publishing, self._publish_once(topic, req))
+        if self.conf.batching_enabled:
+            conn = self.conns.get(self.owner.get(topic, ""))
+            if conn is not None and conn.alive:
+                return self._batched(topic, conn, body, properties, message_type, key)
+        self._flush_batch(topic)     # (batched on a connection that has closed since: those go first)
+        req = _publish_request(topic)
+        _fill(req.publishRequest.msg, body, properties, message_type, key)
+        return self._publish_future(topic, req)
+
+    def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,
+                 message_type: str, key: bytes | None = None) -> asyncio.Future[int]:
+        batch = self._batches.get(topic)
+        if batch is not None and (batch.conn is not conn or batch.bytes + len(body) > self.conf.batching_max_bytes):
+            self._flush_batch(topic)
+            batch = None
+        loop = asyncio.get_running_loop()
+        if batch is None:
+            batch = self._batches[topic] = _Batch(conn, _publish_request(topic))
+            delay = self.conf.batching_max_publish_delay_ms
+            if delay:
+                batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
+            else:
+                loop.call_soon(self._flush_batch, topic, batch)
+        _fill(batch.req.publishRequest.msgs.add(), body, properties, message_type, key)
+        fut: asyncio.Future[int] = loop.create_future()
+        batch.futures.append(fut)
+        batch.bytes += len(body)
+        if len(batch.futures) >= self.conf.batching_max_messages:
+            self._flush_batch(topic)
+        return fut
+
+    def _flush_batch(self, topic: bytes, only: _Batch | None = None) -> None:
+        """Send what ``topic`` has batched (``only``: if it is still that batch)."""
+        batch = self._batches.get(topic)
+        if batch is None or (only is not None and batch is not only):
+            return
+        del self._batches[topic]
+        if batch.timer is not None:
+            batch.timer.cancel()
+        req = batch.req
+        pub = req.publishRequest
+        if len(pub.msgs) == 1:    # alone: a plain publish
+            pub.msg.CopyFrom(pub.msgs[0])
+            del pub.msgs[:]
+        self._send_publish(topic, req, batch.futures, batch.conn)
+
+    def _publish_future(self, topic: bytes, req: pb.PubSubRequest) -> asyncio.Future[int]:
+        """A future of the seq id of the publish ``req`` (one message)."""
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._send_publish(topic, req, [fut], self.conns.get(self.owner.get(topic, "")))
+        return fut
+
+    def _send_publish(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
+                      conn: _Conn | None) -> None:
+        """To the owner's open connection: one request and a callback. The first publish to a topic,
+        and an answer that stored nothing and is not SUCCESS, go the long way (``_call``: redirects,
+        retries) in a task."""
+        if conn is None or not conn.alive:
+            self._publish_long(topic, req, futures)
+            return
+        conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
+            functools.partial(self._publish_answered, topic, req, futures))
+
+    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
+                          answer: asyncio.Future[pb.PubSubResponse]) -> None:
+        resp = _answer_of(futures, answer)
+        if resp is None:
+            return
+        if resp.statusCode != pb.SUCCESS and not resp.publishResponse.stored:
+            self._publish_long(topic, req, futures)
+            return
+        _publish_settled(futures, resp)
+
+    def _publish_long(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]]) -> None:
+        # held in _publishing until done (close does not cancel publishes; they fail with their connection)
+        spawn(self._publishing, self._call(topic, req)).add_done_callback(functools.partial(_long_answered, futures))
+
+    async def _publish_once(self, topic: bytes, req: pb.PubSubRequest) -> int:
+        """A producer's publish: a lost answer is asked again with the same sequence id (the owner dedups)."""
+        timeout = self.conf.server_ack_response_timeout / 1000.0
+        deadline = time.monotonic() + timeout
+        failed_over = False
+        while True:
+            try:
+                return await self._publish_future(topic, req)
+            except errors.ResponseTimeoutError as exc:
+                if not exc.channel_dropped or failed_over:
+                    raise
+                failed_over = True      # once: a second silent hub in a row is reported to the caller
+                deadline = time.monotonic() + timeout
+                log.info("publish of %r sequence id %d: %s; asking again elsewhere",
+                         req.publishRequest.msg.producer, req.publishRequest.msg.sequenceId, exc)
+                self.owner.pop(topic, None)
+            except errors.UncertainStateError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                log.info("publish of %r sequence id %d: %s; asking again", req.publishRequest.msg.producer,
+                         req.publishRequest.msg.sequenceId, exc)
+                self.owner.pop(topic, None)
+                await asyncio.sleep(_RETRY_WAIT)
+
