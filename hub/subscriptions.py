@@ -57,15 +57,12 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from hub import errors
 from hub.conf import HubConf
-from hub.cursor import AckCursor
 from hub.delivery import Delivery
 from hub.dispatch import ConsumerSlot, Dispatcher
-from hub.dispatch_failover import FailoverDispatcher
-from hub.dispatch_key_shared import KeySharedDispatcher
-from hub.dispatch_shared import SharedDispatcher
 from hub.filters import load_server_filter, safe_uninitialize
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
+from hub.subscription_consumers import SubscriptionConsumers, type_name
 from metastore import Version
 from metastore.cas import cas_retry
 
@@ -77,16 +74,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed", "type_name"]
 
-_DISPATCHERS: dict[int, type[Dispatcher]] = {pb.EXCLUSIVE: SharedDispatcher, pb.SHARED: SharedDispatcher,
-                                             pb.FAILOVER: FailoverDispatcher, pb.KEY_SHARED: KeySharedDispatcher}
-
-
-def type_name(stype: int) -> str:
-    """The name of a ``pb.SubscriptionType`` value ("EXCLUSIVE", "SHARED", ...)."""
-    try:
-        return pb.SubscriptionType.Name(stype)
-    except ValueError:
-        return f"TYPE_{stype}"
 
 
 class Attachment(Protocol):
@@ -141,8 +128,8 @@ class SubState:
         return self.dispatcher.find(conn, consumer_id) if self.dispatcher is not None else None
 
 
-class TopicSubscriptions:
-    """See the module docstring."""
+class TopicSubscriptions(SubscriptionConsumers):
+    """See the module docstring; the consumer side is ``hub.subscription_consumers``."""
 
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,
@@ -248,84 +235,6 @@ class TopicSubscriptions:
             state.conn = conn
         conn.attached(self.topic, sub, state)
         return state.prefs
-
-    # --- consumers (hub.dispatch) -----------------------------------------------------------------
-    def _dispatcher(self, state: SubState) -> Dispatcher:
-        d = state.dispatcher
-        if d is None:
-            if self.cache is None:
-                raise errors.PubSubError("this hub serves no consumers (no read-ahead cache)",
-                                         status="UNEXPECTED_CONDITION")
-            cursor = AckCursor(state.consumed, state.ranges)
-            d = _DISPATCHERS.get(state.stype, SharedDispatcher)(
-                self.topic, state.subscriber, cursor, cache=self.cache, last_seq=self.last_seq,
-                on_acked=functools.partial(self._on_acked, state))
-            state.dispatcher = d
-            state.ranges = []
-            if cursor.mark_delete > state.consumed:
-                state.consumed = cursor.mark_delete
-        return d
-
-    def _on_acked(self, state: SubState, advanced: bool) -> None:
-        d = state.dispatcher
-        if d is None or self.subs.get(state.subscriber) is not state:
-            return
-        if advanced and d.cursor.mark_delete > state.consumed:
-            state.consumed = d.cursor.mark_delete
-            if self.on_consumed is not None:
-                self.on_consumed(self.topic)
-        state.acks_dirty = True
-        state.consumes_since_persist += 1
-        if state.consumes_since_persist >= self.conf.consume_interval:
-            self._persist_tracked(state.subscriber)
-        elif state.ack_timer is None:
-            state.ack_timer = asyncio.get_running_loop().call_later(
-                self.conf.ack_persist_interval_ms / 1000.0, self._ack_timer_due, state)
-
-    def _ack_timer_due(self, state: SubState) -> None:
-        state.ack_timer = None
-        if self.subs.get(state.subscriber) is state:
-            self._persist_tracked(state.subscriber)
-
-    def _persist_tracked(self, sub: bytes) -> None:
-        task = self.persist_soon(sub)
-        if task is not None and self.track is not None:
-            self.track(task)
-
-    def _remove_slot(self, state: SubState, slot: ConsumerSlot) -> None:
-        """Detach one consumer; its connection forgets the subscription when it has no other attachment."""
-        d = state.dispatcher
-        if d is None:
-            return
-        d.remove(slot)
-        conn = slot.conn
-        if state.conn is not conn and not any(s.conn is conn for s in d.consumers):
-            conn.attached(self.topic, state.subscriber, None)
-
-    def ack(self, conn: Attachment, sub: bytes, req: pb.ConsumeRequest) -> None:
-        """Apply a consumer's ack, cumulative ack, redelivery request or flow permits (one-way requests).
-
-        Raises ``ClientNotSubscribedError`` when that consumer is not attached on ``conn``,
-        ``PubSubError`` NOT_ALLOWED for a cumulative ack on a SHARED or KEY_SHARED subscription.
-        """
-        state = self.subs.get(sub)
-        slot = state.slot(conn, req.consumerId) if state is not None else None
-        if state is None or slot is None or state.dispatcher is None:
-            raise errors.ClientNotSubscribedError(f"consumer {req.consumerId} of {sub!r} on {self.topic!r} is not "
-                                                  "attached on this connection")
-        d = state.dispatcher
-        kind = req.ackType
-        if kind == pb.ConsumeRequest.INDIVIDUAL:
-            d.ack(req.seqIds)
-        elif kind == pb.ConsumeRequest.CUMULATIVE:
-            if state.stype in (pb.SHARED, pb.KEY_SHARED):
-                raise errors.PubSubError(f"{sub!r} is {type_name(state.stype)}: cumulative acks are for "
-                                         "EXCLUSIVE and FAILOVER subscriptions", status="NOT_ALLOWED")
-            d.ack_cumulative(slot, min(req.msgId.localComponent, int(self.last_seq())))
-        elif kind == pb.ConsumeRequest.REDELIVER:
-            d.redeliver(slot, list(req.seqIds) or None)
-        elif kind == pb.ConsumeRequest.FLOW:
-            d.flow(slot, req.permits)
 
     async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
         """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
@@ -541,12 +450,6 @@ class TopicSubscriptions:
         self._remove_slot(state, slot)
         await self._persist_quietly(state)
 
-    async def _persist_quietly(self, state: SubState) -> None:
-        try:
-            await self.persist(state.subscriber)
-        except errors.PubSubError as exc:
-            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
-
     async def detach(self, sub: bytes, conn: Attachment | None = None) -> None:
         """Detach ``sub``'s attachments on ``conn`` (its connection dropped; None: wherever attached)."""
         state = self.subs.get(sub)
@@ -560,20 +463,6 @@ class TopicSubscriptions:
             await self._detach(state)      # persists
         elif slots:
             await self._persist_quietly(state)
-
-    async def _drop_consumers(self, state: SubState, event: int | None, but: Any = None) -> None:
-        """Detach every consumer of ``state`` (telling those not on ``but`` ``event``) and stop its dispatcher."""
-        d = state.dispatcher
-        if d is None:
-            return
-        for slot in list(d.consumers):
-            self._remove_slot(state, slot)
-            if event is not None and slot.conn is not but:
-                slot.conn.send_event(self.topic, state.subscriber, event, slot.consumer_id)
-        await d.stop()
-        if state.ack_timer is not None:
-            state.ack_timer.cancel()
-            state.ack_timer = None
 
     async def unsubscribe(self, conn: Attachment, sub: bytes) -> None:
         state = self.subs.get(sub)
@@ -645,19 +534,6 @@ class TopicSubscriptions:
         await self.unsubscribe(cast(Attachment, conn), sub)
         if conn is not None:
             conn.send_event(self.topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
-
-    def stats_of(self, sub: bytes) -> dict[str, Any]:
-        """The admin API's consumer view of ``sub``: ``type``, ``consumers`` (``address``, ``unacked``),
-        ``unacked``, ``redelivered_total``, ``msg_rate_out``. ``KeyError`` for an unknown subscriber."""
-        state = self.subs[sub]
-        d = state.dispatcher
-        if d is not None:
-            return {"type": type_name(state.stype), **d.stats()}
-        delivery = state.delivery
-        unacked = len(delivery.outstanding) if delivery is not None else 0
-        consumers = [{"address": getattr(state.conn, "address", ""), "unacked": unacked}] if state.conn else []
-        return {"type": type_name(state.stype), "consumers": consumers, "unacked": unacked, "redelivered_total": 0,
-                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0}
 
     def delivering(self) -> bool:
         """Whether any subscription of the topic is delivering now."""

@@ -101,9 +101,11 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
     Command("pub", "Publish a message to a topic in Hedwig", "pub {topic} {message}",
             "  {topic}   : topic name.\n              any printable string without spaces.\n"
             "  {message} : message body.\n              remaining arguments are used as message body to publish."),
-    Command("sub", "Subscribe a topic and print the messages it receives", "sub {topic} {subscriber} [mode]",
+    Command("sub", "Subscribe a topic and print the messages it receives",
+            "sub {topic} {subscriber} [mode] [--type exclusive|shared|failover|key_shared]",
             "  {topic}      : topic name.\n  {subscriber} : subscriber id.\n"
-            "  [mode]       : 0 = CREATE, 1 = ATTACH, 2 = CREATE_OR_ATTACH (default)."),
+            "  [mode]       : 0 = CREATE, 1 = ATTACH, 2 = CREATE_OR_ATTACH (default).\n"
+            "  --type T     : the subscription type (exclusive, the default; shared, failover, key_shared)."),
     Command("closesub", "Close the subscription of a subscriber to a topic", "closesub {topic} {subscriber}"),
     Command("unsub", "Unsubscribe a topic for a subscriber", "unsub {topic} {subscriber}"),
     Command("rmsub", "Remove subscriptions for topics",
@@ -394,6 +396,13 @@ class HedwigConsole:
         await self._op(client.publish(args[0].encode(), " ".join(args[1:]).encode()))
 
     async def cmd_sub(self, args: list[str]) -> None:
+        stype = "EXCLUSIVE"
+        if "--type" in args:    # sub TOPIC SUB [mode] --type shared|failover|key_shared
+            at = args.index("--type")
+            if at + 1 >= len(args):
+                raise UsageError
+            stype = args[at + 1].upper()
+            args = args[:at] + args[at + 2:]
         if len(args) not in (2, 3):
             raise UsageError
         modes = {"0": "CREATE", "1": "ATTACH", "2": "CREATE_OR_ATTACH"}
@@ -402,7 +411,10 @@ class HedwigConsole:
             raise CommandError(f"mode must be 0 (CREATE), 1 (ATTACH) or 2 (CREATE_OR_ATTACH), not {args[2]!r}")
         topic, sub = args[0].encode(), args[1].encode()
         client = await self.client()
-        await self._op(client.subscribe(topic, sub, create_or_attach=mode))
+        try:
+            await self._op(client.subscribe(topic, sub, create_or_attach=mode, subscription_type=stype))
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
         self._subscribed.add((topic, sub))
 
         async def show(t: bytes, s: bytes, message: Any) -> None:
@@ -659,6 +671,7 @@ class HedwigConsole:
             TopicPersistenceManager,
             hub_address,
         )
+        from hub.subscriptions import type_name as pb_type_name
         store = await self.store()
         topic = args[1].encode()
         owners, persistence, subs = (TopicOwnershipManager(store), TopicPersistenceManager(store),
@@ -669,6 +682,13 @@ class HedwigConsole:
         found = await persistence.read_topic_persistence_info(topic)
         ranges = list(found[0].ranges) if found else []
         subscriptions = sorted((await subs.read_subscriptions(topic)).items())
+        live = await self._live_subscriptions(args[1]) if subscriptions else {}
+
+        def consumer_view(sub_id: bytes, data: Any) -> dict[str, Any]:
+            got = live.get(sub_id.decode(errors="replace"), {})
+            return {"type": pb_type_name(data.preferences.subscriptionType),
+                    "consumers": len(got["consumers"]) if "consumers" in got else None,
+                    "unacked": got.get("unacked")}
         if as_json:
             self.emit({
                 "topic": args[1],
@@ -679,7 +699,8 @@ class HedwigConsole:
                 "subscriptions": [{"subscriber": sub_id.decode(errors="replace"),
                                    "consume_seq_id": data.state.msgId.localComponent,
                                    "remote_consume_seq_ids": {c.region.decode(errors="replace"): c.seqId
-                                                              for c in data.state.msgId.remoteComponents}}
+                                                              for c in data.state.msgId.remoteComponents},
+                                   **consumer_view(sub_id, data)}
                                   for sub_id, (data, _) in subscriptions],
             })
             return
@@ -695,8 +716,28 @@ class HedwigConsole:
         for sub_id, (data, _) in subscriptions:
             remote = {c.region.decode(errors="replace"): c.seqId for c in data.state.msgId.remoteComponents}
             seq = f"local:{data.state.msgId.localComponent}" + "".join(f", {k}:{v}" for k, v in sorted(remote.items()))
-            self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}")
+            view = consumer_view(sub_id, data)
+            extra = f", type: {view['type']}"
+            if view["consumers"] is not None:
+                extra += f", consumers: {view['consumers']}, unacked: {view['unacked']}"
+            self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}{extra}")
         self.say()
+
+    async def _live_subscriptions(self, topic: str) -> dict[str, Any]:
+        """The owner's view of the topic's subscriptions (admin API stats); {} when no hub HTTP answers."""
+        from urllib.parse import quote
+
+        from tools.hub_http import HubHttpError, admin_call, hub_http_url
+        try:
+            url = await asyncio.wait_for(hub_http_url(await self.store(), self.server), self.settings.timeout)
+            status, doc = await admin_call(url, "GET", f"/admin/v1/topics/{quote(topic, safe='')}/stats",
+                                           token=self.admin_token, timeout=self.settings.timeout)
+        except (TimeoutError, HubHttpError):
+            return {}
+        if status != 200 or not isinstance(doc, dict) or not doc.get("owned_here", True):
+            return {}
+        subs = doc.get("subscriptions")
+        return subs if isinstance(subs, dict) else {}
 
     async def cmd_release(self, args: list[str]) -> None:
         as_json, args = self._wants_json(args)

@@ -376,3 +376,30 @@ async def test_answered_and_refused_requests_let_a_half_closed_connection_close(
         writer.close()
     assert [(r.txnId, r.statusCode) for r in got] == [(1, pb.SUCCESS), (2, pb.AUTHENTICATION_FAILED),
                                                       (3, pb.SUCCESS), (4, pb.NOT_AUTHORIZED)]
+
+
+@in_cluster
+async def test_a_dead_letter_topic_the_role_may_not_produce_to_loses_nothing(
+        cluster: LocalCluster, key: Path, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+    prefix = f"dlqjobs-{uuid.uuid4().hex[:6]}"
+    await grant_everywhere(cluster, http, "worker", prefix, [PRODUCE, CONSUME])
+    topic = f"{prefix}/q".encode()
+    c = await connect(cluster, key, "worker")
+    try:
+        consumer = await c.consumer(topic, b"w", subscription_type="SHARED", negative_ack_redelivery_delay_ms=10,
+                                    max_redeliver_count=1, dead_letter_topic=b"forbidden/dlq")
+        await c.publish(topic, b"poison")
+        for expected in (0, 1):
+            msg = await consumer.receive(timeout=20)
+            assert msg.redelivery_count == expected
+            await consumer.nack(msg)
+        with caplog.at_level("WARNING", logger="hub.client"):
+            msg = await consumer.receive(timeout=20)     # the DLQ publish is refused: the application gets it
+        assert (msg.body, msg.redelivery_count, consumer.dead_lettered) == (b"poison", 2, 0)
+        assert "could not go to the dead-letter topic" in caplog.text and "not authorized" in caplog.text
+        await consumer.ack(msg)
+        assert await c.publish(topic, b"next") == 2       # the hub keeps serving this role
+        assert (await consumer.receive(timeout=20)).body == b"next"
+        await consumer.close()
+    finally:
+        await c.close()

@@ -148,3 +148,83 @@ def assert_history(ops: list[dict[str, Any]], subscribers: Iterable[str], scenar
         raise AssertionError(f"scenario {scenario} seed {seed} broke the guarantee ({GUARANTEE}):\n  {lines}\n"
                              f"summary: {json.dumps(v.summary())}\nrerun with QUIRE_PARTITION_SEED={seed}")
     return v
+
+
+# --- work queues (SHARED subscriptions, DESIGN 6b) --------------------------------------------------
+
+QUEUE_GUARANTEE = ("every acknowledged publish handed out at least once and acknowledged; a message handed out "
+                   "again only if it was unacknowledged when a consumer, connection or owner failed (or its ack "
+                   "was within the ack persistence interval before an owner failed); nothing dead-lettered twice")
+
+
+@dataclass
+class QueueVerdict:
+    """What ``check_queue`` found: ``problems`` is empty when the history keeps ``QUEUE_GUARANTEE``."""
+
+    published: int = 0
+    received: int = 0
+    redelivered: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> dict[str, Any]:
+        return {"published": self.published, "received": self.received, "redelivered": self.redelivered,
+                "problems": len(self.problems)}
+
+
+def check_queue(ops: list[dict[str, Any]], *, ack_slack: float = 0.0) -> QueueVerdict:
+    """Check a work-queue history.
+
+    Ops: ``{"op": "ack", "seq": S, ...}`` an acknowledged publish; ``{"op": "recv", "consumer": C, "seq": S,
+    "t": T}`` a message handed to a consumer's application; ``{"op": "acked", "consumer": C, "seq": S, "t": T}``
+    the application acknowledged it; ``{"op": "fault", "kind": "consumer"|"owner", "consumer": C, "t": T}`` a
+    consumer (its connection) or the topic's owner failed; ``{"op": "dlq", "seq": S}`` a message found on the
+    dead-letter topic. ``ack_slack``: seconds before an owner fault within which acks may be lost (the ack
+    persistence interval).
+    """
+    v = QueueVerdict()
+    published = {o["seq"] for o in ops if o["op"] == "ack"}
+    v.published = len(published)
+    recvs = [o for o in ops if o["op"] == "recv"]
+    v.received = len(recvs)
+    acked_at: dict[int, float] = {}
+    for o in ops:
+        if o["op"] == "acked":
+            acked_at.setdefault(o["seq"], o["t"])
+    faults = [o for o in ops if o["op"] == "fault"]
+    got = {o["seq"] for o in recvs}
+    dead = [o["seq"] for o in ops if o["op"] == "dlq"]
+    missing = sorted(published - got - set(dead))
+    if missing:
+        v.problems.append(f"lost: {len(missing)} acknowledged publishes never handed out: {missing[:10]}")
+    unacked = sorted(published - acked_at.keys() - set(dead))
+    if unacked:
+        v.problems.append(f"never acknowledged: {len(unacked)} messages: {unacked[:10]}")
+    first: dict[int, dict[str, Any]] = {}
+    for o in sorted(recvs, key=lambda o: o["t"]):
+        prev = first.get(o["seq"])
+        if prev is None:
+            first[o["seq"]] = o
+            continue
+        v.redelivered += 1
+        # why may it come again? a fault after it was handed out, while it was not (durably) acknowledged
+        acked = acked_at.get(o["seq"])
+        excuse = False
+        for f in faults:
+            if not prev["t"] <= f["t"] <= o["t"]:
+                continue
+            if f["kind"] == "owner" and (acked is None or acked >= f["t"] - ack_slack):
+                excuse = True
+            elif f["kind"] == "consumer" and f.get("consumer") == prev["consumer"] and \
+                    (acked is None or acked >= f["t"]):
+                excuse = True
+        if not excuse:
+            v.problems.append(f"redelivered without cause: seq {o['seq']} to {o['consumer']} at {o['t']:.3f} "
+                              f"(first to {prev['consumer']} at {prev['t']:.3f}, acked at {acked})")
+    twice = sorted({s for s in dead if dead.count(s) > 1})
+    if twice:
+        v.problems.append(f"dead-lettered twice: {twice[:10]}")
+    return v

@@ -287,3 +287,14 @@ async def test_one_command_after_the_options_runs_as_in_hedwig(cluster: LocalClu
     assert res.returncode == 0 and json.loads(res.stdout.splitlines()[0])["topic"] == "atopic", res.stdout
     res = await run([*_console_args(cluster), "nosuchcommand", "x"])
     assert res.returncode == 1 and "Unknown command: nosuchcommand" in res.stdout
+
+
+async def test_sub_with_a_type_and_describe_shows_type_consumers_and_unacked(cluster: LocalCluster) -> None:
+    res = await _run(cluster, "sub qtopic qworkers --type shared", "describe topic qtopic --json",
+                     "describe topic qtopic", "sub qtopic qworkers --type failover")
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = next(json.loads(line) for line in res.stdout.splitlines() if line.startswith("{"))
+    (sub,) = doc["subscriptions"]
+    assert (sub["subscriber"], sub["type"], sub["consumers"], sub["unacked"]) == ("qworkers", "SHARED", 1, 0)
+    assert "Subscriber qworkers : consumeSeqId: local:0, type: SHARED, consumers: 1, unacked: 0" in res.stdout
+    assert "SUBSCRIPTION_TYPE_MISMATCH" in res.stdout + res.stderr
