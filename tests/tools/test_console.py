@@ -292,7 +292,7 @@ async def test_one_command_after_the_options_runs_as_in_hedwig(cluster: LocalClu
 async def test_sub_with_a_type_and_describe_shows_type_consumers_and_unacked(cluster: LocalCluster) -> None:
     res = await _run(cluster, "sub qtopic qworkers --type shared", "describe topic qtopic --json",
                      "describe topic qtopic", "sub qtopic qworkers --type failover")
-    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.returncode == 1, res.stdout + res.stderr     # the last command failed (and said why)
     doc = next(json.loads(line) for line in res.stdout.splitlines() if line.startswith("{"))
     (sub,) = doc["subscriptions"]
     assert (sub["subscriber"], sub["type"], sub["consumers"], sub["unacked"]) == ("qworkers", "SHARED", 1, 0)

@@ -31,6 +31,7 @@ BENCHMARKS = {
     "ledger": "E3 W2 A2 over three bookie processes",
     "publish": "durable publishes through one hub (E1W1A1, E3W2A2) vs Redis Streams, NATS JetStream, a python floor",
     "fanout": "1/10/100 subscribers on one topic against Redis consumer groups",
+    "queue": "a SHARED work queue with 1/4/16 consumers acking each message vs Redis consumer groups, NATS JetStream",
     "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
     "topics": "many topics: acquisition at 64/512 in flight, takeover after kill -9, idle RSS, spread publishing",
     "disk": "disk usage of a bookie over publish / consume / delete cycles of about 1 GB (does LMDB reuse pages?)",
