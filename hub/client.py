@@ -6,6 +6,13 @@
     await c.start_delivery(b"topic", b"sub1", handler)
     ...
     await c.close_subscription(b"topic", b"sub1"); await c.close()
+    consumer = await c.consumer(b"jobs", b"workers", subscription_type="SHARED")   # DESIGN 6b, hub.consumer
+    async with await HedwigClient.connect(addr) as c: ...                          # closes on exit
+
+The client is a facade: connections and requests (redirects, retries) are
+here, publishing in ``hub.client_publish``, Hedwig subscriptions in
+``hub.client_hedwig``, consumers (SHARED, FAILOVER, KEY_SHARED, and
+EXCLUSIVE with individual acks) in ``hub.client_consumers`` and ``hub.consumer``.
 
 Handler contract: ``await handler(topic, subscriber_id, message)`` is called
 for one message at a time per subscription, in seq-id order. When it

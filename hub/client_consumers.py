@@ -58,7 +58,7 @@ class ClientConsumers:
     async def consumer(self, topic: bytes, subscriber_id: bytes, subscription_type: str = "EXCLUSIVE",
                        create_or_attach: str = "CREATE_OR_ATTACH", receiver_queue_size: int = 1000,
                        ack_timeout_ms: int = 0, negative_ack_redelivery_delay_ms: int = 1000,
-                       max_redeliver_count: int = 0, dead_letter_topic: bytes | None = None) -> Consumer:
+                       max_redeliver_count: int = 0, dead_letter_topic: bytes | str | None = None) -> Consumer:
         """An attached consumer of the subscription (made as ``create_or_attach`` says).
 
         Raises ``ValueError`` for a bad argument, ``MalformedRequestError`` for a name the hub would refuse,
@@ -71,7 +71,7 @@ class ClientConsumers:
 
     async def _new_consumer(self, topic: bytes, subscriber_id: bytes, subscription_type: str,
                             create_or_attach: str, receiver_queue_size: int, ack_timeout_ms: int,
-                            nack_delay_ms: int, max_redeliver_count: int, dead_letter_topic: bytes | None,
+                            nack_delay_ms: int, max_redeliver_count: int, dead_letter_topic: bytes | str | None,
                             prefs: SubscriptionPreferences | None = None, force_attach: bool = False) -> Consumer:
         if self.closed:
             raise errors.PubSubError("client is closed", status="CLIENT_CLOSED")
@@ -87,6 +87,8 @@ class ClientConsumers:
                             ("max_redeliver_count", max_redeliver_count)):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, not {value}")
+        if isinstance(dead_letter_topic, str):
+            dead_letter_topic = dead_letter_topic.encode()
         if dead_letter_topic is not None and name_problem(dead_letter_topic, "topic", MAX_TOPIC_BYTES):
             raise errors.MalformedRequestError(f"dead_letter_topic: {name_problem(dead_letter_topic, 'topic', 255)}")
         sreq = pb.SubscribeRequest(topic=topic, subscriberId=subscriber_id, createOrAttach=_MODES[create_or_attach],

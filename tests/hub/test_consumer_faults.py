@@ -142,3 +142,46 @@ async def test_a_hub_restart_keeps_acks_beyond_the_first_unacknowledged(cluster:
     finally:
         for i in stopped:
             await cluster.restart_hub(i)
+
+
+async def test_acks_beyond_the_first_unacknowledged_survive_a_kill_9_once_persisted(cluster: LocalCluster) -> None:
+    """Within ack_persist_interval_ms the owner stores the acked ranges; an owner killed after that does not
+    hand the acknowledged messages out again."""
+    from hub.metadata import SubscriptionDataManager
+    from metastore import open_metastore
+    from tests.fixtures.polling import eventually
+
+    topic, sub = uuid.uuid4().hex[:10].encode(), b"w"
+    addresses = ",".join(cluster.hub_addresses)
+    store = await open_metastore(cluster.metastore_uri)
+    killed: list[int] = []
+    try:
+        subs = SubscriptionDataManager(store)
+        await subs.start()
+        async with await HedwigClient.connect(addresses, conf={"server_ack_response_timeout": "15000"}) as c:
+            consumer = await c.consumer(topic, sub, subscription_type="SHARED")
+            for i in range(10):
+                await c.publish(topic, str(i).encode())
+            got = [await consumer.receive(timeout=20) for _ in range(10)]
+            for m in got:
+                if m.seq_id % 2 == 0:       # 1 stays unacknowledged: the pointer cannot move
+                    await consumer.ack(m)
+
+            async def stored() -> Any:
+                found = await subs.read_subscription_data(topic, sub)
+                ranges = [(r.first, r.last) for r in found[0].state.ackedRanges] if found else []
+                return ranges if len(ranges) == 5 else None
+
+            assert await eventually(stored, timeout=10) == [(2, 2), (4, 4), (6, 6), (8, 8), (10, 10)]
+            owner = cluster.hub_addresses.index(c.owner[topic])
+            await cluster.kill_hub(owner)
+            killed.append(owner)
+            again = sorted([(await consumer.receive(timeout=30)).seq_id for _ in range(5)])
+            assert again == [1, 3, 5, 7, 9]
+            with pytest.raises(TimeoutError):
+                await consumer.receive(timeout=0.5)
+            await consumer.close()
+    finally:
+        await store.close()
+        for i in killed:
+            await cluster.restart_hub(i)

@@ -149,22 +149,25 @@ async def redis_case(url: str, n: int, m: int, args: argparse.Namespace) -> tupl
     clients = [aioredis.from_url(url, single_connection_client=True) for _ in range(n)]
 
     async def consume(i: int, r: Any) -> None:
-        while True:
-            reply = await r.xreadgroup("workers", f"c{i}", {key: ">"}, count=args.window, block=1000)
+        # each ends by itself once the case is done: cancelling a blocked XREADGROUP can hang redis-py on uvloop
+        while not handled.done.is_set() and not stop.is_set():
+            reply = await r.xreadgroup("workers", f"c{i}", {key: ">"}, count=args.window, block=100)
             for _stream, entries in reply or ():
                 for _id, fields in entries:
                     handled.got(fields[b"b"])
                 if entries:
                     await r.xack(key, "workers", *(entry_id for entry_id, _ in entries))
 
+    stop = asyncio.Event()
     consumers = [asyncio.create_task(consume(i, r)) for i, r in enumerate(clients)]
     pipe = await RedisPipe(url, key).open()
     try:
         secs, pub = await _run(handled, pipe.xadd, m, args)
     finally:
+        stop.set()
+        await asyncio.wait(consumers, timeout=5.0)
         for t in consumers:
             t.cancel()
-        await asyncio.gather(*consumers, return_exceptions=True)
         await pipe.close()
         for r in clients:
             await r.aclose()
@@ -189,9 +192,9 @@ async def nats_case(url: str, n: int, m: int, args: argparse.Namespace) -> tuple
 
     async def consume(c: Any) -> None:
         sub = await c.jetstream().pull_subscribe(subject, durable="workers", stream=stream)
-        while True:
+        while not handled.done.is_set():
             try:
-                msgs = await sub.fetch(args.window, timeout=1.0)
+                msgs = await sub.fetch(args.window, timeout=0.2)
             except NatsTimeout:
                 continue
             for msg in msgs:
@@ -202,9 +205,10 @@ async def nats_case(url: str, n: int, m: int, args: argparse.Namespace) -> tuple
     try:
         secs, pub = await _run(handled, lambda b: js.publish(subject, b), m, args)
     finally:
+        handled.done.set()
+        await asyncio.wait(consumers, timeout=5.0)
         for t in consumers:
             t.cancel()
-        await asyncio.gather(*consumers, return_exceptions=True)
         with contextlib.suppress(Exception):
             await js.delete_stream(stream)
         for c in [*conns, publisher]:
