@@ -50,3 +50,27 @@ def test_a_failure_names_the_guarantee_and_the_seed() -> None:
     with pytest.raises(AssertionError, match=r"(?s)scenario lossy seed 4242 broke the guarantee \(every "
                                              r"acknowledged publish.*QUIRE_PARTITION_SEED=4242"):
         assert_history(SOUND[:-1], ["s0"], "lossy", seed=4242)
+
+
+def test_the_work_queue_checker_states_its_guarantee() -> None:
+    from tests.partition.checker import check_queue
+
+    base = [{"op": "ack", "seq": s} for s in (1, 2, 3)]
+    ok = [
+        *base,
+        {"op": "recv", "consumer": "a", "seq": 1, "t": 1.0}, {"op": "acked", "consumer": "a", "seq": 1, "t": 1.1},
+        {"op": "recv", "consumer": "a", "seq": 2, "t": 1.2},
+        {"op": "fault", "kind": "consumer", "consumer": "a", "t": 1.5},
+        {"op": "recv", "consumer": "b", "seq": 2, "t": 2.0}, {"op": "acked", "consumer": "b", "seq": 2, "t": 2.1},
+        {"op": "recv", "consumer": "b", "seq": 3, "t": 2.2}, {"op": "dlq", "seq": 3},
+    ]
+    assert check_queue(ok).ok and check_queue(ok).redelivered == 1
+    # an acknowledged message handed out again with no fault in between
+    again = [*ok, {"op": "recv", "consumer": "b", "seq": 1, "t": 3.0}]
+    assert any("without cause" in p for p in check_queue(again).problems)
+    # an owner fault excuses acks within the slack only
+    owner = [*ok, {"op": "fault", "kind": "owner", "t": 1.5}, {"op": "recv", "consumer": "b", "seq": 1, "t": 3.0}]
+    assert check_queue(owner, ack_slack=1.0).ok and not check_queue(owner, ack_slack=0.1).ok
+    lost = [o for o in ok if not (o["op"] in ("recv", "dlq") and o["seq"] == 3)]
+    assert any(p.startswith("lost") for p in check_queue(lost).problems)
+    assert any("dead-lettered twice" in p for p in check_queue([*ok, {"op": "dlq", "seq": 3}]).problems)
