@@ -7,7 +7,9 @@ Modules: ``conf`` (HubConf, HubClientConf), ``protocol`` (sans-IO wire state
 machine), ``server`` (the asyncio shell), ``connection`` (one client
 connection), ``topic`` (an owned topic), ``housekeeping`` (the timers), ``ownership`` (topic claims and
 redirects), ``persistence`` (ledgers, batched entries, the read path),
-``subscriptions`` and ``delivery``, ``metadata`` (MetaStore managers),
+``subscriptions`` and ``delivery``, consumers (``subscription_consumers``, ``cursor`` for acks,
+``dispatch``/``dispatch_shared``/``dispatch_failover``/``dispatch_key_shared``; client side ``consumer``),
+``metadata`` (MetaStore managers),
 ``readahead`` (the read-ahead cache), ``filters`` (message filters),
 ``message`` and ``errors``.
 """

@@ -23,7 +23,7 @@ it takes one; the client gives them back as its application receives
 (``flow``). Redelivery adds one to a message's ``redelivery_count`` each time
 it goes back (``redeliver``, ``remove``). Acks of messages that are not
 outstanding (never delivered, or acknowledged already) are ignored.
-``on_acked(advanced)`` tells the owner after acks (``advanced``: the
+``on_acked(advanced, n)`` tells the owner after ``n`` acks (``advanced``: the
 mark-delete point moved), so it can persist the cursor.
 
 Failure: a message deleted under the subscription (it can only be one an
@@ -110,7 +110,7 @@ class Dispatcher:
     kind = "SHARED"
 
     def __init__(self, topic: bytes, subscriber: bytes, cursor: AckCursor, *, cache: ReadAheadCache,
-                 last_seq: Callable[[], int], on_acked: Callable[[bool], None] | None = None) -> None:
+                 last_seq: Callable[[], int], on_acked: Callable[[bool, int], None] | None = None) -> None:
         self.topic = topic
         self.subscriber = subscriber
         self.cursor = cursor
@@ -187,7 +187,7 @@ class Dispatcher:
             if self.cursor.ack(seq):
                 n += 1
         if n:
-            self._acked(before)
+            self._acked(before, n)
         return n
 
     def ack_cumulative(self, slot: ConsumerSlot | None, upto: int) -> int:
@@ -207,13 +207,13 @@ class Dispatcher:
             del self.counts[seq]
         self.cursor.ack_through(upto)
         if self.cursor.mark_delete != before or n:
-            self._acked(before)
+            self._acked(before, max(n, 1))
         return n
 
-    def _acked(self, before: int) -> None:
+    def _acked(self, before: int, n: int) -> None:
         self.wake()     # a key-shared hash may be free now
         if self.on_acked is not None:
-            self.on_acked(self.cursor.mark_delete != before)
+            self.on_acked(self.cursor.mark_delete != before, n)
 
     def redeliver(self, slot: ConsumerSlot, seqs: Iterable[int] | None) -> int:
         """Hand ``seqs`` (None: all) that ``slot`` holds to the consumers again; how many went back."""

@@ -267,8 +267,11 @@ class HubServer(HubHousekeeping):
             conn.send_event(topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED)
             t = self.topics.get(topic)
             state = t.subs.subs.get(sub) if t is not None else None
-            if t is not None and state is not None and state.conn is conn:
-                self.spawn(t.subs.detach(sub))
+            consumers = t.subs.consumer_ids(sub, conn) if t is not None else []
+            for cid in consumers:   # its consumers (hub.subscription_consumers) are told one by one
+                conn.send_event(topic, sub, pb.SubscriptionEvent.SUBSCRIPTION_FORCED_CLOSED, cid)
+            if t is not None and state is not None and (state.conn is conn or consumers):
+                self.spawn(t.subs.detach(sub, conn))
 
     async def _listen(self) -> None:
         """The one place listeners are opened (SSL adds a second here; ``ssl_only`` leaves only that one)."""

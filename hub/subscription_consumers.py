@@ -83,7 +83,7 @@ class SubscriptionConsumers:
                 state.consumed = cursor.mark_delete
         return d
 
-    def _on_acked(self, state: SubState, advanced: bool) -> None:
+    def _on_acked(self, state: SubState, advanced: bool, n: int) -> None:
         d = state.dispatcher
         if d is None or self.subs.get(state.subscriber) is not state:
             return
@@ -92,7 +92,7 @@ class SubscriptionConsumers:
             if self.on_consumed is not None:
                 self.on_consumed(self.topic)
         state.acks_dirty = True
-        state.consumes_since_persist += 1
+        state.consumes_since_persist += n
         if state.consumes_since_persist >= self.conf.consume_interval:
             self._persist_tracked(state.subscriber)
         elif state.ack_timer is None:
@@ -108,6 +108,12 @@ class SubscriptionConsumers:
         task = self.persist_soon(sub)
         if task is not None and self.track is not None:
             self.track(task)
+
+    def consumer_ids(self, sub: bytes, conn: Any) -> list[int]:
+        """The ids of ``sub``'s consumers attached through ``conn``."""
+        state = self.subs.get(sub)
+        d = state.dispatcher if state is not None else None
+        return [s.consumer_id for s in d.consumers if s.conn is conn] if d is not None else []
 
     def _remove_slot(self, state: SubState, slot: ConsumerSlot) -> None:
         """Detach one consumer; its connection forgets the subscription when it has no other attachment."""
