@@ -4,7 +4,9 @@
 
 Pulsar's ``PersistentDispatcherMultipleConsumers``: each message goes to the
 next attached consumer (in attach order, round-robin) that has a free
-permit; a consumer without permits is passed over, so one that stops
+permit, up to ``hub.dispatch.ROUND_ROBIN_BATCH`` (20, as Pulsar's
+``dispatcherMaxRoundRobinBatchSize``) in a row while it has permits, so
+frames and acks carry runs; a consumer without permits is passed over, so one that stops
 receiving stops getting messages while the others keep going. Messages
 waiting for redelivery go first, in seq order. An EXCLUSIVE subscription
 used through ``HedwigClient.consumer`` is this dispatcher with its one

@@ -442,3 +442,21 @@ async def test_admin_stats_show_type_consumers_unacked_and_redeliveries(cluster:
         await winner.ack(held[0])
         await a.close()
         await b.close()
+
+
+async def test_an_exclusive_consumer_acks_individually_and_cumulatively(cluster: LocalCluster) -> None:
+    topic, sub = name(), name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        async with await c.consumer(topic, sub) as consumer:       # EXCLUSIVE, the default
+            for i in range(6):
+                await c.publish(topic, str(i).encode())
+            got = await drain(consumer, 6, ack=False)
+            await consumer.ack(got[4])                             # 5 acknowledged on its own
+            await consumer.ack_cumulative(got[2])                  # 1..3
+        assert consumer.closed
+        async with await c.consumer(topic, sub) as again:          # 4 and 6 come again, in order
+            assert [m.seq_id for m in await drain(again, 2)] == [4, 6]
+            await nothing_more(again)
+        # a Hedwig subscriber attaches to the same EXCLUSIVE subscription after the consumer left
+        await c.subscribe(topic, sub, create_or_attach="ATTACH")
+        await c.close_subscription(topic, sub)
