@@ -144,6 +144,7 @@ class TopicSubscriptions(SubscriptionConsumers):
         self.last_seq = last_seq
         self.on_consumed = on_consumed
         self.subs: dict[bytes, SubState] = {}
+        self._subscribing: dict[bytes, asyncio.Lock] = {}
 
     async def load(self) -> None:
         for sub, (data, version) in (await self.mgr.read_subscriptions(self.topic)).items():
@@ -183,6 +184,12 @@ class TopicSubscriptions(SubscriptionConsumers):
                                   allowlist=self.conf.server_filter_allowlist)
 
     async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
+        """One subscribe at a time per subscriber, whatever connection it comes from: two consumers of a new
+        SHARED subscription attaching at once must not both try to create it."""
+        async with self._subscribing.setdefault(sub, asyncio.Lock()):   # kept: one per subscriber, as subs
+            return await self._subscribe(conn, sub, req)
+
+    async def _subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
         mode = req.createOrAttach
         state = self.subs.get(sub)
         stype, cid = req.preferences.subscriptionType, req.consumerId
