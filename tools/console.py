@@ -682,9 +682,14 @@ class HedwigConsole:
         found = await persistence.read_topic_persistence_info(topic)
         ranges = list(found[0].ranges) if found else []
         subscriptions = sorted((await subs.read_subscriptions(topic)).items())
-        live = await self._live_subscriptions(args[1]) if subscriptions else {}
+        typed = any(data.preferences.subscriptionType for data, _ in dict(subscriptions).values())
+        live = await self._live_subscriptions(args[1]) if typed else {}
 
         def consumer_view(sub_id: bytes, data: Any) -> dict[str, Any]:
+            """type, consumers and unacked of a SHARED/FAILOVER/KEY_SHARED subscription (Hedwig's EXCLUSIVE
+            ones print as they always did)."""
+            if not data.preferences.subscriptionType:
+                return {}
             got = live.get(sub_id.decode(errors="replace"), {})
             return {"type": pb_type_name(data.preferences.subscriptionType),
                     "consumers": len(got["consumers"]) if "consumers" in got else None,
@@ -717,8 +722,8 @@ class HedwigConsole:
             remote = {c.region.decode(errors="replace"): c.seqId for c in data.state.msgId.remoteComponents}
             seq = f"local:{data.state.msgId.localComponent}" + "".join(f", {k}:{v}" for k, v in sorted(remote.items()))
             view = consumer_view(sub_id, data)
-            extra = f", type: {view['type']}"
-            if view["consumers"] is not None:
+            extra = f", type: {view['type']}" if view else ""
+            if view.get("consumers") is not None:
                 extra += f", consumers: {view['consumers']}, unacked: {view['unacked']}"
             self.say(f"Subscriber {sub_id.decode(errors='replace')} : consumeSeqId: {seq}{extra}")
         self.say()

@@ -180,8 +180,9 @@ def check_queue(ops: list[dict[str, Any]], *, ack_slack: float = 0.0) -> QueueVe
 
     Ops: ``{"op": "ack", "seq": S, ...}`` an acknowledged publish; ``{"op": "recv", "consumer": C, "seq": S,
     "t": T}`` a message handed to a consumer's application; ``{"op": "acked", "consumer": C, "seq": S, "t": T}``
-    the application acknowledged it; ``{"op": "fault", "kind": "consumer"|"owner", "consumer": C, "t": T}`` a
-    consumer (its connection) or the topic's owner failed; ``{"op": "dlq", "seq": S}`` a message found on the
+    the application acknowledged it; ``{"op": "fault", "kind": "consumer"|"owner", "consumer": C, "t": T,
+    "until": U}`` a consumer (its connection) or the topic's owner failed at T (``until``: a fault that lasts, a
+    hub stopping, ends at U; default T); ``{"op": "dlq", "seq": S}`` a message found on the
     dead-letter topic. ``ack_slack``: seconds before an owner fault within which acks may be lost (the ack
     persistence interval).
     """
@@ -214,7 +215,7 @@ def check_queue(ops: list[dict[str, Any]], *, ack_slack: float = 0.0) -> QueueVe
         acked = acked_at.get(o["seq"])
         excuse = False
         for f in faults:
-            if not prev["t"] <= f["t"] <= o["t"]:
+            if not (prev["t"] <= f.get("until", f["t"]) and f["t"] <= o["t"]):
                 continue
             if f["kind"] == "owner" and (acked is None or acked >= f["t"] - ack_slack):
                 excuse = True
