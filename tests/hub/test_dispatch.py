@@ -138,3 +138,15 @@ async def test_key_shared_a_joining_consumer_moves_only_its_share() -> None:
     assert all(y.consumer_id == 9 for _, y in moved)       # and only to the newcomer
     assert {s.consumer_id for s in before} == {s.consumer_id for s in slots}
     await d.stop()
+
+
+async def test_messages_stored_before_the_new_fields_read_with_their_defaults() -> None:
+    from hub.proto import pubsub_pb2 as pb
+
+    old = pb.MessageBatch(first_local_seq_id=1, messages=[pb.Message(body=b"x", srcRegion=b"standalone")])
+    msg = Message.from_proto(pb.MessageBatch.FromString(old.SerializeToString()).messages[0])
+    assert (msg.key, msg.publish_time_ms, msg.redelivery_count) == (None, 0, 0)
+    keyed = Message.from_proto(pb.Message.FromString(Message(b"y", key=b"", publish_time_ms=5).wire))
+    assert (keyed.key, keyed.publish_time_ms) == (b"", 5)          # an empty key is a key, not None
+    assert pb.Message.FromString(keyed.redelivered_wire(3)).redeliveryCount == 3
+    assert keyed.redelivered_wire(0) is keyed.wire
