@@ -449,7 +449,7 @@ class HubAdmin:
                 state = t.subs.subs.get(sub)
                 if state is None:
                     raise HttpError(404, f"no subscription {_name(sub)!r} on {_name(topic)!r}")
-                if state.conn is not None and not force:
+                if state.attached and not force:   # a Hedwig subscriber or any consumer
                     raise HttpError(409, f"{_name(sub)!r} is attached (add ?force=true to close it)")
                 await t.subs.remove(sub)
             else:
