@@ -251,10 +251,10 @@ async def test_quire_client_produce_with_a_token(cluster: LocalCluster, key: Pat
     server = ["--server", cluster.hub_addresses[0]]
     done = await asyncio.to_thread(quire_client, "produce", topic, "-m", "hi", *server,
                                    "--auth-token-file", str(token_file))
-    assert (done.returncode, done.stdout) == (0, f"produced 1 messages to {topic} (seq ids 1..1)\n"), done.stderr
+    assert (done.returncode, done.stdout) == (0, f"produced 1 message to {topic} (seq id 1)\n"), done.stderr
     done = await asyncio.to_thread(quire_client, "produce", topic, "-m", "hi", *server,
                                    env={"QUIRE_AUTH_TOKEN": create_token(key, role)})
-    assert (done.returncode, done.stdout) == (0, f"produced 1 messages to {topic} (seq ids 2..2)\n"), done.stderr
+    assert (done.returncode, done.stdout) == (0, f"produced 1 message to {topic} (seq id 2)\n"), done.stderr
     done = await asyncio.to_thread(quire_client, "produce", topic, "-m", "hi", *server)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.startswith("quire client produce: AUTHENTICATION_FAILED: this hub requires authentication")
