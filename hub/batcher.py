@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from hub import errors
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
+from hub.entry_index import EntryIndex
 from hub.proto import pubsub_pb2 as pb
 from metastore.tasks import spawn
 
@@ -90,7 +91,7 @@ class EntryBatcher:
     on_persisted: Callable[[bytes, list[pb.Message]], None] | None
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
-    _index: dict[int, list[int]]
+    _index: dict[int, EntryIndex]
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
@@ -370,7 +371,7 @@ class EntryBatcher:
     def _acked(self, add: InflightAdd) -> None:
         self._start_failures = 0
         first, batch = add.first, add.batch
-        self._index[add.lh.ledger_id].append(first)
+        self._index[add.lh.ledger_id].append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
         msgs = []

@@ -17,7 +17,7 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``,
 ``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
-``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``,
+``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``, ``dedup_max_producers``,
 ``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``,
 ``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``,
 ``message_ttl_seconds``, ``retention_time_minutes``, ``retention_size_mb``, ``backlog_quota_limit_bytes``,
@@ -136,6 +136,8 @@ class HubConf:
                                      "they hold this many bytes (0: at once)", min=0)
     dedup_window: int = setting(10000, "publishes per producer whose duplicates are answered with the original's "
                                 "seq id (older ones: DUPLICATE_PUBLISH)", min=1)
+    dedup_max_producers: int = setting(1000, "producers a topic remembers for deduplication; a new one past it "
+                                       "forgets the least recently active", min=1)
     dedup_snapshot_interval: int = setting(1000, "messages of a topic with producers between snapshots of its "
                                            "deduplication state (a new owner reads the log after the last)", min=1)
     max_outbound_buffer: int = setting(4 * MIB, "bytes buffered for a slow client before delivery pauses",

@@ -1,6 +1,6 @@
 """Producer deduplication (Pulsar's): a topic stores a (producer, sequence id) at most once.
 
-    dedup = ProducerDedup(window=10000)
+    dedup = ProducerDedup(window=10000, max_producers=1000)
     dedup.restore(snapshot)                      # acquiring a topic: its last snapshot, then ...
     dedup.stored(b"orders-1", 41, seq)           # ... every producer message of the log after it
     if dedup.admit(b"orders-1", 42, done):       # True: new, store it and call dedup.settle(...) after
@@ -23,7 +23,16 @@ sequence id):
 
 So producers should number their publishes increasingly (as Pulsar's), but
 retries may arrive out of order (several in flight when an owner died) as
-long as they stay within the window. A failed store (``settle`` with an
+long as they stay within the window.
+
+Memory is bounded: a topic keeps at most ``max_producers`` producers (the
+hub's ``dedup_max_producers``, Pulsar's
+``brokerDeduplicationMaxNumberOfProducers``), each with at most ``window``
+sequence ids (about 140 bytes each). A new producer past that forgets the
+one that published least recently (and has nothing in flight): a retry of
+its old publishes is then stored again, as after Pulsar drops an inactive
+producer. ``len(dedup)`` counts the sequence ids held, ``producers`` the
+producers. A failed store (``settle`` with an
 error) forgets the in-flight entry, so a retry can store it. No I/O here:
 ``hub.persistence.TopicLog`` feeds it and persists snapshots.
 """
@@ -31,12 +40,15 @@ error) forgets the in-flight entry, so a retry can store it. No I/O here:
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable
 
 from hub.errors import DuplicatePublishError
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["ProducerDedup"]
+
+log = logging.getLogger(__name__)
 
 Done = Callable[[int, BaseException | None], None]
 
@@ -53,15 +65,41 @@ class _Producer:
 class ProducerDedup:
     """See the module docstring."""
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, max_producers: int = 1000) -> None:
         self.window = window
-        self._producers: dict[bytes, _Producer] = {}
+        self.max_producers = max_producers
+        self.evicted = 0      # producers forgotten to stay within max_producers
+        self._producers: collections.OrderedDict[bytes, _Producer] = collections.OrderedDict()   # least recent first
+        self._held = 0        # sequence ids in every window
+
+    @property
+    def producers(self) -> int:
+        return len(self._producers)
+
+    def __len__(self) -> int:
+        """Sequence ids held (stored in a window, or in flight)."""
+        return self._held + sum(len(p.pending) for p in self._producers.values())
 
     def _get(self, producer: bytes) -> _Producer:
-        p = self._producers.get(producer)
+        producers = self._producers
+        p = producers.get(producer)
         if p is None:
-            p = self._producers[producer] = _Producer()
+            if len(producers) >= self.max_producers:
+                self._evict()
+            p = producers[producer] = _Producer()
+        else:
+            producers.move_to_end(producer)
         return p
+
+    def _evict(self) -> None:
+        """Forget the least recently used producer with nothing in flight (none such: keep them all)."""
+        for name, p in self._producers.items():
+            if not p.pending:
+                del self._producers[name]
+                self._held -= len(p.window)
+                self.evicted += 1
+                log.debug("dedup: forgot producer %r (max_producers %d)", name, self.max_producers)
+                return
 
     def admit(self, producer: bytes, sequence_id: int, done: Done) -> bool:
         """True if the publish is new (store it, then ``settle``); else ``done`` is (or will be) answered."""
@@ -94,11 +132,14 @@ class ProducerDedup:
     def stored(self, producer: bytes, sequence_id: int, seq: int) -> None:
         """Record a (producer, sequence id) durable as ``seq`` (also: replaying the log)."""
         p = self._get(producer)
-        p.window[sequence_id] = seq
-        p.window.move_to_end(sequence_id)
-        while len(p.window) > self.window:
-            evicted, _ = p.window.popitem(last=False)
+        window = p.window
+        held = len(window)
+        window[sequence_id] = seq
+        window.move_to_end(sequence_id)
+        while len(window) > self.window:
+            evicted, _ = window.popitem(last=False)
             p.floor = max(p.floor, evicted)
+        self._held += len(window) - held
 
     def snapshot(self, at_seq: int) -> pb.DedupSnapshot:
         """What is stored, as of the topic's seq id ``at_seq`` (in-flight publishes are not)."""

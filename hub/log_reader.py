@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hub import errors
 from hub.conf import HubConf
+from hub.entry_index import EntryIndex
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 
@@ -34,7 +35,10 @@ if TYPE_CHECKING:
     from bookie.client import BookKeeper
     from bookie.ledger import LedgerHandle
 
-__all__ = ["LogReader", "decode_batch"]
+__all__ = ["KNOWN_PER_LEDGER", "LogReader", "decode_batch"]
+
+KNOWN_PER_LEDGER = 1024
+"""Entry starts remembered per ledger of a previous owner (``LogReader._learn``): about 120 bytes each."""
 
 
 async def _one(batch: list[pb.Message]) -> AsyncIterator[list[pb.Message]]:
@@ -62,7 +66,7 @@ class LogReader:
     lh: LedgerHandle | None
     _closing: LedgerHandle | None
     _readers: dict[int, LedgerHandle]
-    _index: dict[int, list[int]]
+    _index: dict[int, EntryIndex]
     _known: dict[int, list[tuple[int, int]]]
     _decoded: tuple[tuple[int, int], list[pb.Message]]
 
@@ -116,13 +120,21 @@ class LogReader:
         return rh is not self.lh and rh is not self._closing and not rh.is_closed
 
     def _learn(self, ledger_id: int, entry_id: int, first_seq: int) -> None:
-        """Remember where an entry of a ledger we did not write starts (narrows later searches)."""
+        """Remember where an entry of a ledger we did not write starts (narrows later searches).
+
+        At most ``KNOWN_PER_LEDGER`` entries per ledger: past that every
+        second one is forgotten (searches stay bounded, a little wider), so a
+        reader going through a previous owner's long ledger does not make the
+        hub keep something per entry.
+        """
         if ledger_id in self._index:
             return
         known = self._known.setdefault(ledger_id, [])
         i = bisect.bisect_left(known, (first_seq, entry_id))
         if i == len(known) or known[i] != (first_seq, entry_id):
             known.insert(i, (first_seq, entry_id))
+            if len(known) > KNOWN_PER_LEDGER:
+                del known[1::2]
 
     async def _entry_of(self, rh: LedgerHandle, seq: int) -> int:
         """The entry id of ``rh`` holding ``seq``: our own index, else a binary search by reads.
@@ -133,7 +145,7 @@ class LogReader:
         """
         idx = self._index.get(rh.ledger_id)
         if idx is not None:
-            return bisect.bisect_right(idx, seq) - 1
+            return idx.entry_of(seq)
         lo, hi = 0, rh.last_add_confirmed
         known = self._known.get(rh.ledger_id, [])
         i = bisect.bisect_right(known, (seq, 1 << 62))      # first entry known to start after seq
@@ -169,7 +181,7 @@ class LogReader:
         """
         idx = self._index.get(ledger_id)
         if idx is not None:
-            return max(entry, bisect.bisect_right(idx, last_seq) - 1)
+            return max(entry, idx.entry_of(last_seq))
         known = self._known.get(ledger_id, [])
         i = bisect.bisect_right(known, (last_seq, 1 << 62))
         if i < len(known) and known[i][1] > entry:

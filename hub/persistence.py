@@ -88,6 +88,7 @@ from hub import errors
 from hub.batcher import Batch, Done, EntryBatcher, InflightAdd
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
+from hub.entry_index import EntryIndex
 from hub.log_reader import LogReader, decode_batch
 from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
@@ -123,7 +124,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.last_seq = 0                 # last acknowledged seq id
         self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
-        self._index: dict[int, list[int]] = {}      # ledgers we wrote: first seq id of every entry
+        self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, LedgerHandle] = {}  # read-only handles on ledgers that are not current
@@ -140,7 +141,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
         self._start_not_before = 0.0      # loop time before which no new ledger is tried
         self._start_error: BaseException | None = None
-        self.dedup = ProducerDedup(conf.dedup_window)
+        self.dedup = ProducerDedup(conf.dedup_window, conf.dedup_max_producers)
         self._dedup_store = dedup_store          # hub.metadata.TopicDedupManager (None: in memory only)
         self._dedup_armed = dedup_store is None  # the topic's topic_dedup record exists
         self._needs_arm = False
@@ -319,7 +320,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.lh = lh
         self._ledger_started(lh)
         self.entries_in_ledger = 0
-        self._index[lh.ledger_id] = []
+        self._index[lh.ledger_id] = EntryIndex()
 
     async def _write_ranges(self, ranges: pb.LedgerRanges) -> Version:
         """CAS ``ranges`` on the version this owner holds; any failure gives the topic up (``_give_up``)."""

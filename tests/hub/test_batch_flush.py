@@ -16,6 +16,7 @@ from bookie.errors import BKError
 from bookie.wire.framing import FrameDecoder
 from hub import errors
 from hub.conf import load_hub_conf
+from hub.entry_index import EntryIndex
 from hub.persistence import TopicLog, decode_batch
 from hub.proto import pubsub_pb2 as pb
 
@@ -48,7 +49,7 @@ async def turns(n: int = 5) -> None:
 def held_log(**conf: Any) -> tuple[TopicLog, HeldLedger]:
     log = TopicLog(b"t", None, None, load_hub_conf(None, conf))
     lh = HeldLedger()
-    log.lh, log._index[lh.ledger_id] = lh, []
+    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
     return log, lh
 
 
@@ -138,7 +139,7 @@ async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytes
     store = RangesStore()
     log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
     lh = RefusingLedger()
-    log.lh, log._index[lh.ledger_id] = lh, []
+    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
     log.ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=1)
     first = log.enqueue(body(1))
     await turns()

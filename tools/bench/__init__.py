@@ -35,6 +35,7 @@ BENCHMARKS = {
     "subscribe": "10 000 topics with one subscriber each over one connection: subscribes/s, hub memory",
     "topics": "many topics: acquisition at 64/512 in flight, takeover after kill -9, idle RSS, spread publishing",
     "disk": "disk usage of a bookie over publish / consume / delete cycles of about 1 GB (does LMDB reuse pages?)",
+    "soak": "steady publishing for minutes: RSS of the hub, bookies and client per message and per hour",
     "scan": "Spark scan of 1M ledger rows (quire-metastore DataSource) against the one-process cursor scan",
 }
 
