@@ -55,7 +55,7 @@ import gc
 import itertools
 import logging
 import sys
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, cast
 
 from bookie import errors
@@ -387,7 +387,8 @@ class BookieServer:
         self.draining = False
         self.stats = BookieStats(read_only=lambda: self.read_only, connections=lambda: len(self.connections),
                                  disk_usage=lambda: self.last_disk_usage,
-                                 write_cache_bytes=lambda: self._storage.cache_bytes if self._storage else 0)
+                                 write_cache_bytes=lambda: self._storage.cache_bytes if self._storage else 0,
+                                 gauges=self._memory_gauges())
         self.budget = proto.FrameBudget(conf.max_partial_frame_bytes)
         # parked reads count as in flight: at most half of max_pending_requests, so they alone never
         # stop a connection from being read (the in-flight hold lifts at half)
@@ -598,6 +599,24 @@ class BookieServer:
             log.info("bookie %s stopped", self._address)
 
     # --- memory bounds --------------------------------------------------------------------------
+
+    def _memory_gauges(self) -> list[tuple[str, str, Callable[[], float]]]:
+        """What grows with traffic, as gauges (README "Memory"); read at scrape time."""
+        def response_bytes() -> int:
+            return sum(c.outbox.queued_bytes + (c.transport.get_write_buffer_size() if c.transport else 0)
+                       for c in list(self.connections))
+
+        return [
+            ("bookie_long_poll_reads", "long-poll READ_LACs parked (at most max_long_poll_reads_per_connection "
+                                       "per connection)", lambda: len(self.long_polls)),
+            ("bookie_requests_in_flight", "requests read and not answered yet, all connections (a connection "
+                                          "is not read while max_pending_requests are)",
+             lambda: sum(c.state.in_flight for c in list(self.connections))),
+            ("bookie_response_buffer_bytes", "answers not yet sent, all connections (a connection is not read "
+                                             "while max_pending_response_bytes wait)", response_bytes),
+            ("bookie_partial_frame_bytes", "bytes of incomplete request frames held, all connections (at most "
+                                           "max_partial_frame_bytes)", lambda: self.budget.total),
+        ]
 
     def charge(self, conn: BookieServerProtocol, held: int) -> None:
         """Record what ``conn`` holds unserved; close the newest offenders over the global budget."""

@@ -10,7 +10,10 @@
 Request counts are exported at scrape time as ``bookie_requests_total{op,status}``;
 commit sizes and latencies are histograms (counted in plain integers per
 journal group, exported at scrape time too); read-only state, connections
-and disk usage are gauges read from the callables given.
+and disk usage are gauges read from the callables given, and so are the
+``gauges`` given as ``(name, help, read)``: the bookie server's memory
+bounds (``bookie_long_poll_reads``, ``bookie_requests_in_flight``,
+``bookie_response_buffer_bytes``, ``bookie_partial_frame_bytes``).
 """
 
 from __future__ import annotations
@@ -58,8 +61,10 @@ class BookieStats(Collector):
     """See the module docstring."""
 
     def __init__(self, *, read_only: Callable[[], bool], connections: Callable[[], int],
-                 disk_usage: Callable[[], DiskUsage | None], write_cache_bytes: Callable[[], int] = lambda: 0) -> None:
+                 disk_usage: Callable[[], DiskUsage | None], write_cache_bytes: Callable[[], int] = lambda: 0,
+                 gauges: Sequence[tuple[str, str, Callable[[], float]]] = ()) -> None:
         self._write_cache_bytes = write_cache_bytes
+        self._gauges = tuple(gauges)
         self._read_only = read_only
         self._connections = connections
         self._disk_usage = disk_usage
@@ -109,6 +114,8 @@ class BookieStats(Collector):
         yield GaugeMetricFamily("bookie_connections", "open client connections", value=self._connections())
         yield GaugeMetricFamily("bookie_write_cache_bytes", "bytes of synced entries not yet in LMDB",
                                 value=self._write_cache_bytes())
+        for name, doc, read in self._gauges:
+            yield GaugeMetricFamily(name, doc, value=read())
         usage = self._disk_usage()
         if usage is not None:
             yield GaugeMetricFamily("bookie_disk_free_bytes", "free bytes on the ledger directory",

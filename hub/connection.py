@@ -80,7 +80,7 @@ class HubConnection(asyncio.Protocol):
         self.server = server
         self.conf = server.conf
         self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
-                                                 self.conf.max_requests_per_turn)
+                                                 self.conf.max_requests_per_turn, self.conf.max_pending_requests)
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -176,8 +176,8 @@ class HubConnection(asyncio.Protocol):
     def _serve_more(self) -> None:
         """The next turn's share of requests already read (``ServerConnection.backlogged``)."""
         self._serve_scheduled = False
-        if self.closed or not self.writable.is_set():
-            return    # resume_writing serves the rest
+        if self.closed or not self.writable.is_set() or self.machine.held:
+            return    # resume_writing (or _finished) serves the rest
         self._serve(self.machine.next_events())
 
     def _serve(self, events: list[protocol.ServerEvent]) -> None:
@@ -360,8 +360,15 @@ class HubConnection(asyncio.Protocol):
         if self.server.regions is not None:
             self.server.regions.stamp(topic, msg)
 
+    def _finished(self) -> None:
+        """A request read earlier was answered (or failed): read again if that lifted ``max_pending_requests``."""
+        if self.machine.request_finished():
+            if self.machine.backlogged:
+                self._serve_soon()
+            self._update_reading()
+
     def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
-        self.machine.request_finished()
+        self._finished()
         if exc is not None:
             self._publish_failed(req, t, exc)
             return
@@ -374,7 +381,7 @@ class HubConnection(asyncio.Protocol):
 
     def _batch_published(self, answer: _BatchAnswer) -> None:
         """Every message of a batched publish is settled: one answer (``hub.protocol.published_batch``)."""
-        self.machine.request_finished()
+        self._finished()
         req = answer.req
         if answer.error is not None:
             self._publish_failed(req, answer.t, answer.error, answer.first, answer.stored)
@@ -459,12 +466,12 @@ class HubConnection(asyncio.Protocol):
                 self.server.stats.incr("unsubscribes")
                 await t.subs.unsubscribe(self, ev.subscriber)
                 await self.server.follow_regions(ev.topic, ev.subscriber, False)
-            self.machine.request_finished()
+            self._finished()
             self.send(resp)
             if req.type in _TIMED:
                 self.server.stats.observe(_TIMED[req.type], time.perf_counter() - t0)
         except Exception as exc:
-            self.machine.request_finished()
+            self._finished()
             self._fail(req, exc)
         if self.machine.eof:
             self._close_if_done()

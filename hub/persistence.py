@@ -103,6 +103,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Batch", "Done", "TopicLog", "decode_batch"]
 
+_KNOWN_BYTES = 120
+"""About what one known entry start of a previous owner's ledger costs (a tuple of two ints in a list)."""
 _REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, errors.NoTopicPersistenceInfoError)
 """Range-write failures that certainly wrote nothing."""
 
@@ -371,6 +373,27 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         del rs
         if drop:
             await self._delete_ledger_quietly(lh.ledger_id)
+
+    # --- what it holds ---------------------------------------------------------------------------
+    def memory(self) -> dict[str, int]:
+        """What this log holds in memory, for the hub's gauges (``hub.stats``).
+
+        ``queued_messages``/``queued_bytes``: publishes waiting for an entry;
+        ``adds_in_flight``/``messages_in_flight``: entries sent to the
+        bookies, not yet acknowledged (at most ``max_outstanding_adds``);
+        ``index_bytes``: the entry indexes of its ledgers (``hub.entry_index``,
+        about a byte per entry, dropped with the ledger) and the entry starts
+        known of a previous owner's ledgers (at most ``KNOWN_PER_LEDGER`` each);
+        ``dedup_producers``/``dedup_entries``: its deduplication state
+        (``hub.dedup``).
+        """
+        return {
+            "queued_messages": len(self._queue), "queued_bytes": self._queued_bytes,
+            "adds_in_flight": len(self._inflight), "messages_in_flight": sum(len(a.batch) for a in self._inflight),
+            "index_bytes": (sum(i.nbytes for i in self._index.values())
+                            + _KNOWN_BYTES * sum(len(k) for k in self._known.values())),
+            "dedup_producers": self.dedup.producers, "dedup_entries": len(self.dedup),
+        }
 
     # --- consumed ledgers and release -----------------------------------------------------------
     async def delete_consumed(self, consumed: int, retain: Callable[[list[int]], list[int]] | None = None

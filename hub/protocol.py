@@ -210,6 +210,7 @@ ServerEvent = RequestReceived | Reject | ConnectionBroken
 
 
 DEFAULT_MAX_REQUESTS_PER_TURN = 256
+DEFAULT_MAX_PENDING_REQUESTS = 10000
 
 
 class ServerConnection:
@@ -232,6 +233,12 @@ class ServerConnection:
     on the next loop turn, so one client's burst of tiny frames cannot hold
     the event loop (and every other client) for long.
 
+    Memory: while ``max_pending_requests`` requests are in flight (read, not
+    answered yet: publishes wait for their ledger entry) ``should_read`` is
+    False, until half of them are answered (``request_finished`` returns True
+    then: read again), as a bookie does. So a client publishing faster than
+    the bookies store cannot make the hub queue without bound.
+
     Half-close: ``request_started`` / ``request_finished`` count requests
     that will be answered; after ``eof_received`` (the client will send
     nothing more) ``close_now`` becomes True once every request read is
@@ -239,9 +246,14 @@ class ServerConnection:
     """
 
     def __init__(self, max_frame_size: int, max_message_size: int,
-                 max_requests_per_turn: int = DEFAULT_MAX_REQUESTS_PER_TURN) -> None:
+                 max_requests_per_turn: int = DEFAULT_MAX_REQUESTS_PER_TURN,
+                 max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS) -> None:
         if max_requests_per_turn < 1:
             raise ValueError(f"max_requests_per_turn must be positive, not {max_requests_per_turn}")
+        if max_pending_requests < 1:
+            raise ValueError(f"max_pending_requests must be positive, not {max_pending_requests}")
+        self.max_pending_requests = max_pending_requests
+        self.held = False         # max_pending_requests in flight: not read until half are answered
         self._decoder = FrameDecoder(max_frame_size)
         self.max_message_size = max_message_size
         self.max_requests_per_turn = max_requests_per_turn
@@ -308,9 +320,16 @@ class ServerConnection:
     def request_started(self) -> None:
         """A request was dispatched; it will be answered (``request_finished``)."""
         self.in_flight += 1
+        if self.in_flight >= self.max_pending_requests:
+            self.held = True
 
-    def request_finished(self) -> None:
+    def request_finished(self) -> bool:
+        """A request was answered; True when that lifted the hold of ``max_pending_requests`` (read again)."""
         self.in_flight -= 1
+        if self.held and self.in_flight <= self.max_pending_requests // 2:
+            self.held = False
+            return True
+        return False
 
     def eof_received(self) -> None:
         """The client half-closed: it sends nothing more, but still reads."""
@@ -318,7 +337,7 @@ class ServerConnection:
 
     def should_read(self, writable: bool) -> bool:
         """Read more while the client reads what we write (``writable``) and no requests wait for a later turn."""
-        return writable and not self.backlogged and not self.eof
+        return writable and not self.backlogged and not self.eof and not self.held
 
     @property
     def close_now(self) -> bool:

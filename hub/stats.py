@@ -19,7 +19,14 @@ What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
   ``hub_backlog_messages`` (published but not yet consumed, summed over
   subscriptions), ``hub_remote_subscriptions`` (held in other regions),
   ``hub_events_total{event}`` for every other counter (e.g.
-  ``remote_messages_persisted``).
+  ``remote_messages_persisted``);
+* memory, one gauge per bounded table (README "Memory"):
+  ``hub_publish_queue_messages``, ``hub_publish_queue_bytes``,
+  ``hub_adds_in_flight``, ``hub_messages_in_flight``,
+  ``hub_entry_index_bytes``, ``hub_dedup_producers``, ``hub_dedup_entries``
+  (summed over the topics' logs, ``TopicLog.memory``),
+  ``hub_partial_frame_bytes`` and ``hub_outbound_buffer_bytes`` (the
+  connections' buffers).
 
 Counters are plain integers on the hot path (``HubStats.incr``), exported at
 scrape time; only latencies go to a ``Histogram``. A scrape never fails
@@ -40,6 +47,7 @@ from prometheus_client.registry import Collector
 from bookie.metrics import metric_name
 
 if TYPE_CHECKING:
+    from bookie.wire import FrameBudget
     from hub.connection import HubConnection
     from hub.readahead import ReadAheadCache
     from hub.regions import RegionManager
@@ -59,6 +67,20 @@ _PACKETS = {
 }
 _OP_COUNTERS = {"publishes": "publish", "subscribes": "subscribe", "unsubscribes": "unsubscribe",
                 "consumes": "consume"}
+_MEMORY_GAUGES = (
+    ("publish_queue_messages", "queued_messages", "publishes waiting for a ledger entry, all topics"),
+    ("publish_queue_bytes", "queued_bytes", "bytes of the publishes waiting for a ledger entry, all topics"),
+    ("adds_in_flight", "adds_in_flight", "ledger entries sent and not yet acknowledged, all topics "
+                                         "(at most max_outstanding_adds per topic)"),
+    ("messages_in_flight", "messages_in_flight", "messages in ledger entries not yet acknowledged, all topics"),
+    ("entry_index_bytes", "index_bytes", "bytes of the topics' ledger entry indexes (about one per entry, "
+                                         "dropped with the ledger)"),
+    ("dedup_producers", "dedup_producers", "producers remembered for deduplication, all topics "
+                                           "(at most dedup_max_producers per topic)"),
+    ("dedup_entries", "dedup_entries", "sequence ids remembered for deduplication, all topics "
+                                       "(at most dedup_window per producer; about 140 bytes each)"),
+)
+"""Gauges of what the topics' logs hold (``TopicLog.memory``): hub_<subject>, the key summed, help."""
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -100,6 +122,9 @@ class MetricsSource(Protocol):
 
     @property
     def cache(self) -> ReadAheadCache | None: ...
+
+    @property
+    def frame_budget(self) -> FrameBudget: ...
 
 
 class HubMetrics(Collector):
@@ -145,6 +170,14 @@ class HubMetrics(Collector):
             ("remote_subscriptions", "subscriptions this hub holds in other regions (RegionManager)",
              lambda: server.regions.remote_subscriptions() if server.regions is not None else 0),
         ]
+        gauges += [(subject, doc, self._topics_sum(key)) for subject, key, doc in _MEMORY_GAUGES]
+        gauges += [
+            ("partial_frame_bytes", "bytes of incomplete request frames held, all connections "
+                                    "(at most max_partial_frame_bytes)", lambda: server.frame_budget.total),
+            ("outbound_buffer_bytes", "bytes written to client connections and not yet sent "
+                                      "(a connection's deliveries pause past max_outbound_buffer)",
+             self._outbound_bytes),
+        ]
         for subject, doc, read in gauges:
             try:
                 yield GaugeMetricFamily(_name(subject), doc, value=read())
@@ -162,6 +195,15 @@ class HubMetrics(Collector):
                                   value=stats.get("hits", 0))
         yield CounterMetricFamily(_name("readahead_cache_misses"), "read-ahead cache misses",
                                   value=stats.get("misses", 0))
+
+    def _topics_sum(self, key: str) -> Callable[[], int]:
+        def read() -> int:
+            return sum(t.log.memory()[key] for t in list(self.server.topics.values()))
+        return read
+
+    def _outbound_bytes(self) -> int:
+        return sum(c.transport.get_write_buffer_size() for c in list(self.server.connections)
+                   if c.transport is not None)
 
     def _backlog(self) -> int:
         total = 0
