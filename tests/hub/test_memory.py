@@ -229,3 +229,15 @@ def test_a_hub_holding_max_pending_requests_serves_every_publish(tmp_path: Path)
     with Runner() as loop:
         seqs = loop.run(main())
     assert seqs == list(range(2, 202))
+
+
+def test_soak_samples_are_drawn_as_rss_over_time(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="the plot extra is missing: make bench-deps")
+    from tools.bench.plot import draw
+
+    rows = [{"bench": "soak", "case": "sample", "subscribers": subs, "t_s": t, "process": proc,
+             "rss_bytes": int(50 + t) << 20} for subs in (0, 1) for proc in ("hub", "client") for t in (0.0, 5.0)]
+    path = draw(rows, tmp_path / "soak.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="rss_bytes"):
+        draw([{"case": "sample", "process": "hub"}], tmp_path / "none.png")

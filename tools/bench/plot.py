@@ -17,6 +17,9 @@ One PNG with up to two panels, from whatever the rows hold:
   disk`` (issue 30), rows ``"case": "sample"`` with ``disk_bytes`` (and
   ``lmdb_file_bytes``, ``lmdb_allocated_bytes``, ``journal_bytes`` where
   present), each point named by its ``cycle`` and ``phase``.
+* **Resident memory** (MiB over seconds): the samples of ``quire bench
+  soak`` (issue 35), rows ``"case": "sample"`` with ``t_s``, ``process``
+  and ``rss_bytes``, one line per process (and per ``subscribers`` case).
 
 A row's label is its ``system`` (when not ``quire`` only by name), ``case``,
 ``config``, ``mode`` and ``size`` — the fields that tell rows apart.
@@ -165,10 +168,12 @@ def draw(rows: list[dict[str, Any]], out: str | Path) -> Path:
     with_latency = [r for r in rows if r.get("case") not in RATIO_CASES and latency_points(r)]
     bars = _rate_rows(rows)
     disk = [r for r in rows if r.get("case") == "sample" and isinstance(r.get("disk_bytes"), int | float)]
-    if not with_latency and not bars and not disk:
-        raise ValueError("nothing to draw: no row has latencies (p50_ms, percentiles_ms), ops_per_sec or "
-                         "disk_bytes")
-    panels = int(bool(with_latency)) + int(bool(bars)) + int(bool(disk))
+    rss = [r for r in rows if r.get("case") == "sample" and isinstance(r.get("rss_bytes"), int | float)
+           and isinstance(r.get("t_s"), int | float)]
+    if not with_latency and not bars and not disk and not rss:
+        raise ValueError("nothing to draw: no row has latencies (p50_ms, percentiles_ms), ops_per_sec, "
+                         "disk_bytes or rss_bytes")
+    panels = int(bool(with_latency)) + int(bool(bars)) + int(bool(disk)) + int(bool(rss))
     height = max(5.0, 0.4 * len(bars) + 1.5, 0.2 * len(with_latency) + 2.0)
     fig, axes = plt.subplots(1, panels, figsize=(7.0 * panels, height), squeeze=False)
     ax_iter: Iterator[Any] = iter(axes[0])
@@ -222,6 +227,21 @@ def draw(rows: list[dict[str, Any]], out: str | Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.set_title("disk usage (cycle, phase)", fontsize="medium")
+        ax.legend(fontsize="x-small")
+    if rss:
+        ax = next(ax_iter)
+        cases = sorted({json.dumps(r.get("subscribers")) for r in rss})
+        lines: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in rss:
+            lines.setdefault((json.dumps(r.get("subscribers")), str(r.get("process", "?"))), []).append(r)
+        for (case, process), series in lines.items():
+            name = process if len(cases) == 1 else f"{process}, subscribers {case}"
+            ax.plot([s["t_s"] for s in series], [s["rss_bytes"] / 2**20 for s in series], label=name,
+                    linestyle="-" if case == cases[0] else "--")
+        ax.set_xlabel("seconds")
+        ax.set_ylabel("RSS (MiB)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title("resident memory per process", fontsize="medium")
         ax.legend(fontsize="x-small")
     fig.suptitle(_title(rows))
     fig.tight_layout()

@@ -40,8 +40,8 @@ The targets are judged on the anonymous memory: a bookie's file-backed
 resident pages are its LMDB entry store mapped in memory, which grows with
 the data stored, as the disk does, and which the kernel reclaims under
 pressure (page cache, not heap). ``rss_bytes`` is reported as well.
-``--plot FILE.png`` draws RSS over time per process when matplotlib is
-installed (else a ``"plot"`` line says it was skipped).
+``--plot FILE.png`` (every bench's option, ``tools.bench.plot``) draws RSS
+over time per process from the sample rows.
 """
 
 from __future__ import annotations
@@ -90,7 +90,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds left out of the slopes (default a third of the run, at most 120)")
     parser.add_argument("--exactly-once", action="store_true",
                         help="publish as producers (sequence ids: the hub's dedup windows fill)")
-    parser.add_argument("--plot", default=None, metavar="FILE.png", help="plot RSS over time (needs matplotlib)")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
     add_conf_argument(parser)
 
@@ -282,33 +281,6 @@ async def soak(cluster: Any, args: argparse.Namespace, subscribers: int,
     return load, samples, elapsed
 
 
-def _plot(path: str, samples: list[tuple[int, Sample]]) -> dict[str, Any]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return {"bench": "soak", "case": "plot", "skipped": "matplotlib is not installed"}
-    cases = sorted({n for n, _ in samples})
-    fig, axes = plt.subplots(1, max(1, len(cases)), figsize=(6 * max(1, len(cases)), 4.5), sharey=True,
-                             squeeze=False)
-    for col, subs in enumerate(cases):
-        ax = axes[0][col]
-        for name in dict.fromkeys(s.process for n, s in samples if n == subs):
-            pts = [s for n, s in samples if n == subs and s.process == name]
-            ax.plot([s.t_s for s in pts], [s.rss_bytes / 1e6 for s in pts], label=name)
-        ax.set_title(f"{subs} subscriber(s)")
-        ax.set_xlabel("seconds")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
-    axes[0][0].set_ylabel("RSS (MB)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return {"bench": "soak", "case": "plot", "file": path}
-
-
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     overrides = conf_overrides(args)
     cluster_conf = {**SOAK_CONF, **overrides}
@@ -319,7 +291,6 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         raise SystemExit("quire bench soak: --warmup must be at least 0 and shorter than the run")
     common = {"bench": "soak", "rate": args.rate, "topics": args.topics, "size": args.size, "config": "E3W2A2",
               "exactly_once": args.exactly_once, **conf_fields(overrides)}
-    plotted: list[tuple[int, Sample]] = []
     for subscribers in cases:
         with bench_data_dir(args, "soak-") as data_dir, Runner() as loop:
             cluster = quire_cluster(data_dir, 3, 2, 2, **cluster_conf)
@@ -329,7 +300,6 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             finally:
                 loop.run(cluster.stop())
         for s in samples:
-            plotted.append((subscribers, s))
             yield {**common, "case": "sample", "subscribers": subscribers, "t_s": s.t_s, "process": s.process,
                    "pid": s.pid, "rss_bytes": s.rss_bytes, "rss_anon_bytes": s.rss_anon_bytes,
                    "published": s.published, "delivered": s.delivered}
@@ -345,5 +315,3 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                    **slope_line(name, [s for s in samples if s.process == name], warmup),
                    "target_change_pct": TARGET_CHANGE_PCT, "target_change_bytes": TARGET_CHANGE_BYTES,
                    "target_bytes_per_msg": TARGET_BYTES_PER_MSG}
-    if args.plot:
-        yield _plot(args.plot, plotted)
