@@ -11,7 +11,7 @@ HUB_PORT ?= 4080
 BOOKIES  ?= 3
 PROTOS := $(wildcard metastore/proto/*.proto bookie/proto/*.proto hub/proto/*.proto)
 
-.PHONY: all setup system-deps bench-deps run test lint typecheck proto proto-check pytest bench-smoke clean
+.PHONY: all setup system-deps bench-deps run test test-fast lint typecheck proto proto-check pytest bench-smoke clean
 
 all: test
 
@@ -92,8 +92,19 @@ proto-check: setup
 			cmp -s $$tmp/$$b$$ext $$d/$$b$$ext || { echo "stale generated file: $$d/$$b$$ext (run make proto)" >&2; status=1; }; \
 		done; done; rm -rf $$tmp; exit $$status
 
+# The whole suite on pytest-xdist workers. Most of its time waits on bookie, hub, ZooKeeper and Spark processes,
+# so more workers than this machine's 2 cores; each worker has its own ZooKeeper, ports and tmp dirs, and the
+# tests of one module-scoped cluster stay on one worker (--dist loadgroup, tests/conftest.py). pytest exits
+# non-zero on any failure and with 5 when no test ran. Extra options: make test PYTEST_ARGS='-x'.
+PYTEST_WORKERS ?= 3
+PYTEST_ARGS ?=
 pytest: setup system-deps bench-deps
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# The inner loop: unit and sans-IO tests only (no processes, ZooKeeper or Spark: tests/conftest.py marks
+# every test that starts one `processes`, and here a test that starts one unmarked fails).
+test-fast: setup
+	$(PY) -m pytest -q -ra -n 2 -m "not processes and not slow" --forbid-processes $(PYTEST_ARGS)
 
 test: setup system-deps lint typecheck proto-check pytest
 

@@ -1,12 +1,240 @@
-"""Shared fixtures.
+"""Shared fixtures, and the ``processes`` marker that ``make test-fast`` leaves out.
 
 Real components only: ``tests.fixtures.zookeeper`` starts the Debian
 ZooKeeper jars on a free loopback port; ``tests.fixtures.hbase`` starts the
 HBase Thrift1 gateway emulator (a test double) or uses a real gateway named by
 ``QUIRE_HBASE_THRIFT=host:port``.
+
+*The ``processes`` marker* is set here, at collection, on every test that
+starts OS processes (bookies, hubs, ZooKeeper, Spark, ``quire`` commands):
+one whose code, the code of its fixtures, or the code of the test helpers
+(anything defined under ``tests/``) they call names a process starter
+(``PROCESS_STARTERS``), or that is parametrized onto ZooKeeper (the fixtures
+asked for by name at run time). ``@pytest.mark.processes`` may also be set by
+hand. ``make test-fast`` runs ``-m "not processes" --forbid-processes``: there
+a test that starts a process without the marker fails, naming itself, so the
+fast set cannot silently grow slow; in every other run such a test only gets a
+warning.
+
+Under ``pytest-xdist`` each worker is a session of its own: its own
+ZooKeeper (``zk_server``), HBase emulator and ``tmp_path_factory`` base
+directory; ports are picked free (``tools.zookeeper.free_port``) or bound to 0.
 """
+
+from __future__ import annotations
+
+import inspect
+import multiprocessing.util
+import os
+import subprocess
+import types
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import settings
 
 pytest_plugins = [
     "tests.fixtures.zookeeper",
     "tests.fixtures.hbase",
 ]
+
+# Names that start an OS process when called (or that are such a module), wherever they come from.
+PROCESS_STARTERS = frozenset({
+    "subprocess", "Popen", "create_subprocess_exec", "create_subprocess_shell", "fork", "posix_spawn",
+    "multiprocessing", "LocalCluster", "BookieProcess", "ZooKeeperServer", "quire_standalone",
+    "start_emulator_process", "SparkStandalone", "SparkSession", "spark_session", "RedisPeer", "NatsPeer",
+    "FloorPeer", "NetBed", "netbed", "ScriptBasedMapping",
+})
+# Parameter values that make a test ask for ZooKeeper at run time (``request.getfixturevalue``).
+PROCESS_PARAMS = frozenset({"zookeeper", "zk"})
+
+
+# No per-example deadline: it measures this machine's load (two cores shared by xdist workers and their
+# processes), not the code; a test that needs one sets it with @settings.
+settings.register_profile("quire", deadline=None)
+settings.load_profile("quire")
+
+
+class ProcessesForbidden(RuntimeError):
+    """A test without the ``processes`` marker started a process under ``--forbid-processes``."""
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--forbid-processes", action="store_true", default=False,
+                     help="fail a test that starts an OS process without the 'processes' marker (make test-fast)")
+
+
+def _code_names(code: types.CodeType) -> Iterator[str]:
+    yield from code.co_names
+    yield from code.co_varnames     # fixture arguments of a helper (e.g. a test's ``netbed``)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_names(const)
+
+
+def _functions_of(obj: Any) -> list[types.FunctionType]:
+    """The plain functions behind ``obj``: itself, a wrapped one, or a class's methods."""
+    if isinstance(obj, type):
+        return [f for v in vars(obj).values() for f in _functions_of(v)]
+    if isinstance(obj, (staticmethod, classmethod)):
+        obj = obj.__func__
+    if isinstance(obj, property):
+        return [f for f in (obj.fget, obj.fset) if isinstance(f, types.FunctionType)]
+    obj = inspect.unwrap(obj) if callable(obj) else obj
+    return [obj] if isinstance(obj, types.FunctionType) else []
+
+
+def _is_test_code(obj: Any) -> bool:
+    """Defined under tests/ or in a testing kit (``metastore.testing``, ``bookie.testing``...)."""
+    module = getattr(obj, "__module__", None)
+    if not isinstance(module, str):
+        return False
+    parts = module.split(".")
+    return parts[0] == "tests" or "testing" in parts or module == "conftest"
+
+
+def _cell_set(cell: types.CellType) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _starts_processes(func: Any, cache: dict[Any, bool]) -> bool:
+    """Whether ``func``, or a test helper it names (transitively), names a process starter."""
+    todo = _functions_of(func)
+    seen: set[types.FunctionType] = set()
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        if cache.get(f):
+            return True
+        names = set(_code_names(f.__code__))
+        if names & PROCESS_STARTERS:
+            cache[f] = True
+            return True
+        targets = [f.__globals__.get(name) for name in names]
+        targets += [cell.cell_contents for cell in f.__closure__ or () if _cell_set(cell)]  # a wrapped test
+        todo.extend(g for t in targets if t is not None and _is_test_code(t) for g in _functions_of(t))
+    return False
+
+
+def _needs_processes(item: pytest.Item, cache: dict[Any, bool]) -> bool:
+    if item.get_closest_marker("processes") or item.get_closest_marker("partition"):
+        return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(isinstance(v, str) and v in PROCESS_PARAMS for v in callspec.params.values()):
+        return True
+    if _starts_processes(getattr(item, "function", None), cache):
+        return True
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is None:
+        return False
+    for name in item.fixturenames:  # type: ignore[attr-defined]
+        if name == "_process_guard":
+            continue
+        if name in PROCESS_STARTERS:
+            return True
+        for fixturedef in fixtureinfo.name2fixturedefs.get(name, ()):
+            if _is_test_code(fixturedef.func) and _starts_processes(fixturedef.func, cache):
+                return True
+    return False
+
+
+def _shared_process_fixture(item: pytest.Item, cache: dict[Any, bool]) -> bool:
+    """Whether the test uses a module- or class-scoped fixture that starts processes (a shared cluster)."""
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    if fixtureinfo is None:
+        return False
+    for name in item.fixturenames:  # type: ignore[attr-defined]
+        for fixturedef in fixtureinfo.name2fixturedefs.get(name, ())[-1:]:
+            if fixturedef.scope in ("module", "class", "package") and _is_test_code(fixturedef.func) \
+                    and _starts_processes(fixturedef.func, cache):
+                return True
+    return False
+
+
+def _xdist_group(item: pytest.Item, cache: dict[Any, bool]) -> str | None:
+    """The xdist group of a test: its ``xdist_group`` mark, ``partition`` for the partition tests (one
+    netbed at a time: they take the CPU a nemesis' timing needs), else its module when it uses a shared
+    (module-scoped) cluster."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    if item.get_closest_marker("partition"):
+        return "partition"
+    if _shared_process_fixture(item, cache):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def _set_group(item: pytest.Item, group: str) -> None:
+    """What ``--dist loadgroup`` keys on: the nodeid suffix ``@group``. Set here because pytest-xdist 3.8
+    sets ``item._nodeid``, which pytest 9.2 no longer reads (its nodeid is ``item._id``, a ``NodeId``)."""
+    nodeid = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):
+        item._id = type(item._id).parse(nodeid)
+    else:
+        item._nodeid = nodeid
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``processes``. On an xdist worker of ``--dist loadgroup`` (``make test``): keep the tests of one
+    shared cluster on one worker, and put the process tests first, so that the short unit tests fill the
+    workers' idle time at the end (xdist hands out the groups first, largest first, then single tests in
+    collection order; every worker sorts alike, so their collections stay equal)."""
+    cache: dict[Any, bool] = {}
+    for item in items:
+        if _needs_processes(item, cache) and not item.get_closest_marker("processes"):
+            item.add_marker(pytest.mark.processes)
+    if hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False):
+        for item in items:
+            group = _xdist_group(item, cache)
+            if group is not None and "@" not in item.nodeid:
+                _set_group(item, group)
+        items.sort(key=lambda item: 0 if item.get_closest_marker("processes") else 1)
+
+
+# Where a process starts: every ``subprocess`` and ``asyncio`` child, ``multiprocessing`` (spawn, fork).
+_SPAWN_POINTS: list[tuple[Any, str]] = [(subprocess.Popen, "_execute_child"), (multiprocessing.util, "spawnv_passfds"),
+                                        (os, "fork")]
+
+
+@pytest.fixture(autouse=True)
+def _process_guard(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test not marked ``processes`` that starts one: fails under ``--forbid-processes``, else a warning."""
+    if request.node.get_closest_marker("processes"):
+        yield
+        return
+    forbid = request.config.getoption("--forbid-processes")
+    started: list[str] = []
+
+    def guard(original: Any) -> Any:
+        def guarded(*args: Any, **kw: Any) -> Any:
+            what = next((a for a in args if isinstance(a, (list, tuple, str, bytes))), original.__name__)
+            started.append(str(what if isinstance(what, (str, bytes)) else " ".join(map(str, what)))[:200])
+            if forbid:
+                raise ProcessesForbidden(
+                    f"{request.node.nodeid} started a process ({started[-1]}) but is not marked 'processes': "
+                    "mark it with @pytest.mark.processes, or add its process starter to PROCESS_STARTERS "
+                    "in tests/conftest.py")
+            return original(*args, **kw)
+        return guarded
+
+    saved = [(owner, name, getattr(owner, name)) for owner, name in _SPAWN_POINTS]
+    for owner, name, original in saved:
+        setattr(owner, name, guard(original))
+    try:
+        yield
+    finally:
+        for owner, name, original in saved:
+            setattr(owner, name, original)
+    if started and not forbid:
+        warnings.warn(f"{request.node.nodeid} started a process ({started[0]}) but is not marked 'processes' "
+                      "(make test-fast would fail it): see tests/conftest.py", stacklevel=1)

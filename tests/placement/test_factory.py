@@ -133,6 +133,7 @@ def test_bad_dns_resolver_class(value: str) -> None:
         build_policy({"dns_resolver_class": value})
 
 
+@pytest.mark.processes  # the policy runs the script (a conf key names it, no process starter does)
 def test_script_file(tmp_path: Path) -> None:
     script = tmp_path / "topo.sh"
     script.write_text('#!/bin/sh\nfor n in "$@"; do echo /s/t; done\n')
