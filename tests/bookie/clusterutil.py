@@ -14,11 +14,13 @@ FAST_CLIENT = {"read_entry_timeout": "5", "speculative_read_timeout_ms": "200",
                "bookie_watch_interval_ms": "200"}
 
 
+CLUSTER_CONF = {"session_timeout": "1000", "gc_wait_time": "600000"}
+
+
 @asynccontextmanager
 async def cluster_and_client(tmp_path: Path, bookies: int = 3,
                              overrides: dict[str, str] | None = None) -> AsyncIterator[tuple[LocalCluster, BookKeeper]]:
-    conf = {"session_timeout": "1000", "gc_wait_time": "600000"}
-    conf.update(overrides or {})
+    conf = {**CLUSTER_CONF, **(overrides or {})}
     async with LocalCluster(bookies=bookies, data_dir=tmp_path / "cluster", conf_overrides=conf) as cluster:
         bk = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
         try:

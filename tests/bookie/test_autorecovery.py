@@ -91,8 +91,10 @@ async def most_used_bookie(store: MetaStore, ids: list[int]) -> str:
 # --- election: two `quire autorecovery` processes ----------------------------------------------
 
 async def start_autorecovery(uri: str) -> tuple[asyncio.subprocess.Process, str]:
+    # a 3 s lease: with 1 s, a loaded machine (xdist workers, the in-process HBase emulator) let the elected
+    # auditor's lease lapse within the stability check below, and the other took over (a CI flake)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tools.cli", "autorecovery", "--metastore", uri, "--set", "session_timeout=1000",
+        sys.executable, "-m", "tools.cli", "autorecovery", "--metastore", uri, "--set", "session_timeout=3000",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
     assert proc.stdout is not None
     async with asyncio.timeout(30):

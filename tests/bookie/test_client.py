@@ -1,13 +1,19 @@
-"""The ledger client against real bookie processes: writes, reads, passwords, ensemble changes."""
+"""The ledger client against real bookie processes: writes, reads, passwords, ensemble changes.
+
+The tests that only write and read ledgers of their own share one module-scoped cluster (``shared``),
+each with a client of its own (``bk``; a corrupted entry is one of its own ledger); those that kill or stop
+a bookie, or need more bookies, start their own."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from bookie.client import BookKeeper
 from bookie.errors import (
@@ -20,77 +26,94 @@ from bookie.errors import (
     UnauthorizedError,
 )
 from bookie.storage import corrupt_stored_entry
-from tests.bookie.clusterutil import FAST_CLIENT, cluster_and_client, wait_for
+from tests.bookie.clusterutil import CLUSTER_CONF, FAST_CLIENT, cluster_and_client, wait_for
+from tools.cluster import LocalCluster
+
+in_shared = pytest.mark.asyncio(loop_scope="module")
 
 
-async def test_write_read_close_round_trip(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (cluster, bk):
-        lh = await bk.create_ledger(3, 2, 2, digest="crc32c", password=b"pw", properties={"app": b"test"})
-        assert set(lh.metadata.current_ensemble) == set(cluster.bookie_addresses)
-        first = await lh.add_entry(b"zero")
-        ids = await lh.add_entries([f"entry-{i}".encode() for i in range(1, 200)])
-        assert first == 0 and ids == list(range(1, 200))
-        assert lh.last_add_confirmed == 199
-        got = [(e.entry_id, e.data, e.length) async for e in lh.read(0, 199)]
-        assert got[0] == (0, b"zero", 4)
-        assert got[1:] == [(i, f"entry-{i}".encode(), len(f"entry-{i}")) for i in range(1, 200)]
-        await lh.close()
-        assert lh.is_closed and lh.metadata.last_entry_id == 199
-        assert lh.metadata.length == 4 + sum(len(f"entry-{i}") for i in range(1, 200))
-        with pytest.raises(LedgerClosedError):
-            await lh.add_entry(b"late")
-        rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"pw")
-        assert rh.is_closed and rh.last_add_confirmed == 199
-        assert rh.metadata.properties == {"app": b"test"}
-        assert [e.data async for e in rh.read(198, 199)] == [b"entry-198", b"entry-199"]
-        with pytest.raises(NoSuchEntryError):
-            [e async for e in rh.read(150, 200)]
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    async with LocalCluster(bookies=3, data_dir=tmp_path_factory.mktemp("shared"),
+                            conf_overrides=CLUSTER_CONF) as cluster:
+        yield cluster
 
 
-async def test_mac_digest_and_wrong_password(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (_, bk):
-        lh = await bk.create_ledger(3, 3, 2, digest="mac", password=b"secret")
-        await lh.add_entries([b"a", b"b", b"c"])
-        with pytest.raises(UnauthorizedError):
-            await bk.open_ledger(lh.ledger_id, password=b"wrong")
-        with pytest.raises(UnauthorizedError):
-            await bk.open_ledger_no_recovery(lh.ledger_id, password=b"wrong")
-        # the writer was not disturbed by the refused opens
-        assert await lh.add_entry(b"d") == 3
-        await lh.close()
-        rh = await bk.open_ledger(lh.ledger_id, password=b"secret")
-        assert [e.data async for e in rh.read(0, 3)] == [b"a", b"b", b"c", b"d"]
+@pytest_asyncio.fixture(loop_scope="module")
+async def bk(shared: LocalCluster) -> AsyncIterator[BookKeeper]:
+    client = await BookKeeper.connect(shared.metastore_uri, conf=FAST_CLIENT)
+    yield client
+    await client.close()
 
 
-async def test_bad_arguments_and_missing_ledgers(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (_, bk):
-        with pytest.raises(ValueError):
-            await bk.create_ledger(2, 3, 2)
-        with pytest.raises(ValueError):
-            await bk.create_ledger(3, 2, 2, digest="md5")
-        with pytest.raises(NotEnoughBookiesError):
-            await bk.create_ledger(5, 2, 2)
-        with pytest.raises(NoSuchLedgerError):
-            await bk.open_ledger(424242)
-        lh = await bk.create_ledger(3, 2, 2)
-        await lh.add_entry(b"x")
-        await lh.close()
+@in_shared
+async def test_write_read_close_round_trip(shared: LocalCluster, bk: BookKeeper) -> None:
+    lh = await bk.create_ledger(3, 2, 2, digest="crc32c", password=b"pw", properties={"app": b"test"})
+    assert set(lh.metadata.current_ensemble) == set(shared.bookie_addresses)
+    first = await lh.add_entry(b"zero")
+    ids = await lh.add_entries([f"entry-{i}".encode() for i in range(1, 200)])
+    assert first == 0 and ids == list(range(1, 200))
+    assert lh.last_add_confirmed == 199
+    got = [(e.entry_id, e.data, e.length) async for e in lh.read(0, 199)]
+    assert got[0] == (0, b"zero", 4)
+    assert got[1:] == [(i, f"entry-{i}".encode(), len(f"entry-{i}")) for i in range(1, 200)]
+    await lh.close()
+    assert lh.is_closed and lh.metadata.last_entry_id == 199
+    assert lh.metadata.length == 4 + sum(len(f"entry-{i}") for i in range(1, 200))
+    with pytest.raises(LedgerClosedError):
+        await lh.add_entry(b"late")
+    rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"pw")
+    assert rh.is_closed and rh.last_add_confirmed == 199
+    assert rh.metadata.properties == {"app": b"test"}
+    assert [e.data async for e in rh.read(198, 199)] == [b"entry-198", b"entry-199"]
+    with pytest.raises(NoSuchEntryError):
+        [e async for e in rh.read(150, 200)]
+
+
+@in_shared
+async def test_mac_digest_and_wrong_password(bk: BookKeeper) -> None:
+    lh = await bk.create_ledger(3, 3, 2, digest="mac", password=b"secret")
+    await lh.add_entries([b"a", b"b", b"c"])
+    with pytest.raises(UnauthorizedError):
+        await bk.open_ledger(lh.ledger_id, password=b"wrong")
+    with pytest.raises(UnauthorizedError):
+        await bk.open_ledger_no_recovery(lh.ledger_id, password=b"wrong")
+    # the writer was not disturbed by the refused opens
+    assert await lh.add_entry(b"d") == 3
+    await lh.close()
+    rh = await bk.open_ledger(lh.ledger_id, password=b"secret")
+    assert [e.data async for e in rh.read(0, 3)] == [b"a", b"b", b"c", b"d"]
+
+
+@in_shared
+async def test_bad_arguments_and_missing_ledgers(bk: BookKeeper) -> None:
+    with pytest.raises(ValueError):
+        await bk.create_ledger(2, 3, 2)
+    with pytest.raises(ValueError):
+        await bk.create_ledger(3, 2, 2, digest="md5")
+    with pytest.raises(NotEnoughBookiesError):
+        await bk.create_ledger(5, 2, 2)
+    with pytest.raises(NoSuchLedgerError):
+        await bk.open_ledger(424242)
+    lh = await bk.create_ledger(3, 2, 2)
+    await lh.add_entry(b"x")
+    await lh.close()
+    await bk.delete_ledger(lh.ledger_id)
+    with pytest.raises(NoSuchLedgerError):
+        await bk.open_ledger_no_recovery(lh.ledger_id)
+    with pytest.raises(NoSuchLedgerError):
         await bk.delete_ledger(lh.ledger_id)
-        with pytest.raises(NoSuchLedgerError):
-            await bk.open_ledger_no_recovery(lh.ledger_id)
-        with pytest.raises(NoSuchLedgerError):
-            await bk.delete_ledger(lh.ledger_id)
 
 
-async def test_ledger_ids_are_unique_across_clients(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (cluster, bk):
-        other = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
-        try:
-            handles = await asyncio.gather(*(c.create_ledger(3, 2, 2) for c in [bk, other] * 5))
-        finally:
-            await other.close()
-        ids = [h.ledger_id for h in handles]
-        assert len(set(ids)) == 10
+@in_shared
+async def test_ledger_ids_are_unique_across_clients(shared: LocalCluster, bk: BookKeeper) -> None:
+    other = await BookKeeper.connect(shared.metastore_uri, conf=FAST_CLIENT)
+    try:
+        handles = await asyncio.gather(*(c.create_ledger(3, 2, 2) for c in [bk, other] * 5))
+    finally:
+        await other.close()
+    ids = [h.ledger_id for h in handles]
+    assert len(set(ids)) == 10
 
 
 async def test_ensemble_change_when_a_bookie_dies(tmp_path: Path) -> None:
@@ -156,44 +179,44 @@ async def test_add_fails_only_when_no_replacement_exists(tmp_path: Path) -> None
             await lh.add_entry(b"y")
 
 
-async def test_oversized_add_is_refused_up_front_and_the_handle_stays_usable(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (_, bk):
-        lh = await bk.create_ledger(3, 2, 2)
-        other = await bk.create_ledger(3, 2, 2)  # same bookies, same connections
-        limit = bk.conf.max_entry_size
-        assert await lh.add_entry(b"before") == 0
-        with pytest.raises(EntryTooLargeError, match=f"6291456 bytes .* exceeds max_entry_size {limit}"):
-            await lh.add_entry(b"x" * (6 * 1024 * 1024))
-        with pytest.raises(EntryTooLargeError):  # a batch is checked before anything is sent
-            await lh.add_entries([b"fits", b"x" * (limit + 1)])
-        assert await lh.add_entry(b"after") == 1
-        assert await other.add_entry(b"other") == 0
-        largest = bytes(range(256)) * (limit // 256) + b"z" * (limit % 256)
-        assert await lh.add_entry(largest) == 2  # the limit itself fits a bookie's frame
-        assert len(lh.metadata.ensembles) == 1 and len(other.metadata.ensembles) == 1
-        await lh.close()
-        await other.close()
-        assert lh.metadata.last_entry_id == 2 and lh.metadata.length == 6 + 5 + limit
-        rh = await bk.open_ledger(lh.ledger_id)
-        assert [e.data async for e in rh.read(0, 2)] == [b"before", b"after", largest]
+@in_shared
+async def test_oversized_add_is_refused_up_front_and_the_handle_stays_usable(bk: BookKeeper) -> None:
+    lh = await bk.create_ledger(3, 2, 2)
+    other = await bk.create_ledger(3, 2, 2)  # same bookies, same connections
+    limit = bk.conf.max_entry_size
+    assert await lh.add_entry(b"before") == 0
+    with pytest.raises(EntryTooLargeError, match=f"6291456 bytes .* exceeds max_entry_size {limit}"):
+        await lh.add_entry(b"x" * (6 * 1024 * 1024))
+    with pytest.raises(EntryTooLargeError):  # a batch is checked before anything is sent
+        await lh.add_entries([b"fits", b"x" * (limit + 1)])
+    assert await lh.add_entry(b"after") == 1
+    assert await other.add_entry(b"other") == 0
+    largest = bytes(range(256)) * (limit // 256) + b"z" * (limit % 256)
+    assert await lh.add_entry(largest) == 2  # the limit itself fits a bookie's frame
+    assert len(lh.metadata.ensembles) == 1 and len(other.metadata.ensembles) == 1
+    await lh.close()
+    await other.close()
+    assert lh.metadata.last_entry_id == 2 and lh.metadata.length == 6 + 5 + limit
+    rh = await bk.open_ledger(lh.ledger_id)
+    assert [e.data async for e in rh.read(0, 2)] == [b"before", b"after", largest]
 
 
-async def test_corrupt_replica_falls_back_and_all_corrupt_fails(tmp_path: Path) -> None:
-    async with cluster_and_client(tmp_path) as (cluster, bk):
-        lh = await bk.create_ledger(3, 2, 2, password=b"p")
-        await lh.add_entries([b"payload-%d" % i for i in range(10)])
-        await lh.close()
-        ensemble = lh.metadata.current_ensemble
-        holders = [ensemble[i] for i in lh.metadata.write_set(4)]
-        corrupt_stored_entry(cluster.bookie_data_dir(cluster.bookie_addresses.index(holders[0])), lh.ledger_id, 4)
-        for _ in range(3):  # whatever replica is asked first, the good one answers
-            rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"p")
-            assert (await rh.read_entry(4)).data == b"payload-4"
-        assert bk.failure_history[holders[0]] >= 1
-        corrupt_stored_entry(cluster.bookie_data_dir(cluster.bookie_addresses.index(holders[1])), lh.ledger_id, 4)
-        with pytest.raises(DigestMismatchError):
-            await rh.read_entry(4)
-        assert (await rh.read_entry(5)).data == b"payload-5"
+@in_shared
+async def test_corrupt_replica_falls_back_and_all_corrupt_fails(shared: LocalCluster, bk: BookKeeper) -> None:
+    lh = await bk.create_ledger(3, 2, 2, password=b"p")
+    await lh.add_entries([b"payload-%d" % i for i in range(10)])
+    await lh.close()
+    ensemble = lh.metadata.current_ensemble
+    holders = [ensemble[i] for i in lh.metadata.write_set(4)]
+    corrupt_stored_entry(shared.bookie_data_dir(shared.bookie_addresses.index(holders[0])), lh.ledger_id, 4)
+    for _ in range(3):  # whatever replica is asked first, the good one answers
+        rh = await bk.open_ledger_no_recovery(lh.ledger_id, password=b"p")
+        assert (await rh.read_entry(4)).data == b"payload-4"
+    assert bk.failure_history[holders[0]] >= 1
+    corrupt_stored_entry(shared.bookie_data_dir(shared.bookie_addresses.index(holders[1])), lh.ledger_id, 4)
+    with pytest.raises(DigestMismatchError):
+        await rh.read_entry(4)
+    assert (await rh.read_entry(5)).data == b"payload-5"
 
 
 async def test_read_only_bookie_is_not_chosen(tmp_path: Path) -> None:
