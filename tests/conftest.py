@@ -45,7 +45,7 @@ PROCESS_STARTERS = frozenset({
     "subprocess", "Popen", "create_subprocess_exec", "create_subprocess_shell", "fork", "posix_spawn",
     "multiprocessing", "LocalCluster", "BookieProcess", "ZooKeeperServer", "quire_standalone",
     "start_emulator_process", "SparkStandalone", "SparkSession", "spark_session", "RedisPeer", "NatsPeer",
-    "FloorPeer", "NetBed", "netbed", "ScriptBasedMapping",
+    "FloorPeer", "NetBed", "netbed", "ScriptBasedMapping", "webdriver",
 })
 # Parameter values that make a test ask for ZooKeeper at run time (``request.getfixturevalue``).
 PROCESS_PARAMS = frozenset({"zookeeper", "zk"})
