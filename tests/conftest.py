@@ -11,7 +11,7 @@ one whose code, the code of its fixtures, or the code of the test helpers
 (anything defined under ``tests/``) they call names a process starter
 (``PROCESS_STARTERS``), or that is parametrized onto ZooKeeper (the fixtures
 asked for by name at run time). ``@pytest.mark.processes`` may also be set by
-hand. ``make test-fast`` runs ``-m "not processes" --forbid-processes``: there
+hand. ``make test-fast`` runs ``-m "not processes and not slow" --forbid-processes``: there
 a test that starts a process without the marker fails, naming itself, so the
 fast set cannot silently grow slow; in every other run such a test only gets a
 warning.
@@ -19,6 +19,10 @@ warning.
 Under ``pytest-xdist`` each worker is a session of its own: its own
 ZooKeeper (``zk_server``), HBase emulator and ``tmp_path_factory`` base
 directory; ports are picked free (``tools.zookeeper.free_port``) or bound to 0.
+With ``--dist loadgroup`` (``make test``) the tests of one module-scoped
+cluster form one group (one worker, one cluster), and so do the partition
+tests (one network test bed at a time); see ``pytest_collection_modifyitems``.
+Hypothesis runs without per-example deadlines (the ``quire`` profile).
 """
 
 from __future__ import annotations
