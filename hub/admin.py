@@ -9,7 +9,9 @@
 ``GET /admin/v1/topics/{topic}/stats``                        ``topic``, ``owner``, ``last_seq_id``,
                                                               ``ledgers``, ``publish_rate``, ``subscriptions``
 ``DELETE /admin/v1/topics/{topic}[?force=true]``              subscriptions, ledgers, persistence info
-``POST /admin/v1/topics/{topic}/subscriptions/{sub}/reset``   ``{"seq_id": N}``: redeliver from N
+``POST /admin/v1/topics/{topic}/subscriptions/{sub}/reset``   ``{"seq_id": N}``: redeliver from N; or
+                                                              ``{"publish_time_ms": T}``: from the first
+                                                              message published at or after T (``hub.seek``)
 ``DELETE /admin/v1/topics/{topic}/subscriptions/{sub}``       the subscription (``?force=true`` if attached)
 ``POST /admin/v1/topics/{topic}/release``                     the owner gives the topic up, as load shedding
                                                               does
@@ -83,6 +85,7 @@ from hub.log_usage import bytes_after as usage_bytes_after
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
 from hub.ownership import same_hub
 from hub.proto import pubsub_pb2 as pb
+from hub.seek import check_seq, seq_for_time
 from metastore import Version
 from metastore.errors import MetastoreError
 
@@ -395,21 +398,34 @@ class HubAdmin:
     async def reset_subscription(self, request: web.Request) -> web.Response:
         topic, sub = self._topic(request), self._sub(request)
         body = await json_body(request)
-        seq = body.get("seq_id")
-        if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        given, when = body.get("seq_id"), body.get("publish_time_ms")
+        if (given is None) == (when is None):
+            raise HttpError(400, 'expected {"seq_id": N} or {"publish_time_ms": T}, exactly one of them')
+        if when is not None and (not isinstance(when, int) or isinstance(when, bool) or when < 0):
+            raise HttpError(400, 'expected {"publish_time_ms": T} with an integer T >= 0 (epoch ms)')
+        if given is not None and (not isinstance(given, int) or isinstance(given, bool) or given < 1):
             raise HttpError(400, 'expected {"seq_id": N} with an integer N >= 1')
+        seq: int = given or 0
         forwarded = await self._forwarded(request, topic)
         if forwarded is not None:
             return forwarded
         server = self.server
+        if when is not None and topic not in server.topics:
+            if not await self._exists(topic):
+                raise HttpError(404, f"no topic {_name(topic)!r}")
+            await server.topic(topic, True)   # finding a time reads the log: load the topic here
         async with self._held(topic) as t:
             if t is not None:
                 last = int(t.log.last_seq)
                 if sub not in t.subs.subs:
                     raise HttpError(404, f"no subscription {_name(sub)!r} on {_name(topic)!r}")
+                if when is not None:
+                    seq = await seq_for_time(t.log, when)
                 self._check_seq(seq, last, t.log.ranges)
                 await t.subs.reset(sub, seq - 1, server.cache)
             else:
+                if when is not None:   # released meanwhile
+                    raise HttpError(503, f"topic {_name(topic)!r} was released meanwhile; retry")
                 got = await server.sm.read_subscription_data(topic, sub)
                 if got is None:
                     raise HttpError(404, f"no subscription {_name(sub)!r} on {_name(topic)!r}")
@@ -430,12 +446,10 @@ class HubAdmin:
     @staticmethod
     def _check_seq(seq: int, last: int | None, ranges: pb.LedgerRanges) -> None:
         """400 unless messages from ``seq`` on can be delivered: not past the end, not in a deleted ledger."""
-        if last is not None and seq > last + 1:
-            raise HttpError(400, f"seq_id {seq} is past the topic's next seq id {last + 1}")
-        first = ranges.ranges[0].startSeqIdIncluded if ranges.ranges else 1
-        if seq < first:
-            raise HttpError(400, f"seq_id {seq} is gone (its ledger was deleted once consumed); the first "
-                                 f"kept is {first}")
+        try:
+            check_seq(seq, last, ranges)
+        except ValueError as exc:
+            raise HttpError(400, str(exc)) from exc
 
     async def delete_subscription(self, request: web.Request) -> web.Response:
         topic, sub = self._topic(request), self._sub(request)

@@ -92,6 +92,7 @@ class EntryBatcher:
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
     _index: dict[int, EntryIndex]
+    _first_times: dict[int, int]
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
@@ -371,7 +372,10 @@ class EntryBatcher:
     def _acked(self, add: InflightAdd) -> None:
         self._start_failures = 0
         first, batch = add.first, add.batch
-        self._index[add.lh.ledger_id].append(first, len(batch))
+        idx = self._index[add.lh.ledger_id]
+        if not len(idx) and batch:   # the ledger's first message: its time goes in the range when closed (hub.seek)
+            self._first_times[add.lh.ledger_id] = int(batch[0][0].publishTimeMs)
+        idx.append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
         msgs = []

@@ -71,6 +71,7 @@ from hub import errors
 from hub.channel import Deadlines, HubChannel
 from hub.client_hedwig import ClientSubscriptions, SubscriptionListener
 from hub.client_publish import _RETRY_WAIT, ClientPublishing, _publish_settled  # noqa: F401 (its old home)
+from hub.client_reader import ClientReaders, Reader  # noqa: F401 (Reader: the type reader() returns)
 from hub.client_subscription import ClientSubscription, Handler
 from hub.conf import HubClientConf, client_conf
 from hub.consumer import Consumer
@@ -103,7 +104,7 @@ class _ServiceDownAnswer(errors.ServiceDownError):
 
 
 
-class HedwigClient(ClientPublishing, ClientSubscriptions):
+class HedwigClient(ClientPublishing, ClientReaders, ClientSubscriptions):
     """See the module docstring: a facade over the connections (``hub.channel``) and requests here, publishing
     (``hub.client_publish``), Hedwig subscriptions (``hub.client_hedwig``) and consumers (``hub.consumer``)."""
 

@@ -32,6 +32,7 @@ from hub.message import Message
 from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.regions import is_hub_subscriber
+from hub.seek import seek
 from hub.subscriptions import SubState
 from hub.topic import Topic
 from metastore.tasks import spawn
@@ -444,6 +445,9 @@ class HubConnection(asyncio.Protocol):
         if after is not None:
             await asyncio.gather(after, return_exceptions=True)
         try:
+            if req.type == pb.SEEK and req.seekRequest.resolveOnly and ev.topic not in self.server.topics \
+                    and await self.server.pm.read_topic_persistence_info(ev.topic) is None:
+                raise errors.NoSuchTopicError(f"topic {ev.topic!r} does not exist")
             t = await self.server.topic(ev.topic, req.shouldClaim)
             t.last_active = time.monotonic()
             resp = protocol.response(req.txnId, topic=ev.topic)
@@ -466,6 +470,8 @@ class HubConnection(asyncio.Protocol):
                 self.server.stats.incr("unsubscribes")
                 await t.subs.unsubscribe(self, ev.subscriber)
                 await self.server.follow_regions(ev.topic, ev.subscriber, False)
+            elif req.type == pb.SEEK:
+                resp.seekResponse.seqId = await seek(t, ev.subscriber, req.seekRequest, self.server.cache)
             self._finished()
             self.send(resp)
             if req.type in _TIMED:

@@ -29,6 +29,7 @@ __all__ = [
     "MalformedRequestError",
     "MessageTooLargeError",
     "NoSubscriptionStateError",
+    "NoSuchTopicError",
     "NoTopicOwnerInfoError",
     "NoTopicPersistenceInfoError",
     "NotAuthorizedError",
@@ -72,6 +73,12 @@ class ClientAlreadySubscribedError(PubSubError):
     """CREATE on a subscription that exists."""
 
     status = "CLIENT_ALREADY_SUBSCRIBED"
+
+
+class NoSuchTopicError(PubSubError):
+    """A reader on a topic that was never created (no ledger ranges in the metastore)."""
+
+    status = "NO_SUCH_TOPIC"
 
 
 class ClientNotSubscribedError(PubSubError):
@@ -246,7 +253,8 @@ _BY_STATUS: dict[str, type[PubSubError]] = {
                 NoTopicPersistenceInfoError, TopicPersistenceInfoExistsError, NoSubscriptionStateError,
                 SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
                 SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError, DuplicatePublishError,
-                AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError, SubscriptionTypeMismatchError)
+                AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError, SubscriptionTypeMismatchError,
+                NoSuchTopicError)
 }
 
 

@@ -126,6 +126,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.last_seq = 0                 # last acknowledged seq id
         self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
+        self._first_times: dict[int, int] = {}      # ledgers we wrote: their first message's publish time
         self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
@@ -367,7 +368,9 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             drop = True
         else:
             cur.endSeqIdIncluded.localComponent = self.last_seq
+            cur.firstPublishTimeMs = self._first_times.get(lh.ledger_id, 0)
             drop = False
+        self._first_times.pop(lh.ledger_id, None)
         self.version = await self._write_ranges(ranges)
         self.ranges = ranges
         del rs

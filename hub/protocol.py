@@ -65,7 +65,7 @@ __all__ = [
 ]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
-                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING})
+                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK})
 _BODY_FOR_OP = {
     pb.PUBLISH: "publishRequest",
     pb.SUBSCRIBE: "subscribeRequest",
@@ -76,6 +76,7 @@ _BODY_FOR_OP = {
     pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
     pb.AUTHENTICATE: "authenticateRequest",
     pb.PING: "pingRequest",
+    pb.SEEK: "seekRequest",
 }
 
 

@@ -5,6 +5,7 @@
     quire client consume TOPIC -s SUB [-n COUNT] [--json] [--server HOST:PORT]
     quire client produce TOPIC -m TEXT --key K        # a message key (KEY_SHARED keeps a key on one consumer)
     quire client consume TOPIC -s SUB --type shared [--ack-timeout MS]   # several side by side: a work queue
+    quire client consume TOPIC -s SUB --start-seq N | --start-time 2026-11-28T01:00:00Z   # replay from there
 
 ``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
 ``--rate`` messages per second (default 0: as fast as each publish is
@@ -20,6 +21,9 @@ subscriber) it attaches a consumer of that subscription type
 (``HedwigClient.consumer``) and acknowledges each message once printed;
 ``--ack-timeout MS`` has the hub hand a message it did not acknowledge in
 time to another consumer. ``--json`` adds ``key`` and ``redelivery_count``.
+``--start-seq N`` or ``--start-time ISO8601`` (no zone: UTC) seeks the
+subscription first (``HedwigClient.seek``): printing starts at seq id N, or
+at the first message published at or after that time.
 
 The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080. For a
 hub with ``authentication_enabled``, ``--auth-token TOKEN`` or
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import datetime
 import json
 import os
 import sys
@@ -97,7 +102,35 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                    help="subscription type (default exclusive; the others make a consumer)")
     c.add_argument("--ack-timeout", dest="ack_timeout", type=_count, default=0, metavar="MS",
                    help="redeliver a message unacknowledged this long (consumers only; default 0: never)")
+    start = c.add_mutually_exclusive_group()
+    start.add_argument("--start-seq", dest="start_seq", type=count_at_least(1), default=None, metavar="N",
+                       help="seek the subscription so that delivery starts at seq id N")
+    start.add_argument("--start-time", dest="start_time", type=_iso_time_ms, default=None, metavar="ISO8601",
+                       help="seek the subscription to the first message published at or after this time "
+                            "(no zone: UTC)")
     return run
+
+
+def _iso_time_ms(text: str) -> int:
+    """An ISO 8601 time (no zone: UTC) as epoch milliseconds."""
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-28T01:00:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
+    return ms
+
+
+async def _seek(client: Any, args: argparse.Namespace, topic: bytes, sub: bytes) -> None:
+    """``--start-seq`` / ``--start-time``: move the subscription before its messages are printed."""
+    if args.start_seq is not None:
+        await client.seek(topic, sub, seq_id=args.start_seq)
+    elif args.start_time is not None:
+        await client.seek(topic, sub, publish_time_ms=args.start_time)
 
 
 def server_of(args: argparse.Namespace) -> str:
@@ -202,6 +235,7 @@ async def consume_typed(args: argparse.Namespace) -> int:
             consumer = await asyncio.wait_for(attach, args.timeout or None)
         except TimeoutError:
             raise ClientCommandError(f"subscribe to {args.topic} not answered within {args.timeout:g} s") from None
+        await _seek(client, args, topic, sub)
         sys.stderr.write(f"subscribed to {args.topic} as {args.subscription} ({args.subscription_type})\n")
         sys.stderr.flush()
         async with consumer:
@@ -230,6 +264,7 @@ async def consume(args: argparse.Namespace) -> int:
 
     try:
         await asyncio.wait_for(client.subscribe(topic, sub), args.timeout or None)
+        await _seek(client, args, topic, sub)
         await client.start_delivery(topic, sub, handler)
         sys.stderr.write(f"subscribed to {args.topic} as {args.subscription}\n")
         sys.stderr.flush()

@@ -24,6 +24,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     CLOSESUBSCRIPTION: _ClassVar[OperationType]
     AUTHENTICATE: _ClassVar[OperationType]
     PING: _ClassVar[OperationType]
+    SEEK: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -74,6 +75,7 @@ STOP_DELIVERY: OperationType
 CLOSESUBSCRIPTION: OperationType
 AUTHENTICATE: OperationType
 PING: OperationType
+SEEK: OperationType
 SUCCESS: StatusCode
 MALFORMED_REQUEST: StatusCode
 NO_SUCH_TOPIC: StatusCode
@@ -297,7 +299,7 @@ class CloseSubscriptionRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
-    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest")
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest", "seekRequest")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +314,7 @@ class PubSubRequest(_message.Message):
     CLOSESUBSCRIPTIONREQUEST_FIELD_NUMBER: _ClassVar[int]
     AUTHENTICATEREQUEST_FIELD_NUMBER: _ClassVar[int]
     PINGREQUEST_FIELD_NUMBER: _ClassVar[int]
+    SEEKREQUEST_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     type: OperationType
     txnId: int
@@ -326,7 +329,24 @@ class PubSubRequest(_message.Message):
     closeSubscriptionRequest: CloseSubscriptionRequest
     authenticateRequest: AuthenticateRequest
     pingRequest: PingRequest
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ...) -> None: ...
+    seekRequest: SeekRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ..., seekRequest: _Optional[_Union[SeekRequest, _Mapping]] = ...) -> None: ...
+
+class SeekRequest(_message.Message):
+    __slots__ = ("topic", "subscriberId", "seqId", "publishTimeMs", "byTime", "resolveOnly")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
+    SEQID_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHTIMEMS_FIELD_NUMBER: _ClassVar[int]
+    BYTIME_FIELD_NUMBER: _ClassVar[int]
+    RESOLVEONLY_FIELD_NUMBER: _ClassVar[int]
+    topic: bytes
+    subscriberId: bytes
+    seqId: int
+    publishTimeMs: int
+    byTime: bool
+    resolveOnly: bool
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., seqId: _Optional[int] = ..., publishTimeMs: _Optional[int] = ..., byTime: _Optional[bool] = ..., resolveOnly: _Optional[bool] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = ()
@@ -389,7 +409,7 @@ class SubscriptionEvent(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., event: _Optional[_Union[SubscriptionEvent.Event, str]] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubResponse(_message.Message):
-    __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent")
+    __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent", "seekResponse")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     STATUSCODE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -400,6 +420,7 @@ class PubSubResponse(_message.Message):
     SUBSCRIBERESPONSE_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONEVENT_FIELD_NUMBER: _ClassVar[int]
+    SEEKRESPONSE_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     statusCode: StatusCode
     txnId: int
@@ -410,7 +431,14 @@ class PubSubResponse(_message.Message):
     subscribeResponse: SubscribeResponse
     delivery: Delivery
     subscriptionEvent: SubscriptionEvent
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ...) -> None: ...
+    seekResponse: SeekResponse
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ..., seekResponse: _Optional[_Union[SeekResponse, _Mapping]] = ...) -> None: ...
+
+class SeekResponse(_message.Message):
+    __slots__ = ("seqId",)
+    SEQID_FIELD_NUMBER: _ClassVar[int]
+    seqId: int
+    def __init__(self, seqId: _Optional[int] = ...) -> None: ...
 
 class HubInfo(_message.Message):
     __slots__ = ("hostname", "port", "sslPort", "czxid")
@@ -431,14 +459,16 @@ class HubLoad(_message.Message):
     def __init__(self, numTopics: _Optional[int] = ...) -> None: ...
 
 class LedgerRange(_message.Message):
-    __slots__ = ("ledgerId", "endSeqIdIncluded", "startSeqIdIncluded")
+    __slots__ = ("ledgerId", "endSeqIdIncluded", "startSeqIdIncluded", "firstPublishTimeMs")
     LEDGERID_FIELD_NUMBER: _ClassVar[int]
     ENDSEQIDINCLUDED_FIELD_NUMBER: _ClassVar[int]
     STARTSEQIDINCLUDED_FIELD_NUMBER: _ClassVar[int]
+    FIRSTPUBLISHTIMEMS_FIELD_NUMBER: _ClassVar[int]
     ledgerId: int
     endSeqIdIncluded: MessageSeqId
     startSeqIdIncluded: int
-    def __init__(self, ledgerId: _Optional[int] = ..., endSeqIdIncluded: _Optional[_Union[MessageSeqId, _Mapping]] = ..., startSeqIdIncluded: _Optional[int] = ...) -> None: ...
+    firstPublishTimeMs: int
+    def __init__(self, ledgerId: _Optional[int] = ..., endSeqIdIncluded: _Optional[_Union[MessageSeqId, _Mapping]] = ..., startSeqIdIncluded: _Optional[int] = ..., firstPublishTimeMs: _Optional[int] = ...) -> None: ...
 
 class LedgerRanges(_message.Message):
     __slots__ = ("ranges",)

@@ -1,0 +1,163 @@
+"""``HedwigClient``'s readers and seek (DESIGN 6b).
+
+    reader = await c.reader(b"topic", start_seq_id=1)        # or start_publish_time_ms=T (epoch ms)
+    async for msg in reader: ...                             # until reader.close(); also `async with reader`
+    seq = await c.seek(b"topic", b"sub", seq_id=N)           # next delivered is N; or publish_time_ms=T
+
+A mixin of ``HedwigClient`` (``hub.client``). ``seek`` is one SEEK request
+to the topic's owner (``hub.seek``): the subscription's pointer moves as the
+admin reset moves it, and attached consumers get SUBSCRIPTION_RESET and then
+messages from the new position. It returns the seq id chosen.
+
+Design of a reader: the owner first resolves the start (a SEEK probe:
+``NoSuchTopicError`` for a topic never created, a seq id before the first
+kept message moves to it, a time to the first message published at or
+after it); then the reader attaches an EXCLUSIVE consumer of a temporary
+subscription ``reader-<random hex>`` without permits, seeks it to that seq
+id and only then takes messages, so nothing before the start is ever
+delivered. ``close()`` unsubscribes it: a reader keeps no subscription once
+closed. A client that dies with a reader open leaves its ``reader-...``
+subscription behind (it holds the topic's ledgers like any subscription);
+delete it with the admin API. Messages are acknowledged as they are read.
+``compacted=True`` is refused (``PubSubError`` NOT_SUPPORTED) until
+compaction exists.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from hub import errors
+from hub.message import Message
+from hub.proto import pubsub_pb2 as pb
+
+if TYPE_CHECKING:
+    from hub.channel import HubChannel
+    from hub.consumer import Consumer
+    from hub.message import SubscriptionPreferences
+
+__all__ = ["ClientReaders", "Reader"]
+
+_READER_QUEUE = 1000
+
+
+def _position(seq_id: int | None, publish_time_ms: int | None, what: str) -> pb.SeekRequest:
+    """A SeekRequest for exactly one of the two positions; ``ValueError`` otherwise."""
+    seq_name, time_name = ("start_seq_id", "start_publish_time_ms") if what == "reader" else \
+        ("seq_id", "publish_time_ms")
+    if (seq_id is None) == (publish_time_ms is None):
+        raise ValueError(f"{what} needs exactly one of {seq_name} and {time_name}")
+    if seq_id is not None:
+        if isinstance(seq_id, bool) or not isinstance(seq_id, int) or seq_id < 1:
+            raise ValueError(f"{seq_name} must be an integer >= 1, not {seq_id!r}")
+        return pb.SeekRequest(seqId=seq_id)
+    if isinstance(publish_time_ms, bool) or not isinstance(publish_time_ms, int) or publish_time_ms < 0:
+        raise ValueError(f"{time_name} must be an integer >= 0 (epoch ms), not {publish_time_ms!r}")
+    return pb.SeekRequest(publishTimeMs=publish_time_ms, byTime=True)
+
+
+class Reader:
+    """Messages of a topic from a position on, without a durable subscription (see the module docstring)."""
+
+    def __init__(self, client: ClientReaders, consumer: Consumer, start_seq_id: int) -> None:
+        self.client = client
+        self.consumer = consumer
+        self.topic = consumer.topic
+        self.start_seq_id = start_seq_id     # the first seq id this reader delivers
+        self.closed = False
+
+    async def read_next(self, timeout: float | None = None) -> Message:
+        """The next message; ``TimeoutError`` when none comes within ``timeout`` seconds (None: wait),
+        ``ConsumerClosedError`` once the reader is closed."""
+        msg = await self.consumer.receive(timeout)
+        await self.consumer.ack(msg)
+        return msg
+
+    async def close(self) -> None:
+        """Stop reading and remove the reader's temporary subscription."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.consumer.close()
+        try:
+            await self.client.unsubscribe(self.topic, self.consumer.subscriber)
+        except errors.ClientNotSubscribedError:
+            pass
+
+    def __aiter__(self) -> Reader:
+        return self
+
+    async def __anext__(self) -> Message:
+        try:
+            return await self.read_next()
+        except errors.ConsumerClosedError:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Reader:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class ClientReaders:
+    """The reader and seek half of ``HedwigClient``."""
+
+    if TYPE_CHECKING:
+        def _call(self, topic: bytes, req: pb.PubSubRequest) -> Awaitable[tuple[HubChannel, pb.PubSubResponse]]:
+            ...
+
+        async def _new_consumer(self, topic: bytes, subscriber_id: bytes, subscription_type: str,
+                                create_or_attach: str, receiver_queue_size: int, ack_timeout_ms: int,
+                                nack_delay_ms: int, max_redeliver_count: int, dead_letter_topic: bytes | str | None,
+                                prefs: SubscriptionPreferences | None = None, force_attach: bool = False
+                                ) -> Consumer:
+            ...
+
+        async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None: ...
+
+    async def _seek_call(self, topic: bytes, subscriber_id: bytes, sreq: pb.SeekRequest) -> int:
+        sreq.topic, sreq.subscriberId = topic, subscriber_id
+        req = pb.PubSubRequest(type=pb.SEEK, topic=topic)
+        req.seekRequest.CopyFrom(sreq)
+        _, resp = await self._call(topic, req)
+        return int(resp.seekResponse.seqId)
+
+    async def seek(self, topic: bytes, subscriber_id: bytes, *, seq_id: int | None = None,
+                   publish_time_ms: int | None = None) -> int:
+        """Move the subscription so that the next message delivered is ``seq_id``, or the first one published
+        at or after ``publish_time_ms`` (epoch ms; before the first kept message: that message; after the
+        last: the next one published). Returns the seq id chosen.
+
+        ``ValueError`` for neither or both positions or a negative one; ``MalformedRequestError`` for a seq
+        id past the end or already deleted; ``ClientNotSubscribedError`` for an unknown subscription."""
+        sreq = _position(seq_id, publish_time_ms, "seek")
+        return await self._seek_call(topic, subscriber_id, sreq)
+
+    async def reader(self, topic: bytes, start_seq_id: int | None = None, start_publish_time_ms: int | None = None,
+                     compacted: bool = False) -> Reader:
+        """A ``Reader`` (async iterator of ``Message``) from ``start_seq_id`` (a seq id before the first kept
+        message starts at that one) or from the first message published at or after
+        ``start_publish_time_ms``. ``ValueError`` for neither or both or a negative position,
+        ``NoSuchTopicError`` for a topic that does not exist; ``compacted=True`` is not supported yet."""
+        if compacted:
+            raise errors.PubSubError("compacted readers need topic compaction, which Quire does not have yet",
+                                     status="NOT_SUPPORTED")
+        sreq = _position(start_seq_id, start_publish_time_ms, "reader")
+        name = b"reader-" + secrets.token_hex(8).encode()
+        probe = pb.SeekRequest()
+        probe.CopyFrom(sreq)
+        probe.resolveOnly = True
+        start = await self._seek_call(topic, name, probe)
+        consumer = await self._new_consumer(topic, name, "EXCLUSIVE", "CREATE", 0, 0, 1000, 0, None)
+        reader = Reader(self, consumer, start)
+        try:
+            await self._seek_call(topic, name, pb.SeekRequest(seqId=start))
+        except BaseException:
+            await reader.close()
+            raise
+        consumer.receiver_queue_size = _READER_QUEUE
+        consumer.flow(_READER_QUEUE)
+        return reader
