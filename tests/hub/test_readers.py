@@ -18,7 +18,7 @@ import pytest_asyncio
 from hub import errors
 from hub.client import HedwigClient
 from hub.proto import pubsub_pb2 as pb
-from metastore import open_metastore
+from metastore import Value, open_metastore
 from tools.cluster import LocalCluster
 
 from .conftest import HUB_CONF, hub_url
@@ -173,3 +173,33 @@ async def test_consume_start_seq_and_time(env: tuple[LocalCluster, HedwigClient]
     assert out.split("\t")[0] == str(first_at(times, t))
     rc, _, err = await cli("consume", topic.decode(), "-s", "x", "--start-time", "yesterday", "--server", hub)
     assert rc == 2 and "ISO 8601" in err
+
+
+async def test_ranges_without_times_and_a_released_topic(env: tuple[LocalCluster, HedwigClient]) -> None:
+    """Ranges recorded before they carried a time are read by their first entry; an admin reset by time
+    on a topic no hub holds loads it."""
+    cluster, c = env
+    topic, times = await filled(c)
+    base = f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(topic.decode())}"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(base + "/release") as resp:
+            assert resp.status == 200, await resp.text()
+        ms = await open_metastore(cluster.metastore_uri)
+        try:
+            table = await ms.create_table("topic_persistence")
+            got = await table.get(topic.decode())
+            ranges = pb.LedgerRanges.FromString(got.value["data"])
+            assert any(r.firstPublishTimeMs for r in ranges.ranges)
+            for r in ranges.ranges:
+                r.ClearField("firstPublishTimeMs")     # as an older Quire wrote them
+            await table.put(topic.decode(), Value({"data": ranges.SerializeToString()}), got.version)
+        finally:
+            await ms.close()
+        t = times[10]
+        async with http.post(base + "/subscriptions/keep/reset", json={"publish_time_ms": t}) as resp:
+            assert resp.status == 200, await resp.text()
+            assert (await resp.json())["seq_id"] == first_at(times, t)
+    t = times[4]
+    async with await c.reader(topic, start_publish_time_ms=t) as r:
+        assert r.start_seq_id == first_at(times, t)
+        assert await read(r, 2) == [first_at(times, t), first_at(times, t) + 1]
