@@ -125,7 +125,7 @@ class ClientReaders:
         _, resp = await self._call(topic, req)
         return int(resp.seekResponse.seqId)
 
-    async def seek(self, topic: bytes, subscriber_id: bytes, *, seq_id: int | None = None,
+    async def seek(self, topic: bytes, subscriber_id: bytes, seq_id: int | None = None,
                    publish_time_ms: int | None = None) -> int:
         """Move the subscription so that the next message delivered is ``seq_id``, or the first one published
         at or after ``publish_time_ms`` (epoch ms; before the first kept message: that message; after the
