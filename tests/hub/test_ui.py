@@ -371,7 +371,7 @@ async def test_reset_needs_the_token_and_shows_the_refusal(cluster: LocalCluster
     await make_topic(cluster, topic, 6, ("r1",))
     page.get(ui(cluster, f"/ui/topics/{topic}"))
 
-    def reset_to(seq: int) -> None:
+    def reset_to(seq: int | str) -> None:
         page.execute_script("document.getElementById('message').textContent = ''")
         tr = row(page, "subscriptions", "r1")
         box = tr.find_element(By.CSS_SELECTOR, "input.seq")
@@ -404,6 +404,16 @@ async def test_reset_needs_the_token_and_shows_the_refusal(cluster: LocalCluster
     assert no_alert(page)
     assert (await stats(http, cluster, topic))[1]["subscriptions"]["r1"]["consumed_seq_id"] == 3
     wait_for(page, lambda d: row(d, "subscriptions", "r1").find_elements(By.TAG_NAME, "td")[2].text == "3")
+
+    reset_to("2100-01-01T00:00:00Z")                      # a time after the last message: the end
+    wait_for(page, lambda d: text_of(d, "#message") == "subscription r1 reset to time 2100-01-01T00:00:00.000Z")
+    assert (await stats(http, cluster, topic))[1]["subscriptions"]["r1"]["consumed_seq_id"] == 6
+    reset_to("2000-01-01T00:00:00Z")                      # a time before the first: the first message
+    wait_for(page, lambda d: text_of(d, "#message") == "subscription r1 reset to time 2000-01-01T00:00:00.000Z")
+    assert (await stats(http, cluster, topic))[1]["subscriptions"]["r1"]["consumed_seq_id"] == 0
+    reset_to("yesterday-ish")                             # neither a seq id nor a time: said, nothing sent
+    wait_for(page, lambda d: "or a time such as" in text_of(d, "#message"))
+    assert (await stats(http, cluster, topic))[1]["subscriptions"]["r1"]["consumed_seq_id"] == 0
 
 
 @in_cluster

@@ -71,8 +71,8 @@
   // --- tables: the <th> says the field and format of each column (hub.ui.pages.COLUMNS) ---------
   function actionCell(td, fmt, value, row) {
     if (fmt === "actions:sub") {
-      td.append(el("input", {type: "number", min: "1", class: "seq", placeholder: "seq id",
-                             "aria-label": "reset " + value + " to seq id"}), " ",
+      td.append(el("input", {type: "text", class: "seq", placeholder: "seq id or time",
+                             "aria-label": "reset " + value + " to a seq id or a time"}), " ",
                 el("button", {type: "button", "data-action": "reset", "data-arg": value}, "Reset"), " ",
                 el("button", {type: "button", "data-action": "delete-sub", "data-arg": value, class: "danger"},
                    "Delete"));
@@ -262,11 +262,23 @@
       show("admin token forgotten", false);
       return;
     } else if (action === "reset") {
-      const input = button.closest("td").querySelector("input.seq");
-      const seq = parseInt(input.value, 10);
-      if (!(seq >= 1)) { show("give the seq id to reset " + arg + " to (1 or more)", true); return; }
-      done = await change("POST", topicPath() + "/subscriptions/" + enc(arg) + "/reset", {seq_id: seq});
-      if (done) show("subscription " + arg + " reset to seq id " + seq, false);
+      // a whole number is a seq id; anything else is a time (ISO 8601; no zone means the browser's)
+      const text = button.closest("td").querySelector("input.seq").value.trim();
+      let body, what;
+      if (/^[0-9]+$/.test(text)) {
+        const seq = parseInt(text, 10);
+        if (!(seq >= 1)) { show("give the seq id to reset " + arg + " to (1 or more)", true); return; }
+        body = {seq_id: seq}; what = "seq id " + seq;
+      } else {
+        const ms = Date.parse(text);
+        if (isNaN(ms) || ms < 0) {
+          show("give a seq id (1 or more) or a time such as 2026-11-28T09:30:00Z to reset " + arg + " to", true);
+          return;
+        }
+        body = {publish_time_ms: ms}; what = "time " + new Date(ms).toISOString();
+      }
+      done = await change("POST", topicPath() + "/subscriptions/" + enc(arg) + "/reset", body);
+      if (done) show("subscription " + arg + " reset to " + what, false);
     } else if (action === "delete-sub") {
       if (!window.confirm("Delete subscription " + arg + "? Its consume position is lost.")) return;
       done = await change("DELETE", topicPath() + "/subscriptions/" + enc(arg));
