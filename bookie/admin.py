@@ -1,6 +1,6 @@
 """The bookie's HTTP admin API, after BookKeeper's HTTP service (served by ``bookie.http``).
 
-    routes = bookie_routes(server)          # server: a started ``bookie.server.BookieServer``
+    routes = bookie_routes(server)          # server: a started ``AdminTarget`` (``bookie.server.BookieServer``)
     HttpServer(server.stats.registry, ready=lambda: bookie_readiness(server), routes=routes)
 
 =============================================================  ==========================================
@@ -42,20 +42,19 @@ an unknown ledger 404, a metastore that fails 503 (all as
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
+from bookie.disk import DiskUsage
 from bookie.errors import NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from bookie.metadata import LedgerMetadataManager, metadata_dict
 from bookie.registration import READ_ONLY, list_bookies
+from metastore import MetaStore
 from metastore.errors import MetastoreError
 
-if TYPE_CHECKING:
-    from bookie.server import BookieServer
-
-__all__ = ["UNDER_REPLICATED_TABLE", "bookie_readiness", "bookie_routes"]
+__all__ = ["UNDER_REPLICATED_TABLE", "AdminTarget", "bookie_readiness", "bookie_routes"]
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +62,32 @@ UNDER_REPLICATED_TABLE = "underreplicated_ledgers"
 """The AutoRecovery table of ledgers missing a replica (key: ledger id)."""
 
 
-async def bookie_readiness(server: BookieServer) -> str | None:
+class AdminTarget(Protocol):
+    """What the admin API reads and switches on a bookie (``bookie.server.BookieServer`` is one)."""
+
+    @property
+    def address(self) -> str: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def registered(self) -> bool: ...
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def operator_read_only(self) -> bool: ...
+    @property
+    def metastore(self) -> MetaStore | None: ...
+
+    def disk_usage(self) -> DiskUsage:
+        """A fresh sample of the disk usage (``OSError`` when it cannot be measured)."""
+        ...
+
+    async def set_operator_read_only(self, read_only: bool) -> None:
+        """The operator's switch; ``MetastoreError`` when the registration cannot be updated."""
+        ...
+
+
+async def bookie_readiness(server: AdminTarget) -> str | None:
     """``None`` when the bookie is registered and writable; else why not."""
     if server.draining:
         return "stopping"
@@ -97,7 +121,7 @@ def _true(value: str | None) -> bool:
     return (value or "").lower() in ("1", "true", "yes")
 
 
-def bookie_routes(server: BookieServer) -> list[web.RouteDef]:
+def bookie_routes(server: AdminTarget) -> list[web.RouteDef]:
     """The admin routes of ``server`` (see the module docstring)."""
 
     def metastore() -> Any:

@@ -60,6 +60,7 @@ from typing import Any, cast
 
 from bookie import errors
 from bookie import protocol as proto
+from bookie.admin import bookie_readiness, bookie_routes
 from bookie.autorecovery import AutoRecovery
 from bookie.conf import BookieConf
 from bookie.digest import HEADER_SIZE
@@ -536,8 +537,6 @@ class BookieServer:
 
     async def _start_http(self) -> None:
         """The HTTP server (``bookie.http``, ``bookie.admin``) unless ``http_server_port`` is -1."""
-        from bookie.admin import bookie_readiness, bookie_routes
-
         conf = self.conf
         port = resolve_http_port(conf.http_server_port, conf.stats_http_port)
         if port is None:
