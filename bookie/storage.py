@@ -71,64 +71,51 @@ import os
 import queue
 import struct
 import threading
-import time
 from collections.abc import Callable, Container, Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import lmdb
 from crc32c import crc32c
 
 from bookie import journal
-from bookie.disk import describe_commit_error
+from bookie.checkpoints import Checkpoints
 from bookie.errors import (
     BadRequestError,
     BKError,
     BookieServerError,
     LedgerFencedError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     UnauthorizedError,
 )
+from bookie.group_commit import GroupCommit
 from bookie.journal import JournalCorruptError, JournalWriter, Position
-from bookie.proto.bookie_pb2 import LedgerIndexRecord
 from bookie.protocol import LAST_ENTRY
 from bookie.segments import SegmentStore
+from bookie.storage_core import (
+    _HEADER_PACK,
+    _MAX_ID,
+    DEFAULT_JOURNAL_MAX_SIZE,
+    DEFAULT_JOURNAL_PREALLOCATE,
+    DEFAULT_MAP_SIZE,
+    DEFAULT_WRITE_CACHE,
+    AckSink,
+    Done,
+    LedgerInfo,
+    _Batch,
+    _check_ids,
+    _Flush,
+    _LedgerState,
+    _open_env,
+    _pack_key,
+    entry_key,
+    ledger_prefix,
+)
+from bookie.storage_reads import StorageReads, corrupt_stored_entry
+from bookie.write_cache import WriteCache
 
 log = logging.getLogger(__name__)
 
 __all__ = ["LAST_ENTRY", "EntryStorage", "JournalCorruptError", "LedgerInfo", "corrupt_stored_entry",
            "entry_key", "ledger_prefix"]
 
-DEFAULT_MAP_SIZE = 64 * 1024**3
-DEFAULT_WRITE_CACHE = 64 << 20
-DEFAULT_JOURNAL_MAX_SIZE = 2 << 30
-DEFAULT_JOURNAL_PREALLOCATE = 16 << 20
-_MAX_ID = (1 << 63) - 1
-_SLICE = 32
-"""Completion callbacks run between two checks for handing over the next group."""
-_INLINE_ENTRIES = 16
-"""A group of at most this many adds is written by the loop thread itself (see ``_start_commit``)."""
-_INLINE_SYNC = 0.002
-"""... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
-_CHECKPOINT_KEY = b"checkpoint"
-_POSITION = struct.Struct(">QQ")
-
-Done = Callable[[BaseException | None], None]
-"""Completion callback: ``None`` once durable, else the error (called on the event loop)."""
-
-AckSink = Callable[[list[Any], BaseException | None], None]
-"""Completion of a run of adds (``submit_acked_add``): their acks in order, ``None`` once durable, else the error.
-
-An ack is whatever the caller passed for its add (the server: the framed OK answer, or the add's index
-in an ADD_ENTRIES frame)."""
-
-
-_ENTRY_KEY = struct.Struct(">QQ")
-_pack_key = _ENTRY_KEY.pack
-_HEADER_PACK = journal.HEADER.pack
-_ADD_KIND = bytes([journal.ADD])
 _ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 
 
@@ -139,108 +126,7 @@ def _future_placeholder(exc: BaseException | None) -> None:
 _FUTURE: Done = _future_placeholder
 
 
-def entry_key(ledger_id: int, entry_id: int) -> bytes:
-    """The 16-byte storage key of an entry (ledger id, entry id, big-endian)."""
-    return _ENTRY_KEY.pack(ledger_id, entry_id)
-
-
-def ledger_prefix(ledger_id: int) -> bytes:
-    """The 8-byte LMDB key of a ledger's record, and the prefix of its entries' keys."""
-    return ledger_id.to_bytes(8, "big")
-
-
-@dataclass(frozen=True)
-class LedgerInfo:
-    """A snapshot of one ledger's record (including writes not yet durable)."""
-
-    ledger_id: int
-    master_key: bytes
-    fenced: bool
-    lac: int
-
-
-class _LedgerState:
-    __slots__ = ("fenced", "lac", "last", "master_key")
-
-    def __init__(self, master_key: bytes, fenced: bool = False, lac: int = -1, last: int = -1) -> None:
-        self.master_key = master_key
-        self.fenced = fenced
-        self.lac = lac
-        self.last = last  # highest entry id readable (durable: in the cache or LMDB)
-
-    def record(self) -> bytes:
-        return LedgerIndexRecord(master_key=self.master_key, fenced=self.fenced,
-                                 lac=self.lac).SerializeToString()
-
-
-class _Batch:
-    """The writes of one group commit.
-
-    Entries are two parallel lists (keys, payloads) rather than a tuple per
-    add: the hot path allocates no object the cyclic GC has to track.
-    ``parts`` holds the encoded journal records in order (adds, ledger
-    records, fences, explicit LACs); ``dirty`` the ledgers whose LAC rose
-    (one LAC record each, added when the group is handed over); ``last``
-    the highest entry id per ledger. ``waiters`` are the ``done`` callbacks
-    (a run of ``submit_acked_add`` adds of one sink is one of them, whose
-    acks grow in ``run_acks`` while ``run_sink`` is its sink), ``futures``
-    those of the coroutine API; both are completed in order, callbacks first.
-    The journal thread sets ``position``, ``nbytes`` and ``sync_seconds``;
-    ``error`` once the write failed.
-    """
-
-    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "position", "run_acks",
-                 "run_sink", "started", "sync_seconds", "values", "waiters")
-
-    def __init__(self) -> None:
-        self.keys: list[bytes] = []
-        self.values: list[bytes] = []
-        self.waiters: list[Done] = []
-        self.run_sink: AckSink | None = None  # the sink of the run the last waiter completes (``run_acks``)
-        self.run_acks: list[Any] = []
-        self.futures: list[asyncio.Future[None]] = []
-        self.parts: list[bytes] = []
-        self.dirty: set[int] = set()
-        self.last: dict[int, int] = {}
-        self.error: BaseException | None = None
-        self.position: Position | None = None
-        self.started = time.perf_counter()
-        self.nbytes = 0
-        self.sync_seconds = 0.0
-
-
-class _Flush:
-    """One checkpoint: the swapped cache, ledger records and deletes, and the journal position it covers."""
-
-    __slots__ = ("cache", "deletes", "error", "position", "records", "seconds", "waiters")
-
-    def __init__(self, cache: dict[bytes, bytes], records: list[tuple[bytes, bytes]], deletes: set[int],
-                 position: Position) -> None:
-        self.cache = cache
-        self.records = records
-        self.deletes = deletes
-        self.position = position
-        self.waiters: list[asyncio.Future[None]] = []
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-
-
-def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
-    if not 0 <= ledger_id <= _MAX_ID:
-        raise BadRequestError(f"ledger id {ledger_id} out of range")
-    if entry_id is not None and not 0 <= entry_id <= _MAX_ID:
-        raise BadRequestError(f"entry id {entry_id} out of range")
-
-
-def _open_env(path: Path, map_size: int) -> lmdb.Environment:
-    try:
-        return lmdb.open(str(path), map_size=map_size, max_dbs=4, sync=True, metasync=True,
-                         readahead=False, lock=True)
-    except lmdb.Error as exc:
-        raise BookieServerError(f"cannot open entry storage at {path}: {exc}") from exc
-
-
-class EntryStorage:
+class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
     """Durable entry storage of one bookie; see the module docstring.
 
     All methods are called from one event loop thread; journal writes and
@@ -318,89 +204,7 @@ class EntryStorage:
             raise
         self._synced = self._writer.position
 
-    # --- start-up -------------------------------------------------------------------------------
-
-    def _checkpoint_position(self) -> Position | None:
-        with self._env.begin(db=self._meta) as txn:
-            raw = txn.get(_CHECKPOINT_KEY)
-        return None if raw is None else Position(*_POSITION.unpack(raw))
-
-    def _replay(self) -> int:
-        """Replay the journal from the last checkpoint into LMDB; the id of the next journal file."""
-        files = journal.journal_files(self.journal_dir)
-        start = self._checkpoint_position() or Position(files[0] if files else 0, 0)
-        if not files:
-            return max(start.file_id + 1, 1)
-        t0 = time.perf_counter()
-        entries: dict[bytes, bytes] = {}
-        states: dict[int, _LedgerState] = {}
-
-        def state_of(ledger_id: int, master_key: bytes = b"") -> _LedgerState:
-            st = states.get(ledger_id) or self._ledger(ledger_id)
-            if st is None:
-                st = _LedgerState(master_key)
-            states[ledger_id] = st
-            return st
-
-        n = 0
-        for rec in journal.read_journal(self.journal_dir, start):
-            n += 1
-            if rec.kind == journal.ADD:
-                state_of(rec.ledger_id)
-                entries[_pack_key(rec.ledger_id, rec.entry_id)] = rec.value
-            elif rec.kind == journal.LEDGER:
-                st = state_of(rec.ledger_id, rec.value)
-                if not st.master_key:
-                    st.master_key = rec.value
-            elif rec.kind == journal.FENCE:
-                state_of(rec.ledger_id).fenced = True
-            elif rec.kind == journal.LAC:
-                st = state_of(rec.ledger_id)
-                st.lac = max(st.lac, rec.lac)
-        next_file = files[-1] + 1
-        with self._env.begin(write=True) as txn:
-            self._store.write(txn, entries)
-            for lid, st in states.items():
-                txn.put(ledger_prefix(lid), st.record(), db=self._ledgers)
-            txn.put(_CHECKPOINT_KEY, _POSITION.pack(next_file, 0), db=self._meta)
-        self._state.clear()
-        for file_id in files:
-            (self.journal_dir / journal.file_name(file_id)).unlink(missing_ok=True)
-        self.replayed = len(entries)
-        if n:
-            log.info("replayed %d journal records (%d entries of %d ledgers) from %s in %.3f s", n, self.replayed,
-                     len(states), self.journal_dir, time.perf_counter() - t0)
-        return next_file
-
-    # --- ledger state ---------------------------------------------------------------------------
-
-    def _ledger(self, ledger_id: int) -> _LedgerState | None:
-        state = self._state.get(ledger_id)
-        if state is None:
-            if ledger_id in self._deleting:
-                return None
-            with self._env.begin(buffers=True) as txn:
-                raw = txn.get(ledger_prefix(ledger_id), db=self._ledgers)
-                if raw is None:
-                    return None
-                rec = LedgerIndexRecord.FromString(bytes(raw))
-                last = self._store.last_entry(txn, ledger_id)
-            state = self._state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac,
-                                                          -1 if last is None else last[0])
-        return state
-
-    def ledger_info(self, ledger_id: int) -> LedgerInfo | None:
-        """The ledger's record, or ``None`` when this bookie has none."""
-        state = self._ledger(ledger_id)
-        if state is None:
-            return None
-        return LedgerInfo(ledger_id, state.master_key, state.fenced, state.lac)
-
-    def ledger_ids(self) -> set[int]:
-        """Every ledger this storage has a record of (durable or pending)."""
-        with self._env.begin(db=self._ledgers) as txn:
-            ids = {int.from_bytes(k, "big") for k in txn.cursor().iternext(keys=True, values=False)}
-        return (ids - self._deleting) | set(self._state)
+    # --- writes ------------------------------------------------------------------------------
 
     def _new_ledger(self, ledger_id: int, master_key: bytes, batch: _Batch) -> _LedgerState:
         state = self._state[ledger_id] = _LedgerState(master_key)
@@ -408,8 +212,6 @@ class EntryStorage:
         batch.parts.append(journal.encode_ledger(ledger_id, master_key))
         batch.dirty.add(ledger_id)
         return state
-
-    # --- writes ---------------------------------------------------------------------------------
 
     def submit_add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
                    done: Done, *, recovery: bool = False) -> None:
@@ -590,481 +392,7 @@ class EntryStorage:
             self._deleting.add(ledger_id)
         await self.checkpoint()
 
-    # --- back-pressure --------------------------------------------------------------------------
-
-    def _throttle(self, key: bytes, payload: bytes, done: Done, ledger_id: int) -> None:
-        loop = self._loop or asyncio.get_running_loop()
-        self._loop = loop
-        deadline = loop.time() + self._max_throttle
-        self._throttled.append((key, payload, done, None, ledger_id, deadline))
-        if self._throttle_timer is None:
-            self._throttle_timer = loop.call_at(deadline, self._throttle_expired)
-
-    def _throttle_expired(self) -> None:
-        self._throttle_timer = None
-        loop = self._loop
-        assert loop is not None
-        now = loop.time()
-        throttled = self._throttled
-        reason = (f"write cache full: no room for {self._max_throttle:g} s while a checkpoint of "
-                  f"{self._flushing_bytes} bytes ran")
-        flushing = self._flushing
-        if flushing is not None and flushing.error is not None:
-            reason += f" (the checkpoint fails: {flushing.error})"
-        while throttled and throttled[0][5] <= now:
-            _, _, done, fut, _, _ = throttled.popleft()
-            _fail_waiter(done, fut, BookieServerError(reason))
-        if throttled:
-            self._throttle_timer = loop.call_at(throttled[0][5], self._throttle_expired)
-        else:
-            log.warning("%s; adds failed", reason)
-
-    def _fail_throttled(self, exc: BookieServerError) -> None:
-        """Fail every add waiting for room in the cache (never journalled)."""
-        if self._throttle_timer is not None:
-            self._throttle_timer.cancel()
-            self._throttle_timer = None
-        throttled, self._throttled = self._throttled, collections.deque()
-        for _, _, done, fut, _, _ in throttled:
-            _fail_waiter(done, fut, exc)
-
-    def _release_throttled(self) -> None:
-        """Room in the cache: the waiting adds join the open group, in order."""
-        if self._throttle_timer is not None:
-            self._throttle_timer.cancel()
-            self._throttle_timer = None
-        throttled, self._throttled = self._throttled, collections.deque()
-        if not throttled:
-            return
-        batch = self._batch or self._open_batch()
-        batch.run_sink = None
-        for key, payload, done, fut, ledger_id, _ in throttled:
-            head = _ADD_KIND + key
-            batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
-            batch.keys.append(key)
-            batch.values.append(payload)
-            batch.dirty.add(ledger_id)
-            entry_id = int.from_bytes(key[8:], "big")
-            if entry_id > batch.last.get(ledger_id, -1):
-                batch.last[ledger_id] = entry_id
-            if fut is None:
-                batch.waiters.append(done)
-            else:  # futures complete after the callbacks: keep the order with a callback of its own
-                batch.waiters.append(_settle(fut))
-
-    # --- reads ----------------------------------------------------------------------------------
-
-    def _cached(self, key: bytes) -> bytes | None:
-        found = self._cache.get(key)
-        if found is None and self._flushing is not None:
-            found = self._flushing.cache.get(key)
-        return found
-
-    def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, bytes]:
-        """``(entry_id, payload)`` of a durable entry; ``LAST_ENTRY`` reads the highest one.
-
-        Raises ``NoSuchLedgerError`` when the bookie has no record of the
-        ledger, ``NoSuchEntryError`` when it has no such entry (durable),
-        ``BadRequestError`` for an id out of range.
-        """
-        _check_ids(ledger_id, None if entry_id == LAST_ENTRY else entry_id)
-        state = self._ledger(ledger_id)
-        if state is None:
-            raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
-        if entry_id == LAST_ENTRY:
-            entry_id = state.last
-            if entry_id < 0:
-                raise NoSuchEntryError(f"no entries of ledger {ledger_id} on this bookie")
-        payload = self._cached(_pack_key(ledger_id, entry_id))
-        if payload is None:
-            with self._env.begin(buffers=True) as txn:
-                payload = self._store.read(txn, ledger_id, entry_id)
-            if payload is None:
-                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} on this bookie")
-        return entry_id, payload
-
-    def last_entry_id(self, ledger_id: int) -> int:
-        """The highest durable entry id of the ledger, ``-1`` when none."""
-        state = self._ledger(ledger_id)
-        return -1 if state is None else state.last
-
-    def read_lac(self, ledger_id: int) -> int:
-        """The highest LAC piggybacked on an add or written explicitly (``-1`` when none); ``NoSuchLedgerError``."""
-        _check_ids(ledger_id)
-        state = self._ledger(ledger_id)
-        if state is None:
-            raise NoSuchLedgerError(f"no ledger {ledger_id} on this bookie")
-        return state.lac
-
-    def map_usage(self) -> tuple[int, int]:
-        """``(used, size)`` bytes of the LMDB map: its high-water page mark plus what the write cache
-        will add at the next checkpoint, and how far it may grow."""
-        info = self._env.info()
-        psize = int(self._env.stat()["psize"])
-        pending = self.cache_bytes + self._flushing_bytes
-        return (int(info["last_pgno"]) + 1) * psize + pending, int(info["map_size"])
-
-    def lmdb_usage(self) -> tuple[int, int]:
-        """``(file_bytes, reclaimable_bytes)`` of the LMDB file: its high-water page mark, and the part of it
-        no database page uses (the free pages of deleted ledgers, which later checkpoints reuse before the
-        file grows; LMDB's file itself never shrinks)."""
-        info = self._env.info()
-        with self._env.begin() as txn:
-            stats = [self._env.stat()] + [txn.stat(db) for db in (self._store.segments, self._store.legacy,
-                                                                 self._ledgers, self._meta)]
-        psize = int(stats[0]["psize"])
-        used = 2 + sum(int(st["branch_pages"]) + int(st["leaf_pages"]) + int(st["overflow_pages"])
-                       for st in stats)   # + the two meta pages
-        high = int(info["last_pgno"]) + 1
-        return high * psize, max(0, high - used) * psize
-
-    def entry_count(self) -> int:
-        """Durable entries in the storage, all ledgers (scans LMDB: for tools and tests)."""
-        keys = set(self._cache)
-        if self._flushing is not None:
-            keys |= set(self._flushing.cache)
-        with self._env.begin(buffers=True) as txn:
-            n = self._store.count(txn)
-            for key in keys:
-                lid, eid = _ENTRY_KEY.unpack(key)
-                if lid not in self._deleting and self._store.read(txn, lid, eid) is None:
-                    n += 1
-        return n
-
-    @property
-    def journal_position(self) -> Position:
-        """The end of the last synced journal group."""
-        return self._synced
-
-    # --- group commit (the journal) -------------------------------------------------------------
-
-    def _open_batch(self) -> _Batch:
-        batch = self._batch = _Batch()
-        if not self._committing and not self._kicked:
-            self._kicked = True
-            loop = self._loop or asyncio.get_running_loop()
-            self._loop = loop
-            if self._group_wait:
-                loop.call_later(self._group_wait, self._start_commit)
-            else:
-                loop.call_soon(self._start_commit)
-            if self._flush_timer is None and self._flush_interval > 0:
-                self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
-        return batch
-
-    def _inline(self, batch: _Batch) -> bool:
-        """Whether the loop thread writes ``batch`` itself: small, and the disk syncs fast."""
-        return len(batch.keys) <= _INLINE_ENTRIES and self.last_sync_seconds < _INLINE_SYNC
-
-    def _start_commit(self, inline: bool = True) -> bool:
-        """Hand the open group to the journal thread (on the loop; one write in flight at most).
-
-        A small group (``_inline``) is written on the loop thread at once when
-        ``inline``: at low rates a group of a few adds then costs no thread
-        hand-off (a queue put, a GIL hand-over each way, a loop wake-up),
-        which costs more CPU than the write. Callers pass ``inline=False``
-        while responses of the previous group still wait to be written.
-        """
-        self._kicked = False
-        batch = self._batch
-        if batch is None or self._committing:
-            return False
-        if self._thread is None:
-            loop = self._loop = self._loop or asyncio.get_running_loop()
-            thread = threading.Thread(target=self._journal_thread, args=(loop,),
-                                      name="bookie-journal", daemon=True)
-            thread.start()
-            self._thread = thread
-        if batch.dirty:
-            state = self._state
-            batch.parts.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
-                              if (st := state.get(lid)) is not None and st.lac >= 0)
-            self._dirty |= batch.dirty
-        self._batch = None
-        self._committing = True
-        if inline and self._inline(batch):
-            self._commit_done(batch, self._write_group(batch))
-        else:
-            self._jobs.put(batch)
-        return True
-
-    def _write_group(self, batch: _Batch) -> BaseException | None:
-        """Write and sync the group's records (on the journal thread, or on the loop for a small group)."""
-        try:
-            parts = batch.parts
-            t0 = time.perf_counter()
-            batch.position = self._writer.append(b"".join(parts)) if parts else self._writer.position
-            batch.sync_seconds = time.perf_counter() - t0
-            batch.nbytes = sum(map(len, batch.values))
-            batch.parts = []
-        except BaseException as exc:  # reported to every waiter of the group
-            return exc
-        return None
-
-    def _journal_thread(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The journal thread: write each group handed over (one synchronous write), report it on the loop."""
-        jobs = self._jobs
-        done = self._commit_done
-        write = self._write_group
-        while True:
-            batch = jobs.get()
-            if batch is None:
-                return
-            error = write(batch)
-            try:
-                loop.call_soon_threadsafe(done, batch, error)
-            except RuntimeError:  # the loop is closed: nobody is left to tell
-                log.error("journal write finished after its event loop closed")
-                return
-
-    def _commit_done(self, batch: _Batch, cause: BaseException | None) -> None:
-        """On the loop: the group is synced (``cause`` is None) or its write failed."""
-        self._committing = False
-        n = len(batch.keys)
-        if cause is not None:
-            reason, no_space = describe_commit_error(cause, self.journal_dir)
-            log.error("journal write of %d entries failed: %s", n, reason)
-            exc = BookieServerError(f"journal write failed: {reason}")
-            exc.__cause__ = cause
-            batch.error = exc
-            self._report_error(reason, no_space)
-        else:
-            assert batch.position is not None
-            self._synced = batch.position
-            cache = self._cache
-            cache.update(zip(batch.keys, batch.values, strict=True))
-            self.cache_bytes += batch.nbytes
-            state = self._state
-            for lid, eid in batch.last.items():
-                st = state.get(lid)
-                if st is not None and eid > st.last:
-                    st.last = eid
-            self.commits += 1
-            self.entries_committed += n
-            self.last_commit_bytes = batch.nbytes
-            self.last_sync_seconds = batch.sync_seconds
-            self.last_group_entries = n
-            if self.on_commit is not None:
-                try:
-                    self.on_commit(n, time.perf_counter() - batch.started)
-                except Exception:
-                    log.exception("entry storage on_commit hook raised")
-            if self.cache_bytes >= self._half_cache and self._flushing is None:
-                self._start_flush()
-        batch.waiters.reverse()  # popped from the end, in order
-        self._complete(batch)
-
-    def _report_error(self, reason: str, no_space: bool) -> None:
-        if self.on_commit_error is not None:
-            try:
-                self.on_commit_error(reason, no_space)
-            except Exception:
-                log.exception("entry storage on_commit_error hook raised")
-
-    def _complete(self, batch: _Batch) -> None:
-        """Run the group's callbacks in order; hand the next group over in their midst.
-
-        Each callback is dropped as soon as it has run: what it holds is freed at
-        once, and a batch of dead closures does not pile up to trigger cyclic GC
-        passes (they count allocations minus deallocations).
-        """
-        exc = batch.error
-        waiters = batch.waiters
-        pop = waiters.pop
-        left = len(waiters)
-        seen = -1
-        handover = not self._group_wait
-        while left:
-            # The journal thread is idle: hand it the open group once that holds as
-            # many adds as there are callbacks left to run, or once the callbacks
-            # stop adding to it. Pipelining clients (whose callbacks add again) then
-            # settle into two groups of about the same size, one syncing while the
-            # loop runs the callbacks of the other.
-            if handover and not self._committing and self._batch is not None:
-                size = len(self._batch.keys)
-                if size >= left or size == seen:
-                    self._start_commit(inline=False)
-                seen = size
-            run = min(left, _SLICE)
-            left -= run
-            for _ in range(run):
-                done = pop()
-                try:
-                    done(exc)
-                except Exception:
-                    log.exception("entry storage completion callback raised")
-            del done
-        for fut in batch.futures:
-            if not fut.done():
-                if exc is None:
-                    fut.set_result(None)
-                else:
-                    fut.set_exception(exc)
-        if not self._committing:
-            if self._batch is not None:
-                self._schedule_commit(self._batch)
-            else:
-                idle, self._idle_waiters = self._idle_waiters, []
-                for w in idle:
-                    if not w.done():
-                        w.set_result(None)
-
-    def _schedule_commit(self, batch: _Batch) -> None:
-        wait = self._group_wait - (time.perf_counter() - batch.started)
-        if wait <= 0 and not self._inline(batch):
-            self._start_commit(inline=False)
-        elif wait <= 0:  # written on the loop: after the responses queued now (their flushes come first)
-            if not self._kicked:
-                self._kicked = True
-                loop = self._loop
-                assert loop is not None
-                loop.call_soon(self._start_commit)
-        elif not self._kicked:
-            self._kicked = True
-            loop = self._loop
-            assert loop is not None
-            loop.call_later(wait, self._start_commit)
-
-    async def flush(self) -> None:
-        """Return once every write submitted so far is durable in the journal (and its callbacks ran)."""
-        while self._committing or self._batch is not None:
-            idle = asyncio.get_running_loop().create_future()
-            self._idle_waiters.append(idle)
-            if not self._committing:
-                self._start_commit()
-            await idle
-
-    # --- checkpoints (the write cache into LMDB) ------------------------------------------------
-
-    def _flush_tick(self) -> None:
-        self._flush_timer = None
-        if self._closed:
-            return
-        if self._flushing is None and (self._cache or self._dirty or self._deleting):
-            self._start_flush()
-        elif self._flushing is not None and self._flushing.error is not None:
-            self._retry_flush()
-        if self._flush_interval > 0 and (self._cache or self._dirty or self._flushing is not None
-                                         or self._batch is not None or self._committing):
-            loop = self._loop
-            assert loop is not None
-            self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
-
-    def _ensure_flush_thread(self) -> None:
-        if self._flush_thread is None:
-            loop = self._loop = self._loop or asyncio.get_running_loop()
-            thread = threading.Thread(target=self._flush_thread_main, args=(loop,), name="bookie-flush",
-                                      daemon=True)
-            thread.start()
-            self._flush_thread = thread
-
-    def _start_flush(self) -> None:
-        """Swap the cache for an empty one and hand it to the flush thread (on the loop)."""
-        assert self._flushing is None
-        self._ensure_flush_thread()
-        state = self._state
-        records = [(ledger_prefix(lid), st.record()) for lid in self._dirty if (st := state.get(lid)) is not None]
-        self._dirty = set()
-        job = _Flush(self._cache, records, set(self._deleting), self._synced)
-        job.waiters, self._checkpoint_waiters = self._checkpoint_waiters, []
-        self._flushing = job
-        self._flushing_bytes = self.cache_bytes
-        self._cache = {}
-        self.cache_bytes = 0
-        self._flush_jobs.put(job)
-        if self._throttled and not self._closing:
-            self._release_throttled()
-
-    def _retry_flush(self) -> None:
-        job = self._flushing
-        assert job is not None and job.error is not None
-        job.error = None
-        state = self._state
-        job.records.extend((ledger_prefix(lid), st.record()) for lid in self._dirty
-                           if (st := state.get(lid)) is not None)
-        self._dirty = set()
-        self._flush_jobs.put(job)
-
-    def _flush_thread_main(self, loop: asyncio.AbstractEventLoop) -> None:
-        jobs = self._flush_jobs
-        while True:
-            job = jobs.get()
-            if job is None:
-                return
-            error: BaseException | None = None
-            t0 = time.perf_counter()
-            try:
-                self._write_checkpoint(job)
-            except BaseException as exc:
-                error = exc
-            job.seconds = time.perf_counter() - t0
-            try:
-                loop.call_soon_threadsafe(self._flush_done, job, error)
-            except RuntimeError:
-                log.error("checkpoint finished after its event loop closed")
-                return
-
-    def _write_checkpoint(self, job: _Flush) -> None:
-        """On the flush thread: one synced LMDB transaction, then the journal files before it go."""
-        with self._env.begin(write=True) as txn:
-            for lid in job.deletes:
-                self._store.delete_ledger(txn, lid)
-                txn.delete(ledger_prefix(lid), db=self._ledgers)
-            self._store.write(txn, job.cache, job.deletes)
-            if job.records:
-                txn.cursor(db=self._ledgers).putmulti(job.records)
-            txn.put(_CHECKPOINT_KEY, _POSITION.pack(*job.position), db=self._meta)
-        for file_id in journal.journal_files(self.journal_dir):
-            if file_id >= job.position.file_id:
-                break
-            try:
-                (self.journal_dir / journal.file_name(file_id)).unlink()
-            except OSError as exc:
-                log.warning("could not delete journal file %s: %s", journal.file_name(file_id), exc)
-
-    def _flush_done(self, job: _Flush, cause: BaseException | None) -> None:
-        if cause is not None:
-            reason, no_space = describe_commit_error(cause, self.path)
-            log.error("checkpoint of %d entries failed (kept in memory, retried): %s", len(job.cache), reason)
-            job.error = BookieServerError(f"checkpoint failed: {reason}")
-            self._report_error(reason, no_space)
-            if self._closing:  # nobody retries: the journal keeps the entries for the next start
-                self._fail_checkpoint_waiters(job)
-            return
-        self._flushing = None
-        self._flushing_bytes = 0
-        self._deleting -= job.deletes
-        self.checkpoints += 1
-        if self.on_checkpoint is not None:
-            try:
-                self.on_checkpoint(len(job.cache), job.seconds)
-            except Exception:
-                log.exception("entry storage on_checkpoint hook raised")
-        for fut in job.waiters:
-            if not fut.done():
-                fut.set_result(None)
-        if self._checkpoint_waiters or self.cache_bytes >= self._half_cache or self._deleting:
-            self._start_flush()
-        elif self._throttled:
-            self._release_throttled()
-
-    def _fail_checkpoint_waiters(self, job: _Flush) -> None:
-        for fut in [*job.waiters, *self._checkpoint_waiters]:
-            if not fut.done():
-                fut.set_exception(job.error or BookieServerError("checkpoint failed"))
-        job.waiters = []
-        self._checkpoint_waiters = []
-
-    async def checkpoint(self) -> None:
-        """Write everything synced so far into LMDB (and apply pending deletes); a failure raises."""
-        await self.flush()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._checkpoint_waiters.append(fut)
-        if self._flushing is None:
-            self._start_flush()
-        elif self._flushing.error is not None:
-            self._fail_checkpoint_waiters(self._flushing)
-        await fut
+    # --- closing -----------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Refuse new writes, wait for the journal, checkpoint, close (a failed checkpoint is logged)."""
@@ -1093,64 +421,3 @@ class EntryStorage:
     @property
     def closed(self) -> bool:
         return self._closed
-
-    # --- test hooks -----------------------------------------------------------------------------
-
-    def corrupt_entry_for_test(self, ledger_id: int, entry_id: int) -> None:
-        """Flip the last byte of a stored entry (test hook: the client must detect it)."""
-        key = entry_key(ledger_id, entry_id)
-        for cache in (self._cache, self._flushing.cache if self._flushing is not None else {}):
-            payload = cache.get(key)
-            if payload:
-                cache[key] = payload[:-1] + bytes([payload[-1] ^ 0xFF])
-                return
-        with self._env.begin(write=True) as txn:
-            if not self._store.corrupt(txn, ledger_id, entry_id):
-                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
-
-
-def _fail_waiter(done: Done, fut: asyncio.Future[None] | None, exc: BookieServerError) -> None:
-    """Fail one add that never reached the journal: its future if it has one, else its callback."""
-    if fut is not None:
-        if not fut.done():
-            fut.set_exception(exc)
-        return
-    try:
-        done(exc)
-    except Exception:
-        log.exception("entry storage completion callback raised")
-
-
-def _settle(fut: asyncio.Future[None]) -> Done:
-    def done(exc: BaseException | None) -> None:
-        if not fut.done():
-            if exc is None:
-                fut.set_result(None)
-            else:
-                fut.set_exception(exc)
-    return done
-
-
-def corrupt_stored_entry(path: str | os.PathLike[str], ledger_id: int, entry_id: int, *,
-                         timeout: float = 10.0) -> None:
-    """Flip the last byte of a stored entry in the storage at ``path`` (test hook).
-
-    Safe while a bookie process uses the directory (LMDB serialises writers
-    across processes). A live bookie keeps new entries in its write cache
-    until its next checkpoint (``flush_interval``), so this waits up to
-    ``timeout`` seconds for the entry to reach LMDB; ``NoSuchEntryError``
-    when it does not.
-    """
-    env = lmdb.open(str(path), max_dbs=4, sync=True, lock=True, create=False)
-    try:
-        store = SegmentStore(env)
-        deadline = time.monotonic() + timeout
-        while True:
-            with env.begin(write=True) as txn:
-                if store.corrupt(txn, ledger_id, entry_id):
-                    return
-            if time.monotonic() >= deadline:
-                raise NoSuchEntryError(f"no entry {ledger_id}:{entry_id} to corrupt")
-            time.sleep(0.05)  # another process's checkpoint: nothing here to wait on
-    finally:
-        env.close()
