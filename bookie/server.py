@@ -1,5 +1,10 @@
 """The bookie server: an asyncio shell around ``bookie.protocol`` and ``bookie.storage``.
 
+It wires the parts and decides nothing itself: each connection is a
+``bookie.server_connection.BookieServerProtocol``, every request is served
+by ``bookie.request_handlers.RequestHandlers``, the admin API is
+``bookie.admin``.
+
     server = BookieServer(BookieConf.from_file("conf/bk_server.conf"))
     await server.start()          # storage open, listening, registered
     server.address                # "127.0.0.1:3181"
@@ -56,20 +61,20 @@ import itertools
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, cast
+from typing import Any
 
 from bookie import errors
 from bookie import protocol as proto
 from bookie.admin import bookie_readiness, bookie_routes
 from bookie.autorecovery import AutoRecovery
 from bookie.conf import BookieConf
-from bookie.digest import HEADER_SIZE
 from bookie.disk import DiskUsage, DiskUsageMonitor
 from bookie.gc import GarbageCollector
 from bookie.http import HttpServer, admin_token, resolve_http_port
 from bookie.metadata import LedgerMetadataManager
-from bookie.outbox import Outbox
 from bookie.registration import BookieRegistration
+from bookie.request_handlers import RequestHandlers
+from bookie.server_connection import BookieServerProtocol
 from bookie.stats import BookieStats
 from bookie.storage import EntryStorage
 from metastore import MetaStore, open_metastore
@@ -79,10 +84,6 @@ from metastore.tasks import spawn
 log = logging.getLogger(__name__)
 
 status_of = proto.status_of
-add_ok_frame = proto.add_ok_frame
-ADD_ENTRY = proto.ADD_ENTRY
-OK = proto.OK
-ADD_OK = (ADD_ENTRY, OK)
 
 __all__ = ["BookieServer", "BookieServerProtocol", "DiskUsageMonitor", "status_of", "tune_gc"]
 
@@ -135,250 +136,6 @@ def _quiet_client_logs() -> Iterator[None]:
             lg.setLevel(level)
 
 
-class _AddsAnswer:
-    """The outcomes of one ADD_ENTRIES' adds (``BookieServer.add_entries``); answers once all are in.
-
-    ``settled`` is the storage's run sink (indices into the frame's entries);
-    ``failed`` records an add refused before the storage took it.
-    """
-
-    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_op", "_server", "_submitting", "_txn_id")
-
-    def __init__(self, server: BookieServer, conn: BookieServerProtocol, txn_id: int, ledger_id: int,
-                 entries: Any, op: proto.OperationType = proto.ADD_ENTRIES) -> None:
-        self._server = server
-        self._conn = conn
-        self._op = op         # ADD_ENTRIES, or ADD_ENTRIES_MULTI (each add's ledger from its payload header)
-        self._txn_id = txn_id
-        self._ledger_id = ledger_id
-        self._entries = entries
-        self._left = len(entries)
-        self._errors: dict[int, BaseException] = {}
-        self._submitting = True
-
-    def refuse(self, exc: BaseException) -> None:
-        """The frame as a whole is refused (no adds in it)."""
-        self._errors[-1] = exc
-
-    def failed(self, i: int, exc: BaseException) -> None:
-        self._errors[i] = exc
-        self._left -= 1
-
-    def settled(self, indices: list[int], exc: BaseException | None) -> None:
-        if exc is not None:
-            for i in indices:
-                self._errors[i] = exc
-        self._left -= len(indices)
-        if not self._left and not self._submitting:
-            self._answer()
-
-    def submitted(self) -> None:
-        """Every add was handed to the storage or refused: answer now if none is still pending."""
-        self._submitting = False
-        if not self._left:
-            self._answer()
-
-    def _answer(self) -> None:
-        conn, errs = self._conn, self._errors
-        requests = self._server.stats.requests
-        ok = len(self._entries) - len(errs.keys() - {-1})
-        if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
-            requests[ADD_OK] = requests.get(ADD_OK, 0) + ok
-        op = self._op
-        if not errs:
-            response = proto.Response(txn_id=self._txn_id, op=op)
-        else:
-            first = errs[min(errs)]
-            response = proto.Response(txn_id=self._txn_id, op=op, status=status_of(first), message=str(first))
-            for i, payload in enumerate(self._entries):
-                exc = errs.get(i)
-                if exc is not None:
-                    self._server.stats.count(ADD_ENTRY, status_of(exc))
-                ledger_id, entry_id = (proto.ENTRY_HEADER.unpack_from(payload)[:2] if len(payload) >= HEADER_SIZE
-                                       else (self._ledger_id, -1))
-                if op == proto.ADD_ENTRIES:   # the ledger of the request (a misplaced entry's answer names it)
-                    ledger_id = self._ledger_id
-                response.adds.append(proto.add_response(0, ledger_id, entry_id, exc))
-        conn.send_frame_later(op, response.status, proto.encode_frame(response))
-        conn.finished()
-
-
-class BookieServerProtocol(asyncio.Protocol):
-    """One client connection; see the module docstring."""
-
-    def __init__(self, server: BookieServer, key: int) -> None:
-        conf = server.conf
-        self._server = server
-        self.key = key
-        self.state = proto.ServerConnection(conf.max_frame_size, conf.max_pending_requests,
-                                            conf.max_pending_response_bytes)
-        self.outbox = Outbox(on_flush=self.state.flushed)
-        self.started = self.state.request_started  # a request is answered later (``finished``)
-        self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
-        self.acks = proto.AddAcks()  # frames the OK answers to its adds
-        self._reading = True
-        self.transport: asyncio.Transport | None = None
-        self.peer = "?"
-
-    # --- asyncio.Protocol ------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        self.outbox.attach(self.transport)
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        self._server.connections.add(self)
-        if self._server.draining:
-            self.state.drain()
-            self._update_reading()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._server.connections.discard(self)
-        self._server.budget.release(self.key)
-        self.state.decoder.clear()
-        self.outbox.detach()
-        self.transport = None
-        self._server.drop_long_polls(self)  # after: nothing is resumed or written for them
-
-    def pause_writing(self) -> None:
-        self.state.writing_paused()
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self.state.writing_resumed()
-        self._serve()
-        self.outbox.flush()
-
-    def data_received(self, data: bytes) -> None:
-        state = self.state
-        state.receive_data(data)
-        self._serve()
-        self.outbox.flush()
-        if self.transport is not None:
-            self._server.charge(self, state.buffered)
-
-    # --- serving --------------------------------------------------------------------------------
-
-    def _serve(self) -> None:
-        """Serve buffered requests until the rules say stop or more data is needed."""
-        state = self.state
-        handle = self._server.handle
-        add = self._server.add_entry
-        next_event = state.next_event
-        request_type = proto.Request
-        while self.transport is not None:
-            event = next_event()
-            if type(event) is request_type:
-                if event.op == ADD_ENTRY:
-                    add(event, self)  # ``handle``'s hot path, without its dispatch
-                else:
-                    handle(event, self)
-            elif event is proto.NEED_DATA:
-                break
-            elif event is proto.PAUSED:
-                if not state.held_by_output:
-                    break
-                self.outbox.flush()  # only queued responses held it: write them (the transport may
-                if state.paused:     # then pause writing), go on if it did not
-                    break
-            else:
-                self._answer_bad_frame(cast(proto.Response, event))
-        if state.close_now:
-            self._close_if_idle()
-        self._update_reading()
-
-    def _answer_bad_frame(self, response: proto.Response) -> None:
-        if response.status == proto.TOO_LARGE:
-            log.warning("closing connection from %s: %s", self.peer, response.message)
-        else:
-            log.info("bad frame from %s: %s", self.peer, response.message)
-        self.send(response)
-
-    # --- output --------------------------------------------------------------------------------
-
-    def send(self, response: proto.Response) -> None:
-        """Queue a response; it is written at the end of this loop turn."""
-        self._server.stats.count(response.op, response.status)
-        frame = proto.encode_frame(response)
-        self.outbox.put(frame)
-        if self.state.response_queued(len(frame)):
-            self.outbox.flush()
-
-    def send_later(self, response: proto.Response) -> None:
-        """Queue a response from a completion callback; the flush is scheduled."""
-        if self.transport is not None:
-            self.send_frame_later(response.op, response.status, proto.encode_frame(response))
-
-    def send_frame_later(self, op: int, status: int, frame: bytes) -> None:
-        """``send_later`` of a response framed already (``op`` and ``status`` are counted)."""
-        if self.transport is None:
-            return
-        self._server.stats.count(op, status)
-        self.outbox.send(frame)
-        if self.state.response_queued(len(frame)):
-            self.outbox.flush()
-
-    def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
-        """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
-
-        ``acks`` are their framed OK answers (``conn.acks``), queued as they
-        are once the group is durable; after a failed commit each add is
-        answered with the error instead.
-        """
-        n = len(acks)
-        if self.transport is not None:
-            if exc is None:
-                self._server.stats.requests[ADD_OK] = self._server.stats.requests.get(ADD_OK, 0) + n
-                nbytes = sum(map(len, acks))
-                self.outbox.send_all(acks, nbytes)
-                if self.state.response_queued(nbytes):
-                    self.outbox.flush()
-            else:
-                for ack in acks:
-                    ok = proto.parse_response(ack[proto.PREFIX_SIZE:])
-                    self.send_later(proto.add_response(ok.txn_id, ok.ledger_id, ok.entry_id, exc))
-        self.finished(n)
-
-    def flush(self) -> None:
-        self.outbox.flush()
-
-    # --- flow control ---------------------------------------------------------------------------
-
-    def finished(self, n: int = 1) -> None:
-        """``n`` requests counted by ``started`` (``state.request_started``) were answered."""
-        if self.state.requests_finished(n):
-            if self.state.close_now:
-                self._close_if_idle()
-            elif not self.state.paused and self.transport is not None:
-                self._server.loop.call_soon(self._resume)
-
-    def _resume(self) -> None:
-        self._serve()
-        self.outbox.flush()
-
-    def drain(self) -> None:
-        self.state.drain()
-        self._update_reading()
-
-    def _close_if_idle(self) -> None:
-        """After a framing error: close once every request read before it was answered."""
-        if self.transport is not None:
-            self.outbox.flush()
-            self.transport.close()
-
-    def _update_reading(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        want = self.state.reading
-        if want != self._reading:
-            self._reading = want
-            if want:
-                transport.resume_reading()
-            else:
-                transport.pause_reading()
-
-
 class BookieServer:
     """One bookie: storage, listener, registration and background duties."""
 
@@ -396,7 +153,6 @@ class BookieServer:
         self.long_polls: proto.LongPolls[BookieServerProtocol] = proto.LongPolls(
             max(1, min(conf.max_long_poll_reads_per_connection, conf.max_pending_requests // 2)),
             conf.max_long_poll_reads_per_ledger)
-        self._lac_risen: dict[int, None] = {}  # ledgers with parked reads whose LAC rose this loop turn
         self.last_disk_usage: DiskUsage | None = None
         self.stats_url: str | None = None
         self.http_url = ""              # base URL of the HTTP server ("" when off), named in the registration
@@ -410,6 +166,8 @@ class BookieServer:
         self._disk = DiskUsageMonitor(conf.data_dir, conf.disk_usage_threshold, conf.disk_usage_lwm_threshold,
                                       conf.disk_usage_override_file, check_bytes=conf.disk_check_bytes,
                                       extra_paths=(conf.journal_dir,))
+        self.requests = RequestHandlers(self.stats, self.long_polls, self._disk,
+                                        read_only=lambda: self._disk.read_only or self.operator_read_only)
         self._keys = itertools.count(1)
         self._tasks: set[asyncio.Task[None]] = set()
         self._disk_wakeup = asyncio.Event()
@@ -494,10 +252,11 @@ class BookieServer:
                 write_cache_max_size=conf.write_cache_max_size_mb << 20,
                 flush_interval=conf.flush_interval / 1000.0,
                 max_throttle=conf.write_cache_max_throttle_ms / 1000.0)
+            self.requests.attach(storage, loop)
             storage.on_commit = self._on_commit
             storage.on_checkpoint = self.stats.on_checkpoint
             storage.on_commit_error = self._on_commit_error
-            storage.on_lac = self._on_lac
+            storage.on_lac = self.requests.on_lac
             storage.lac_watched = self.long_polls.watched_ledgers
             self._disk.map_usage = storage.map_usage
             usage, _ = self._disk.check()
@@ -533,7 +292,7 @@ class BookieServer:
                  conf.metastore_uri or conf.metastore)
 
     def _new_connection(self) -> BookieServerProtocol:
-        return BookieServerProtocol(self, next(self._keys))
+        return BookieServerProtocol(self, self.requests, next(self._keys))
 
     async def _start_http(self) -> None:
         """The HTTP server (``bookie.http``, ``bookie.admin``) unless ``http_server_port`` is -1."""
@@ -576,7 +335,7 @@ class BookieServer:
         self.draining = True
         for conn in list(self.connections):
             conn.drain()
-        self._answer_all_long_polls()
+        self.requests.answer_all_long_polls()
         if self._storage is not None:
             await self._storage.close()
         for conn in list(self.connections):
@@ -634,242 +393,9 @@ class BookieServer:
             victim.state.decoder.clear()
             victim.transport.abort()
 
-    # --- requests -------------------------------------------------------------------------------
-
-    def handle(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        """Serve one decoded request; the response goes to ``conn`` now or on completion."""
-        op = req.op
-        if op == proto.ADD_ENTRY:
-            self.add_entry(req, conn)
-            return
-        if op == proto.ADD_ENTRIES or op == proto.ADD_ENTRIES_MULTI:
-            self.add_entries(req, conn)
-            return
-        try:
-            if op == proto.READ_ENTRY:
-                self._read(req, conn)
-            elif op == proto.READ_LAC:
-                if req.timeout_ms:
-                    self._long_poll(req, conn)
-                else:
-                    storage = self.storage
-                    conn.send(proto.lac_response(req, storage.read_lac(req.ledger_id),
-                                                 storage.last_entry_id(req.ledger_id)))
-            elif op == proto.WRITE_LAC:
-                self._write_lac(req, conn)
-            elif op == proto.GET_BOOKIE_INFO:
-                conn.send(self._info(req))
-            else:
-                conn.send(proto.response_to(req, proto.UNKNOWN_OP, f"unknown op {op}"))
-        except Exception as exc:
-            self._refuse(req, conn, exc)
-
-    def _refuse(self, req: proto.Request, conn: BookieServerProtocol, exc: Exception) -> None:
-        """Answer a request whose serving raised: its ``BKError``'s status, else ``ERROR`` (logged)."""
-        if isinstance(exc, errors.BKError):
-            conn.send(proto.response_to(req, status_of(exc), str(exc)))
-        else:
-            log.error("error serving %s from %s", proto.op_name(req.op), conn.peer, exc_info=exc)
-            conn.send(proto.response_to(req, proto.ERROR, f"internal error: {exc}"))
-
-    def add_entry(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        """Serve an ADD_ENTRY (``handle``; the connection calls it directly: the hot path).
-
-        Every check of ``handle`` holds: READ_ONLY on a read-only bookie,
-        BAD_REQUEST for a payload whose header names another entry, then the
-        storage's (ids in range, master key, fencing, closing, back-pressure).
-        The answer is framed now (``conn.acks``: ``add_ok_frame``'s bytes) and queued by ``conn.acked``
-        once the add's group is durable, with the rest of its run.
-        """
-        try:
-            if self._disk.read_only or self.operator_read_only:  # ``read_only``, inlined
-                conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
-                return
-            body = req.body  # read once: each read of a protobuf bytes field is a copy
-            ledger_id, entry_id, lac = proto.add_header(req, body)
-            storage = self._storage
-            if storage is None:
-                raise RuntimeError("bookie not started")
-            storage.submit_acked_add(conn.acked, conn.acks.frame(req.txn_id, ledger_id, entry_id), ledger_id,
-                                     entry_id, req.master_key, body, lac, recovery=req.recovery)
-        except Exception as exc:
-            self._refuse(req, conn, exc)
-        else:
-            conn.started()
-
-    def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        """Serve an ADD_ENTRIES (or ADD_ENTRIES_MULTI: adds of several ledgers, each named by its payload
-        header, sharing ``master_key``): each of ``req.entries`` as ``add_entry`` would, one answer for all.
-
-        Every entry goes through the checks of ``add_entry`` in request order
-        (its payload header must name ``req.ledger_id``; the entry id and LAC
-        come from it) and into the storage's runs like single adds (one sink
-        per frame, so a frame's adds complete as one run). The answer
-        (``_AddsAnswer``) leaves once every add is durable or failed; the frame
-        counts as one request in flight.
-        """
-        entries = req.entries
-        ledger_id = req.ledger_id
-        multi = req.op == proto.ADD_ENTRIES_MULTI   # several ledgers: each add's from its payload header
-        answer = _AddsAnswer(self, conn, req.txn_id, ledger_id, entries, req.op)
-        if not entries:
-            answer.refuse(errors.BadRequestError("ADD_ENTRIES without entries"))
-        storage = self._storage
-        sink = answer.settled   # one object for every add of the frame: they form one run
-        master_key, recovery = req.master_key, req.recovery
-        read_only = self._disk.read_only or self.operator_read_only
-        header, header_size = proto.ENTRY_HEADER.unpack_from, HEADER_SIZE
-        for i, payload in enumerate(entries):
-            try:
-                if read_only:
-                    raise errors.BookieReadOnlyError("bookie is read-only")
-                if storage is None:
-                    raise RuntimeError("bookie not started")
-                if len(payload) < header_size:
-                    raise errors.BadRequestError("entry payload shorter than its header")
-                lid, entry_id, lac = header(payload)
-                if lid != ledger_id and not multi:
-                    raise errors.BadRequestError(f"payload is of entry {lid}:{entry_id}")
-                storage.submit_acked_add(sink, i, lid, entry_id, master_key, payload, lac, recovery=recovery)
-            except Exception as exc:
-                if not isinstance(exc, errors.BKError):
-                    log.error("error serving an add of ADD_ENTRIES from %s", conn.peer, exc_info=exc)
-                answer.failed(i, exc)
-        conn.started()
-        answer.submitted()
-
-    def _read(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        if not req.fence:
-            conn.send(self._read_response(req))
-            return
-
-        def fenced(exc: BaseException | None) -> None:
-            if exc is not None:
-                conn.send_later(proto.response_to(req, status_of(exc), str(exc)))
-            else:
-                conn.send_later(self._read_response(req))
-            conn.finished()
-
-        self.storage.submit_fence(req.ledger_id, req.master_key, fenced)
-        conn.started()
-
-    def _read_response(self, req: proto.Request) -> proto.Response:
-        try:
-            entry_id, payload = self.storage.read_entry(req.ledger_id, req.entry_id)
-        except errors.BKError as exc:
-            return proto.response_to(req, status_of(exc), str(exc))
-        resp = proto.response_to(req)
-        resp.entry_id = entry_id
-        resp.body = payload
-        return resp
-
-    def _write_lac(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        if self.read_only:
-            conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
-            return
-
-        def done(exc: BaseException | None) -> None:
-            if exc is None:
-                resp = proto.response_to(req)
-                resp.lac = req.lac
-            else:
-                resp = proto.response_to(req, status_of(exc), str(exc))
-            conn.send_later(resp)
-            conn.finished()
-
-        # UnauthorizedError, BadRequestError, BookieServerError: answered by ``handle``
-        self.storage.submit_write_lac(req.ledger_id, req.master_key, req.lac, done)
-        conn.started()
-
-    # --- long-poll READ_LAC ---------------------------------------------------------------------
-
-    def _long_poll(self, req: proto.Request, conn: BookieServerProtocol) -> None:
-        storage = self.storage
-        try:
-            lac: int | None = storage.read_lac(req.ledger_id)  # BadRequestError: answered by ``handle``
-        except errors.NoSuchLedgerError:
-            lac = None  # not here yet: the ledger's first adds may still come
-        if lac is not None and lac > req.previous_lac:
-            conn.send(proto.lac_response(req, lac, storage.last_entry_id(req.ledger_id)))
-            return
-        loop = self.loop
-        parked = self.long_polls.park(conn, req, loop.time())
-        if parked is None:
-            conn.send(proto.response_to(
-                req, proto.TOO_MANY_REQUESTS,
-                f"this connection already parks {self.long_polls.parked_by(conn)} long-poll reads (limits "
-                f"{self.long_polls.max_per_connection}, {self.long_polls.max_per_ledger} per ledger)"))
-            return
-        parked.timer = loop.call_at(parked.deadline, self._long_poll_expired, parked)
-        conn.started()
-
-    def _on_lac(self, ledger_id: int, lac: int) -> None:
-        """The storage's ``on_lac``: answer the reads parked on ``ledger_id`` on the next loop turn (once per turn)."""
-        if not self.long_polls.watched(ledger_id):
-            return
-        risen = self._lac_risen
-        if not risen:
-            self.loop.call_soon(self._answer_risen)
-        risen[ledger_id] = None
-
-    def _answer_risen(self) -> None:
-        risen = list(self._lac_risen)
-        self._lac_risen.clear()
-        polls = self.long_polls
-        for ledger_id in risen:
-            if not polls.watched(ledger_id):
-                continue
-            try:
-                lac = self.storage.read_lac(ledger_id)
-            except errors.BKError:
-                continue
-            for parked in polls.lac_rose(ledger_id, lac):
-                self._answer_parked(parked)
-
-    def _long_poll_expired(self, parked: proto.ParkedRead[BookieServerProtocol]) -> None:
-        if self.long_polls.expire(parked):
-            parked.timer = None
-            self._answer_parked(parked)
-
-    def _answer_parked(self, parked: proto.ParkedRead[BookieServerProtocol]) -> None:
-        """Answer a read taken out of ``long_polls`` with the ledger's LAC now (NO_LEDGER if still unknown)."""
-        if parked.timer is not None:
-            parked.timer.cancel()
-        req = parked.request
-        storage = self.storage
-        try:
-            resp = proto.lac_response(req, storage.read_lac(req.ledger_id), storage.last_entry_id(req.ledger_id))
-        except errors.BKError as exc:
-            resp = proto.response_to(req, status_of(exc), str(exc))
-        except Exception as exc:  # the storage failed: say so, the loop goes on
-            log.exception("error answering a long-poll READ_LAC of ledger %d", req.ledger_id)
-            resp = proto.response_to(req, proto.ERROR, f"internal error: {exc}")
-        conn = parked.conn
-        conn.send_later(resp)
-        conn.finished()
-
     def drop_long_polls(self, conn: BookieServerProtocol) -> None:
         """Forget the long-poll reads ``conn`` parked (it is gone: nobody to answer)."""
-        for parked in self.long_polls.drop(conn):
-            if parked.timer is not None:
-                parked.timer.cancel()
-            conn.finished()
-
-    def _answer_all_long_polls(self) -> None:
-        """Stopping: answer every parked read with the LAC the bookie has (storage still open)."""
-        if self._storage is None:
-            self.long_polls.take_all()
-            return
-        for parked in self.long_polls.take_all():
-            self._answer_parked(parked)
-
-    def _info(self, req: proto.Request) -> proto.Response:
-        usage = self._disk.sample()
-        resp = proto.response_to(req)
-        resp.free_disk = usage.free
-        resp.total_disk = usage.total
-        resp.read_only = self.read_only
-        return resp
+        self.requests.drop_long_polls(conn)
 
     # --- disk -----------------------------------------------------------------------------------
 

@@ -1,0 +1,238 @@
+"""One client connection of a bookie: an ``asyncio.Protocol`` around ``protocol.ServerConnection``.
+
+    conn = BookieServerProtocol(host, requests, key)    # host: the server (``ConnectionHost``)
+
+The connection reads frames, hands each decoded request to ``requests``
+(``RequestSink``: ``bookie.request_handlers``), writes the answers through
+its ``Outbox`` and applies the flow control of ``bookie.server``'s module
+docstring; what it needs of its server is ``ConnectionHost``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol, cast
+
+from bookie import protocol as proto
+from bookie.conf import BookieConf
+from bookie.outbox import Outbox
+from bookie.stats import BookieStats
+
+log = logging.getLogger(__name__)
+
+ADD_ENTRY = proto.ADD_ENTRY
+OK = proto.OK
+ADD_OK = (ADD_ENTRY, OK)
+
+__all__ = ["BookieServerProtocol", "ConnectionHost", "RequestSink"]
+
+
+class RequestSink(Protocol):
+    """Who serves a connection's decoded requests (``bookie.request_handlers.RequestHandlers``)."""
+
+    def handle(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """Serve one decoded request; the answer goes to ``conn`` now or on completion."""
+        ...
+
+    def add_entry(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """Serve an ADD_ENTRY (``handle``'s hot path)."""
+        ...
+
+
+class ConnectionHost(Protocol):
+    """What a connection uses of its server (``bookie.server.BookieServer``)."""
+
+    conf: BookieConf
+    connections: set[BookieServerProtocol]
+    draining: bool
+    budget: proto.FrameBudget
+    stats: BookieStats
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+
+    def charge(self, conn: BookieServerProtocol, held: int) -> None:
+        """Record what ``conn`` holds unserved (the global partial-frame budget)."""
+        ...
+
+    def drop_long_polls(self, conn: BookieServerProtocol) -> None:
+        """Forget the long-poll reads ``conn`` parked (it is gone)."""
+        ...
+
+
+class BookieServerProtocol(asyncio.Protocol):
+    """One client connection; see the module docstring."""
+
+    def __init__(self, server: ConnectionHost, requests: RequestSink, key: int) -> None:
+        conf = server.conf
+        self._server = server
+        self._requests = requests
+        self.key = key
+        self.state = proto.ServerConnection(conf.max_frame_size, conf.max_pending_requests,
+                                            conf.max_pending_response_bytes)
+        self.outbox = Outbox(on_flush=self.state.flushed)
+        self.started = self.state.request_started  # a request is answered later (``finished``)
+        self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
+        self.acks = proto.AddAcks()  # frames the OK answers to its adds
+        self._reading = True
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+
+    # --- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.outbox.attach(self.transport)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._server.connections.add(self)
+        if self._server.draining:
+            self.state.drain()
+            self._update_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        self._server.budget.release(self.key)
+        self.state.decoder.clear()
+        self.outbox.detach()
+        self.transport = None
+        self._server.drop_long_polls(self)  # after: nothing is resumed or written for them
+
+    def pause_writing(self) -> None:
+        self.state.writing_paused()
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.state.writing_resumed()
+        self._serve()
+        self.outbox.flush()
+
+    def data_received(self, data: bytes) -> None:
+        state = self.state
+        state.receive_data(data)
+        self._serve()
+        self.outbox.flush()
+        if self.transport is not None:
+            self._server.charge(self, state.buffered)
+
+    # --- serving --------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        """Serve buffered requests until the rules say stop or more data is needed."""
+        state = self.state
+        handle = self._requests.handle
+        add = self._requests.add_entry
+        next_event = state.next_event
+        request_type = proto.Request
+        while self.transport is not None:
+            event = next_event()
+            if type(event) is request_type:
+                if event.op == ADD_ENTRY:
+                    add(event, self)  # ``handle``'s hot path, without its dispatch
+                else:
+                    handle(event, self)
+            elif event is proto.NEED_DATA:
+                break
+            elif event is proto.PAUSED:
+                if not state.held_by_output:
+                    break
+                self.outbox.flush()  # only queued responses held it: write them (the transport may
+                if state.paused:     # then pause writing), go on if it did not
+                    break
+            else:
+                self._answer_bad_frame(cast(proto.Response, event))
+        if state.close_now:
+            self._close_if_idle()
+        self._update_reading()
+
+    def _answer_bad_frame(self, response: proto.Response) -> None:
+        if response.status == proto.TOO_LARGE:
+            log.warning("closing connection from %s: %s", self.peer, response.message)
+        else:
+            log.info("bad frame from %s: %s", self.peer, response.message)
+        self.send(response)
+
+    # --- output --------------------------------------------------------------------------------
+
+    def send(self, response: proto.Response) -> None:
+        """Queue a response; it is written at the end of this loop turn."""
+        self._server.stats.count(response.op, response.status)
+        frame = proto.encode_frame(response)
+        self.outbox.put(frame)
+        if self.state.response_queued(len(frame)):
+            self.outbox.flush()
+
+    def send_later(self, response: proto.Response) -> None:
+        """Queue a response from a completion callback; the flush is scheduled."""
+        if self.transport is not None:
+            self.send_frame_later(response.op, response.status, proto.encode_frame(response))
+
+    def send_frame_later(self, op: int, status: int, frame: bytes) -> None:
+        """``send_later`` of a response framed already (``op`` and ``status`` are counted)."""
+        if self.transport is None:
+            return
+        self._server.stats.count(op, status)
+        self.outbox.send(frame)
+        if self.state.response_queued(len(frame)):
+            self.outbox.flush()
+
+    def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
+        """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
+
+        ``acks`` are their framed OK answers (``conn.acks``), queued as they
+        are once the group is durable; after a failed commit each add is
+        answered with the error instead.
+        """
+        n = len(acks)
+        if self.transport is not None:
+            if exc is None:
+                self._server.stats.requests[ADD_OK] = self._server.stats.requests.get(ADD_OK, 0) + n
+                nbytes = sum(map(len, acks))
+                self.outbox.send_all(acks, nbytes)
+                if self.state.response_queued(nbytes):
+                    self.outbox.flush()
+            else:
+                for ack in acks:
+                    ok = proto.parse_response(ack[proto.PREFIX_SIZE:])
+                    self.send_later(proto.add_response(ok.txn_id, ok.ledger_id, ok.entry_id, exc))
+        self.finished(n)
+
+    def flush(self) -> None:
+        self.outbox.flush()
+
+    # --- flow control ---------------------------------------------------------------------------
+
+    def finished(self, n: int = 1) -> None:
+        """``n`` requests counted by ``started`` (``state.request_started``) were answered."""
+        if self.state.requests_finished(n):
+            if self.state.close_now:
+                self._close_if_idle()
+            elif not self.state.paused and self.transport is not None:
+                self._server.loop.call_soon(self._resume)
+
+    def _resume(self) -> None:
+        self._serve()
+        self.outbox.flush()
+
+    def drain(self) -> None:
+        self.state.drain()
+        self._update_reading()
+
+    def _close_if_idle(self) -> None:
+        """After a framing error: close once every request read before it was answered."""
+        if self.transport is not None:
+            self.outbox.flush()
+            self.transport.close()
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        want = self.state.reading
+        if want != self._reading:
+            self._reading = want
+            if want:
+                transport.resume_reading()
+            else:
+                transport.pause_reading()
