@@ -45,17 +45,9 @@ every pending and later add then fails with that error. An entry larger
 than ``max_entry_size`` is refused up front (``EntryTooLargeError``) and
 the writer stays usable.
 
-Delayed ensemble change (client key ``delay_ensemble_change``, BookKeeper's
-``delayEnsembleChange``): when no replacement exists but every write set of
-the current ensemble still holds ``ack_quorum`` bookies that have not failed
-(so ``write_quorum > ack_quorum``, e.g. E3 W3 A2 losing one bookie), adds go
-on to the rest of the ensemble: each entry is acknowledged by the live
-bookies of its write set, and is stored on fewer than ``write_quorum``
-bookies until AutoRecovery re-replicates it. The writer asks placement for a
-replacement again every ``bookie_watch_interval_ms``; once one exists, the
-new segment starts after ``last_add_confirmed`` as usual. A further failure
-that leaves a write set short of the ack quorum fails the adds as without
-the key. Recovery writers never delay (they need the whole write quorum).
+Delayed ensemble change (client key ``delay_ensemble_change``): adds go on
+to the rest of the ensemble while no replacement exists, as long as the ack
+quorum holds (see ``bookie.ensemble_change``).
 
 Explicit LAC (BookKeeper's ``explicitLacInterval``): every add carries the
 LAC of its time, so the bookies learn of an entry's confirmation only from
@@ -80,6 +72,7 @@ from bookie import digest as digests
 from bookie import errors, protocol
 from bookie.connection import FLUSH_BYTES, BookieConnection
 from bookie.context import ClientContext
+from bookie.ensemble_change import new_segment, quorum_reachable, write_new_segment
 from bookie.errors import (
     BKError,
     EntryTooLargeError,
@@ -87,9 +80,8 @@ from bookie.errors import (
     LedgerFencedError,
     NotEnoughBookiesError,
 )
-from bookie.metadata import LedgerMetadata, LedgerState, close_ledger
+from bookie.metadata import LedgerMetadata, close_ledger
 from metastore import Version
-from placement import NotEnoughBookiesError as PlacementNotEnoughBookiesError
 
 log = logging.getLogger(__name__)
 
@@ -513,12 +505,7 @@ class LedgerWriter:
 
     def _quorum_reachable(self, down: set[str]) -> bool:
         """Whether every write set of the current ensemble keeps ``ack_quorum`` bookies outside ``down``."""
-        mask = 0
-        for addr in down:
-            idx = self._index_of.get(addr)
-            if idx is not None:
-                mask |= 1 << idx
-        return all(sum(1 for i in ws if not mask >> i & 1) >= self._quorum for ws in self._write_sets)
+        return quorum_reachable(self._index_of, self._write_sets, self._quorum, down)
 
     def _arm_replace_retry(self) -> None:
         if self._retry_timer is None and self._error is None:
@@ -544,45 +531,11 @@ class LedgerWriter:
         policy = self._ctx.policy
 
         def replace(md: LedgerMetadata) -> LedgerMetadata:
-            if md.state is not LedgerState.OPEN and not self._recovery:
-                raise LedgerFencedError(f"ledger {self.ledger_id} is being recovered")
-            if md.is_closed:
-                raise LedgerClosedError(f"ledger {self.ledger_id} was closed")
-            ensemble = list(md.current_ensemble)
-            exclude = set(ensemble) | failed | self._to_replace
-            quarantined = self._ctx.quarantined()
-            for addr in failed:
-                if addr not in ensemble:
-                    continue
-                try:  # a bookie that just failed elsewhere is not a good replacement, unless it is the only one
-                    replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
-                                                        addr, exclude | quarantined)
-                except PlacementNotEnoughBookiesError:
-                    if not quarantined - exclude:
-                        raise
-                    replacement = policy.replace_bookie(md.ensemble_size, md.write_quorum, md.ack_quorum, ensemble,
-                                                        addr, exclude)
-                ensemble[ensemble.index(addr)] = replacement
-                exclude.add(replacement)
-            first = self.last_add_confirmed + 1
-            if md.ensembles[-1][0] >= first:
-                md.ensembles[-1] = (md.ensembles[-1][0], ensemble)
-            else:
-                md.ensembles.append((first, ensemble))
-            return md
+            return new_segment(md, failed, self._to_replace, policy, self._ctx.quarantined(),
+                               self.last_add_confirmed + 1, ledger_id=self.ledger_id, recovery=self._recovery)
 
-        ledgers = self._ctx.ledgers
-        try:
-            md, version = await ledgers.update(self.ledger_id, replace, current=(self.metadata, self.version))
-        except PlacementNotEnoughBookiesError:
-            await self._ctx.watcher.refresh()
-            try:
-                md, version = await ledgers.update(self.ledger_id, replace)
-            except PlacementNotEnoughBookiesError as exc:
-                raise NotEnoughBookiesError(str(exc)) from None
-        log.info("ledger %d: new ensemble from entry %d: %s", self.ledger_id, md.ensembles[-1][0],
-                 md.current_ensemble)
-        self.metadata, self.version = md, version
+        self.metadata, self.version = await write_new_segment(self._ctx, self.ledger_id, replace,
+                                                              current=(self.metadata, self.version))
 
     # --- ending -----------------------------------------------------------------------------------
     def fail_all(self, exc: BKError) -> None:
