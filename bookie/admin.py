@@ -46,11 +46,14 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from bookie.conf import BookieConf
 from bookie.disk import DiskUsage
 from bookie.errors import NoSuchLedgerError
 from bookie.http import HttpError, json_body, json_response
 from bookie.metadata import LedgerMetadataManager, metadata_dict
 from bookie.registration import READ_ONLY, list_bookies
+from bookie.stats import BookieStats
+from bookie.storage import EntryStorage
 from metastore import MetaStore
 from metastore.errors import MetastoreError
 
@@ -77,6 +80,12 @@ class AdminTarget(Protocol):
     def operator_read_only(self) -> bool: ...
     @property
     def metastore(self) -> MetaStore | None: ...
+    @property
+    def conf(self) -> BookieConf: ...
+    @property
+    def storage(self) -> EntryStorage: ...
+    @property
+    def stats(self) -> BookieStats: ...
 
     def disk_usage(self) -> DiskUsage:
         """A fresh sample of the disk usage (``OSError`` when it cannot be measured)."""
