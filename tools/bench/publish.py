@@ -52,19 +52,22 @@ import functools
 import os
 import shutil
 import tempfile
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from tools.bench import percentiles, rate
 from tools.bench.floor import FloorPeer, floor_publishers
+from tools.bench.load import Outcome as Outcome
+from tools.bench.load import Runner as Runner
+from tools.bench.load import Submit as Submit
+from tools.bench.load import Window as Window
+from tools.bench.load import closed_loop as closed_loop
+from tools.bench.load import cpu_seconds as cpu_seconds
+from tools.bench.load import fixed_rate as fixed_rate
+from tools.bench.load import with_cpu as with_cpu
 from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer, redis_capacity
 
-# One publish of the prepared body: returns an awaitable acknowledgement.
-Submit = Callable[[], Awaitable[Any]]
 CONFIGS = ((1, 1, 1), (3, 2, 2))
 PEERS = ("redis", "nats", "floor")
 TARGET_RATIO = 1.5
@@ -203,116 +206,11 @@ def quire_cluster(data_dir: str, e: int, w: int, a: int, **overrides: str) -> An
                         conf_overrides=conf)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process ``pid`` has used (``/proc/PID/stat``); ``OSError`` if it is gone."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def quire_pids(cluster: Any) -> list[int]:
     """The hub and bookie processes of a LocalCluster (the server side of a Quire run)."""
     pids = [cluster.hub_pid(i) for i in range(len(cluster.hub_addresses))]
     pids += [cluster.bookie_pid(i) for i in range(len(cluster.bookie_addresses))]
     return [p for p in pids if p is not None]
-
-
-T = TypeVar("T")
-
-
-def with_cpu(pids: list[int], loop: asyncio.Runner, coro: Coroutine[Any, Any, T]) -> tuple[T, dict[str, float]]:
-    """Run ``coro`` on ``loop``; also return the CPU seconds the server ``pids`` and this client process spent."""
-    server0, client0 = sum(map(cpu_seconds, pids)), time.process_time()
-    value = loop.run(coro)
-    server = sum(map(cpu_seconds, pids)) - server0
-    return value, {"server_cpu_s": round(server, 2), "client_cpu_s": round(time.process_time() - client0, 2)}
-
-
-# -- load drivers -------------------------------------------------------------------------------
-
-
-@dataclass
-class Outcome:
-    """What one run measured: wall time, per-message latencies, failures."""
-
-    seconds: float = 0.0
-    latencies: list[float] = field(default_factory=list)
-    errors: int = 0
-    first_error: str = ""
-
-    def record(self, start: float, fut: asyncio.Future[Any]) -> None:
-        self.latencies.append(time.perf_counter() - start)
-        exc = fut.exception()
-        if exc is not None:
-            self.errors += 1
-            self.first_error = self.first_error or f"{type(exc).__name__}: {exc}"
-
-
-class Window:
-    """At most ``size`` submissions in flight; each completion is recorded in ``out`` with its start time."""
-
-    def __init__(self, size: int, out: Outcome) -> None:
-        self._sem = asyncio.Semaphore(size)
-        self._pending: set[asyncio.Future[Any]] = set()
-        self._out = out
-
-    async def submit(self, submit: Submit, start: float | None = None) -> None:
-        """Wait for a free slot, then start ``submit()``; latency counts from ``start`` (default: now)."""
-        await self._sem.acquire()
-        fut = asyncio.ensure_future(submit())
-        self._pending.add(fut)
-        fut.add_done_callback(functools.partial(self._done, time.perf_counter() if start is None else start))
-
-    def _done(self, start: float, fut: asyncio.Future[Any]) -> None:
-        self._out.record(start, fut)
-        self._pending.discard(fut)
-        self._sem.release()
-
-    async def drain(self) -> None:
-        if self._pending:
-            await asyncio.wait(self._pending)
-
-
-async def closed_loop(submits: list[Submit], per_publisher: int, window: int) -> Outcome:
-    """Each publisher keeps ``window`` publishes in flight until it has made ``per_publisher``."""
-    out = Outcome()
-
-    async def publisher(submit: Submit) -> None:
-        w = Window(window, out)
-        for _ in range(per_publisher):
-            await w.submit(submit)
-        await w.drain()
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(publisher(s) for s in submits))
-    out.seconds = time.perf_counter() - t0
-    return out
-
-
-async def fixed_rate(submits: list[Submit], total_rate: float, seconds: float, window: int) -> Outcome:
-    """Publish at ``total_rate`` msg/s split over the publishers; latency from each scheduled time.
-
-    A publisher whose window is full waits, and the wait counts in the
-    latency of the messages behind it (no coordinated omission).
-    """
-    out = Outcome()
-    interval = len(submits) / total_rate
-    per_publisher = max(1, int(total_rate * seconds / len(submits)))
-
-    async def publisher(i: int, submit: Submit, t0: float) -> None:
-        w = Window(window, out)
-        first = t0 + i * interval / len(submits)  # spread the publishers over one interval
-        for k in range(per_publisher):
-            scheduled = first + k * interval
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            await w.submit(submit, scheduled)
-        await w.drain()
-
-    t0 = time.perf_counter() + 0.01
-    await asyncio.gather(*(publisher(i, s, t0) for i, s in enumerate(submits)))
-    out.seconds = time.perf_counter() - t0
-    return out
 
 
 # -- the systems under load ---------------------------------------------------------------------
@@ -468,24 +366,6 @@ def ratio_lines(bench: str, lines: list[dict[str, Any]], key: tuple[str, ...],
 
 
 # -- the invocation -----------------------------------------------------------------------------
-
-
-class Runner:
-    """One uvloop event loop for the whole invocation, so results print as they are measured."""
-
-    def __init__(self) -> None:
-        try:
-            import uvloop
-
-            self._runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-        except ImportError:  # pragma: no cover - uvloop is a dependency
-            self._runner = asyncio.Runner()
-
-    def __enter__(self) -> asyncio.Runner:
-        return self._runner.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        self._runner.close()
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
