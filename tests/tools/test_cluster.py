@@ -75,7 +75,8 @@ async def test_standalone_serves_until_sigterm(tmp_path: Path) -> None:
                                 stop_within=30) as lines:
         uri = lines[0].split()[1]
         assert uri.startswith("lmdb://") and len([x for x in lines if x.startswith("bookie ")]) == 2
-        for line in lines[1:-1]:   # every process: address, metrics URL, log file, pid
+        assert lines[-2].startswith("console http://127.0.0.1:") and lines[-2].endswith("/ui/ (quire ui --open)")
+        for line in lines[1:-2]:   # every process: address, metrics URL, log file, pid
             role, address, metrics, logf, pid = line.split()
             assert role in ("bookie", "hub") and address.startswith("127.0.0.1:")
             assert metrics.startswith("metrics=http://127.0.0.1:") and metrics.endswith("/metrics")
