@@ -65,6 +65,22 @@ def _fill(msg: pb.Message, body: bytes, properties: Mapping[str, bytes] | None, 
     return msg
 
 
+def _check_delay(deliver_after_ms: int | None, deliver_at_ms: int | None) -> None:
+    """``ValueError`` for delay arguments the hub would refuse as MALFORMED_REQUEST (``hub.delayed``)."""
+    if deliver_after_ms is not None and deliver_at_ms is not None:
+        raise ValueError("give deliver_after_ms or deliver_at_ms, not both")
+    for name, value in (("deliver_after_ms", deliver_after_ms), ("deliver_at_ms", deliver_at_ms)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be an integer >= 0 (ms), not {value!r}")
+
+
+def _set_delay(msg: pb.Message, deliver_after_ms: int | None, deliver_at_ms: int | None) -> None:
+    if deliver_after_ms is not None:
+        msg.deliverAfterMs = deliver_after_ms
+    elif deliver_at_ms is not None:
+        msg.deliverAtMs = deliver_at_ms
+
+
 def _publish_settled(futures: list[asyncio.Future[int]], resp: pb.PubSubResponse) -> None:
     """Each publish of the answered request gets its seq id, or the answer's error if it was not stored."""
     status = resp.statusCode
@@ -134,12 +150,21 @@ class ClientPublishing:
     # --- publish ----------------------------------------------------------------------------------
     async def publish(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,
-                      sequence_id: int | None = None, key: bytes | None = None) -> int:
+                      sequence_id: int | None = None, key: bytes | None = None,
+                      deliver_after_ms: int | None = None, deliver_at_ms: int | None = None) -> int:
         """Publish durably; the message's local seq id. ``MessageTooLargeError`` over ``max_message_size``.
 
         ``message_type`` sets the header's system property ``messageType`` (seen by filters as
         ``Message.message_type``). ``key`` (Pulsar's message key) is stored with the message: a
         KEY_SHARED subscription hands all messages of one key to one consumer.
+
+        Delayed delivery (Pulsar's ``deliverAfter`` / ``deliverAt``, ``hub.delayed``): with
+        ``deliver_after_ms`` (from the owner's publish time) or ``deliver_at_ms`` (epoch ms) the
+        message is stored at once, and SHARED and KEY_SHARED subscriptions hand it out no earlier than
+        that time (EXCLUSIVE and FAILOVER ones at once, as in Pulsar). ``ValueError`` for both, or a
+        negative one; ``DeliveryDelayTooLongError`` when the delay exceeds the hub's
+        ``max_delivery_delay_ms``. A delayed publish is never batched with others (as in Pulsar), so
+        its refusal fails no other publish.
 
         Exactly once (Pulsar's producer deduplication): with ``producer`` (or the client conf's
         ``producer_name``) the owner stores (producer, ``sequence_id``) at most once per topic and
@@ -159,7 +184,8 @@ class ClientPublishing:
         (Pulsar's synchronous ``send`` flushes the batch too); the delay is for ``publish_async``.
         """
         fut = self.publish_async(topic, body, properties, message_type=message_type, producer=producer,
-                                 sequence_id=sequence_id, key=key)
+                                 sequence_id=sequence_id, key=key, deliver_after_ms=deliver_after_ms,
+                                 deliver_at_ms=deliver_at_ms)
         batch = self._batches.get(topic)
         if batch is not None and batch.timer is not None:
             batch.timer.cancel()
@@ -168,7 +194,8 @@ class ClientPublishing:
 
     def publish_async(self, topic: bytes, body: bytes, properties: Mapping[str, bytes] | None = None, *,
                       message_type: str = "", producer: bytes | None = None,
-                      sequence_id: int | None = None, key: bytes | None = None) -> asyncio.Future[int]:
+                      sequence_id: int | None = None, key: bytes | None = None,
+                      deliver_after_ms: int | None = None, deliver_at_ms: int | None = None) -> asyncio.Future[int]:
         """``publish`` started now; a future of its seq id (Pulsar's ``send_async``, Hedwig's ``asyncPublish``).
 
         Same arguments, ordering and errors as ``publish``, but a bad argument (a name the hub would
@@ -187,6 +214,8 @@ class ClientPublishing:
         """
         self._check_open()
         self._check_names(topic)
+        _check_delay(deliver_after_ms, deliver_at_ms)
+        delayed = deliver_after_ms is not None or deliver_at_ms is not None
         if len(body) > self.conf.max_message_size:
             raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
                                               f"{self.conf.max_message_size}")
@@ -203,17 +232,19 @@ class ClientPublishing:
                 raise ValueError(f"sequence_id must be >= 0, not {sequence_id}")
             req = _publish_request(topic)
             msg = _fill(req.publishRequest.msg, body, properties, message_type, key)
+            _set_delay(msg, deliver_after_ms, deliver_at_ms)
             msg.producer = producer
             msg.sequenceId = sequence_id
             self._flush_batch(topic)     # what the topic has batched goes first
             return spawn(self._publishing, self._publish_once(topic, req))
-        if self.conf.batching_enabled:
+        if self.conf.batching_enabled and not delayed:
             conn = self.conns.get(self.owner.get(topic, ""))
             if conn is not None and conn.alive:
                 return self._batched(topic, conn, body, properties, message_type, key)
         self._flush_batch(topic)     # (batched on a connection that has closed since: those go first)
         req = _publish_request(topic)
-        _fill(req.publishRequest.msg, body, properties, message_type, key)
+        _set_delay(_fill(req.publishRequest.msg, body, properties, message_type, key), deliver_after_ms,
+                   deliver_at_ms)
         return self._publish_future(topic, req)
 
     def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,

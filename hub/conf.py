@@ -21,7 +21,8 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``,
 ``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``,
 ``message_ttl_seconds``, ``retention_time_minutes``, ``retention_size_mb``, ``backlog_quota_limit_bytes``,
-``backlog_quota_policy``, ``backlog_quota_hold_timeout``, ``policies_refresh_interval``;
+``backlog_quota_policy``, ``backlog_quota_hold_timeout``, ``policies_refresh_interval``,
+``max_delivery_delay_ms``, ``max_tracked_delayed_messages``;
 client: ``ssl_ca_file``, ``ssl_verify``, ``producer_name``, ``auth_token``, ``auth_token_file``.
 ``cache_size`` is a fixed 256 MiB by default (Hedwig's "smallest of 2G or
 half the heap" has no Python equivalent).
@@ -99,6 +100,12 @@ class HubConf:
     consume_interval: int = setting(50, "consumes between persisted consume pointers", min=1)
     ack_persist_interval_ms: int = setting(1000, "ms within which individual acks (consumer subscriptions) are "
                                                  "persisted", min=1)
+    max_delivery_delay_ms: int = setting(0, "longest delivery delay a publish may ask for (deliver_after_ms, "
+                                         "deliver_at_ms); longer ones fail with DELIVERY_DELAY_TOO_LONG "
+                                         "(0: no limit)", min=0)
+    max_tracked_delayed_messages: int = setting(100000, "delayed messages a SHARED or KEY_SHARED subscription "
+                                                "holds in memory (about 100 bytes each); past it the log "
+                                                "keeps them and they may come late, never early", min=1)
     retention_secs: int = setting(0, "release a topic idle this long (0: never)", min=0)
     rebalance_interval_sec: int = setting(60, "how often a hub compares its topic count with the cluster mean and "
                                               "sheds topics above it (0: never)", min=0)

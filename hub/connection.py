@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from bookie.wire import Outbox
 from hub import errors, protocol
+from hub.delayed import resolve_due
 from hub.message import Message
 from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
@@ -81,7 +82,8 @@ class HubConnection(asyncio.Protocol):
         self.server = server
         self.conf = server.conf
         self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
-                                                 self.conf.max_requests_per_turn, self.conf.max_pending_requests)
+                                                 self.conf.max_requests_per_turn, self.conf.max_pending_requests,
+                                                 self.conf.max_delivery_delay_ms)
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -353,6 +355,8 @@ class HubConnection(asyncio.Protocol):
 
     def _stamp(self, topic: bytes, msg: pb.Message) -> None:
         msg.publishTimeMs = time.time_ns() // 1_000_000   # the owner's clock when stored (hub.message)
+        if msg.HasField("deliverAfterMs") or msg.HasField("deliverAtMs"):
+            resolve_due(msg)                                # its due time on that clock (hub.delayed)
         if not self.region_hub or not msg.srcRegion:
             # only an authenticated region hub may name another region or carry a version vector:
             # a crafted remoteComponents would otherwise become the topic's vector-max

@@ -26,6 +26,12 @@ outstanding (never delivered, or acknowledged already) are ignored.
 ``on_acked(advanced, n)`` tells the owner after ``n`` acks (``advanced``: the
 mark-delete point moved), so it can persist the cursor.
 
+Delayed delivery (``hub.delayed``): a dispatcher given a ``DelayIndex``
+(SHARED and KEY_SHARED subscriptions) holds a message that is not due yet
+back in it while later messages go on, with one timer for the earliest due
+time; a due message is handed out as a redelivery is (before newer ones, in
+seq order), with ``redelivery_count`` 0.
+
 Failure: a message deleted under the subscription (it can only be one an
 operator reset past) is skipped as acknowledged; any other read error is
 logged and retried on the next wake.
@@ -42,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import errors
 from hub.cursor import AckCursor
+from hub.delayed import DelayIndex, now_ms
 from hub.message import Message
 
 if TYPE_CHECKING:
@@ -113,7 +120,8 @@ class Dispatcher:
     kind = "SHARED"
 
     def __init__(self, topic: bytes, subscriber: bytes, cursor: AckCursor, *, cache: ReadAheadCache,
-                 last_seq: Callable[[], int], on_acked: Callable[[bool, int], None] | None = None) -> None:
+                 last_seq: Callable[[], int], on_acked: Callable[[bool, int], None] | None = None,
+                 delays: DelayIndex | None = None) -> None:
         self.topic = topic
         self.subscriber = subscriber
         self.cursor = cursor
@@ -132,6 +140,10 @@ class Dispatcher:
         self._run_left = 0         # messages the current round-robin consumer may still take in a row
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self.delays = delays                # messages not due yet (hub.delayed); None: delays are ignored
+        self._delay_timer: asyncio.TimerHandle | None = None
+        self._delay_timer_at = 0            # the due time (epoch ms) the timer is set for
+        self._resets = 0                    # skip_to calls (a rescan of the log that spans one stops)
 
     # --- consumers --------------------------------------------------------------------------------
     def find(self, conn: Any, consumer_id: int) -> ConsumerSlot | None:
@@ -243,6 +255,9 @@ class Dispatcher:
         self.pending.clear()
         self.replay.clear()
         self.counts.clear()
+        if self.delays is not None:
+            self.delays.clear()
+            self._resets += 1
         self.cursor.reset(mark_delete)
         self.next_read = mark_delete + 1
         self.wake()
@@ -293,6 +308,9 @@ class Dispatcher:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        if self._delay_timer is not None:
+            self._delay_timer.cancel()
+            self._delay_timer = None
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
@@ -348,7 +366,10 @@ class Dispatcher:
         out: dict[ConsumerSlot, list[bytes]] = {}
         blocked: set[int] = set()
         handed = 0
+        delays = self.delays
         try:
+            if delays is not None:
+                await self._due(delays, out)
             if self.replay:
                 for seq in sorted(self.replay):
                     if not self.has_permits():
@@ -377,21 +398,73 @@ class Dispatcher:
                 self.next_read = max(self.next_read, seq + 1)
                 if msg is None:
                     continue
-                slot = self.choose(seq, msg, blocked)
-                if slot is None:
-                    self.replay.add(seq)
-                    continue
-                self._give(slot, seq, msg, out)
+                if delays is not None and msg.deliver_at_ms and msg.deliver_at_ms > now_ms():
+                    delays.defer(seq, msg.deliver_at_ms)   # held back (or left to the log: found again)
+                else:
+                    slot = self.choose(seq, msg, blocked)
+                    if slot is None:
+                        self.replay.add(seq)
+                        continue
+                    self._give(slot, seq, msg, out)
                 handed += 1
                 if handed % _YIELD_EVERY == 0:
                     self._flush(out)
                     await asyncio.sleep(0)
         finally:
             self._flush(out)
+            if delays is not None:
+                self._arm_delay_timer(delays)
+
+    # --- delayed delivery (hub.delayed) ---------------------------------------------------------------
+    async def _due(self, delays: DelayIndex, out: dict[ConsumerSlot, list[bytes]]) -> None:
+        """Move what is due to ``replay``; past the index's capacity, read the log again for what it left there."""
+        for seq in delays.pop_due(now_ms()):
+            if seq not in self.pending and not self.cursor.is_acked(seq):
+                self.replay.add(seq)
+        start = delays.rescan_from()
+        if start is None:
+            return
+        seq = start
+        resets = self._resets
+        end = self.next_read
+        while seq < end:
+            if seq not in self.pending and seq not in self.replay and not self.cursor.is_acked(seq):
+                msg = await self._fetch(seq, out)
+                if resets != self._resets:
+                    return          # reset meanwhile: the index was cleared
+                if msg is not None:
+                    if msg.deliver_at_ms > now_ms():
+                        if not delays.track(seq, msg.deliver_at_ms):
+                            return  # full again: resumes at seq
+                    else:
+                        self.replay.add(seq)
+            seq += 1
+            if seq % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+                if resets != self._resets:
+                    return
+        delays.rescanned(seq, done=True)
+
+    def _arm_delay_timer(self, delays: DelayIndex) -> None:
+        """One timer per subscription, for the earliest due time held (it wakes the dispatcher)."""
+        due = delays.next_due()
+        timer = self._delay_timer
+        if timer is not None and (due is None or due != self._delay_timer_at):
+            timer.cancel()
+            self._delay_timer = timer = None
+        if due is not None and timer is None:
+            self._delay_timer_at = due
+            self._delay_timer = asyncio.get_running_loop().call_later(
+                max(0.0, (due - now_ms()) / 1000.0) + 0.001, self._delay_due)
+
+    def _delay_due(self) -> None:
+        self._delay_timer = None
+        self.wake()
 
     def stats(self) -> dict[str, Any]:
         """The admin API's view: consumers (address, unacked, permits), unacked, redelivered_total, msg_rate_out."""
         return {"consumers": [{"address": s.address, "consumer_id": s.consumer_id, "unacked": len(s.unacked),
                                "permits": s.permits, "delivered": s.delivered} for s in self.consumers],
                 "unacked": len(self.pending), "waiting_redelivery": len(self.replay),
+                "delayed": len(self.delays) if self.delays is not None else 0,
                 "redelivered_total": self.redelivered_total, "msg_rate_out": round(self.out.rate(), 3)}

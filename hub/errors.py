@@ -24,6 +24,7 @@ __all__ = [
     "ClientNotSubscribedError",
     "ConsumerClosedError",
     "CouldNotConnectError",
+    "DeliveryDelayTooLongError",
     "DuplicatePublishError",
     "InvalidMessageFilterError",
     "MalformedRequestError",
@@ -185,6 +186,13 @@ class BacklogQuotaExceededError(PubSubError):
     status = "BACKLOG_QUOTA_EXCEEDED"
 
 
+class DeliveryDelayTooLongError(PubSubError):
+    """A delayed publish whose due time is more than the hub's ``max_delivery_delay_ms`` away (``hub.delayed``);
+    nothing was stored."""
+
+    status = "DELIVERY_DELAY_TOO_LONG"
+
+
 # --- metadata statuses (5xx in Hedwig): raised by hub.metadata ---------------------------------
 
 class BadVersionError(PubSubError):
@@ -254,7 +262,7 @@ _BY_STATUS: dict[str, type[PubSubError]] = {
                 SubscriptionStateExistsError, NoTopicOwnerInfoError, TopicOwnerInfoExistsError,
                 SubscriptionForcedClosedError, TooManyRedirectsError, ResponseTimeoutError, DuplicatePublishError,
                 AuthenticationError, NotAuthorizedError, BacklogQuotaExceededError, SubscriptionTypeMismatchError,
-                NoSuchTopicError)
+                NoSuchTopicError, DeliveryDelayTooLongError)
 }
 
 

@@ -8,6 +8,7 @@
     msg.key             # the message key (bytes), None when it was published without one
     msg.publish_time_ms # the owner's clock (epoch ms) when it was stored; 0 for messages stored before
     msg.redelivery_count  # on delivery to a consumer: how often it was handed out before (0 the first time)
+    msg.deliver_at_ms   # delayed delivery (hub.delayed): not handed out before this (epoch ms); 0: not delayed
 
 ``Message.from_proto`` / ``to_proto`` convert to and from the wire's
 ``pubsub_pb2.Message``. ``hub.client.Message`` is this class.
@@ -69,6 +70,7 @@ class Message:
     key: bytes | None = None
     publish_time_ms: int = 0
     redelivery_count: int = 0
+    deliver_at_ms: int = 0
 
     @property
     def seq_id(self) -> int:
@@ -93,6 +95,7 @@ class Message:
         fields["key"] = msg.key if msg.HasField("key") else None
         fields["publish_time_ms"] = msg.publishTimeMs
         fields["redelivery_count"] = msg.redeliveryCount
+        fields["deliver_at_ms"] = msg.deliverAtMs
         if keep_wire:
             fields["wire"] = msg.SerializeToString()
         return out
@@ -116,6 +119,8 @@ class Message:
             out.publishTimeMs = self.publish_time_ms
         if self.redelivery_count:
             out.redeliveryCount = self.redelivery_count
+        if self.deliver_at_ms:
+            out.deliverAtMs = self.deliver_at_ms
         return out
 
     def redelivered_wire(self, count: int) -> bytes:

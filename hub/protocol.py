@@ -35,6 +35,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, FrameTooLargeError
 from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder, encode_frame
 from bookie.wire.txns import TxnTable
+from hub.delayed import delay_problem, now_ms
 from hub.errors import PubSubError
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
@@ -225,7 +226,10 @@ class ServerConnection:
     ``name_problem`` refuses (empty, not UTF-8, NUL, over
     ``MAX_TOPIC_BYTES`` / ``MAX_SUBSCRIBER_BYTES``), MALFORMED_REQUEST naming
     the limit; a message body over
-    ``max_message_size``, MESSAGE_TOO_LARGE. CONSUME is one-way: it gets a
+    ``max_message_size``, MESSAGE_TOO_LARGE; a publish whose delay fields
+    ``hub.delayed.delay_problem`` refuses (both set, negative: MALFORMED_REQUEST;
+    beyond ``max_delivery_delay_ms`` by ``clock_ms``: DELIVERY_DELAY_TOO_LONG),
+    that status, the whole request refused. CONSUME is one-way: it gets a
     response only when rejected.
 
     Fairness: one call of ``receive_data`` or ``next_events`` yields at most
@@ -248,7 +252,8 @@ class ServerConnection:
 
     def __init__(self, max_frame_size: int, max_message_size: int,
                  max_requests_per_turn: int = DEFAULT_MAX_REQUESTS_PER_TURN,
-                 max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS) -> None:
+                 max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS, max_delivery_delay_ms: int = 0,
+                 clock_ms: Callable[[], int] = now_ms) -> None:
         if max_requests_per_turn < 1:
             raise ValueError(f"max_requests_per_turn must be positive, not {max_requests_per_turn}")
         if max_pending_requests < 1:
@@ -257,6 +262,8 @@ class ServerConnection:
         self.held = False         # max_pending_requests in flight: not read until half are answered
         self._decoder = FrameDecoder(max_frame_size)
         self.max_message_size = max_message_size
+        self.max_delivery_delay_ms = max_delivery_delay_ms   # 0: no limit (hub.delayed)
+        self.clock_ms = clock_ms
         self.max_requests_per_turn = max_requests_per_turn
         self.broken = False
         self.backlogged = False   # stopped at the per-turn budget: call next_events on the next turn
@@ -381,6 +388,9 @@ class ServerConnection:
                 return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
                                                                   f"max_message_size {self.max_message_size}",
                                        topic=topic))
+            refused = delay_problem(pub.msg, self.clock_ms, self.max_delivery_delay_ms)
+            if refused is not None:
+                return Reject(response(txn, refused[0], refused[1], topic=topic))
             return RequestReceived(req, topic, b"")
         sub = subscriber_of(req)
         problem = name_problem(sub, "subscriber id", MAX_SUBSCRIBER_BYTES)
@@ -403,6 +413,9 @@ class ServerConnection:
             if m.producer:
                 return pb.MALFORMED_REQUEST, ("a batched publish cannot carry a producer: deduplicated "
                                               "publishes go one per request")
+            refused = delay_problem(m, self.clock_ms, self.max_delivery_delay_ms)
+            if refused is not None:
+                return refused[0], f"message {i} of the batch: {refused[1]}"
         return None
 
 

@@ -26,7 +26,8 @@ What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
   ``hub_entry_index_bytes``, ``hub_dedup_producers``, ``hub_dedup_entries``
   (summed over the topics' logs, ``TopicLog.memory``),
   ``hub_partial_frame_bytes`` and ``hub_outbound_buffer_bytes`` (the
-  connections' buffers).
+  connections' buffers), ``hub_delayed_messages`` (delayed messages held
+  until due, ``hub.delayed``).
 
 Counters are plain integers on the hot path (``HubStats.incr``), exported at
 scrape time; only latencies go to a ``Histogram``. A scrape never fails
@@ -177,6 +178,8 @@ class HubMetrics(Collector):
             ("outbound_buffer_bytes", "bytes written to client connections and not yet sent "
                                       "(a connection's deliveries pause past max_outbound_buffer)",
              self._outbound_bytes),
+            ("delayed_messages", "delayed messages held in memory until due, all subscriptions (at most "
+                                 "max_tracked_delayed_messages each, hub.delayed)", self._delayed),
         ]
         for subject, doc, read in gauges:
             try:
@@ -204,6 +207,10 @@ class HubMetrics(Collector):
     def _outbound_bytes(self) -> int:
         return sum(c.transport.get_write_buffer_size() for c in list(self.server.connections)
                    if c.transport is not None)
+
+    def _delayed(self) -> int:
+        return sum(len(s.dispatcher.delays) for t in list(self.server.topics.values())
+                   for s in list(t.subs.subs.values()) if s.dispatcher is not None and s.dispatcher.delays is not None)
 
     def _backlog(self) -> int:
         total = 0

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hub import errors
 from hub.conf import HubConf
 from hub.cursor import AckCursor
+from hub.delayed import DelayIndex
 from hub.dispatch import ConsumerSlot, Dispatcher
 from hub.dispatch_failover import FailoverDispatcher
 from hub.dispatch_key_shared import KeySharedDispatcher
@@ -74,9 +75,12 @@ class SubscriptionConsumers:
                 raise errors.PubSubError("this hub serves no consumers (no read-ahead cache)",
                                          status="UNEXPECTED_CONDITION")
             cursor = AckCursor(state.consumed, state.ranges)
+            # delayed delivery is for SHARED and KEY_SHARED only, as in Pulsar (hub.delayed)
+            delays = DelayIndex(self.conf.max_tracked_delayed_messages) \
+                if state.stype in (pb.SHARED, pb.KEY_SHARED) else None
             d = _DISPATCHERS.get(state.stype, SharedDispatcher)(
                 self.topic, state.subscriber, cursor, cache=self.cache, last_seq=self.last_seq,
-                on_acked=functools.partial(self._on_acked, state))
+                on_acked=functools.partial(self._on_acked, state), delays=delays)
             state.dispatcher = d
             state.ranges = []
             if cursor.mark_delete > state.consumed:
@@ -172,7 +176,8 @@ class SubscriptionConsumers:
 
     def stats_of(self, sub: bytes) -> dict[str, Any]:
         """The admin API's consumer view of ``sub``: ``type``, ``consumers`` (``address``, ``unacked``),
-        ``unacked``, ``redelivered_total``, ``msg_rate_out``. ``KeyError`` for an unknown subscriber."""
+        ``unacked``, ``redelivered_total``, ``msg_rate_out``, ``delayed`` (messages held back until due,
+        ``hub.delayed``; 0 until a consumer attached on this owner). ``KeyError`` for an unknown subscriber."""
         state = self.subs[sub]
         d = state.dispatcher
         if d is not None:
@@ -181,5 +186,5 @@ class SubscriptionConsumers:
         unacked = len(delivery.outstanding) if delivery is not None else 0
         consumers = [{"address": getattr(state.conn, "address", ""), "unacked": unacked}] if state.conn else []
         return {"type": type_name(state.stype), "consumers": consumers, "unacked": unacked, "redelivered_total": 0,
-                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0}
+                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0, "delayed": 0}
 

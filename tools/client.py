@@ -4,13 +4,16 @@
     seq 10 | quire client produce TOPIC            # no -m: one message per line of standard input
     quire client consume TOPIC -s SUB [-n COUNT] [--json] [--server HOST:PORT]
     quire client produce TOPIC -m TEXT --key K        # a message key (KEY_SHARED keeps a key on one consumer)
+    quire client produce TOPIC -m TEXT --deliver-after 60000   # or --deliver-at ISO8601: delayed delivery
     quire client consume TOPIC -s SUB --type shared [--ack-timeout MS]   # several side by side: a work queue
     quire client consume TOPIC -s SUB --start-seq N | --start-time 2026-11-28T01:00:00Z   # replay from there
 
 ``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
 ``--rate`` messages per second (default 0: as fast as each publish is
 acknowledged), and prints ``produced N messages to TOPIC (seq ids A..B)``
-(``produced 1 message to TOPIC (seq id A)``).
+(``produced 1 message to TOPIC (seq id A)``). ``--deliver-after MS`` or
+``--deliver-at ISO8601`` (no zone: UTC) publishes delayed messages: SHARED
+and KEY_SHARED subscriptions get them no earlier than that (``hub.delayed``).
 ``consume`` subscribes (creating the subscription, or attaching to it; a new
 one starts after the topic's last message), says ``subscribed to TOPIC as
 SUB`` on stderr, then prints each message as ``SEQ<TAB>BODY`` (or one JSON
@@ -20,7 +23,8 @@ With ``--type shared|failover|key_shared`` (default exclusive: Hedwig's one
 subscriber) it attaches a consumer of that subscription type
 (``HedwigClient.consumer``) and acknowledges each message once printed;
 ``--ack-timeout MS`` has the hub hand a message it did not acknowledge in
-time to another consumer. ``--json`` adds ``key`` and ``redelivery_count``.
+time to another consumer. ``--json`` adds ``key``, ``redelivery_count`` and
+``deliver_at_ms`` when they are set.
 ``--start-seq N`` or ``--start-time ISO8601`` (no zone: UTC) seeks the
 subscription first (``HedwigClient.seek``): printing starts at seq id N, or
 at the first message published at or after that time.
@@ -90,6 +94,13 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     p.add_argument("-k", "--key", default=None, metavar="K", help="the messages' key (default: none)")
     p.add_argument("-r", "--rate", type=_rate, default=0.0, metavar="R",
                    help="messages per second (default 0: each once the previous is acknowledged)")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--deliver-after", dest="deliver_after", type=_count, default=None, metavar="MS",
+                      help="delayed delivery: SHARED and KEY_SHARED subscriptions get the messages MS "
+                           "milliseconds after they are stored")
+    when.add_argument("--deliver-at", dest="deliver_at", type=_iso_time_ms, default=None, metavar="ISO8601",
+                      help="delayed delivery: SHARED and KEY_SHARED subscriptions get the messages no earlier "
+                           "than this time (no zone: UTC)")
     c = sub.add_parser("consume", parents=[common], help="subscribe and print messages",
                        description="Subscribe and print each message's seq id and body.")
     c.add_argument("topic", metavar="TOPIC")
@@ -195,7 +206,9 @@ async def produce(args: argparse.Namespace) -> int:
                 if delay > 0:
                     await asyncio.sleep(delay)  # pacing: nothing to wait for but the clock
             try:
-                seqs.append(await asyncio.wait_for(client.publish(topic, body, key=key), args.timeout or None))
+                publish = client.publish(topic, body, key=key, deliver_after_ms=args.deliver_after,
+                                         deliver_at_ms=args.deliver_at)
+                seqs.append(await asyncio.wait_for(publish, args.timeout or None))
             except TimeoutError:
                 raise ClientCommandError(f"publish to {args.topic} not acknowledged within {args.timeout:g} s "
                                          f"({len(seqs)} produced)") from None
@@ -220,6 +233,8 @@ def _line(message: Any, as_json: bool) -> str:
         out["key"] = message.key.decode("utf-8", "backslashreplace")
     if message.redelivery_count:
         out["redelivery_count"] = message.redelivery_count
+    if message.deliver_at_ms:
+        out["deliver_at_ms"] = message.deliver_at_ms
     out["properties"] = {k: v.decode("utf-8", "backslashreplace") for k, v in message.properties.items()}
     return json.dumps(out)
 

@@ -46,6 +46,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NOT_AUTHORIZED: _ClassVar[StatusCode]
     SUBSCRIPTION_TYPE_MISMATCH: _ClassVar[StatusCode]
     BACKLOG_QUOTA_EXCEEDED: _ClassVar[StatusCode]
+    DELIVERY_DELAY_TOO_LONG: _ClassVar[StatusCode]
     BAD_VERSION: _ClassVar[StatusCode]
     NO_TOPIC_PERSISTENCE_INFO: _ClassVar[StatusCode]
     TOPIC_PERSISTENCE_INFO_EXISTS: _ClassVar[StatusCode]
@@ -94,6 +95,7 @@ AUTHENTICATION_FAILED: StatusCode
 NOT_AUTHORIZED: StatusCode
 SUBSCRIPTION_TYPE_MISMATCH: StatusCode
 BACKLOG_QUOTA_EXCEEDED: StatusCode
+DELIVERY_DELAY_TOO_LONG: StatusCode
 BAD_VERSION: StatusCode
 NO_TOPIC_PERSISTENCE_INFO: StatusCode
 TOPIC_PERSISTENCE_INFO_EXISTS: StatusCode
@@ -147,7 +149,7 @@ class MessageHeader(_message.Message):
     def __init__(self, properties: _Optional[_Union[Map, _Mapping]] = ..., messageType: _Optional[str] = ...) -> None: ...
 
 class Message(_message.Message):
-    __slots__ = ("body", "srcRegion", "msgId", "header", "producer", "sequenceId", "key", "publishTimeMs", "redeliveryCount")
+    __slots__ = ("body", "srcRegion", "msgId", "header", "producer", "sequenceId", "key", "publishTimeMs", "redeliveryCount", "deliverAtMs", "deliverAfterMs")
     BODY_FIELD_NUMBER: _ClassVar[int]
     SRCREGION_FIELD_NUMBER: _ClassVar[int]
     MSGID_FIELD_NUMBER: _ClassVar[int]
@@ -157,6 +159,8 @@ class Message(_message.Message):
     KEY_FIELD_NUMBER: _ClassVar[int]
     PUBLISHTIMEMS_FIELD_NUMBER: _ClassVar[int]
     REDELIVERYCOUNT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERATMS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERAFTERMS_FIELD_NUMBER: _ClassVar[int]
     body: bytes
     srcRegion: bytes
     msgId: MessageSeqId
@@ -166,7 +170,9 @@ class Message(_message.Message):
     key: bytes
     publishTimeMs: int
     redeliveryCount: int
-    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., producer: _Optional[bytes] = ..., sequenceId: _Optional[int] = ..., key: _Optional[bytes] = ..., publishTimeMs: _Optional[int] = ..., redeliveryCount: _Optional[int] = ...) -> None: ...
+    deliverAtMs: int
+    deliverAfterMs: int
+    def __init__(self, body: _Optional[bytes] = ..., srcRegion: _Optional[bytes] = ..., msgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., header: _Optional[_Union[MessageHeader, _Mapping]] = ..., producer: _Optional[bytes] = ..., sequenceId: _Optional[int] = ..., key: _Optional[bytes] = ..., publishTimeMs: _Optional[int] = ..., redeliveryCount: _Optional[int] = ..., deliverAtMs: _Optional[int] = ..., deliverAfterMs: _Optional[int] = ...) -> None: ...
 
 class MessageBatch(_message.Message):
     __slots__ = ("first_local_seq_id", "messages")
