@@ -94,7 +94,8 @@ def test_slope_and_slope_line() -> None:
 
 HUB_MEMORY_GAUGES = ("hub_publish_queue_messages", "hub_publish_queue_bytes", "hub_adds_in_flight",
                      "hub_messages_in_flight", "hub_entry_index_bytes", "hub_dedup_producers", "hub_dedup_entries",
-                     "hub_partial_frame_bytes", "hub_outbound_buffer_bytes", "hub_readahead_cache_bytes")
+                     "hub_partial_frame_bytes", "hub_outbound_buffer_bytes", "hub_readahead_cache_bytes",
+                     "hub_delayed_messages")
 BOOKIE_MEMORY_GAUGES = ("bookie_long_poll_reads", "bookie_requests_in_flight", "bookie_response_buffer_bytes",
                         "bookie_partial_frame_bytes", "bookie_write_cache_bytes")
 

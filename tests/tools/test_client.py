@@ -128,3 +128,21 @@ async def test_shared_consumers_side_by_side_form_a_work_queue_and_keys_travel(h
     rc, _, err = await finish(await client("consume", "jobs", "-s", "workers", "--type", "failover",
                                            "--server", hub))
     assert rc == 1 and "SUBSCRIPTION_TYPE_MISMATCH" in err
+
+
+async def test_produce_deliver_after_is_held_for_a_shared_consumer_and_bad_delays_exit_2(hub: str) -> None:
+    worker = await client("consume", "later", "-s", "w", "-n", "2", "--type", "shared", "--json", "--server", hub)
+    await subscribed(worker)
+    rc, out, _ = await finish(await client("produce", "later", "-m", "late", "--deliver-after", "1000",
+                                           "--server", hub))
+    assert (rc, out) == (0, "produced 1 message to later (seq id 1)\n")
+    rc, out, _ = await finish(await client("produce", "later", "-m", "now", "--server", hub))
+    assert rc == 0
+    rc, out, _ = await finish(worker)
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert rc == 0 and [m["body"] for m in lines] == ["now", "late"]      # the delayed one comes last
+    assert lines[1]["deliver_at_ms"] > 0 and "deliver_at_ms" not in lines[0]
+    for bad in (["--deliver-after", "-5"], ["--deliver-after", "5", "--deliver-at", "2030-01-01T00:00:00"],
+                ["--deliver-at", "tomorrow"]):
+        rc, _, err = await finish(await client("produce", "later", "-m", "x", *bad, "--server", hub))
+        assert rc == 2 and "--deliver" in err, err
