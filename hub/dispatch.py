@@ -467,4 +467,5 @@ class Dispatcher:
                                "permits": s.permits, "delivered": s.delivered} for s in self.consumers],
                 "unacked": len(self.pending), "waiting_redelivery": len(self.replay),
                 "delayed": len(self.delays) if self.delays is not None else 0,
+                "delayed_overflow": self.delays is not None and self.delays.overflow_from is not None,
                 "redelivered_total": self.redelivered_total, "msg_rate_out": round(self.out.rate(), 3)}

@@ -176,8 +176,9 @@ class SubscriptionConsumers:
 
     def stats_of(self, sub: bytes) -> dict[str, Any]:
         """The admin API's consumer view of ``sub``: ``type``, ``consumers`` (``address``, ``unacked``),
-        ``unacked``, ``redelivered_total``, ``msg_rate_out``, ``delayed`` (messages held back until due,
-        ``hub.delayed``; 0 until a consumer attached on this owner). ``KeyError`` for an unknown subscriber."""
+        ``unacked``, ``redelivered_total``, ``msg_rate_out``, ``delayed`` (messages held back until due in
+        memory, ``hub.delayed``; 0 until a consumer attached on this owner) and ``delayed_overflow`` (more are
+        held in the log only: the index is full). ``KeyError`` for an unknown subscriber."""
         state = self.subs[sub]
         d = state.dispatcher
         if d is not None:
@@ -186,5 +187,6 @@ class SubscriptionConsumers:
         unacked = len(delivery.outstanding) if delivery is not None else 0
         consumers = [{"address": getattr(state.conn, "address", ""), "unacked": unacked}] if state.conn else []
         return {"type": type_name(state.stype), "consumers": consumers, "unacked": unacked, "redelivered_total": 0,
-                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0, "delayed": 0}
+                "msg_rate_out": round(delivery.out.rate(), 3) if delivery is not None else 0.0, "delayed": 0,
+                "delayed_overflow": False}
 

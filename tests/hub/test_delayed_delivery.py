@@ -223,7 +223,8 @@ async def test_past_the_tracked_cap_none_is_early_or_lost_and_undelayed_ones_flo
                     await c.publish(topic, b"n%d" % i)
             undelayed = [await consumer.receive(timeout=TIMEOUT) for _ in range(delayed // 4)]
             assert all(m.body.startswith(b"n") for m in undelayed)
-            assert 0 < (await sub_stats(http, cluster, topic, sub))["delayed"] <= TRACKED
+            stats = await sub_stats(http, cluster, topic, sub)
+            assert 0 < stats["delayed"] <= TRACKED and stats["delayed_overflow"] is True
             for m in undelayed:
                 await consumer.ack(m)
             got: dict[bytes, int] = {}
@@ -235,7 +236,8 @@ async def test_past_the_tracked_cap_none_is_early_or_lost_and_undelayed_ones_flo
                     got[msg.body] = at
                     await consumer.ack(msg)
             assert sorted(got) == sorted(b"d%d" % i for i in range(delayed))
-            assert (await sub_stats(http, cluster, topic, sub))["delayed"] == 0
+            stats = await sub_stats(http, cluster, topic, sub)
+            assert stats["delayed"] == 0 and stats["delayed_overflow"] is False
 
 
 async def test_delayed_messages_survive_a_kill_9_of_the_owner(cluster: LocalCluster) -> None:
