@@ -104,7 +104,7 @@ class HubConf:
                                          "deliver_at_ms); longer ones fail with DELIVERY_DELAY_TOO_LONG "
                                          "(0: no limit)", min=0)
     max_tracked_delayed_messages: int = setting(100000, "delayed messages a SHARED or KEY_SHARED subscription "
-                                                "holds in memory (about 100 bytes each); past it the log "
+                                                "holds in memory (about 130 bytes each); past it the log "
                                                 "keeps them and they may come late, never early", min=1)
     retention_secs: int = setting(0, "release a topic idle this long (0: never)", min=0)
     rebalance_interval_sec: int = setting(60, "how often a hub compares its topic count with the cluster mean and "

@@ -34,7 +34,7 @@ and the dead-letter topic treat it as any other message.
 
 Memory (Pulsar's in-memory tracker grows without bound; its bucket tracker
 spills to ledgers): the index holds at most ``capacity`` messages (hub conf
-``max_tracked_delayed_messages``, per subscription; about 100 bytes each).
+``max_tracked_delayed_messages``, per subscription; about 130 bytes each).
 A message not due yet that finds the index full is not held in memory: the
 index remembers only the first such seq id (``overflow_from``), and from
 then on every later not-yet-due message is left to the log as well, while
