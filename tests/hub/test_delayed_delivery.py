@@ -8,6 +8,7 @@ kill -9 of the owner. Receive times are the client's clock, due times the owner'
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -154,6 +155,54 @@ async def test_key_shared_delayed_messages_go_to_their_keys_consumer_when_due(cl
             assert at >= m.deliver_at_ms
         await a.close()
         await b.close()
+
+
+async def test_once_delivered_nack_redelivery_and_the_dead_letter_topic_work_as_for_any_message(
+        cluster: LocalCluster) -> None:
+    topic, sub = name(), name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        dlq = await c.consumer(topic + b"-" + sub + b"-DLQ", b"dlq-reader")
+        consumer = await c.consumer(topic, sub, subscription_type="SHARED", negative_ack_redelivery_delay_ms=10,
+                                    max_redeliver_count=1)
+        t0 = now_ms()
+        await c.publish(topic, b"poison", key=b"k1", deliver_after_ms=800)
+        msg, _ = await receive_late(consumer, b"poison", t0 + 800)
+        assert msg.redelivery_count == 0
+        await consumer.nack(msg)
+        again = await consumer.receive(timeout=TIMEOUT)
+        assert (again.body, again.redelivery_count) == (b"poison", 1)
+        await consumer.nack(again)
+        async with asyncio.timeout(TIMEOUT):        # over max_redeliver_count: to the DLQ, not the application
+            while not consumer.dead_lettered:
+                with contextlib.suppress(TimeoutError):
+                    handed = await consumer.receive(timeout=0.2)
+                    pytest.fail(f"{handed.body!r} (redelivery {handed.redelivery_count}) went to the application")
+        dead = await dlq.receive(timeout=TIMEOUT)
+        assert (dead.body, dead.key, dead.deliver_at_ms) == (b"poison", b"k1", 0)   # the copy is not delayed
+        assert dead.properties["ORIGIN_SEQ_ID"] == str(msg.seq_id).encode()
+        assert consumer.dead_lettered == 1
+        await consumer.close()
+        await dlq.close()
+
+
+async def test_a_hedwig_handler_on_a_shared_subscription_gets_it_when_due(cluster: LocalCluster) -> None:
+    topic, sub = name(), name()
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.subscribe(topic, sub, subscription_type="SHARED")
+        got: asyncio.Queue[tuple[Message, int]] = asyncio.Queue()
+
+        async def handler(t: bytes, s: bytes, m: Message) -> None:
+            got.put_nowait((m, now_ms()))
+
+        await c.start_delivery(topic, sub, handler)
+        await c.publish(topic, b"later", deliver_after_ms=700)
+        await c.publish(topic, b"now")
+        bodies = []
+        for _ in range(2):
+            m, at = await asyncio.wait_for(got.get(), TIMEOUT)
+            assert at >= m.deliver_at_ms
+            bodies.append(m.body)
+        assert bodies == [b"now", b"later"]
 
 
 @pytest.mark.parametrize("stype", ["EXCLUSIVE", "FAILOVER"])
