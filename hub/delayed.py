@@ -15,7 +15,9 @@ with nothing stored and the connection serving on: both fields, or a
 negative one (``MALFORMED_REQUEST``); a due time more than
 ``max_delivery_delay_ms`` after the owner's clock when that is not 0
 (``DELIVERY_DELAY_TOO_LONG``, ``DeliveryDelayTooLongError``, Pulsar's
-``delayedDeliveryMaxDelayInMillis``). A due time in the past delivers at once.
+``delayedDeliveryMaxDelayInMillis``). A due time in the past delivers at once. Due times are strict: never early
+(Pulsar's ``isDelayedDeliveryDeliverAtTimeStrict=true``; by default Pulsar
+may deliver up to its 1 s tick early), usually within a few ms after.
 
 Only SHARED and KEY_SHARED subscriptions hold a message back until it is due,
 as in Pulsar; EXCLUSIVE and FAILOVER subscriptions (and Hedwig subscribers)
