@@ -15,9 +15,10 @@ with nothing stored and the connection serving on: both fields, or a
 negative one (``MALFORMED_REQUEST``); a due time more than
 ``max_delivery_delay_ms`` after the owner's clock when that is not 0
 (``DELIVERY_DELAY_TOO_LONG``, ``DeliveryDelayTooLongError``, Pulsar's
-``delayedDeliveryMaxDelayInMillis``). A due time in the past delivers at once. Due times are strict: never early
-(Pulsar's ``isDelayedDeliveryDeliverAtTimeStrict=true``; by default Pulsar
-may deliver up to its 1 s tick early), usually within a few ms after.
+``delayedDeliveryMaxDelayInMillis``). A due time in the past delivers at
+once. Due times are strict: never early (Pulsar's
+``isDelayedDeliveryDeliverAtTimeStrict=true``; by default Pulsar may deliver
+up to its 1 s tick early), usually within a few ms after.
 
 Only SHARED and KEY_SHARED subscriptions hold a message back until it is due,
 as in Pulsar; EXCLUSIVE and FAILOVER subscriptions (and Hedwig subscribers)
@@ -40,7 +41,7 @@ spills to ledgers): the index holds at most ``capacity`` messages (hub conf
 A message not due yet that finds the index full is not held in memory: the
 index remembers only the first such seq id (``overflow_from``), and from
 then on every later not-yet-due message is left to the log as well, while
-the messages that are due go on flowing. Once the index has drained to half
+the messages that are not delayed go on flowing. Once the index has drained to half
 its capacity, the dispatcher reads the log again from ``overflow_from``
 (``rescan_from``) and indexes what it finds there, seq order, until the
 index is full again or it reaches where it had read. So the log is the
@@ -48,8 +49,8 @@ spill store: nothing is lost or delivered early, but past the capacity a
 message may be delivered after its time (when room comes), in seq order
 rather than due order.
 
-Everything here is plain state, no I/O and no clock of its own (callers pass
-the time); nothing raises.
+Everything here is plain state, no I/O (``DelayIndex`` reads no clock:
+callers pass the time); nothing raises.
 """
 
 from __future__ import annotations
