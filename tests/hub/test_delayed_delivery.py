@@ -109,7 +109,7 @@ async def test_deliver_at_an_epoch_time_and_a_past_time_at_once(cluster: LocalCl
     async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
         consumer = await c.consumer(topic, sub, subscription_type="SHARED")
         async with consumer:
-            at = now_ms() + 1200
+            at = now_ms() + 2000
             await c.publish(topic, b"at", deliver_at_ms=at)
             await c.publish(topic, b"past", deliver_at_ms=now_ms() - 60_000)
             past = await consumer.receive(timeout=TIMEOUT)
@@ -128,9 +128,9 @@ async def test_key_shared_delayed_messages_go_to_their_keys_consumer_when_due(cl
     async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
         a = await c.consumer(topic, sub, subscription_type="KEY_SHARED")
         b = await c.consumer(topic, sub, subscription_type="KEY_SHARED")
-        order = [(b"d1", 1000), (b"n2", 0), (b"d3", 1000), (b"n4", 0)]
-        for body, after in order:
-            await c.publish(topic, body, key=b"user-7", deliver_after_ms=after or None)
+        order = [(b"d1", 2000), (b"n2", 0), (b"d3", 2000), (b"n4", 0)]
+        await asyncio.gather(*(c.publish_async(topic, body, key=b"user-7", deliver_after_ms=after or None)
+                               for body, after in order))     # sent in this order, stored in it
         got: dict[str, list[tuple[Message, int]]] = {"a": [], "b": []}
         all_in = asyncio.Event()
 
@@ -195,8 +195,7 @@ async def test_a_hedwig_handler_on_a_shared_subscription_gets_it_when_due(cluste
             got.put_nowait((m, now_ms()))
 
         await c.start_delivery(topic, sub, handler)
-        await c.publish(topic, b"later", deliver_after_ms=700)
-        await c.publish(topic, b"now")
+        await asyncio.gather(c.publish_async(topic, b"later", deliver_after_ms=1500), c.publish_async(topic, b"now"))
         bodies = []
         for _ in range(2):
             m, at = await asyncio.wait_for(got.get(), TIMEOUT)
@@ -266,10 +265,12 @@ async def test_past_the_tracked_cap_none_is_early_or_lost_and_undelayed_ones_flo
     async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
         consumer = await c.consumer(topic, sub, subscription_type="SHARED")
         async with consumer:
+            sent = []
             for i in range(delayed):            # later ones due earlier
-                await c.publish(topic, b"d%d" % i, deliver_after_ms=2500 - 100 * i)
+                sent.append(c.publish_async(topic, b"d%d" % i, deliver_after_ms=3000 - 100 * i))
                 if i % 4 == 3:
-                    await c.publish(topic, b"n%d" % i)
+                    sent.append(c.publish_async(topic, b"n%d" % i))
+            await asyncio.gather(*sent)
             undelayed = [await consumer.receive(timeout=TIMEOUT) for _ in range(delayed // 4)]
             assert all(m.body.startswith(b"n") for m in undelayed)
             stats = await sub_stats(http, cluster, topic, sub)
@@ -295,21 +296,26 @@ async def test_delayed_messages_survive_a_kill_9_of_the_owner(cluster: LocalClus
     topic, sub = name(), name()
     addresses = ",".join(cluster.hub_addresses)
     killed: list[int] = []
-    delays = [2000 + 500 * i for i in range(TRACKED + 2)]   # past the cap: the rescan runs on the new owner
+    delays = [2500 + 800 * i for i in range(TRACKED + 2)]   # past the cap: the rescan runs on the new owner
     try:
         async with await HedwigClient.connect(addresses, conf={"server_ack_response_timeout": "15000"}) as c:
             consumer = await c.consumer(topic, sub, subscription_type="SHARED")
-            for i, after in enumerate(delays):
-                await c.publish(topic, b"d%d" % i, deliver_after_ms=after)
-            await c.publish(topic, b"n0")
-            n0 = await consumer.receive(timeout=TIMEOUT)
-            assert n0.body == b"n0"
-            await consumer.ack(n0)
+            await asyncio.gather(*(c.publish_async(topic, b"d%d" % i, deliver_after_ms=after)
+                                   for i, after in enumerate(delays)), c.publish_async(topic, b"n0"))
+            got: dict[bytes, tuple[Message, int]] = {}
+            async with asyncio.timeout(TIMEOUT):
+                while True:                      # n0, and whatever is due already on a slow machine
+                    msg = await consumer.receive()
+                    at = now_ms()
+                    assert at >= msg.deliver_at_ms, f"{msg.body!r} came {msg.deliver_at_ms - at} ms early"
+                    await consumer.ack(msg)
+                    if msg.body == b"n0":
+                        break
+                    got[msg.body] = (msg, at)
             owner = cluster.hub_addresses.index(c.owner[topic])
             await cluster.kill_hub(owner)
             killed.append(owner)
             await c.publish(topic, b"n1")        # to the new owner
-            got: dict[bytes, tuple[Message, int]] = {}
             serving_since: int | None = None     # the new owner handed out its first message
             async with asyncio.timeout(40):
                 while len(got) < len(delays):
