@@ -177,9 +177,9 @@ def assert_not_early(log: Log, conn: Conn) -> None:
 
 async def test_dispatcher_holds_a_delayed_message_and_the_ones_after_it_go_on() -> None:
     log = Log()
-    log.add(after=300)
+    log.add(after=800)
     log.add()
-    log.add(after=150)
+    log.add(after=400)
     log.add()
     d = make(SharedDispatcher, log)
     conn = Conn(log)
@@ -213,7 +213,7 @@ async def test_once_delivered_a_delayed_message_is_nacked_redelivered_and_acked_
 
 async def test_key_shared_delayed_messages_leave_their_key_order_and_keep_their_consumer() -> None:
     log = Log()
-    for after in (200, 0, 200, 0):
+    for after in (300, 0, 300, 0):
         log.add(key=b"k", after=after)
     d = make(KeySharedDispatcher, log)
     arrived = asyncio.Event()
