@@ -19,6 +19,8 @@
                                                               (``hub.admin_permissions``)
 ``GET|PUT|DELETE /admin/v1/policies...``                      lifecycle policies by topic prefix
                                                               (``hub.admin_policies``)
+``POST /admin/v1/topics/{topic}/compact``,                    compact the topic; its compaction status
+``GET /admin/v1/topics/{topic}/compaction``                   (``hub.admin_compaction``)
 ============================================================  ==============================================
 
 Names are URL-encoded path segments (UTF-8). Any hub answers for any
@@ -30,8 +32,9 @@ the metastore (then ``publish_rate`` is 0.0 and ``attached`` is ``null``:
 only the owner knows) and a change is refused with 409 naming the owner.
 ``storage_bytes`` are the bytes of every ledger kept, ``backlog_bytes``
 those after the slowest subscription (``hub.lifecycle``), ``msg_rate_in``
-the publish rate (messages/s) and ``policy`` the lifecycle policy in force
-(``hub.policies``); answered from the metastore, ``storage_bytes`` and
+the publish rate (messages/s), ``policy`` the lifecycle policy in force
+(``hub.policies``) and ``compaction`` the topic's compaction status
+(``hub.admin_compaction``); answered from the metastore, ``storage_bytes`` and
 ``backlog_bytes`` count the closed ledgers only and ``msg_rate_in`` is 0.0.
 ``ledgers`` lists ``{ledger_id, start_seq_id, end_seq_id}``; the ledger
 being written has ``end_seq_id`` = the last seq id (``null`` while empty).
@@ -78,8 +81,10 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
+from hub.admin_compaction import CompactionAdmin, stored_status
 from hub.admin_permissions import PermissionsAdmin
 from hub.admin_policies import PoliciesAdmin
+from hub.compaction import compaction_ledgers
 from hub.lifecycle import backlog_bytes
 from hub.log_usage import bytes_after as usage_bytes_after
 from hub.metadata import SEPARATOR, TOPIC_OWNERS_TABLE, TOPIC_PERSISTENCE_TABLE, hub_address
@@ -156,6 +161,7 @@ class HubAdmin:
             web.post("/admin/v1/topics/{topic}/release", self._wrap(self.release_topic)),
             *PermissionsAdmin(self.server).routes(),      # /admin/v1/permissions: hub.admin_permissions
             *PoliciesAdmin(self.server).routes(),         # /admin/v1/policies: hub.admin_policies
+            *CompactionAdmin(self).routes(),              # .../compact, .../compaction: hub.admin_compaction
         ]
 
     @staticmethod
@@ -223,6 +229,7 @@ class HubAdmin:
             **await self._stored_usage(ranges, [data.state.msgId.localComponent for data, _ in subs.values()]),
             "policy": self.server.policies.for_topic(topic).to_json(),
             "ledgers": _ledgers(ranges, tail),
+            "compaction": stored_status(ranges),
             "subscriptions": {
                 _name(sub): {"consumed_seq_id": data.state.msgId.localComponent,
                              "backlog": max(0, last - data.state.msgId.localComponent),
@@ -275,6 +282,7 @@ class HubAdmin:
             "backlog_bytes": backlog_bytes(t.log, t.subs),
             "policy": self.server.policies.for_topic(topic).to_json(),
             "ledgers": _ledgers(t.log.ranges, last),
+            "compaction": t.compaction.status(),
             "subscriptions": {
                 _name(sub): {"consumed_seq_id": s.consumed, "backlog": max(0, last - s.consumed),
                              "attached": s.attached, "preferences": _prefs(s.prefs), **t.subs.stats_of(sub)}
@@ -391,6 +399,9 @@ class HubAdmin:
                     except NoSuchLedgerError:
                         pass
                     deleted.append(r.ledgerId)
+                for lid in compaction_ledgers(got[0]):     # its compacted ledgers (hub.compaction)
+                    with contextlib.suppress(NoSuchLedgerError):
+                        await server.bk.delete_ledger(lid)
                 with contextlib.suppress(errors.NoTopicPersistenceInfoError):
                     await server.pm.delete_topic_persistence_info(topic, Version.ANY)
         return deleted, removed_subs

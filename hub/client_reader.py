@@ -19,12 +19,23 @@ delivered. ``close()`` unsubscribes it: a reader keeps no subscription once
 closed. A client that dies with a reader open leaves its ``reader-...``
 subscription behind (it holds the topic's ledgers like any subscription);
 delete it with the admin API. Messages are acknowledged as they are read.
-``compacted=True`` is refused (``PubSubError`` NOT_SUPPORTED) until
-compaction exists.
+
+A compacted reader (``compacted=True``, from a ``start_seq_id``; Pulsar's
+``readCompacted``) first reads the topic's compacted ledger
+(``hub.compaction``) page by page (SEEK probes with ``readCompacted``): the
+newest message of each key up to the compaction point, from
+``start_seq_id`` on, in seq-id order; then the topic itself from after the
+compaction point (or from ``start_seq_id`` when that is later), as any
+reader. Its temporary subscription stands at ``start_seq_id`` meanwhile,
+so the tail it reads next is not deleted under it. A compaction that
+finishes between two pages moves the point on: the reader goes on in the
+newer compacted ledger, from the seq id it had reached. A topic never
+compacted reads as with ``compacted=False``.
 """
 
 from __future__ import annotations
 
+import collections
 import secrets
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
@@ -41,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["ClientReaders", "Reader"]
 
 _READER_QUEUE = 1000
+_COMPACTED_PAGE = 500
 
 
 def _position(seq_id: int | None, publish_time_ms: int | None, what: str) -> pb.SeekRequest:
@@ -61,19 +73,48 @@ def _position(seq_id: int | None, publish_time_ms: int | None, what: str) -> pb.
 class Reader:
     """Messages of a topic from a position on, without a durable subscription (see the module docstring)."""
 
-    def __init__(self, client: ClientReaders, consumer: Consumer, start_seq_id: int) -> None:
+    def __init__(self, client: ClientReaders, consumer: Consumer, start_seq_id: int, compacted: bool = False
+                 ) -> None:
         self.client = client
         self.consumer = consumer
         self.topic = consumer.topic
         self.start_seq_id = start_seq_id     # the first seq id this reader delivers
         self.closed = False
+        self.compacted_up_to_seq_id = 0      # a compacted reader: the compaction point it read up to
+        self._compacted = compacted          # still in the compacted part
+        self._next = start_seq_id            # a compacted reader: the next seq id to ask for
+        self._page: collections.deque[Message] = collections.deque()
 
     async def read_next(self, timeout: float | None = None) -> Message:
         """The next message; ``TimeoutError`` when none comes within ``timeout`` seconds (None: wait),
         ``ConsumerClosedError`` once the reader is closed."""
+        if self._compacted:
+            if self.closed:
+                raise errors.ConsumerClosedError(f"reader of {self.topic!r} is closed")
+            if not self._page:
+                await self._next_page()
+            if self._page:
+                return self._page.popleft()
         msg = await self.consumer.receive(timeout)
         await self.consumer.ack(msg)
         return msg
+
+    async def _next_page(self) -> None:
+        """The next page of the compacted ledger; once it is read, the topic after the compaction point."""
+        probe = pb.SeekRequest(seqId=self._next, resolveOnly=True, readCompacted=True, maxMessages=_COMPACTED_PAGE)
+        resp = await self.client._seek_resp(self.topic, self.consumer.subscriber, probe)
+        self.compacted_up_to_seq_id = max(self.compacted_up_to_seq_id, int(resp.compactedUpToSeqId))
+        if resp.messages:
+            self._page.extend(Message.from_proto(m) for m in resp.messages)
+            self._next = self._page[-1].seq_id + 1
+            return
+        self._compacted = False
+        tail = max(self.start_seq_id, self.compacted_up_to_seq_id + 1)
+        start = await self.client._seek_call(self.topic, self.consumer.subscriber,
+                                             pb.SeekRequest(seqId=tail, resolveOnly=True))
+        await self.client._seek_call(self.topic, self.consumer.subscriber, pb.SeekRequest(seqId=start))
+        self.consumer.receiver_queue_size = _READER_QUEUE
+        self.consumer.flow(_READER_QUEUE)
 
     async def close(self) -> None:
         """Stop reading and remove the reader's temporary subscription."""
@@ -118,12 +159,15 @@ class ClientReaders:
 
         async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None: ...
 
-    async def _seek_call(self, topic: bytes, subscriber_id: bytes, sreq: pb.SeekRequest) -> int:
+    async def _seek_resp(self, topic: bytes, subscriber_id: bytes, sreq: pb.SeekRequest) -> pb.SeekResponse:
         sreq.topic, sreq.subscriberId = topic, subscriber_id
         req = pb.PubSubRequest(type=pb.SEEK, topic=topic)
         req.seekRequest.CopyFrom(sreq)
         _, resp = await self._call(topic, req)
-        return int(resp.seekResponse.seqId)
+        return resp.seekResponse
+
+    async def _seek_call(self, topic: bytes, subscriber_id: bytes, sreq: pb.SeekRequest) -> int:
+        return int((await self._seek_resp(topic, subscriber_id, sreq)).seqId)
 
     async def seek(self, topic: bytes, subscriber_id: bytes, seq_id: int | None = None,
                    publish_time_ms: int | None = None) -> int:
@@ -141,10 +185,13 @@ class ClientReaders:
         """A ``Reader`` (async iterator of ``Message``) from ``start_seq_id`` (a seq id before the first kept
         message starts at that one) or from the first message published at or after
         ``start_publish_time_ms``. ``ValueError`` for neither or both or a negative position,
-        ``NoSuchTopicError`` for a topic that does not exist; ``compacted=True`` is not supported yet."""
-        if compacted:
-            raise errors.PubSubError("compacted readers need topic compaction, which Quire does not have yet",
-                                     status="NOT_SUPPORTED")
+        ``NoSuchTopicError`` for a topic that does not exist.
+
+        ``compacted=True`` (from a ``start_seq_id`` only: ``ValueError`` for a time) yields, up to the
+        topic's compaction point, only the newest message of each key in seq-id order, then every message
+        after that point (see the module docstring)."""
+        if compacted and start_publish_time_ms is not None:
+            raise ValueError("a compacted reader starts at a start_seq_id, not at a start_publish_time_ms")
         sreq = _position(start_seq_id, start_publish_time_ms, "reader")
         name = b"reader-" + secrets.token_hex(8).encode()
         probe = pb.SeekRequest()
@@ -152,12 +199,18 @@ class ClientReaders:
         probe.resolveOnly = True
         start = await self._seek_call(topic, name, probe)
         consumer = await self._new_consumer(topic, name, "EXCLUSIVE", "CREATE", 0, 0, 1000, 0, None)
-        reader = Reader(self, consumer, start)
+        if compacted:
+            assert start_seq_id is not None
+            reader = Reader(self, consumer, start_seq_id, compacted=True)
+        else:
+            reader = Reader(self, consumer, start)
         try:
             await self._seek_call(topic, name, pb.SeekRequest(seqId=start))
         except BaseException:
             await reader.close()
             raise
+        if compacted:    # permits once the compacted part is read (Reader._next_page)
+            return reader
         consumer.receiver_queue_size = _READER_QUEUE
         consumer.flow(_READER_QUEUE)
         return reader

@@ -131,6 +131,8 @@ class HubConf:
                                         "producer_request_hold, producer_exception or consumer_backlog_eviction",
                                         choices=("producer_request_hold", "producer_exception",
                                                  "consumer_backlog_eviction"))
+    compaction_threshold_bytes: int = setting(0, "compact a topic (hub.compaction) once the bytes stored after its "
+                                              "last compaction point exceed this (0: only when asked)", min=0)
     backlog_quota_hold_timeout: int = setting(25000, "ms producer_request_hold holds a publish before it fails "
                                               "with BACKLOG_QUOTA_EXCEEDED (keep it below the clients' "
                                               "server_ack_response_timeout)", min=1)

@@ -475,7 +475,8 @@ class HubConnection(asyncio.Protocol):
                 await t.subs.unsubscribe(self, ev.subscriber)
                 await self.server.follow_regions(ev.topic, ev.subscriber, False)
             elif req.type == pb.SEEK:
-                resp.seekResponse.seqId = await seek(t, ev.subscriber, req.seekRequest, self.server.cache)
+                resp.seekResponse.seqId = await seek(t, ev.subscriber, req.seekRequest, self.server.cache,
+                                                      resp.seekResponse)
             self._finished()
             self.send(resp)
             if req.type in _TIMED:

@@ -150,7 +150,9 @@ class HubHousekeeping:
     async def delete_consumed_ledgers(self) -> int:
         """Delete ledgers every subscriber has consumed past (a bounded one: its bound), per owned topic; how many.
 
-        The topic's lifecycle policy (``hub.policies``) applies first: message
+        Compaction's round comes first (``hub.compaction``: a half-written
+        compacted ledger deleted, ``compaction_threshold_bytes``). The topic's
+        lifecycle policy (``hub.policies``) applies next: message
         TTL acknowledges what expired, retention keeps consumed ledgers until
         both its limits let them go (``hub.lifecycle.apply_ttl_and_retention``).
         """
@@ -158,6 +160,7 @@ class HubHousekeeping:
         now_ms = int(time.time() * 1000)
         for topic, t in list(self.topics.items()):
             policy = self.policies.for_topic(topic)
+            await t.compaction.housekeep(policy.compaction_threshold_bytes, self.track)   # hub.compaction
             n += len(await apply_ttl_and_retention(t.log, t.subs, policy, now_ms, self.track))
             if t.quota is not None:
                 t.quota.wake()

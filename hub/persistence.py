@@ -156,6 +156,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
         self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
         self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
+        self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
@@ -404,7 +405,12 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         """Delete closed ledgers whose every message is at or below ``consumed``; their ids.
 
         ``retain`` (retention, ``hub.policies.retention_deletes``) gets the ids
-        of those ledgers, oldest first, and returns the ones that may go."""
+        of those ledgers, oldest first, and returns the ones that may go.
+        ``keep_from`` (compaction, ``hub.compaction``), when it answers a seq
+        id, keeps every ledger holding it or a later one."""
+        hold = self.keep_from() if self.keep_from is not None else None
+        if hold is not None:
+            consumed = min(consumed, hold - 1)
         async with self._lock:
             gone = [r for r in self.ranges.ranges[:-1]   # the last range keeps the topic's last seq id
                     if r.HasField("endSeqIdIncluded") and r.endSeqIdIncluded.localComponent <= consumed
@@ -415,6 +421,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             if not gone:
                 return []
             ranges = pb.LedgerRanges()
+            if self.ranges.HasField("compaction"):
+                ranges.compaction.CopyFrom(self.ranges.compaction)
             ids = {r.ledgerId for r in gone}
             for r in self.ranges.ranges:
                 if r.ledgerId not in ids:
@@ -430,6 +438,19 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                 self._forget_usage(lid)
                 await self._delete_ledger_quietly(lid)
             return sorted(ids)
+
+    async def write_compaction(self, state: pb.CompactionState) -> None:
+        """Record the topic's compaction state with its ranges (CAS on the version this owner holds).
+
+        ``ServiceDownError`` when this log may no longer write (a failure
+        gives the topic up, as any range write's: ``_write_ranges``)."""
+        async with self._lock:
+            self._may_write()
+            ranges = pb.LedgerRanges()
+            ranges.CopyFrom(self.ranges)
+            ranges.compaction.CopyFrom(state)
+            self.version = await self._write_ranges(ranges)
+            self.ranges = ranges
 
     async def release(self) -> None:
         """Stop publishing, close the current ledger (recording its end), drop readers."""

@@ -34,6 +34,9 @@ The keys (``POLICY_KEYS``), each an integer unless said otherwise:
   at once with it), ``consumer_backlog_eviction`` (it is stored, and the
   oldest backlog is acknowledged on behalf of the slowest subscriptions
   until the backlog is under the limit again).
+* ``compaction_threshold_bytes`` (>= 0; 0 = off): the owner compacts the
+  topic (``hub.compaction``) once the bytes stored after its last
+  compaction point exceed this.
 
 Matching: for each key, the longest prefix of the topic name (UTF-8) that
 sets the key wins; a key no matching prefix sets takes the hub conf's
@@ -69,6 +72,7 @@ INT_KEYS: dict[str, int] = {          # key -> the least value allowed
     "retention_time_minutes": -1,
     "retention_size_mb": -1,
     "backlog_quota_limit_bytes": 0,
+    "compaction_threshold_bytes": 0,
 }
 POLICY_KEYS = (*INT_KEYS, "backlog_quota_policy")
 MIB = 1024 * 1024
@@ -151,6 +155,7 @@ class Policy:
     retention_size_mb: int = 0
     backlog_quota_limit_bytes: int = 0
     backlog_quota_policy: str = PRODUCER_REQUEST_HOLD
+    compaction_threshold_bytes: int = 0
 
     @classmethod
     def from_conf(cls, conf: Any) -> Policy:

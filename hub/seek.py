@@ -32,6 +32,8 @@ __all__ = ["check_seq", "seek", "seq_for_time"]
 log = logging.getLogger(__name__)
 
 _CHUNK = 256
+_PAGE_BYTES = 1 << 20
+"""About the most bytes of bodies one compacted reader's page carries (at least one message)."""
 
 
 def check_seq(seq: int, last: int | None, ranges: pb.LedgerRanges) -> None:
@@ -85,13 +87,27 @@ async def seq_for_time(log_: TopicLog, publish_time_ms: int) -> int:
     return int(end) + 1
 
 
-async def seek(t: Topic, sub: bytes, req: pb.SeekRequest, cache: ReadAheadCache) -> int:
+async def seek(t: Topic, sub: bytes, req: pb.SeekRequest, cache: ReadAheadCache,
+               out: pb.SeekResponse | None = None) -> int:
     """Answer a SEEK on owned topic ``t``: the seq id chosen (``MalformedRequestError`` on a bad position).
 
     With ``resolveOnly`` (a reader's probe) a seq id before the first kept
     message moves to it and no subscription moves; otherwise ``sub``'s next
-    delivered message becomes that seq id (``TopicSubscriptions.reset``)."""
+    delivered message becomes that seq id (``TopicSubscriptions.reset``).
+    With ``readCompacted`` too (a compacted reader's page), ``out`` gets the
+    compacted ledger's messages from ``seqId`` on and the compaction point
+    (``hub.compaction``); the seq id answered is ``seqId``."""
     log_ = t.log
+    if req.readCompacted:
+        if not req.resolveOnly or req.byTime or req.seqId < 1:
+            raise errors.MalformedRequestError("readCompacted is a compacted reader's page: resolveOnly, by a "
+                                               "seqId >= 1")
+        msgs, point = await t.compaction.read(int(req.seqId), max(1, min(int(req.maxMessages) or _CHUNK, 10_000)),
+                                              _PAGE_BYTES)
+        if out is not None:
+            out.messages.extend(msgs)
+            out.compactedUpToSeqId = point
+        return int(req.seqId)
     try:
         if req.byTime:
             seq = await seq_for_time(log_, int(req.publishTimeMs))

@@ -13,6 +13,7 @@ import collections
 import time
 from typing import TYPE_CHECKING
 
+from hub.compaction import TopicCompaction
 from hub.persistence import TopicLog
 from hub.subscriptions import TopicSubscriptions
 
@@ -32,6 +33,7 @@ class Topic:
         self.log = log_
         self.subs = subs
         self.quota: BacklogQuota | None = None     # set by the server (hub.lifecycle)
+        self.compaction = TopicCompaction(log_)    # runs and reads of its compacted ledger (hub.compaction)
         self.last_active = time.monotonic()
         # (when, last seq id) sampled by the hub's timer loop: the rate costs nothing per publish
         self.rate_samples: collections.deque[tuple[float, int]] = collections.deque([(self.last_active,

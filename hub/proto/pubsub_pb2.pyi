@@ -339,20 +339,24 @@ class PubSubRequest(_message.Message):
     def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ..., seekRequest: _Optional[_Union[SeekRequest, _Mapping]] = ...) -> None: ...
 
 class SeekRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId", "seqId", "publishTimeMs", "byTime", "resolveOnly")
+    __slots__ = ("topic", "subscriberId", "seqId", "publishTimeMs", "byTime", "resolveOnly", "readCompacted", "maxMessages")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIBERID_FIELD_NUMBER: _ClassVar[int]
     SEQID_FIELD_NUMBER: _ClassVar[int]
     PUBLISHTIMEMS_FIELD_NUMBER: _ClassVar[int]
     BYTIME_FIELD_NUMBER: _ClassVar[int]
     RESOLVEONLY_FIELD_NUMBER: _ClassVar[int]
+    READCOMPACTED_FIELD_NUMBER: _ClassVar[int]
+    MAXMESSAGES_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     seqId: int
     publishTimeMs: int
     byTime: bool
     resolveOnly: bool
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., seqId: _Optional[int] = ..., publishTimeMs: _Optional[int] = ..., byTime: _Optional[bool] = ..., resolveOnly: _Optional[bool] = ...) -> None: ...
+    readCompacted: bool
+    maxMessages: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., seqId: _Optional[int] = ..., publishTimeMs: _Optional[int] = ..., byTime: _Optional[bool] = ..., resolveOnly: _Optional[bool] = ..., readCompacted: _Optional[bool] = ..., maxMessages: _Optional[int] = ...) -> None: ...
 
 class PingRequest(_message.Message):
     __slots__ = ()
@@ -441,10 +445,14 @@ class PubSubResponse(_message.Message):
     def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ..., seekResponse: _Optional[_Union[SeekResponse, _Mapping]] = ...) -> None: ...
 
 class SeekResponse(_message.Message):
-    __slots__ = ("seqId",)
+    __slots__ = ("seqId", "messages", "compactedUpToSeqId")
     SEQID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTEDUPTOSEQID_FIELD_NUMBER: _ClassVar[int]
     seqId: int
-    def __init__(self, seqId: _Optional[int] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[Message]
+    compactedUpToSeqId: int
+    def __init__(self, seqId: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., compactedUpToSeqId: _Optional[int] = ...) -> None: ...
 
 class HubInfo(_message.Message):
     __slots__ = ("hostname", "port", "sslPort", "czxid")
@@ -477,10 +485,26 @@ class LedgerRange(_message.Message):
     def __init__(self, ledgerId: _Optional[int] = ..., endSeqIdIncluded: _Optional[_Union[MessageSeqId, _Mapping]] = ..., startSeqIdIncluded: _Optional[int] = ..., firstPublishTimeMs: _Optional[int] = ...) -> None: ...
 
 class LedgerRanges(_message.Message):
-    __slots__ = ("ranges",)
+    __slots__ = ("ranges", "compaction")
     RANGES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_FIELD_NUMBER: _ClassVar[int]
     ranges: _containers.RepeatedCompositeFieldContainer[LedgerRange]
-    def __init__(self, ranges: _Optional[_Iterable[_Union[LedgerRange, _Mapping]]] = ...) -> None: ...
+    compaction: CompactionState
+    def __init__(self, ranges: _Optional[_Iterable[_Union[LedgerRange, _Mapping]]] = ..., compaction: _Optional[_Union[CompactionState, _Mapping]] = ...) -> None: ...
+
+class CompactionState(_message.Message):
+    __slots__ = ("ledgerId", "compactedUpToSeqId", "lastRunMs", "messages", "pendingLedgerId")
+    LEDGERID_FIELD_NUMBER: _ClassVar[int]
+    COMPACTEDUPTOSEQID_FIELD_NUMBER: _ClassVar[int]
+    LASTRUNMS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PENDINGLEDGERID_FIELD_NUMBER: _ClassVar[int]
+    ledgerId: int
+    compactedUpToSeqId: int
+    lastRunMs: int
+    messages: int
+    pendingLedgerId: int
+    def __init__(self, ledgerId: _Optional[int] = ..., compactedUpToSeqId: _Optional[int] = ..., lastRunMs: _Optional[int] = ..., messages: _Optional[int] = ..., pendingLedgerId: _Optional[int] = ...) -> None: ...
 
 class ProducerWindow(_message.Message):
     __slots__ = ("producer", "floor", "sequenceIds", "localSeqIds")

@@ -11,7 +11,7 @@
 
 Commands (``help CMD`` prints each one's usage): pub, sub, closesub, unsub,
 rmsub, consume, consumeto, pubsub, show hubs|topics|grants|policies, describe topic,
-readtopic, release topic, grant, revoke, set, history, redo, help, quit, exit. ``grant``,
+readtopic, release topic, compact topic, grant, revoke, set, history, redo, help, quit, exit. ``grant``,
 ``revoke`` and ``show grants`` act on the metastore's ``permissions`` table
 (``hub.permissions``); hubs apply a change within their
 ``permissions_refresh_interval``. ``set policy PREFIX KEY=VALUE ...`` and
@@ -34,9 +34,12 @@ publish shows, the newest about a second after it was made.
 shedding does; it needs the admin token (the ``--conf``'s
 ``http_admin_token``/``http_admin_token_file``, else
 ``$QUIRE_HTTP_ADMIN_TOKEN``). A topic no hub owns is an error.
+``compact topic T`` asks it likewise to compact the topic (``hub.compaction``:
+``POST /admin/v1/topics/{topic}/compact``) and waits for the run; ``describe
+topic`` shows the compacted ledger once there is one.
 
-JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``show policies``, ``describe topic`` and
-``release topic`` take
+JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``show policies``, ``describe topic``,
+``release topic`` and ``compact topic`` take
 a ``--json`` word (``show hubs --json``) and then print one JSON document on
 one line instead of the text; ``quire console --json`` makes them all do so
 and sends everything else the console prints (``Finished N s.``, errors,
@@ -122,7 +125,7 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
                         help="run this command and exit (repeatable)")
     parser.add_argument("--json", action="store_true",
-                        help="show hubs, show topics, show grants, describe topic and release topic print one JSON "
+                        help="show hubs, show topics, show grants, describe topic, release topic and compact topic print one JSON "
                              "document per line on stdout; everything else (Finished lines, errors, other output) "
                              "goes to stderr")
     # nargs="*", not REMAINDER: the options still work after the command ("readtopic t --metastore URI"), as

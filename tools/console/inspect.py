@@ -1,4 +1,5 @@
-"""The console's commands that look into and manage a cluster: show, grant, revoke, describe, release, readtopic."""
+"""The console's commands that look into and manage a cluster: show, grant, revoke, describe, release, compact,
+readtopic."""
 
 from __future__ import annotations
 
@@ -128,6 +129,7 @@ class InspectCommands(ConsoleSession):
         owner = await owners.read_owner_info(topic)
         found = await persistence.read_topic_persistence_info(topic)
         ranges = list(found[0].ranges) if found else []
+        compaction = _compaction(found[0]) if found else None
         subscriptions = sorted((await subs.read_subscriptions(topic)).items())
         typed = any(data.preferences.subscriptionType for data, _ in dict(subscriptions).values())
         live = await self._live_subscriptions(args[1]) if typed else {}
@@ -154,6 +156,7 @@ class InspectCommands(ConsoleSession):
                                                               for c in data.state.msgId.remoteComponents},
                                    **consumer_view(sub_id, data)}
                                   for sub_id, (data, _) in subscriptions],
+                **({"compaction": compaction} if compaction is not None else {}),
             })
             return
         self.say(f"===== Topic Information : {args[1]} =====")
@@ -163,6 +166,11 @@ class InspectCommands(ConsoleSession):
         self.say(">>> Persistence Info <<<")
         for r in ranges:
             self.say(f"Ledger {r.ledgerId} [ {_range_text(r)} ]")
+        if compaction is not None:
+            self.say(f"Compacted ledger {compaction['ledger_id']} [ up to {compaction['compacted_up_to_seq_id']} ], "
+                     f"{compaction['messages']} keys, last run {compaction['last_run_ms']} ms"
+                     + (f", pending ledger {compaction['pending_ledger_id']}" if compaction["pending_ledger_id"]
+                        else ""))
         self.say()
         self.say(">>> Subscription Info <<<")
         for sub_id, (data, _) in subscriptions:
@@ -191,22 +199,26 @@ class InspectCommands(ConsoleSession):
         subs = doc.get("subscriptions")
         return subs if isinstance(subs, dict) else {}
 
-    async def cmd_release(self, args: list[str]) -> None:
-        as_json, args = self._wants_json(args)
-        if len(args) != 2 or args[0] != "topic":
-            raise UsageError
+    async def _topic_post(self, topic: str, verb: str) -> tuple[int, Any]:
+        """POST ``/admin/v1/topics/{topic}/{verb}`` to a hub's admin API: (HTTP status, JSON answer)."""
         from urllib.parse import quote
 
         from tools.hub_http import HubHttpError, admin_call, hub_http_url
-        topic = args[1]
         try:
             url = await asyncio.wait_for(hub_http_url(await self.store(), self.server), self.settings.timeout)
-            status, doc = await admin_call(url, "POST", f"/admin/v1/topics/{quote(topic, safe='')}/release",
-                                           token=self.admin_token, timeout=self.settings.timeout)
+            return await admin_call(url, "POST", f"/admin/v1/topics/{quote(topic, safe='')}/{verb}",
+                                    token=self.admin_token, timeout=self.settings.timeout)
         except TimeoutError:
             raise CommandError(f"timed out after {self.settings.timeout} s") from None
         except HubHttpError as exc:
             raise CommandError(str(exc)) from None
+
+    async def cmd_release(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
+        if len(args) != 2 or args[0] != "topic":
+            raise UsageError
+        topic = args[1]
+        status, doc = await self._topic_post(topic, "release")
         if status != 200:
             why = doc.get("error", doc) if isinstance(doc, dict) else doc
             if status == 404:
@@ -218,6 +230,23 @@ class InspectCommands(ConsoleSession):
         moved = doc.get("subscribers_moved") or []
         self.say(f"Topic {doc.get('released')} released by hub {doc.get('owner')} at seq id "
                  f"{doc.get('last_seq_id')}; subscribers moved: {', '.join(moved) if moved else 'none'}")
+
+    async def cmd_compact(self, args: list[str]) -> None:
+        as_json, args = self._wants_json(args)
+        if len(args) != 2 or args[0] != "topic":
+            raise UsageError
+        topic = args[1]
+        status, doc = await self._topic_post(topic, "compact")
+        if status != 200:
+            why = doc.get("error", doc) if isinstance(doc, dict) else doc
+            if status == 404:
+                raise CommandError(f"Topic {topic} does not exist: nothing to compact.")
+            raise CommandError(f"cannot compact topic {topic} (HTTP {status}): {why}")
+        if as_json:
+            self.emit(doc)
+            return
+        self.say(f"Topic {topic} compacted up to seq id {doc.get('compacted_up_to_seq_id')} into ledger "
+                 f"{doc.get('ledger_id')} ({doc.get('messages')} keys kept)")
 
     async def cmd_readtopic(self, args: list[str]) -> None:
         if len(args) not in (1, 2):
@@ -272,6 +301,14 @@ async def read_ledger_messages(bk: Any, ledger_id: int, tail_wait: float = 0.0) 
         return out
     finally:
         await lh.close()
+
+
+def _compaction(ranges: Any) -> dict[str, Any] | None:
+    """The topic's compaction record (``hub.compaction.state_json``), None when it was never compacted."""
+    if not ranges.HasField("compaction"):
+        return None
+    from hub.compaction import state_json
+    return state_json(ranges.compaction)
 
 
 def _range_text(r: Any) -> str:

@@ -68,14 +68,24 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "describe topic {topic} [--json]",
             "  --json : print one JSON document on one line: {topic, owner, ledgers:\n"
             "           [{ledger_id, start_seq_id, end_seq_id}], subscriptions: [{subscriber,\n"
-            "           consume_seq_id, remote_consume_seq_ids}]}; end_seq_id is null for\n"
-            "           the open ledger, owner null when no hub owns the topic."),
+            "           consume_seq_id, remote_consume_seq_ids}], compaction: {ledger_id,\n"
+            "           compacted_up_to_seq_id, last_run_ms, messages, pending_ledger_id}};\n"
+            "           end_seq_id is null for the open ledger, owner null when no hub owns\n"
+            "           the topic; compaction only once the topic was compacted."),
     Command("release", "Make the owner hub give a topic up, as load shedding does",
             "release topic {topic} [--json]",
             "  attached subscribers get TOPIC_MOVED, consume pointers are persisted and\n"
             "  the ledger is closed; the next access lands on the least loaded hub.\n"
             "  --json : print one JSON document on one line: {released, owner,\n"
             "           last_seq_id, subscribers_moved}."),
+    Command("compact", "Compact a topic: keep the newest message of each key (Pulsar's compaction)",
+            "compact topic {topic} [--json]",
+            "  the owner hub writes the newest message of each key up to the topic's last\n"
+            "  seq id into a new compacted ledger (keyless messages are left out, an empty\n"
+            "  body deletes its key); readers with compacted=True read it, then the rest.\n"
+            "  --json : print one JSON document on one line: {topic, status, ledger_id,\n"
+            "           compacted_up_to_seq_id, last_run_ms, messages, pending_ledger_id,\n"
+            "           last_error}."),
     Command("readtopic", "Print a topic's messages from its ledgers, from the oldest unconsumed one",
             "readtopic {topic} [start_msg_id]"),
     Command("set", "Show or set a console setting, or set a topic prefix's lifecycle policy",
