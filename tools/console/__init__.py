@@ -125,9 +125,9 @@ def configure(parser: argparse.ArgumentParser) -> Handler:
     parser.add_argument("-c", dest="commands", metavar="COMMAND", action="append", default=[],
                         help="run this command and exit (repeatable)")
     parser.add_argument("--json", action="store_true",
-                        help="show hubs, show topics, show grants, describe topic, release topic and compact topic print one JSON "
-                             "document per line on stdout; everything else (Finished lines, errors, other output) "
-                             "goes to stderr")
+                        help="show hubs, show topics, show grants, describe topic, release topic and compact topic "
+                             "print one JSON document per line on stdout; everything else (Finished lines, errors, "
+                             "other output) goes to stderr")
     # nargs="*", not REMAINDER: the options still work after the command ("readtopic t --metastore URI"), as
     # for every tool; a word that starts with "-" goes in a -c command instead
     parser.add_argument("command", nargs="*", metavar="COMMAND [ARGS]",
