@@ -384,7 +384,7 @@ class TopicCompaction:
         lo, hi = 0, rh.last_add_confirmed
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            first = pb.MessageBatch.FromString(await rh.read_payload(mid)).first_local_seq_id
+            first = pb.MessageBatch.FromString((await rh.read_entry(mid)).data).first_local_seq_id
             if first <= seq:
                 lo = mid
             else:
