@@ -109,7 +109,6 @@ class TopicCompaction:
         self.paused = False                   # the test hook holds the run in progress
         self._upto = 0                        # the run in progress: its compaction point
         self._reading_from: int | None = None   # the run in progress: the first seq id it reads from the log
-        self._rh: LedgerHandle | None = None    # a read handle on the compacted ledger
         self._resume: tuple[int, int, int] = (0, 0, 0)   # (ledger, next seq id, its entry) of the last page
         topic_log.keep_from = self._keep_from
 
@@ -304,8 +303,8 @@ class TopicCompaction:
 
     # --- leftovers --------------------------------------------------------------------------------
     async def _delete(self, ledger_id: int) -> None:
-        if self._rh is not None and self._rh.ledger_id == ledger_id:
-            rh, self._rh = self._rh, None
+        rh = self.log._readers.pop(ledger_id, None)
+        if rh is not None:
             await _close_quietly(rh)
         try:
             await self.log.bk.delete_ledger(ledger_id)
@@ -363,21 +362,26 @@ class TopicCompaction:
             point = int(st.compactedUpToSeqId)
             if not st.ledgerId or start > point:
                 return [], point
+            lid = int(st.ledgerId)
             try:
-                return await self._read(int(st.ledgerId), start, max_messages, max_bytes), point
-            except NoSuchLedgerError:
-                if attempt == 2 or self.log.ranges.compaction.ledgerId == st.ledgerId:
+                return await self._read(lid, start, max_messages, max_bytes), point
+            except BKError:
+                if attempt == 2 or self.log.ranges.compaction.ledgerId == lid:
                     raise
-                # a newer compaction replaced it meanwhile: read that one
+                # a newer compaction replaced (and deleted) it meanwhile: read that one
         raise AssertionError("unreachable")
 
     async def _handle(self, ledger_id: int) -> LedgerHandle:
-        if self._rh is not None and self._rh.ledger_id != ledger_id:
-            rh, self._rh = self._rh, None
-            await _close_quietly(rh)
-        if self._rh is None:
-            self._rh = await self.log.bk.open_ledger_no_recovery(ledger_id)
-        return self._rh
+        """A read handle on the compacted ledger, kept with the log's (``TopicLog.release`` closes them)."""
+        readers = self.log._readers
+        rh = readers.get(ledger_id)
+        if rh is None:
+            rh = await self.log.bk.open_ledger_no_recovery(ledger_id)
+            if ledger_id in readers:      # another read opened it meanwhile: keep one
+                await _close_quietly(rh)
+                return readers[ledger_id]
+            readers[ledger_id] = rh
+        return rh
 
     async def _entry_of(self, rh: LedgerHandle, seq: int) -> int:
         """The last entry whose first seq id is at or below ``seq`` (binary search by reads)."""

@@ -156,6 +156,27 @@ async def test_compacted_reader_and_an_incremental_second_run(env: tuple[LocalCl
     assert view(await read_all(c, other, 1, 1)) == [(1, b"k", b"only")]
 
 
+async def test_the_compacted_part_outlives_consumed_ledgers(env: tuple[LocalCluster, Path], c: HedwigClient) -> None:
+    """Without a threshold compaction holds nothing back: consumed ledgers go, the record and its keys stay."""
+    cluster, _ = env
+    topic = new_topic()
+    await c.subscribe(topic, b"s")
+    for i in range(9):       # three ledgers of three entries (max_entries_per_ledger 3), then a fourth
+        await c.publish(topic, b"v%d" % i, key=b"k%d" % (i % 2))
+    first = await compact(cluster, topic)
+    assert (first["compacted_up_to_seq_id"], first["messages"]) == (9, 2)
+    await c.publish(topic, b"tail", key=b"k0")
+    await c.consume(topic, b"s", 10)
+    async with asyncio.timeout(TIMEOUT):       # the consumed-ledger timer (300 ms) deletes them
+        while True:
+            _, stats = await admin(cluster, "GET", topic_path(topic) + "/stats")
+            if stats["ledgers"] and stats["ledgers"][0]["start_seq_id"] > 9:
+                break
+            await asyncio.sleep(0.1)
+    assert stats["compaction"]["ledger_id"] == first["ledger_id"]      # kept across the range rewrites
+    assert view(await read_all(c, topic, 1, 3)) == [(8, b"k1", b"v7"), (9, b"k0", b"v8"), (10, b"k0", b"tail")]
+
+
 async def console(cluster: LocalCluster, *commands: str) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "tools.cli", "console", "--server", cluster.hub_addresses[0], "--metastore",
             cluster.metastore_uri]
