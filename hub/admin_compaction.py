@@ -85,6 +85,7 @@ class CompactionAdmin:
             return forwarded
         t = await self._load(topic)
         task = t.compaction.start()
+        self.server.track(task)       # cancelled if the hub stops first
         if not _WAIT[raw]:
             return json_response({"topic": _name(topic), **t.compaction.status()}, 202)
         error = await asyncio.shield(task)

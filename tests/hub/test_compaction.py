@@ -198,6 +198,8 @@ async def test_admin_api_and_console_with_bad_input(env: tuple[LocalCluster, Pat
     assert (await admin(cluster, "GET", topic_path(b"no-such-topic") + "/compaction"))[0] == 404
     assert (await admin(cluster, "GET", path + "/compact"))[0] == 405                # bad method
     assert (await admin(cluster, "DELETE", path + "/compaction"))[0] == 405
+    status, doc = await admin(cluster, "POST", path + "/compact", headers={"Authorization": "Bearer guess"})
+    assert status == 401 and "http_admin_token" in doc["error"]      # the admin token machinery guards it
     status, doc = await admin(cluster, "POST", path + "/compact?wait=maybe")
     assert status == 400 and "wait" in doc["error"]
     status, doc = await admin(cluster, "POST", path + "/compact?wait=false")     # started; polled
