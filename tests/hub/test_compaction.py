@@ -260,6 +260,10 @@ async def test_a_run_killed_half_way_is_never_read_and_runs_again(env: tuple[Loc
     assert half and paused["entries_written"] == 1 and paused["ledger_id"] == first["ledger_id"]
     await cluster.kill_hub(0)                  # kill -9 with the new compacted ledger half written
     pause.unlink()
+    res = await console(cluster, f"describe topic {topic.decode()} --json")      # the record in the metastore
+    assert res.returncode == 0, res.stdout + res.stderr
+    record = json.loads(res.stdout.splitlines()[0])["compaction"]
+    assert (record["ledger_id"], record["pending_ledger_id"]) == (first["ledger_id"], half)
     await cluster.restart_hub(0)
 
     async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:

@@ -167,10 +167,12 @@ class InspectCommands(ConsoleSession):
         for r in ranges:
             self.say(f"Ledger {r.ledgerId} [ {_range_text(r)} ]")
         if compaction is not None:
-            self.say(f"Compacted ledger {compaction['ledger_id']} [ up to {compaction['compacted_up_to_seq_id']} ], "
-                     f"{compaction['messages']} keys, last run {compaction['last_run_ms']} ms"
-                     + (f", pending ledger {compaction['pending_ledger_id']}" if compaction["pending_ledger_id"]
-                        else ""))
+            text = (f"Compacted ledger {compaction['ledger_id']} [ up to {compaction['compacted_up_to_seq_id']} ], "
+                    f"{compaction['messages']} keys, last run {compaction['last_run_ms']} ms"
+                    if compaction["ledger_id"] else "Compacted ledger: none yet")
+            if compaction["pending_ledger_id"]:
+                text += f", pending (half-written) ledger {compaction['pending_ledger_id']}"
+            self.say(text)
         self.say()
         self.say(">>> Subscription Info <<<")
         for sub_id, (data, _) in subscriptions:
