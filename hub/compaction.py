@@ -67,7 +67,7 @@ if TYPE_CHECKING:
     from bookie.ledger import LedgerHandle
     from hub.persistence import TopicLog
 
-__all__ = ["ENTRY_BYTES", "ENTRY_MESSAGES", "HOLD_FACTOR", "PAUSE_FILE_ENV", "TopicCompaction",
+__all__ = ["ENTRIES_AT_ONCE", "ENTRY_BYTES", "ENTRY_MESSAGES", "HOLD_FACTOR", "PAUSE_FILE_ENV", "TopicCompaction",
            "compaction_ledgers", "state_json"]
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,8 @@ ENTRY_MESSAGES = 100
 """Most messages in one entry of a compacted ledger."""
 ENTRY_BYTES = 1 << 20
 """Most bytes of bodies in one entry of a compacted ledger (one larger message makes an entry of its own)."""
+ENTRIES_AT_ONCE = 16
+"""Entries of a compacted ledger sent together (pipelined) by a run."""
 HOLD_FACTOR = 4
 """With ``compaction_threshold_bytes`` set, ledgers after the compaction point are kept from deletion while they
 hold at most this many times the threshold."""
@@ -227,21 +229,31 @@ class TopicCompaction:
             await self._delete(int(prev.ledgerId))
 
     async def _write(self, lh: LedgerHandle, messages: AsyncIterator[Message], keep: set[int]) -> None:
-        """Phase two: the kept messages, in seq-id order, batched into entries of ``lh``."""
+        """Phase two: the kept messages, in seq-id order, batched into entries of ``lh`` (``ENTRIES_AT_ONCE``
+        pipelined; the test hook sends the first entry alone and pauses after it)."""
         self.entries_written = 0
         batch = pb.MessageBatch()
         size = 0
+        entries: list[bytes] = []
         pause = os.environ.get(PAUSE_FILE_ENV, "")
+
+        async def send() -> None:
+            nonlocal pause
+            await lh.add_entries(entries)
+            self.entries_written += len(entries)
+            entries.clear()
+            if pause and os.path.exists(pause):
+                await self._paused(lh, pause)
+            pause = ""
 
         async def flush() -> None:
             nonlocal batch, size
             if batch.messages:
                 batch.first_local_seq_id = batch.messages[0].msgId.localComponent
-                await lh.add_entry(batch.SerializeToString())
-                self.entries_written += 1
+                entries.append(batch.SerializeToString())
                 batch, size = pb.MessageBatch(), 0
-                if pause and self.entries_written == 1 and os.path.exists(pause):
-                    await self._paused(lh, pause)
+                if len(entries) >= (1 if pause else ENTRIES_AT_ONCE):
+                    await send()
 
         async for m in messages:
             if m.seq_id not in keep:
@@ -251,6 +263,8 @@ class TopicCompaction:
             batch.messages.append(pb.Message.FromString(m.wire))
             size += len(m.body)
         await flush()
+        if entries:
+            await send()
 
     async def _paused(self, lh: LedgerHandle, path: str) -> None:
         self.paused = True
