@@ -112,6 +112,7 @@ class TopicCompaction:
         self._upto = 0                        # the run in progress: its compaction point
         self._reading_from: int | None = None   # the run in progress: the first seq id it reads from the log
         self._resume: tuple[int, int, int] = (0, 0, 0)   # (ledger, next seq id, its entry) of the last page
+        self.on_done: Callable[[str], None] | None = None   # "succeeded" / "failed" per run (the hub's counters)
         topic_log.keep_from = self._keep_from
 
     @property
@@ -154,14 +155,20 @@ class TopicCompaction:
         except Exception as exc:
             self.last_error = str(exc) or type(exc).__name__
             log.warning("topic %r: compaction failed: %s", self.log.topic, self.last_error)
+            self._count("failed")
             return exc
         else:
             self.last_error = None
+            self._count("succeeded")
             return None
         finally:
             self._reading_from = None
             self.paused = False
             self._upto = 0
+
+    def _count(self, outcome: str) -> None:
+        if self.on_done is not None:
+            self.on_done(outcome)
 
     def _check(self) -> None:
         if self.log.closed:

@@ -415,6 +415,7 @@ class HubServer(HubHousekeeping):
                                self.conf.backlog_quota_hold_timeout / 1000.0, track=self.track,
                                on_refused=lambda which: self.stats.incr(f"backlog_quota_{which}"))
         tlog.gate = t.quota.admit
+        t.compaction.on_done = lambda outcome: self.stats.incr(f"compactions_{outcome}")   # hub.compaction
         policy = self.policies.for_topic(topic)
         if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:
             await tlog.learn_usage()   # the sizes of the ledgers a previous owner wrote: the quota holds at once

@@ -206,6 +206,8 @@ async def test_admin_api_and_console_with_bad_input(env: tuple[LocalCluster, Pat
     assert status == 202 and doc["topic"] == topic.decode()
     done = await wait_status(cluster, topic, lambda d: d["status"] == "idle" and d["compacted_up_to_seq_id"] == 4)
     assert done["messages"] == 2 and done["last_error"] is None
+    async with aiohttp.ClientSession() as http, http.get(cluster.stats_urls[0]) as resp:
+        assert 'hub_events_total{event="compactions_succeeded"}' in await resp.text()
 
     await c.publish(topic, b"v4", key=b"k0")
     res = await console(cluster, f"compact topic {topic.decode()}", f"compact topic {topic.decode()} --json",
