@@ -95,9 +95,10 @@ COMMANDS: dict[str, Command] = {c.name: c for c in [
             "  policy           : merge keys into the policy of topics starting with {prefix}\n"
             "                     (\"\" means every topic): message_ttl_seconds,\n"
             "                     retention_time_minutes, retention_size_mb (-1: for ever),\n"
-            "                     backlog_quota_limit_bytes, backlog_quota_policy =\n"
-            "                     producer_request_hold | producer_exception |\n"
-            "                     consumer_backlog_eviction. Written to the metastore; hubs\n"
+            "                     backlog_quota_limit_bytes, compaction_threshold_bytes,\n"
+            "                     backlog_quota_policy = producer_request_hold |\n"
+            "                     producer_exception | consumer_backlog_eviction.\n"
+            "                     Written to the metastore; hubs\n"
             "                     apply it within policies_refresh_interval."),
     Command("history", "List the last commands", "history"),
     Command("redo", "Run a command of the history again", "redo {cmdno} | redo !"),
