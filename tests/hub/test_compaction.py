@@ -239,7 +239,7 @@ async def test_threshold_compacts_on_the_timer(env: tuple[LocalCluster, Path], c
     for i in range(12):
         await c.publish(topic, b"x" * 50, key=b"k%d" % (i % 3))
     done = await wait_status(cluster, topic, lambda d: d["ledger_id"] is not None and d["status"] == "idle")
-    assert done["messages"] == 3 and done["compacted_up_to_seq_id"] >= 5
+    assert done["messages"] == 3 and done["compacted_up_to_seq_id"] >= 3     # the three keys, once over the threshold
     status, _ = await admin(cluster, "DELETE", f"/admin/v1/policies/{prefix}")
     assert status == 200
 
