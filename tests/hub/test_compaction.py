@@ -233,7 +233,7 @@ async def test_threshold_compacts_on_the_timer(env: tuple[LocalCluster, Path], c
     topic = (prefix + "/t").encode()
     status, doc = await admin(cluster, "PUT", f"/admin/v1/policies/{prefix}", json={"compaction_threshold_bytes": -1})
     assert status == 400 and doc["key"] == "compaction_threshold_bytes"
-    status, doc = await admin(cluster, "PUT", f"/admin/v1/policies/{prefix}", json={"compaction_threshold_bytes": 200})
+    status, doc = await admin(cluster, "PUT", f"/admin/v1/policies/{prefix}", json={"compaction_threshold_bytes": 250})
     assert status == 200, doc
     await c.subscribe(topic, b"keep")
     for i in range(12):
