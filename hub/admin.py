@@ -72,7 +72,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -82,8 +82,8 @@ from bookie.errors import BKError, NoSuchLedgerError
 from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.admin_compaction import CompactionAdmin, stored_status
-from hub.admin_permissions import PermissionsAdmin
-from hub.admin_policies import PoliciesAdmin
+from hub.admin_permissions import PermissionsAdmin, PermissionsHost
+from hub.admin_policies import PoliciesAdmin, PoliciesHost
 from hub.compaction import compaction_ledgers
 from hub.lifecycle import backlog_bytes
 from hub.log_usage import bytes_after as usage_bytes_after
@@ -95,9 +95,16 @@ from metastore import Version
 from metastore.errors import MetastoreError
 
 if TYPE_CHECKING:
-    from hub.server import HubServer, Topic
+    from bookie.client import BookKeeper
+    from hub.metadata import HubRegistry, SubscriptionDataManager, TopicOwnershipManager, TopicPersistenceManager
+    from hub.ownership import Ownership
+    from hub.policy_store import PolicyCache
+    from hub.readahead import ReadAheadCache
+    from hub.regions import RegionManager
+    from hub.stats import HubStats
+    from hub.topic import Topic
 
-__all__ = ["HubAdmin"]
+__all__ = ["AdminHost", "HubAdmin"]
 
 log = logging.getLogger(__name__)
 
@@ -142,10 +149,65 @@ def _stored_last_seq(ranges: pb.LedgerRanges) -> int:
     return last
 
 
-class HubAdmin:
-    """See the module docstring."""
+class AdminHost(PermissionsHost, PoliciesHost, Protocol):
+    """What ``HubAdmin`` uses of its hub (a started ``hub.server.HubServer``): the owned topics and the
+    topics' records, the ledger client, and the topic life cycle (acquire, release, delete)."""
 
-    def __init__(self, server: HubServer) -> None:
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def info(self) -> pb.HubInfo: ...
+
+    @property
+    def stats(self) -> HubStats: ...
+
+    @property
+    def topics(self) -> dict[bytes, Topic]: ...
+
+    @property
+    def deleting(self) -> set[bytes]: ...
+
+    @property
+    def pm(self) -> TopicPersistenceManager: ...
+
+    @property
+    def sm(self) -> SubscriptionDataManager: ...
+
+    @property
+    def owners(self) -> TopicOwnershipManager: ...
+
+    @property
+    def registry(self) -> HubRegistry: ...
+
+    @property
+    def ownership(self) -> Ownership | None: ...
+
+    @property
+    def policies(self) -> PolicyCache: ...
+
+    @property
+    def bk(self) -> BookKeeper: ...
+
+    @property
+    def cache(self) -> ReadAheadCache: ...
+
+    @property
+    def regions(self) -> RegionManager | None: ...
+
+    async def is_ready(self) -> str | None: ...
+
+    async def topic(self, topic: bytes, should_claim: bool) -> Topic: ...
+
+    async def release_topic(self, topic: bytes) -> None: ...
+
+    async def follow_regions(self, topic: bytes, subscriber: bytes, synchronous: bool) -> None: ...
+
+
+class HubAdmin:
+    """See the module docstring. ``server`` is the hub it administers (``AdminHost``)."""
+
+    def __init__(self, server: AdminHost) -> None:
         self.server = server
 
     async def readiness(self) -> str | None:

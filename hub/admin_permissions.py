@@ -21,21 +21,34 @@ does not hold is 404; a metastore failure 503.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
 from bookie.http import HttpError, errors_as_statuses, json_body, json_response
 from hub import errors
-from hub.permissions import Grant, PermissionStore
+from hub.permissions import Authorizer, Grant, PermissionStore
 
-__all__ = ["PermissionsAdmin"]
+if TYPE_CHECKING:
+    from metastore.api import MetaStore
+
+__all__ = ["PermissionsAdmin", "PermissionsHost"]
+
+
+class PermissionsHost(Protocol):
+    """What ``PermissionsAdmin`` uses of its hub (a started ``hub.server.HubServer``)."""
+
+    @property
+    def store(self) -> MetaStore: ...
+
+    @property
+    def authorizer(self) -> Authorizer | None: ...
 
 
 class PermissionsAdmin:
-    """See the module docstring. ``server`` is a started ``hub.server.HubServer`` (duck-typed)."""
+    """See the module docstring. ``server`` is a started ``hub.server.HubServer`` (``PermissionsHost``)."""
 
-    def __init__(self, server: Any) -> None:
+    def __init__(self, server: PermissionsHost) -> None:
         self.server = server
         self._store: PermissionStore | None = None
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -37,15 +37,26 @@ from hub import errors
 from hub.policies import PolicyError, check_prefix
 from hub.policy_store import PolicyStore
 
-__all__ = ["PoliciesAdmin"]
+if TYPE_CHECKING:
+    from metastore.api import MetaStore
+
+__all__ = ["PoliciesAdmin", "PoliciesHost"]
 
 BASE = "/admin/v1/policies"
 
 
-class PoliciesAdmin:
-    """See the module docstring. ``server`` is a started ``hub.server.HubServer`` (duck-typed)."""
+class PoliciesHost(Protocol):
+    """What ``PoliciesAdmin`` uses of its hub (a started ``hub.server.HubServer``; its ``policies``, a
+    ``hub.policy_store.PolicyCache``, are re-read after a change when it has them)."""
 
-    def __init__(self, server: Any) -> None:
+    @property
+    def store(self) -> MetaStore: ...
+
+
+class PoliciesAdmin:
+    """See the module docstring. ``server`` is a started ``hub.server.HubServer`` (``PoliciesHost``)."""
+
+    def __init__(self, server: PoliciesHost) -> None:
         self.server = server
         self._store: PolicyStore | None = None
 

@@ -23,8 +23,8 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox
 from hub import errors, protocol
@@ -34,16 +34,24 @@ from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.regions import is_hub_subscriber
 from hub.seek import seek
-from hub.subscriptions import SubState
+from hub.substate import SubState
 from hub.topic import Topic
 from metastore.tasks import spawn
 
 if TYPE_CHECKING:
-    from hub.server import HubServer
+    from bookie.client import BookKeeper
+    from bookie.wire import FrameBudget
+    from hub.auth import TokenAuthenticator
+    from hub.conf import HubConf
+    from hub.metadata import TopicPersistenceManager
+    from hub.permissions import Authorizer
+    from hub.readahead import ReadAheadCache
+    from hub.regions import RegionManager
+    from hub.stats import HubStats
 
 log = logging.getLogger("hub.server")   # the hub's request log keeps the name it always had
 
-__all__ = ["OUT_FLUSH_BYTES", "HubConnection", "Redirect"]
+__all__ = ["OUT_FLUSH_BYTES", "ConnectionHost", "HubConnection", "Redirect"]
 
 _TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
 
@@ -75,10 +83,67 @@ the stages overlapping.
 """
 
 
+class ConnectionHost(Protocol):
+    """What a ``HubConnection`` uses of its hub (a ``hub.server.HubServer``): the owned topics, the shared
+    caches and clients, the authentication, and the loop-turn and task bookkeeping."""
+
+    @property
+    def conf(self) -> HubConf: ...
+
+    @property
+    def stats(self) -> HubStats: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, Topic]: ...
+
+    @property
+    def connections(self) -> set[HubConnection]: ...
+
+    @property
+    def cache(self) -> ReadAheadCache: ...
+
+    @property
+    def bk(self) -> BookKeeper: ...
+
+    @property
+    def pm(self) -> TopicPersistenceManager: ...
+
+    @property
+    def regions(self) -> RegionManager | None: ...
+
+    @property
+    def region_bytes(self) -> bytes: ...
+
+    @property
+    def authenticator(self) -> TokenAuthenticator | None: ...
+
+    @property
+    def authorizer(self) -> Authorizer | None: ...
+
+    @property
+    def frame_budget(self) -> FrameBudget: ...
+
+    def next_connection_key(self) -> int: ...
+
+    def charge(self, conn: HubConnection, held: int) -> None: ...
+
+    def flush_soon(self, flush: Callable[[], None]) -> None: ...
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    def track(self, task: asyncio.Task[Any]) -> None: ...
+
+    async def topic(self, topic: bytes, should_claim: bool) -> Topic: ...
+
+    async def release_topic(self, topic: bytes) -> None: ...
+
+    async def follow_regions(self, topic: bytes, subscriber: bytes, synchronous: bool) -> None: ...
+
+
 class HubConnection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, server: HubServer) -> None:
+    def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.conf = server.conf
         self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,

@@ -59,7 +59,8 @@ if TYPE_CHECKING:
     from hub.batcher import Done
     from hub.persistence import TopicLog
     from hub.proto import pubsub_pb2 as pb
-    from hub.subscriptions import Attachment, TopicSubscriptions
+    from hub.subscriptions import TopicSubscriptions
+    from hub.substate import Attachment
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -48,13 +48,14 @@ from prometheus_client.registry import Collector
 from bookie.metrics import metric_name
 
 if TYPE_CHECKING:
+    import asyncio
+
     from bookie.wire import FrameBudget
-    from hub.connection import HubConnection
     from hub.readahead import ReadAheadCache
-    from hub.regions import RegionManager
     from hub.topic import Topic
 
-__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats", "MetricsSource"]
+__all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats", "MeteredConnection", "MetricsSource",
+           "RemoteSubscriptions"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,22 @@ def _name(subject: str) -> str:
     return metric_name("hub", subject)
 
 
+class MeteredConnection(Protocol):
+    """What ``HubMetrics`` reads of a client connection (a ``hub.connection.HubConnection``)."""
+
+    @property
+    def subs(self) -> Sized: ...
+
+    @property
+    def transport(self) -> asyncio.WriteTransport | None: ...
+
+
+class RemoteSubscriptions(Protocol):
+    """What ``HubMetrics`` reads of the hub's regions (a ``hub.regions.RegionManager``)."""
+
+    def remote_subscriptions(self) -> int: ...
+
+
 class MetricsSource(Protocol):
     """What ``HubMetrics`` reads of its hub at scrape time (a ``hub.server.HubServer``)."""
 
@@ -113,13 +130,13 @@ class MetricsSource(Protocol):
     def stats(self) -> HubStats: ...
 
     @property
-    def connections(self) -> Collection[HubConnection]: ...
+    def connections(self) -> Collection[MeteredConnection]: ...
 
     @property
     def topics(self) -> Mapping[bytes, Topic]: ...
 
     @property
-    def regions(self) -> RegionManager | None: ...
+    def regions(self) -> RemoteSubscriptions | None: ...
 
     @property
     def cache(self) -> ReadAheadCache | None: ...

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from hub.readahead import ReadAheadCache
-    from hub.subscriptions import Attachment, SubState
+    from hub.substate import Attachment, SubState
 
 log = logging.getLogger("hub.subscriptions")
 

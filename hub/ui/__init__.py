@@ -21,13 +21,17 @@ the pages work over whatever scheme (TLS at the proxy) they were loaded by.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
 if TYPE_CHECKING:
     from hub.admin import HubAdmin
-    from hub.server import HubServer
+    from hub.ui.cluster import ClusterHost
+    from hub.ui.pages import PagesHost
+
+    class ConsoleHost(ClusterHost, PagesHost, Protocol):
+        """What the console uses of its hub (a started ``hub.server.HubServer``)."""
 
 __all__ = ["install", "normalize_base_path"]
 
@@ -38,7 +42,7 @@ def normalize_base_path(value: str) -> str:
     return f"/{value}" if value else ""
 
 
-def install(app: web.Application, server: HubServer, admin: HubAdmin, *, base_path: str = "") -> None:
+def install(app: web.Application, server: ConsoleHost, admin: HubAdmin, *, base_path: str = "") -> None:
     """Add the console's admin resources and pages to ``app`` (before it starts)."""
     from hub.ui.cluster import ClusterAdmin
     from hub.ui.pages import ConsolePages

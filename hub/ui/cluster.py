@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiohttp import web
@@ -61,10 +61,34 @@ from hub.ownership import same_hub
 from metastore.errors import MetastoreError
 
 if TYPE_CHECKING:
-    from hub.admin import HubAdmin
-    from hub.server import HubServer
+    from collections.abc import Mapping
 
-__all__ = ["MAX_TOPICS", "PEER_TIMEOUT", "ClusterAdmin", "topic_summary"]
+    from hub.admin import HubAdmin
+    from hub.metadata import HubRegistry
+    from hub.proto import pubsub_pb2 as pb
+    from hub.topic import Topic
+    from metastore.api import MetaStore
+
+__all__ = ["MAX_TOPICS", "PEER_TIMEOUT", "ClusterAdmin", "ClusterHost", "topic_summary"]
+
+
+class ClusterHost(Protocol):
+    """What ``ClusterAdmin`` uses of its hub (a started ``hub.server.HubServer``)."""
+
+    @property
+    def address(self) -> str: ...
+
+    @property
+    def info(self) -> pb.HubInfo: ...
+
+    @property
+    def topics(self) -> Mapping[bytes, Topic]: ...
+
+    @property
+    def registry(self) -> HubRegistry: ...
+
+    @property
+    def store(self) -> MetaStore: ...
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +127,7 @@ def _why(exc: BaseException) -> str:
 class ClusterAdmin:
     """See the module docstring."""
 
-    def __init__(self, server: HubServer, admin: HubAdmin) -> None:
+    def __init__(self, server: ClusterHost, admin: HubAdmin) -> None:
         self.server = server
         self.admin = admin
 

@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -39,10 +39,14 @@ import aiohttp_jinja2
 import jinja2
 from aiohttp import web
 
-if TYPE_CHECKING:
-    from hub.server import HubServer
+__all__ = ["COLUMNS", "Column", "ConsolePages", "PagesHost"]
 
-__all__ = ["COLUMNS", "Column", "ConsolePages"]
+
+class PagesHost(Protocol):
+    """What ``ConsolePages`` uses of its hub (a ``hub.server.HubServer``): its own HTTP server's URL."""
+
+    @property
+    def http_url(self) -> str: ...
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +168,7 @@ def _loopback(url: str) -> str:
 class ConsolePages:
     """See the module docstring."""
 
-    def __init__(self, server: HubServer, base_path: str) -> None:
+    def __init__(self, server: PagesHost, base_path: str) -> None:
         self.server = server
         self.base = base_path
 

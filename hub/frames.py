@@ -1,0 +1,98 @@
+"""Hot-path frames of the hub assembled from wire bytes, not built by protobuf: deliveries and publish answers.
+
+    frame = delivery(topic, subscriber, message.wire)        # one message to one subscription
+    frame = delivery_batch(topic, subscriber, wires, consumer_id)
+    frame = published(txn_id, topic, seq_id)                 # the answer to one publish
+
+Each is byte for byte what protobuf itself serializes for the same response
+(tests hold them to that), with the length prefix of ``bookie.wire``; the
+hub writes one per message or publish, so the fixed heads are built once
+(``_delivery_head`` is cached per subscription). ``hub.protocol`` re-exports
+them with the frames protobuf builds.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from bookie.wire.framing import LENGTH_PREFIX
+from hub.proto import pubsub_pb2 as pb
+
+__all__ = ["delivery", "delivery_batch", "published"]
+
+
+def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
+    """The encoded delivery frame of one message to one subscription.
+
+    ``message`` is a ``pubsub_pb2.Message`` or its serialized bytes (the hub
+    passes ``hub.message.Message.wire``, serialized once per message however
+    many subscribers get it). The frame is put together from the wire
+    encoding of its fields, in field order, so it is byte for byte what
+    protobuf itself serializes (a test holds it to that).
+    """
+    wire = message if isinstance(message, bytes) else message.SerializeToString()
+    head, inner = _delivery_head(topic, subscriber)
+    body = head + _field(_DELIVERY_TAG, inner + _field(_MESSAGE_TAG, wire))
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
+def delivery_batch(topic: bytes, subscriber: bytes, wires: list[bytes], consumer_id: int = 0) -> bytes:
+    """One delivery frame carrying ``wires`` (serialized ``pubsub_pb2.Message``s, in seq order) in
+    ``Delivery.messages``; assembled like ``delivery``, byte for byte what protobuf serializes (tested).
+    ``consumer_id``: the consumer it is for (``Delivery.consumerId``, after the messages as field 5)."""
+    head, inner = _delivery_head(topic, subscriber)
+    tag = _MESSAGES_TAG
+    tail = _CONSUMER_ID_TAG + _varint(consumer_id) if consumer_id else b""
+    body = head + _field(_DELIVERY_TAG, inner + b"".join([tag + _varint(len(w)) + w for w in wires]) + tail)
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field (bytes, string or sub-message) on the wire: tag, length, data."""
+    return tag + _varint(len(data)) + data
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _SMALL_VARINTS[n]
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+_DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimited
+_PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
+_VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()
+_MESSAGE_TAG = _varint(3 << 3 | 2)     # Delivery.message
+_MESSAGES_TAG = _varint(4 << 3 | 2)    # Delivery.messages
+_CONSUMER_ID_TAG = _varint(5 << 3)     # Delivery.consumerId, a varint
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _delivery_head(topic: bytes, subscriber: bytes) -> tuple[bytes, bytes]:
+    """The response fields before ``delivery`` and the ``Delivery`` fields before ``message``."""
+    head = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0,
+                             topic=topic).SerializeToString()
+    inner = pb.Delivery(topic=topic, subscriberId=subscriber).SerializeToString()
+    return head, inner
+
+
+def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
+    """The encoded SUCCESS response to a publish, ``publishedMsgId.localComponent = seq_id``.
+
+    Assembled from wire bytes as ``delivery`` is (one per publish, the hub's
+    most frequent response); byte for byte what ``encode`` of
+    ``response(txn_id, topic=topic)`` with the msg id set gives (tested).
+    """
+    seq = b"\x08" + _varint(seq_id) if seq_id else b""   # MessageSeqId.localComponent (varint 1)
+    body = _VERSION_ONE_FIELD
+    if txn_id:
+        body += b"\x18" + _varint(txn_id)                 # txnId (varint 3)
+    if topic:
+        body += _field(b"\x2a", topic)                    # topic (bytes 5)
+    body += _field(_PUBLISH_RESPONSE_TAG, _field(b"\x0a", seq))   # publishResponse.publishedMsgId
+    return LENGTH_PREFIX.pack(len(body)) + body
