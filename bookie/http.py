@@ -50,8 +50,8 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-__all__ = ["MONITORING", "TOKEN_ENV", "HttpError", "HttpServer", "admin_token", "errors_as_statuses", "is_loopback",
-           "json_body", "json_response", "resolve_http_port"]
+__all__ = ["MONITORING", "TOKEN_ENV", "HttpError", "HttpServer", "RequestHandler", "admin_token", "errors_as_statuses",
+           "is_loopback", "json_body", "json_response", "resolve_http_port"]
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,11 @@ class HttpError(Exception):
 
 
 ErrorStatuses = Sequence[tuple[type[Exception] | tuple[type[Exception], ...], int]]
+RequestHandler = Callable[[web.Request], Awaitable[web.Response]]
+"""An aiohttp request handler, as the admin resources' routes take them."""
 
 
-def errors_as_statuses(handler: Callable[[web.Request], Awaitable[web.Response]],
-                       statuses: ErrorStatuses) -> Callable[[web.Request], Awaitable[web.Response]]:
+def errors_as_statuses(handler: RequestHandler, statuses: ErrorStatuses) -> RequestHandler:
     """``handler`` with its exceptions answered as HTTP errors: the first ``(types, status)`` that matches.
 
     A 4xx answer carries the exception's message, a 5xx one its type too;

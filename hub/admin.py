@@ -68,6 +68,7 @@ subscription 404; a metastore or bookie failure 503; always
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -79,7 +80,7 @@ from aiohttp import web
 from google.protobuf.message import DecodeError
 
 from bookie.errors import BKError, NoSuchLedgerError
-from bookie.http import HttpError, errors_as_statuses, json_body, json_response
+from bookie.http import HttpError, RequestHandler, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.admin_compaction import CompactionAdmin, stored_status
 from hub.admin_permissions import PermissionsAdmin, PermissionsHost
@@ -195,6 +196,8 @@ class AdminHost(PermissionsHost, PoliciesHost, Protocol):
     @property
     def regions(self) -> RegionManager | None: ...
 
+    def track(self, task: asyncio.Task[Any]) -> None: ...
+
     async def is_ready(self) -> str | None: ...
 
     async def topic(self, topic: bytes, should_claim: bool) -> Topic: ...
@@ -227,7 +230,7 @@ class HubAdmin:
         ]
 
     @staticmethod
-    def _wrap(handler: Any) -> Any:
+    def _wrap(handler: RequestHandler) -> RequestHandler:
         return errors_as_statuses(handler, ((errors.ClientNotSubscribedError, 404), (errors.MalformedRequestError, 400),
                                             ((errors.PubSubError, MetastoreError, BKError), 503)))
 

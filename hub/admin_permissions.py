@@ -21,11 +21,11 @@ does not hold is 404; a metastore failure 503.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from bookie.http import HttpError, errors_as_statuses, json_body, json_response
+from bookie.http import HttpError, RequestHandler, errors_as_statuses, json_body, json_response
 from hub import errors
 from hub.permissions import Authorizer, Grant, PermissionStore
 
@@ -61,7 +61,7 @@ class PermissionsAdmin:
         ]
 
     @staticmethod
-    def _wrap(handler: Any) -> Any:
+    def _wrap(handler: RequestHandler) -> RequestHandler:
         return errors_as_statuses(handler, ((ValueError, 400), (LookupError, 404), (errors.PubSubError, 503)))
 
     def store(self) -> PermissionStore:

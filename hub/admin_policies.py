@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import json
 import urllib.parse
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 
-from bookie.http import errors_as_statuses, json_response
+from bookie.http import RequestHandler, errors_as_statuses, json_response
 from hub import errors
 from hub.policies import PolicyError, check_prefix
 from hub.policy_store import PolicyStore
@@ -70,7 +69,7 @@ class PoliciesAdmin:
         ]
 
     @staticmethod
-    def _wrap(handler: Callable[[web.Request], Awaitable[web.Response]]) -> Any:
+    def _wrap(handler: RequestHandler) -> RequestHandler:
         async def run(request: web.Request) -> web.Response:
             try:
                 return await handler(request)

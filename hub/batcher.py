@@ -26,7 +26,7 @@ import collections
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from hub import errors
@@ -332,7 +332,7 @@ class EntryBatcher:
             return exc
         return errors.ServiceDownError(f"publish to {self.topic!r} not durable: {exc}")
 
-    def _fail_queue(self, err: errors.PubSubError, batches: Any = ()) -> None:
+    def _fail_queue(self, err: errors.PubSubError, batches: Iterable[Batch] = ()) -> None:
         for batch in batches:
             for _, done in batch:
                 _call(done, 0, err)

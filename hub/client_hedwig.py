@@ -21,6 +21,7 @@ from hub.channel import HubChannel
 from hub.client_consumers import ClientConsumers
 from hub.client_subscription import ClientSubscription, Handler
 from hub.consumer import subscription_type_value
+from hub.filters import ClientMessageFilter
 from hub.message import Message, MessageId, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 
@@ -130,7 +131,7 @@ class ClientSubscriptions(ClientConsumers):
         await self._call(s.topic, req)
 
     async def start_delivery(self, topic: bytes, subscriber_id: bytes, handler: Handler,
-                             message_filter: Any = None) -> None:
+                             message_filter: ClientMessageFilter | None = None) -> None:
         """Deliver to ``handler`` (see the handler contract); ``PubSubError`` ALREADY_DELIVERING if started."""
         typed = self.typed.get((topic, subscriber_id))
         if typed is not None:

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from hub.channel import HubChannel
+from hub.filters import ClientMessageFilter
 from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 
@@ -35,7 +36,7 @@ class ClientSubscription:
         self.conn: HubChannel | None = None
         self.prefs = SubscriptionPreferences()
         self.handler: Handler | None = None
-        self.filter: Any = None
+        self.filter: ClientMessageFilter | None = None
         self.queue: collections.deque[Message] = collections.deque()
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None

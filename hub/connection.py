@@ -30,6 +30,7 @@ from bookie.wire import Outbox
 from hub import errors, protocol
 from hub.delayed import resolve_due
 from hub.message import Message
+from hub.owned_topics import Redirect
 from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.regions import is_hub_subscriber
@@ -54,14 +55,6 @@ log = logging.getLogger("hub.server")   # the hub's request log keeps the name i
 __all__ = ["OUT_FLUSH_BYTES", "ConnectionHost", "HubConnection", "Redirect"]
 
 _TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
-
-
-class Redirect(Exception):
-    """Raised by ``HubServer.topic`` when another hub owns the topic: the request is redirected to ``owner``."""
-
-    def __init__(self, owner: str) -> None:
-        super().__init__(owner)
-        self.owner = owner
 
 
 OUT_FLUSH_BYTES = 64 * 1024

@@ -39,11 +39,11 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hub import errors
 from hub.dispatch import OutRate
-from hub.filters import safe_test
+from hub.filters import ServerMessageFilter, safe_test
 from hub.message import Message
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ class Delivery:
     def __init__(self, topic: bytes, subscriber: bytes, start_after: int, *, cache: ReadAheadCache,
                  last_seq: Callable[[], int], send: Callable[[bytes, bytes, list[Message]], None],
                  writable: asyncio.Event, window: int, batch: int = 1, message_bound: int = 0,
-                 server_filter: Any = None,
+                 server_filter: ServerMessageFilter | None = None,
                  on_error: Callable[[Exception], None] | None = None,
                  on_filtered: Callable[[int], None] | None = None,
                  first_kept: Callable[[], int] | None = None) -> None:

@@ -89,10 +89,13 @@ BATCH_BYTES = 64 * 1024    # a consumer's delivery frame is sent before it would
 
 
 class ConsumerLink(Protocol):
-    """What a dispatcher needs of a consumer's connection (permits bound what it is sent)."""
+    """What a dispatcher needs of a consumer's connection (permits bound what it is sent), and what its
+    subscription tells the consumer (``send_event``); the connection is a ``hub.substate.Attachment``."""
 
     def send_consumer_delivery(self, topic: bytes, subscriber: bytes, consumer_id: int,
                                wires: list[bytes]) -> None: ...
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> None: ...
 
 
 class ConsumerSlot:
@@ -100,7 +103,7 @@ class ConsumerSlot:
 
     __slots__ = ("address", "conn", "consumer_id", "delivered", "name", "permits", "unacked")
 
-    def __init__(self, conn: Any, consumer_id: int, permits: int, name: str, address: str = "") -> None:
+    def __init__(self, conn: ConsumerLink, consumer_id: int, permits: int, name: str, address: str = "") -> None:
         self.conn = conn
         self.consumer_id = consumer_id
         self.permits = permits
@@ -146,13 +149,13 @@ class Dispatcher:
         self._resets = 0                    # skip_to calls (a rescan of the log that spans one stops)
 
     # --- consumers --------------------------------------------------------------------------------
-    def find(self, conn: Any, consumer_id: int) -> ConsumerSlot | None:
+    def find(self, conn: ConsumerLink, consumer_id: int) -> ConsumerSlot | None:
         for slot in self.consumers:
             if slot.conn is conn and slot.consumer_id == consumer_id:
                 return slot
         return None
 
-    def add(self, conn: Any, consumer_id: int, permits: int, address: str = "") -> ConsumerSlot:
+    def add(self, conn: ConsumerLink, consumer_id: int, permits: int, address: str = "") -> ConsumerSlot:
         """Attach a consumer (the same connection and id again: that one, its permits topped up)."""
         slot = self.find(conn, consumer_id)
         if slot is None:

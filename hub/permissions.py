@@ -59,7 +59,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeVar
 
 from hub import errors
 from hub.metadata import SEPARATOR, _Manager
@@ -71,7 +71,7 @@ from metastore.api import ALL_FIELDS, MetaStore, Value, Version
 from metastore.cas import cas_retry
 
 __all__ = ["ACTIONS", "CONSUME", "PERMISSIONS_TABLE", "PRODUCE", "Authorizer", "Grant", "PermissionCache",
-           "PermissionStore", "parse_actions", "revoked_attachments"]
+           "PermissionStore", "RoleConnection", "parse_actions", "revoked_attachments"]
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,20 @@ class Authorizer:
                                          f"(no grant of {action} on a prefix of it)")
 
 
-def revoked_attachments(authorizer: Authorizer, connections: Iterable[Any]) -> list[tuple[Any, bytes, bytes]]:
+class RoleConnection(Protocol):
+    """What ``revoked_attachments`` reads of a connection (a ``hub.connection.HubConnection``)."""
+
+    @property
+    def role(self) -> str | None: ...
+
+    @property
+    def subs(self) -> Iterable[tuple[bytes, bytes]]: ...
+
+
+_Conn = TypeVar("_Conn", bound=RoleConnection)
+
+
+def revoked_attachments(authorizer: Authorizer, connections: Iterable[_Conn]) -> list[tuple[_Conn, bytes, bytes]]:
     """``(connection, topic, subscriber)`` of every attached subscription whose role may no longer consume.
 
     ``connections`` are the hub's (each with ``role`` and ``subs`` keyed by ``(topic, subscriber)``)."""

@@ -55,7 +55,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hub.conf import HubConf
 
 __all__ = ["BACKLOG_QUOTA_POLICIES", "CONSUMER_BACKLOG_EVICTION", "INT_KEYS", "POLICY_KEYS", "PRODUCER_EXCEPTION",
            "PRODUCER_REQUEST_HOLD", "ConsumedLedger", "Policy", "PolicyError", "PolicyTable", "check_prefix",
@@ -158,7 +161,7 @@ class Policy:
     compaction_threshold_bytes: int = 0
 
     @classmethod
-    def from_conf(cls, conf: Any) -> Policy:
+    def from_conf(cls, conf: HubConf) -> Policy:
         """The defaults: the hub conf keys of the same names."""
         return cls(**{k: getattr(conf, k) for k in POLICY_KEYS})
 

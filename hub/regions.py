@@ -71,7 +71,7 @@ import ipaddress
 import logging
 import os
 import socket
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -82,7 +82,10 @@ from hub.proto import pubsub_pb2 as pb
 from metastore.conf import ConfError, load_conf, setting
 
 if TYPE_CHECKING:
+    from hub.client import HedwigClient
+    from hub.client_subscription import Handler
     from hub.conf import HubConf
+    from hub.persistence import TopicLog
     from hub.stats import HubStats
     from hub.topic import Topic
 
@@ -237,7 +240,7 @@ class RegionManager:
         self.subscriber_id = HUB_SUBSCRIBER_PREFIX + conf.region.encode()
         self.vectors: dict[bytes, dict[str, int]] = {}
         self.subs: dict[tuple[bytes, str], _Remote] = {}
-        self.clients: dict[str, Any] = {}
+        self.clients: dict[str, HedwigClient] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._retry_task: asyncio.Task[None] | None = None
         self._resolve_task: asyncio.Task[None] | None = None
@@ -299,7 +302,7 @@ class RegionManager:
         for region, seq in sorted(vec.items()):
             msg.msgId.remoteComponents.add(region=region.encode(), seqId=seq)
 
-    async def recover_vector(self, topic: bytes, topic_log: Any) -> None:
+    async def recover_vector(self, topic: bytes, topic_log: TopicLog) -> None:
         """On acquisition, before any publish: the vector-max is the last message's remote components."""
         if not self.enabled:
             return
@@ -352,7 +355,7 @@ class RegionManager:
             for region in self.remotes:
                 self.server.spawn(self._remove(topic, region, unsubscribe=True))
 
-    async def _quiet(self, coro: Any, reraise: bool = False) -> None:
+    async def _quiet(self, coro: Awaitable[object], reraise: bool = False) -> None:
         try:
             await coro
         except Exception as exc:
@@ -360,7 +363,7 @@ class RegionManager:
                 raise
             log.warning("%s (retried every %d ms)", exc, self.server.conf.retry_remote_subscribe_thread_run_interval)
 
-    async def _client(self, region: str) -> Any:
+    async def _client(self, region: str) -> HedwigClient:
         from hub.client import HedwigClient
 
         c = self.clients.get(region)
@@ -418,7 +421,7 @@ class RegionManager:
             rs.ok = True
             log.info("region %s: subscribed to %r in region %s", self.region, topic, region)
 
-    def _handler(self, topic: bytes, region: str) -> Any:
+    def _handler(self, topic: bytes, region: str) -> Handler:
         async def handle(t: bytes, s: bytes, message: Message) -> None:
             try:
                 await self._persist_remote(topic, region, message)
@@ -459,7 +462,7 @@ class RegionManager:
             c = self.clients.get(region)
             await self._remove_locked(topic, region, c, unsubscribe)
 
-    async def _remove_locked(self, topic: bytes, region: str, c: Any, unsubscribe: bool) -> None:
+    async def _remove_locked(self, topic: bytes, region: str, c: HedwigClient | None, unsubscribe: bool) -> None:
         rs = self.subs.pop((topic, region), None)
         if c is None or (rs is None and not unsubscribe):
             return

@@ -7,10 +7,14 @@
 
 One connection (``hub.connection.HubConnection``) carries any number of
 subscriptions; each owned topic is a ``hub.topic.Topic``. Requests are
-decoded and validated by ``hub.protocol.ServerConnection``; this module claims
-topics (``hub.ownership``), persists publishes (``hub.persistence``), keeps
-subscriptions (``hub.subscriptions``) and delivers (``hub.delivery``)
-through the read-ahead cache. A client that stops reading makes the
+decoded and validated by ``hub.protocol.ServerConnection``; the owned topics
+are acquired and released by ``hub.owned_topics`` (claims: ``hub.ownership``;
+publishes persisted by ``hub.persistence``, subscriptions kept by
+``hub.subscriptions``, delivered by ``hub.delivery`` through the read-ahead
+cache), the periodic work is ``hub.housekeeping``'s. This module wires those
+parts: it opens the metastore, ledger client, listeners and HTTP server, and
+hands each part the narrow view of the hub it declares (``ConnectionHost``,
+``AdminHost``, ``RegionHost``, ``MetricsSource``...). A client that stops reading makes the
 transport pause: its deliveries wait and its requests are not read until the
 buffer drains (``max_outbound_buffer``).
 
@@ -28,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import functools
 import itertools
 import logging
 import math
@@ -39,12 +42,9 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from bookie.wire import FrameBudget
-from hub import errors
 from hub.conf import HubConf
-from hub.connection import HubConnection, Redirect
+from hub.connection import HubConnection
 from hub.housekeeping import HubHousekeeping
-from hub.lifecycle import BacklogQuota
-from hub.message import Message
 from hub.metadata import (
     HubRegistry,
     SubscriptionDataManager,
@@ -53,22 +53,23 @@ from hub.metadata import (
     TopicPersistenceManager,
     hub_address,
 )
+from hub.owned_topics import OwnedTopics
 from hub.ownership import Ownership, same_hub
-from hub.persistence import TopicLog
 from hub.proto import pubsub_pb2 as pb
 from hub.readahead import ReadAheadCache
 from hub.shedding import TopicLoadShedder
 from hub.stats import HubStats
-from hub.subscriptions import TopicSubscriptions
 from hub.topic import RATE_WINDOW, Topic
 from metastore.tasks import keep, spawn
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
+    from bookie.http import HttpServer
     from hub.auth import TokenAuthenticator
     from hub.permissions import Authorizer
     from hub.policy_store import PolicyCache
     from hub.regions import RegionManager
+    from hub.tls import TlsListener
     from metastore.api import MetaStore, Session
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ _OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 _FD_LOG_INTERVAL = 10.0   # seconds between log lines about running out of file descriptors
 
 
-class HubServer(HubHousekeeping):
+class HubServer(OwnedTopics, HubHousekeeping):
     """See the module docstring."""
 
     store: MetaStore            # opened by start()
@@ -102,13 +103,13 @@ class HubServer(HubHousekeeping):
         self.loads_waiting = 0          # acquisitions waiting for a slot
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
-        self._servers: list[Any] = []     # asyncio.Server, hub.tls.TlsListener
+        self._servers: list[asyncio.Server | TlsListener] = []
         # store, bk and cache exist from start() on (class annotations above); session once registered
         self.session: Session | None = None
         self.address = ""
         self.stats_url = ""
         self.http_url = ""              # the HTTP server's base URL ("" when off)
-        self._http: Any = None          # bookie.http.HttpServer once started
+        self._http: HttpServer | None = None   # once started
         self.stopping = False
         self.deleting: set[bytes] = set()   # topics the admin API is deleting: not acquired meanwhile
         self.releasing: set[bytes] = set()  # topics being released: a moved subscriber's retry waits for it
@@ -344,143 +345,6 @@ class HubServer(HubHousekeeping):
 
         if self.regions is not None and not is_hub_subscriber(subscriber):
             await self.regions.subscribers_changed(topic, synchronous)
-
-    # --- topics -----------------------------------------------------------------------------------
-    async def topic(self, topic: bytes, should_claim: bool) -> Topic:
-        """The owned topic (claiming and acquiring it first); ``Redirect`` when another hub owns it."""
-        t = self.topics.get(topic)
-        if t is not None:
-            return t
-        if topic in self.deleting:
-            raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
-        if topic in self.releasing:   # its owner record still names this hub: claiming now would keep it here
-            raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
-        if self.stopping:
-            raise errors.ServiceDownError("this hub is stopping; retry")
-        fut = self._acquiring.get(topic)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._acquiring[topic] = fut
-            try:
-                fut.set_result(await self._acquire_bounded(topic, should_claim))
-            except BaseException as exc:
-                fut.set_exception(exc)
-                fut.exception()    # retrieved: waiters re-raise it themselves
-            finally:
-                self._acquiring.pop(topic, None)
-        return await asyncio.shield(fut)
-
-    async def _acquire_bounded(self, topic: bytes, should_claim: bool) -> Topic:
-        """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).
-
-        A failover or a burst of new topics makes hundreds of acquisitions at
-        once; bounded, they keep the metastore and bookie queues short and the
-        event loop responsive (the hub's own session heartbeat included: a
-        hub that misses its lease loses every topic). The client waits (its
-        own response timeout still applies).
-        """
-        self.loads_waiting += 1
-        try:
-            await self._load_slots.acquire()
-        finally:
-            self.loads_waiting -= 1
-        try:
-            if self.stopping:
-                raise errors.ServiceDownError("this hub is stopping; retry")
-            return await self._acquire(topic, should_claim)
-        finally:
-            self._load_slots.release()
-
-    async def _acquire(self, topic: bytes, should_claim: bool) -> Topic:
-        assert self.ownership is not None
-        owner = await self.ownership.claim(topic, should_claim)
-        if owner is not None:
-            raise Redirect(owner)
-        session = self.ownership.session   # the claim lives as long as this session (ephemeral or registration)
-        owned = (lambda: bool(session.alive)) if session is not None else None
-        try:
-            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
-                                          owned=owned, ledger_slots=self._ledger_slots)
-            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
-                                      track=self.track, first_kept=tlog.first_kept, cache=self.cache)
-            await subs.load()
-        except BaseException as exc:
-            await self.ownership.release(topic)
-            if isinstance(exc, Exception) and not isinstance(exc, errors.ServiceDownError):
-                # a raced owner (BAD_VERSION), a bookie or metastore failure: the client may retry
-                raise errors.ServiceDownError(f"cannot acquire topic {topic!r}: {exc}") from exc
-            raise
-        t = Topic(tlog, subs)
-        t.quota = BacklogQuota(tlog, subs, functools.partial(self.policies.for_topic, topic),
-                               self.conf.backlog_quota_hold_timeout / 1000.0, track=self.track,
-                               on_refused=lambda which: self.stats.incr(f"backlog_quota_{which}"))
-        tlog.gate = t.quota.admit
-        t.compaction.on_done = lambda outcome: self.stats.incr(f"compactions_{outcome}")   # hub.compaction
-        policy = self.policies.for_topic(topic)
-        if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:
-            await tlog.learn_usage()   # the sizes of the ledgers a previous owner wrote: the quota holds at once
-        if self.regions is not None:
-            await self.regions.recover_vector(topic, tlog)
-        self.topics[topic] = t
-        if self.regions is not None:
-            self.spawn(self.regions.topic_acquired(topic))
-        self.ownership.num_topics = len(self.topics)
-        self.stats.incr("topics_acquired")
-        log.info("acquired topic %r at seq %d", topic, tlog.last_seq)
-        return t
-
-    def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
-        self.flush()   # the publish answers of this batch leave before the deliveries are built
-        t = self.topics.get(topic)
-        if t is not None and t.quota is not None:
-            t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
-        if t is not None and t.subs.delivering():
-            # a hint for the cache: only worth building messages someone may read soon
-            self.cache.on_published_many(topic, [Message.from_proto(m, keep_wire=True) for m in msgs])
-            t.subs.wake_all()
-
-    def _consumed(self, topic: bytes) -> None:
-        t = self.topics.get(topic)
-        if t is not None:
-            self.cache.consumed_up_to(topic, t.subs.retained_after())
-            if t.quota is not None:
-                t.quota.wake()        # held publishes that now fit go on (hub.lifecycle)
-
-    def _last_seq(self, topic: bytes) -> int:
-        t = self.topics.get(topic)
-        return t.log.last_seq if t is not None else 0
-
-    async def _scan(self, topic: bytes, start: int, max_messages: int, max_bytes: int) -> list[Message]:
-        t = self.topics.get(topic)
-        if t is None:
-            raise errors.ServiceDownError(f"topic {topic!r} is not owned here")
-        return await t.log.scan(start, max_messages, max_bytes)
-
-    async def release_topic(self, topic: bytes) -> None:
-        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed.
-
-        Until the owner record is gone, requests for the topic get SERVICE_DOWN
-        (clients retry), so a moved subscriber re-attaching at once does not
-        claim it here again under the release.
-        """
-        t = self.topics.pop(topic, None)
-        if t is None:
-            return
-        self.releasing.add(topic)
-        try:
-            if t.quota is not None:
-                t.quota.close()
-            await t.subs.release()
-            await t.log.release()
-            self.cache.release_topic(topic)
-            if self.regions is not None:
-                await self.regions.topic_released(topic)
-            if self.ownership is not None:
-                await self.ownership.release(topic)
-                self.ownership.num_topics = len(self.topics)
-        finally:
-            self.releasing.discard(topic)
-        log.info("released topic %r", topic)
 
     async def stop(self) -> None:
         """Stop listening, release every topic, then close clients and unregister.

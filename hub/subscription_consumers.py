@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from hub import errors
 from hub.conf import HubConf
 from hub.cursor import AckCursor
 from hub.delayed import DelayIndex
-from hub.dispatch import ConsumerSlot, Dispatcher
+from hub.dispatch import ConsumerLink, ConsumerSlot, Dispatcher
 from hub.dispatch_failover import FailoverDispatcher
 from hub.dispatch_key_shared import KeySharedDispatcher
 from hub.dispatch_shared import SharedDispatcher
@@ -113,7 +113,7 @@ class SubscriptionConsumers:
         if task is not None and self.track is not None:
             self.track(task)
 
-    def consumer_ids(self, sub: bytes, conn: Any) -> list[int]:
+    def consumer_ids(self, sub: bytes, conn: ConsumerLink) -> list[int]:
         """The ids of ``sub``'s consumers attached through ``conn``."""
         state = self.subs.get(sub)
         d = state.dispatcher if state is not None else None
@@ -125,7 +125,7 @@ class SubscriptionConsumers:
         if d is None:
             return
         d.remove(slot)
-        conn = slot.conn
+        conn = cast("Attachment", slot.conn)   # the subscription attached it (``hub.substate``)
         if state.conn is not conn and not any(s.conn is conn for s in d.consumers):
             conn.attached(self.topic, state.subscriber, None)
 
@@ -160,7 +160,7 @@ class SubscriptionConsumers:
         except errors.PubSubError as exc:
             log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
 
-    async def _drop_consumers(self, state: SubState, event: int | None, but: Any = None) -> None:
+    async def _drop_consumers(self, state: SubState, event: int | None, but: ConsumerLink | None = None) -> None:
         """Detach every consumer of ``state`` (telling those not on ``but`` ``event``) and stop its dispatcher."""
         d = state.dispatcher
         if d is None:

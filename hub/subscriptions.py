@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any, cast
 from hub import errors
 from hub.conf import HubConf
 from hub.delivery import Delivery
-from hub.filters import load_server_filter, safe_uninitialize
+from hub.filters import ServerMessageFilter, load_server_filter, safe_uninitialize
 from hub.message import SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.subscription_consumers import SubscriptionConsumers, type_name
@@ -129,7 +129,7 @@ class TopicSubscriptions(SubscriptionConsumers):
     def attached_count(self) -> int:
         return sum(1 for s in self.subs.values() if s.attached)
 
-    def _load_filter(self, sub: bytes, prefs: pb.SubscriptionPreferences) -> Any:
+    def _load_filter(self, sub: bytes, prefs: pb.SubscriptionPreferences) -> ServerMessageFilter | None:
         if not prefs.messageFilter:
             return None
         p = SubscriptionPreferences.from_proto(prefs)

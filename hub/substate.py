@@ -12,11 +12,12 @@ back; ``hub.subscriptions`` re-exports both names.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from hub.delivery import Delivery
-    from hub.dispatch import ConsumerSlot, Dispatcher
+    from hub.dispatch import ConsumerLink, ConsumerSlot, Dispatcher
+    from hub.filters import ServerMessageFilter
     from hub.message import Message
     from hub.proto import pubsub_pb2 as pb
     from metastore import Version
@@ -52,7 +53,7 @@ class SubState:
         self.consumes_since_persist = 0
         self.conn: Attachment | None = None
         self.delivery: Delivery | None = None
-        self.filter: Any = None
+        self.filter: ServerMessageFilter | None = None
         self.batch = 1                    # the attached client's maxBatchMessages (kept for a restart)
         self.persisting: asyncio.Task[None] | None = None   # the one pointer write loop in flight
         self.writing = asyncio.Lock()     # the subscription's record: one write at a time
@@ -66,5 +67,5 @@ class SubState:
     def attached(self) -> bool:
         return self.conn is not None or bool(self.dispatcher is not None and self.dispatcher.consumers)
 
-    def slot(self, conn: Any, consumer_id: int) -> ConsumerSlot | None:
+    def slot(self, conn: ConsumerLink, consumer_id: int) -> ConsumerSlot | None:
         return self.dispatcher.find(conn, consumer_id) if self.dispatcher is not None else None

@@ -53,7 +53,7 @@ import aiohttp
 from aiohttp import web
 
 from bookie.autorecovery import UnderReplicationManager
-from bookie.http import HttpError, errors_as_statuses, json_body, json_response
+from bookie.http import HttpError, RequestHandler, errors_as_statuses, json_body, json_response
 from bookie.registration import READ_ONLY, list_bookies
 from hub import errors
 from hub.metadata import hub_address
@@ -143,7 +143,7 @@ class ClusterAdmin:
         ]
 
     @staticmethod
-    def _wrap(handler: Any) -> Any:
+    def _wrap(handler: RequestHandler) -> RequestHandler:
         return errors_as_statuses(handler, (((MetastoreError, errors.PubSubError), 503),))
 
     # --- hubs and topics --------------------------------------------------------------------------

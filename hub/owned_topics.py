@@ -1,0 +1,221 @@
+"""The topics a hub owns: acquiring one (claim, log, subscriptions, quota), the log's callbacks, releasing it.
+
+    class HubServer(OwnedTopics, HubHousekeeping): ...   # hub.server: the server's own state, declared below
+    t = await server.topic(b"news", should_claim=True)   # owned here (acquired first), or Redirect
+    await server.release_topic(b"news")                   # subscribers get TOPIC_MOVED, the record goes
+
+Acquisitions run at most ``max_concurrent_topic_loads`` at once (the rest
+wait their turn, FIFO); concurrent requests for one topic share one
+acquisition. A topic being deleted (``hub.admin``) or released, or a hub
+that is stopping, answers SERVICE_DOWN (the client retries).
+
+Failure: an acquisition that fails releases the claim and raises
+SERVICE_DOWN (a raced owner, a bookie or metastore failure); another hub
+owning the topic raises ``Redirect``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
+
+from hub import errors
+from hub.lifecycle import BacklogQuota
+from hub.message import Message
+from hub.persistence import TopicLog
+from hub.subscriptions import TopicSubscriptions
+from hub.topic import Topic
+
+if TYPE_CHECKING:
+    from bookie.client import BookKeeper
+    from hub.conf import HubConf
+    from hub.metadata import SubscriptionDataManager, TopicDedupManager, TopicPersistenceManager
+    from hub.ownership import Ownership
+    from hub.policy_store import PolicyCache
+    from hub.proto import pubsub_pb2 as pb
+    from hub.readahead import ReadAheadCache
+    from hub.regions import RegionManager
+    from hub.stats import HubStats
+
+log = logging.getLogger("hub.server")   # these lines have always been the server's
+
+__all__ = ["OwnedTopics", "Redirect"]
+
+
+class Redirect(Exception):
+    """Raised by ``HubServer.topic`` when another hub owns the topic: the request is redirected to ``owner``."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(owner)
+        self.owner = owner
+
+
+
+class OwnedTopics:
+    """The owned topics of ``hub.server.HubServer`` (a mixin; see the module docstring)."""
+
+    # the server's state this uses (set by HubServer)
+    conf: HubConf
+    stats: HubStats
+    topics: dict[bytes, Topic]
+    deleting: set[bytes]
+    releasing: set[bytes]
+    stopping: bool
+    loads_waiting: int
+    _acquiring: dict[bytes, asyncio.Future[Topic]]
+    _load_slots: asyncio.Semaphore
+    _ledger_slots: asyncio.Semaphore
+    ownership: Ownership | None
+    regions: RegionManager | None
+    bk: BookKeeper
+    pm: TopicPersistenceManager
+    sm: SubscriptionDataManager
+    dedup_store: TopicDedupManager
+    cache: ReadAheadCache
+    policies: PolicyCache
+
+    if TYPE_CHECKING:
+        def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+        def track(self, task: asyncio.Task[Any]) -> None: ...
+
+        def flush(self) -> None: ...
+
+    async def topic(self, topic: bytes, should_claim: bool) -> Topic:
+        """The owned topic (claiming and acquiring it first); ``Redirect`` when another hub owns it."""
+        t = self.topics.get(topic)
+        if t is not None:
+            return t
+        if topic in self.deleting:
+            raise errors.ServiceDownError(f"topic {topic!r} is being deleted; retry")
+        if topic in self.releasing:   # its owner record still names this hub: claiming now would keep it here
+            raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
+        if self.stopping:
+            raise errors.ServiceDownError("this hub is stopping; retry")
+        fut = self._acquiring.get(topic)
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
+            self._acquiring[topic] = fut
+            try:
+                fut.set_result(await self._acquire_bounded(topic, should_claim))
+            except BaseException as exc:
+                fut.set_exception(exc)
+                fut.exception()    # retrieved: waiters re-raise it themselves
+            finally:
+                self._acquiring.pop(topic, None)
+        return await asyncio.shield(fut)
+
+    async def _acquire_bounded(self, topic: bytes, should_claim: bool) -> Topic:
+        """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).
+
+        A failover or a burst of new topics makes hundreds of acquisitions at
+        once; bounded, they keep the metastore and bookie queues short and the
+        event loop responsive (the hub's own session heartbeat included: a
+        hub that misses its lease loses every topic). The client waits (its
+        own response timeout still applies).
+        """
+        self.loads_waiting += 1
+        try:
+            await self._load_slots.acquire()
+        finally:
+            self.loads_waiting -= 1
+        try:
+            if self.stopping:
+                raise errors.ServiceDownError("this hub is stopping; retry")
+            return await self._acquire(topic, should_claim)
+        finally:
+            self._load_slots.release()
+
+    async def _acquire(self, topic: bytes, should_claim: bool) -> Topic:
+        assert self.ownership is not None
+        owner = await self.ownership.claim(topic, should_claim)
+        if owner is not None:
+            raise Redirect(owner)
+        session = self.ownership.session   # the claim lives as long as this session (ephemeral or registration)
+        owned = (lambda: bool(session.alive)) if session is not None else None
+        try:
+            tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
+                                          owned=owned, ledger_slots=self._ledger_slots)
+            subs = TopicSubscriptions(topic, self.sm, self.conf, lambda: tlog.last_seq, self._consumed,
+                                      track=self.track, first_kept=tlog.first_kept, cache=self.cache)
+            await subs.load()
+        except BaseException as exc:
+            await self.ownership.release(topic)
+            if isinstance(exc, Exception) and not isinstance(exc, errors.ServiceDownError):
+                # a raced owner (BAD_VERSION), a bookie or metastore failure: the client may retry
+                raise errors.ServiceDownError(f"cannot acquire topic {topic!r}: {exc}") from exc
+            raise
+        t = Topic(tlog, subs)
+        t.quota = BacklogQuota(tlog, subs, functools.partial(self.policies.for_topic, topic),
+                               self.conf.backlog_quota_hold_timeout / 1000.0, track=self.track,
+                               on_refused=lambda which: self.stats.incr(f"backlog_quota_{which}"))
+        tlog.gate = t.quota.admit
+        t.compaction.on_done = lambda outcome: self.stats.incr(f"compactions_{outcome}")   # hub.compaction
+        policy = self.policies.for_topic(topic)
+        if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:
+            await tlog.learn_usage()   # the sizes of the ledgers a previous owner wrote: the quota holds at once
+        if self.regions is not None:
+            await self.regions.recover_vector(topic, tlog)
+        self.topics[topic] = t
+        if self.regions is not None:
+            self.spawn(self.regions.topic_acquired(topic))
+        self.ownership.num_topics = len(self.topics)
+        self.stats.incr("topics_acquired")
+        log.info("acquired topic %r at seq %d", topic, tlog.last_seq)
+        return t
+
+    def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
+        self.flush()   # the publish answers of this batch leave before the deliveries are built
+        t = self.topics.get(topic)
+        if t is not None and t.quota is not None:
+            t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
+        if t is not None and t.subs.delivering():
+            # a hint for the cache: only worth building messages someone may read soon
+            self.cache.on_published_many(topic, [Message.from_proto(m, keep_wire=True) for m in msgs])
+            t.subs.wake_all()
+
+    def _consumed(self, topic: bytes) -> None:
+        t = self.topics.get(topic)
+        if t is not None:
+            self.cache.consumed_up_to(topic, t.subs.retained_after())
+            if t.quota is not None:
+                t.quota.wake()        # held publishes that now fit go on (hub.lifecycle)
+
+    def _last_seq(self, topic: bytes) -> int:
+        t = self.topics.get(topic)
+        return t.log.last_seq if t is not None else 0
+
+    async def _scan(self, topic: bytes, start: int, max_messages: int, max_bytes: int) -> list[Message]:
+        t = self.topics.get(topic)
+        if t is None:
+            raise errors.ServiceDownError(f"topic {topic!r} is not owned here")
+        return await t.log.scan(start, max_messages, max_bytes)
+
+    async def release_topic(self, topic: bytes) -> None:
+        """Give ``topic`` up: subscribers get TOPIC_MOVED, pointers persisted, ledger closed, record removed.
+
+        Until the owner record is gone, requests for the topic get SERVICE_DOWN
+        (clients retry), so a moved subscriber re-attaching at once does not
+        claim it here again under the release.
+        """
+        t = self.topics.pop(topic, None)
+        if t is None:
+            return
+        self.releasing.add(topic)
+        try:
+            if t.quota is not None:
+                t.quota.close()
+            await t.subs.release()
+            await t.log.release()
+            self.cache.release_topic(topic)
+            if self.regions is not None:
+                await self.regions.topic_released(topic)
+            if self.ownership is not None:
+                await self.ownership.release(topic)
+                self.ownership.num_topics = len(self.topics)
+        finally:
+            self.releasing.discard(topic)
+        log.info("released topic %r", topic)
