@@ -154,47 +154,20 @@ class AdminHost(PermissionsHost, PoliciesHost, Protocol):
     """What ``HubAdmin`` uses of its hub (a started ``hub.server.HubServer``): the owned topics and the
     topics' records, the ledger client, and the topic life cycle (acquire, release, delete)."""
 
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def info(self) -> pb.HubInfo: ...
-
-    @property
-    def stats(self) -> HubStats: ...
-
-    @property
-    def topics(self) -> dict[bytes, Topic]: ...
-
-    @property
-    def deleting(self) -> set[bytes]: ...
-
-    @property
-    def pm(self) -> TopicPersistenceManager: ...
-
-    @property
-    def sm(self) -> SubscriptionDataManager: ...
-
-    @property
-    def owners(self) -> TopicOwnershipManager: ...
-
-    @property
-    def registry(self) -> HubRegistry: ...
-
-    @property
-    def ownership(self) -> Ownership | None: ...
-
-    @property
-    def policies(self) -> PolicyCache: ...
-
-    @property
-    def bk(self) -> BookKeeper: ...
-
-    @property
-    def cache(self) -> ReadAheadCache: ...
-
-    @property
-    def regions(self) -> RegionManager | None: ...
+    address: str
+    info: pb.HubInfo
+    stats: HubStats
+    topics: dict[bytes, Topic]
+    deleting: set[bytes]
+    pm: TopicPersistenceManager
+    sm: SubscriptionDataManager
+    owners: TopicOwnershipManager
+    registry: HubRegistry
+    ownership: Ownership | None
+    policies: PolicyCache
+    bk: BookKeeper
+    cache: ReadAheadCache
+    regions: RegionManager | None
 
     def track(self, task: asyncio.Task[Any]) -> None: ...
 

@@ -23,7 +23,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox
@@ -80,41 +80,18 @@ class ConnectionHost(Protocol):
     """What a ``HubConnection`` uses of its hub (a ``hub.server.HubServer``): the owned topics, the shared
     caches and clients, the authentication, and the loop-turn and task bookkeeping."""
 
-    @property
-    def conf(self) -> HubConf: ...
-
-    @property
-    def stats(self) -> HubStats: ...
-
-    @property
-    def topics(self) -> Mapping[bytes, Topic]: ...
-
-    @property
-    def connections(self) -> set[HubConnection]: ...
-
-    @property
-    def cache(self) -> ReadAheadCache: ...
-
-    @property
-    def bk(self) -> BookKeeper: ...
-
-    @property
-    def pm(self) -> TopicPersistenceManager: ...
-
-    @property
-    def regions(self) -> RegionManager | None: ...
-
-    @property
-    def region_bytes(self) -> bytes: ...
-
-    @property
-    def authenticator(self) -> TokenAuthenticator | None: ...
-
-    @property
-    def authorizer(self) -> Authorizer | None: ...
-
-    @property
-    def frame_budget(self) -> FrameBudget: ...
+    conf: HubConf
+    stats: HubStats
+    topics: dict[bytes, Topic]
+    connections: set[HubConnection]
+    cache: ReadAheadCache
+    bk: BookKeeper
+    pm: TopicPersistenceManager
+    regions: RegionManager | None
+    region_bytes: bytes
+    authenticator: TokenAuthenticator | None
+    authorizer: Authorizer | None
+    frame_budget: FrameBudget
 
     def next_connection_key(self) -> int: ...
 

@@ -53,7 +53,6 @@ class Redirect(Exception):
         self.owner = owner
 
 
-
 class OwnedTopics:
     """The owned topics of ``hub.server.HubServer`` (a mixin; see the module docstring)."""
 

@@ -61,7 +61,6 @@ from hub.ownership import same_hub
 from metastore.errors import MetastoreError
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
 
     from hub.admin import HubAdmin
     from hub.metadata import HubRegistry
@@ -75,20 +74,11 @@ __all__ = ["MAX_TOPICS", "PEER_TIMEOUT", "ClusterAdmin", "ClusterHost", "topic_s
 class ClusterHost(Protocol):
     """What ``ClusterAdmin`` uses of its hub (a started ``hub.server.HubServer``)."""
 
-    @property
-    def address(self) -> str: ...
-
-    @property
-    def info(self) -> pb.HubInfo: ...
-
-    @property
-    def topics(self) -> Mapping[bytes, Topic]: ...
-
-    @property
-    def registry(self) -> HubRegistry: ...
-
-    @property
-    def store(self) -> MetaStore: ...
+    address: str
+    info: pb.HubInfo
+    topics: dict[bytes, Topic]
+    registry: HubRegistry
+    store: MetaStore
 
 log = logging.getLogger(__name__)
 
