@@ -14,9 +14,10 @@ publishes persisted by ``hub.persistence``, subscriptions kept by
 cache), the periodic work is ``hub.housekeeping``'s. This module wires those
 parts: it opens the metastore, ledger client, listeners and HTTP server, and
 hands each part the narrow view of the hub it declares (``ConnectionHost``,
-``AdminHost``, ``RegionHost``, ``MetricsSource``...). A client that stops reading makes the
-transport pause: its deliveries wait and its requests are not read until the
-buffer drains (``max_outbound_buffer``).
+``AdminHost``, ``RegionHost``, ``MetricsSource``...); no part imports this
+module. A client that stops reading makes the transport pause: its
+deliveries wait and its requests are not read until the buffer drains
+(``max_outbound_buffer``).
 
 Seams for regions/SSL/stats: every message gets ``src_region = conf.region``
 when it has none; listeners are opened in ``_listen`` only; every counter
