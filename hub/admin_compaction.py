@@ -28,7 +28,7 @@ ledger is never used: ``hub.compaction``); the hub goes on serving.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -37,10 +37,11 @@ from hub.compaction import state_json
 from hub.proto import pubsub_pb2 as pb
 
 if TYPE_CHECKING:
-    from hub.admin import HubAdmin
+    from bookie.http import RequestHandler
+    from hub.metadata import TopicPersistenceManager
     from hub.topic import Topic
 
-__all__ = ["CompactionAdmin", "stored_status"]
+__all__ = ["CompactionAdmin", "CompactionHost", "TopicAdmin", "stored_status"]
 
 BASE = "/admin/v1/topics/{topic}"
 _WAIT = {"": True, "1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
@@ -51,10 +52,39 @@ def stored_status(ranges: pb.LedgerRanges) -> dict[str, Any]:
     return {"status": None, **state_json(ranges.compaction), "last_error": None}
 
 
+class CompactionHost(Protocol):
+    """What ``CompactionAdmin`` uses of the hub (a ``hub.server.HubServer``, through ``hub.admin.AdminHost``)."""
+
+    topics: dict[bytes, Topic]
+    pm: TopicPersistenceManager
+
+    def track(self, task: asyncio.Task[Any]) -> None: ...
+
+    async def topic(self, topic: bytes, should_claim: bool) -> Topic: ...
+
+
+class TopicAdmin(Protocol):
+    """What ``CompactionAdmin`` uses of the topics' admin resource (a ``hub.admin.HubAdmin``): its hub, names
+    and forwarding to the owner."""
+
+    @property
+    def server(self) -> CompactionHost: ...
+
+    def _wrap(self, handler: RequestHandler) -> RequestHandler: ...
+
+    def _topic(self, request: web.Request) -> bytes: ...
+
+    async def _owner_elsewhere(self, topic: bytes) -> str | None: ...
+
+    async def _forwarded(self, request: web.Request, topic: bytes) -> web.Response | None: ...
+
+    async def _exists(self, topic: bytes) -> bool: ...
+
+
 class CompactionAdmin:
     """See the module docstring; ``admin`` is the ``hub.admin.HubAdmin`` whose names and forwarding it uses."""
 
-    def __init__(self, admin: HubAdmin) -> None:
+    def __init__(self, admin: TopicAdmin) -> None:
         self.admin = admin
         self.server = admin.server
 
