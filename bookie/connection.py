@@ -49,10 +49,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections.abc import Callable
 from typing import TypeVar, cast
 
-from bookie import protocol
+from bookie import protocol, tracing
 from bookie.errors import BKError, BookieUnavailableError, ProtocolError
 from bookie.outbox import Outbox
 from bookie.wire.sockets import set_tcp_liveness as wire_liveness
@@ -164,11 +165,34 @@ class BookieConnection(asyncio.Protocol):
         if not frames:
             return
         now = self.last_reply = self._loop.time()
-        adds = self._pending.answer(frames, self._misfit)
+        adds = self._pending.answer(frames, self._misfit, self._traced_answer if tracing.FRAMES else None)
         if adds and self._adds_out:
             self._adds_out = max(0, self._adds_out - adds)
             self._add_wait_since = now
         self.flush()
+
+    def _traced_answer(self, response: protocol.Response) -> None:
+        """A traced frame's answer (``bookie.tracing``): its copies get the bookie's stages and the read time."""
+        copies = tracing.FRAMES.pop((self.address, response.txn_id), None)
+        if copies is None or len(response.trace_ns) < 3:
+            return
+        now = time.monotonic_ns()
+        read, written, acked = response.trace_ns[:3]
+        for copy in copies:
+            copy.times[1:] = [read, written, acked, now]
+
+    def _traced(self, ledgers: list[protocol.AddBodies], ids: list[int]) -> list[tracing.AddTrace]:
+        """The traces of the watched adds among these (``bookie.tracing``; called only while some are)."""
+        watched = tracing.WATCHED
+        return [t for ledger, entry_id in zip(ledgers, ids, strict=True)
+                if (t := watched.get((ledger.ledger_id, entry_id))) is not None]
+
+    def _trace_frame(self, txn_id: int, traces: list[tracing.AddTrace]) -> None:
+        now = time.monotonic_ns()
+        copies = [tracing.BookieTimes(self.address, now) for _ in traces]
+        for trace, copy in zip(traces, copies, strict=True):
+            trace.bookies.append(copy)
+        tracing.FRAMES[(self.address, txn_id)] = copies
 
     def _misfit(self, response: protocol.Response | None, exc: ProtocolError) -> None:
         if response is not None and self.on_orphan is not None:
@@ -296,8 +320,12 @@ class BookieConnection(asyncio.Protocol):
                 continue
             self._add_sent()
             run = _LedgersRun(self, *part)
-            frame, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES_MULTI, run), fields,
-                                                       run.payloads, _ADD_ENTRIES_MULTI)
+            traced = self._traced(part[1], part[2]) if tracing.WATCHED else None
+            txn_id = self._pending.add_next(_ADD_ENTRIES_MULTI, run)
+            frame, nbytes = protocol.add_entries_frame(txn_id, fields, run.payloads, _ADD_ENTRIES_MULTI,
+                                                       trace=bool(traced))
+            if traced:
+                self._trace_frame(txn_id, traced)
             self._outbox.put_all(frame, nbytes)
 
     def _frame_runs(self, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
@@ -311,7 +339,8 @@ class BookieConnection(asyncio.Protocol):
             while j < n and ledgers[j] is ledger:
                 j += 1
             self._add_sent()
-            if j == i + 1:   # one add alone (a moderate rate): an ADD_ENTRY, the bookie's cheaper path
+            traced = self._traced(ledgers[i:j], ids[i:j]) if tracing.WATCHED else None
+            if j == i + 1 and not traced:   # one add alone (a moderate rate): an ADD_ENTRY, the bookie's cheaper path
                 body = ledger.body(ids[i], payloads[i])
                 self._outbox.put(_add_frame_head(self._pending.add_next(_ADD_ENTRY, callbacks[i]), body))
                 self._outbox.put(body)
@@ -321,8 +350,11 @@ class BookieConnection(asyncio.Protocol):
                 run = _AddRun(self, ledger, payloads, ids, callbacks)
             else:
                 run = _AddRun(self, ledger, payloads[i:j], ids[i:j], callbacks[i:j])
-            parts, nbytes = protocol.add_entries_frame(self._pending.add_next(_ADD_ENTRIES, run),
-                                                       ledger.ledger_fields, run.payloads)
+            txn_id = self._pending.add_next(_ADD_ENTRIES, run)
+            parts, nbytes = protocol.add_entries_frame(txn_id, ledger.ledger_fields, run.payloads,
+                                                       trace=bool(traced))
+            if traced:   # a traced add goes as ADD_ENTRIES even alone: only that op answers with its stages
+                self._trace_frame(txn_id, traced)
             self._outbox.put_all(parts, nbytes)
             i = j
 
@@ -381,6 +413,9 @@ class BookieConnection(asyncio.Protocol):
     def _fail(self, exc: BookieUnavailableError) -> None:
         self.is_closed = True
         self._adds_out = 0
+        if tracing.FRAMES:
+            for key in [k for k in tracing.FRAMES if k[0] == self.address]:
+                del tracing.FRAMES[key]
         self._outbox.detach()
         queued, self._entry_callbacks = self._entry_callbacks, []
         self._entries, self._entry_ledgers, self._entry_ids, self._entries_bytes = [], [], [], 0

@@ -257,13 +257,14 @@ def add_frame_head(txn_id: int, body: bytes) -> bytes:
     return LENGTH_PREFIX.pack(len(varint) + size) + varint
 
 
+_TRACE_FIELD = b"\x68\x01"   # Request.trace (field 13, varint) = true
 _ENTRIES_TAG = 0x62   # Request.entries is field 12, wire type 2 (length-delimited)
 _ENTRY_LEADS = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
 _OP_FIELD: dict[int, bytes] = {op: b"\x10" + bytes((op,)) for op in (ADD_ENTRIES, ADD_ENTRIES_MULTI)}
 
 
 def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
-                      op: int = ADD_ENTRIES) -> tuple[list[bytes], int]:
+                      op: int = ADD_ENTRIES, *, trace: bool = False) -> tuple[list[bytes], int]:
     """One ADD_ENTRIES frame of ``payloads`` as parts for ``writelines``, and its length.
 
     With ``op=ADD_ENTRIES_MULTI`` and ``AddBodies.multi_fields`` the payloads
@@ -275,6 +276,7 @@ def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
     length varint) and the payload itself, shared by every bookie and never
     copied: protobuf reads the concatenation as ``Request(txn_id,
     op=ADD_ENTRIES, ledger_id=..., master_key=..., entries=[...])``.
+    ``trace`` sets ``Request.trace`` (a sampled frame: ``bookie.tracing``).
     """
     parts = [b""]
     total = 0
@@ -293,6 +295,8 @@ def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
         parts.append(payload)
         total += len(lead) + n
     head = b"\x08" + _varint(txn_id) + _OP_FIELD[op] + ledger_fields
+    if trace:
+        head += _TRACE_FIELD
     total += len(head)
     parts[0] = LENGTH_PREFIX.pack(total) + head
     return parts, total + PREFIX_SIZE
@@ -316,14 +320,16 @@ class ClientTxns(PendingRequests[T]):
         return txn_id
 
     def answer(self: ClientTxns[_Callback], frames: list[bytes],
-               misfit: Callable[[Response | None, errors.ProtocolError], None]) -> int:
+               misfit: Callable[[Response | None, errors.ProtocolError], None],
+               traced: Callable[[Response], None] | None = None) -> int:
         """Parse each response frame and run the callback of the request it answers, in order.
 
         Returns how many answered an add (ADD_ENTRY, ADD_ENTRIES, ADD_ENTRIES_MULTI). A frame that does not parse
         (``misfit(None, MalformedFrameError)``) or matches no outstanding
         request of its op (``misfit(response, ProtocolError)``, as
         ``complete`` raises it) is skipped. The client's read path: one call
-        per read, not per frame.
+        per read, not per frame. ``traced`` (while traced frames are out:
+        ``bookie.tracing``) sees each add's answer carrying stage times first.
         """
         pending = self._pending
         parse = _response_from
@@ -345,6 +351,8 @@ class ClientTxns(PendingRequests[T]):
                 continue
             if entry[0] in ADD_OPS:
                 adds += 1
+                if traced is not None and response.trace_ns:
+                    traced(response)
             entry[1](response)
         return adds
 

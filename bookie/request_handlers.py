@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,13 +36,16 @@ class _AddsAnswer:
     """The outcomes of one ADD_ENTRIES' adds (``RequestHandlers.add_entries``); answers once all are in.
 
     ``settled`` is the storage's run sink (indices into the frame's entries);
-    ``failed`` records an add refused before the storage took it.
+    ``failed`` records an add refused before the storage took it. ``trace``
+    (a traced frame, ``bookie.tracing``): the read time, then the journal's
+    and the answer's are added and sent back in ``Response.trace_ns``.
     """
 
-    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_op", "_stats", "_submitting", "_txn_id")
+    __slots__ = ("_conn", "_entries", "_errors", "_ledger_id", "_left", "_op", "_stats", "_submitting", "_trace",
+                 "_txn_id")
 
     def __init__(self, stats: BookieStats, conn: BookieServerProtocol, txn_id: int, ledger_id: int,
-                 entries: Any, op: proto.OperationType = proto.ADD_ENTRIES) -> None:
+                 entries: Any, op: proto.OperationType = proto.ADD_ENTRIES, trace: list[int] | None = None) -> None:
         self._stats = stats
         self._conn = conn
         self._op = op         # ADD_ENTRIES, or ADD_ENTRIES_MULTI (each add's ledger from its payload header)
@@ -51,6 +55,7 @@ class _AddsAnswer:
         self._left = len(entries)
         self._errors: dict[int, BaseException] = {}
         self._submitting = True
+        self._trace = trace
 
     def refuse(self, exc: BaseException) -> None:
         """The frame as a whole is refused (no adds in it)."""
@@ -66,6 +71,8 @@ class _AddsAnswer:
                 self._errors[i] = exc
         self._left -= len(indices)
         if not self._left and not self._submitting:
+            if self._trace is not None:
+                self._trace.append(time.monotonic_ns())   # journal written: the storage settles after the sync
             self._answer()
 
     def submitted(self) -> None:
@@ -95,6 +102,11 @@ class _AddsAnswer:
                 if op == proto.ADD_ENTRIES:   # the ledger of the request (a misplaced entry's answer names it)
                     ledger_id = self._ledger_id
                 response.adds.append(proto.add_response(0, ledger_id, entry_id, exc))
+        if self._trace is not None:
+            trace = self._trace
+            while len(trace) < 2:   # answered without waiting for the journal (every add refused)
+                trace.append(trace[0])
+            response.trace_ns.extend((*trace[:2], time.monotonic_ns()))
         conn.send_frame_later(op, response.status, proto.encode_frame(response))
         conn.finished()
 
@@ -206,7 +218,8 @@ class RequestHandlers:
         entries = req.entries
         ledger_id = req.ledger_id
         multi = req.op == proto.ADD_ENTRIES_MULTI   # several ledgers: each add's from its payload header
-        answer = _AddsAnswer(self._stats, conn, req.txn_id, ledger_id, entries, req.op)
+        answer = _AddsAnswer(self._stats, conn, req.txn_id, ledger_id, entries, req.op,
+                             [time.monotonic_ns()] if req.trace else None)
         if not entries:
             answer.refuse(errors.BadRequestError("ADD_ENTRIES without entries"))
         storage = self._storage

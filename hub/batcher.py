@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from hub import errors
+from hub import errors, tracing
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -274,9 +274,12 @@ class EntryBatcher:
         self._inflight.append(add)
         self.entries_in_ledger += 1
         try:
-            add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
+            entry_id = add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
         except Exception as exc:   # refused before anything was sent: a failed add, in order
             add.settled, add.error = True, exc
+            return
+        if tracing.MESSAGES:   # a sampled publish is in it (hub.tracing)
+            tracing.sent(batch, lh.ledger_id, entry_id)
 
     def _take_batch(self) -> Batch:
         batch: Batch = []

@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from hub import errors
@@ -26,7 +27,18 @@ from metastore.tasks import spawn
 
 log = logging.getLogger("hub.client")
 
-__all__ = ["ClientPublishing"]
+__all__ = ["ClientPublishing", "TracedPublish"]
+
+
+@dataclass(frozen=True, slots=True)
+class TracedPublish:
+    """A sampled publish's outcome (``publish_traced``): its seq id, the hub's and bookies' stage times
+    (``hub.tracing``) and the client's own, all ``time.monotonic_ns()``."""
+
+    seq_id: int
+    trace: pb.PublishTrace
+    sent_ns: int    # the request was queued for the hub's socket (written at the end of that loop turn)
+    read_ns: int    # the answer was read
 
 _Conn = HubChannel
 _RETRY_WAIT = 0.05         # seconds before the first retry of a request; doubles (hub.client)
@@ -246,6 +258,37 @@ class ClientPublishing:
         _set_delay(_fill(req.publishRequest.msg, body, properties, message_type, key), deliver_after_ms,
                    deliver_at_ms)
         return self._publish_future(topic, req)
+
+    async def publish_traced(self, topic: bytes, body: bytes) -> TracedPublish:
+        """Publish ``body`` alone (not batched) with ``PublishRequest.trace`` set: where its time went.
+
+        For the bench's stage breakdown (``hub.tracing``): the answer carries
+        the hub's and the bookies' stage times. What the topic has batched
+        leaves first. Errors as ``publish``'s; the first publish to a topic
+        goes the long way (redirects) and its stages are then the last try's.
+        """
+        self._check_open()
+        self._check_names(topic)
+        if len(body) > self.conf.max_message_size:
+            raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
+                                              f"{self.conf.max_message_size}")
+        self._flush_batch(topic)
+        req = _publish_request(topic)
+        req.publishRequest.msg.body = body
+        req.publishRequest.trace = True
+        conn = self.conns.get(self.owner.get(topic, ""))
+        read: list[int] = []
+        sent = time.monotonic_ns()
+        if conn is not None and conn.alive:
+            answer = conn.request(req, self.conf.server_ack_response_timeout / 1000.0)
+            answer.add_done_callback(lambda _: read.append(time.monotonic_ns()))   # not a loop turn later
+            resp = await answer
+        else:
+            resp = (await self._call(topic, req))[1]
+        if resp.statusCode != pb.SUCCESS:
+            raise errors.error_for_status(status_name(resp.statusCode), resp.statusMsg or status_name(resp.statusCode))
+        return TracedPublish(int(resp.publishResponse.publishedMsgId.localComponent), resp.publishResponse.trace,
+                             sent, read[0] if read else time.monotonic_ns())
 
     def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,
                  message_type: str, key: bytes | None = None) -> asyncio.Future[int]:

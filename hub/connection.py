@@ -27,7 +27,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox
-from hub import errors, protocol
+from hub import errors, protocol, tracing
 from hub.delayed import resolve_due
 from hub.message import Message
 from hub.owned_topics import Redirect
@@ -386,6 +386,9 @@ class HubConnection(asyncio.Protocol):
         msg = pub.msg
         self._stamp(topic, msg)
         stats.incr("publishes")
+        if pub.trace:   # a sampled publish (hub.tracing): its answer carries its stage times
+            t.log.submit(msg, functools.partial(self._published_traced, req, t, t0, tracing.start(msg), msg))
+            return
         t.log.submit(msg, functools.partial(self._published, req, t, t0))
 
     def _stamp(self, topic: bytes, msg: pb.Message) -> None:
@@ -418,6 +421,25 @@ class HubConnection(asyncio.Protocol):
         stats = self.server.stats
         stats.incr("packets_sent")
         stats.observe("publish", time.perf_counter() - t0)
+
+    def _published_traced(self, req: pb.PubSubRequest, t: Topic, t0: float, trace: tracing.HubTrace,
+                          msg: pb.Message, seq: int, exc: BaseException | None) -> None:
+        """``_published`` for a traced publish: the answer is a ``PublishResponse`` with its ``trace``."""
+        stages = tracing.finish(trace)
+        if exc is not None:
+            tracing.forget(msg)
+            self._published(req, t, t0, seq, exc)
+            return
+        self._finished()
+        resp = protocol.response(req.txnId, topic=req.topic)
+        resp.publishResponse.publishedMsgId.localComponent = seq
+        resp.publishResponse.trace.CopyFrom(stages)
+        resp.publishResponse.trace.answer_sent_ns = time.monotonic_ns()
+        self._write(protocol.encode(resp))
+        if self.machine.eof:
+            self._close_if_done()
+        self.server.stats.incr("packets_sent")
+        self.server.stats.observe("publish", time.perf_counter() - t0)
 
     def _batch_published(self, answer: _BatchAnswer) -> None:
         """Every message of a batched publish is settled: one answer (``hub.protocol.published_batch``)."""

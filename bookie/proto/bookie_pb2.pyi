@@ -52,7 +52,7 @@ ERROR: StatusCode
 TOO_MANY_REQUESTS: StatusCode
 
 class Request(_message.Message):
-    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "entries")
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "entries", "trace")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class Request(_message.Message):
     PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     ledger_id: int
@@ -77,10 +78,11 @@ class Request(_message.Message):
     previous_lac: int
     timeout_ms: int
     entries: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    trace: bool
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class Response(_message.Message):
-    __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message", "adds")
+    __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message", "adds", "trace_ns")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -93,6 +95,7 @@ class Response(_message.Message):
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ADDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_NS_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     status: StatusCode
@@ -105,7 +108,8 @@ class Response(_message.Message):
     read_only: bool
     message: str
     adds: _containers.RepeatedCompositeFieldContainer[Response]
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., adds: _Optional[_Iterable[_Union[Response, _Mapping]]] = ...) -> None: ...
+    trace_ns: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., status: _Optional[_Union[StatusCode, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., body: _Optional[bytes] = ..., lac: _Optional[int] = ..., free_disk: _Optional[int] = ..., total_disk: _Optional[int] = ..., read_only: _Optional[bool] = ..., message: _Optional[str] = ..., adds: _Optional[_Iterable[_Union[Response, _Mapping]]] = ..., trace_ns: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BookieRegistrationRecord(_message.Message):
     __slots__ = ("address", "network_location", "state", "free_disk", "total_disk", "registered_ms", "http_url")

@@ -197,14 +197,16 @@ class SubscriptionPreferences(_message.Message):
     def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ..., subscriptionType: _Optional[_Union[SubscriptionType, str]] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
-    __slots__ = ("topic", "msg", "msgs")
+    __slots__ = ("topic", "msg", "msgs", "trace")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MSG_FIELD_NUMBER: _ClassVar[int]
     MSGS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     msg: Message
     msgs: _containers.RepeatedCompositeFieldContainer[Message]
-    def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ..., msgs: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
+    trace: bool
+    def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ..., msgs: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
     __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber", "consumerId", "receiverQueueSize")
@@ -369,12 +371,44 @@ class AuthenticateRequest(_message.Message):
     def __init__(self, token: _Optional[bytes] = ...) -> None: ...
 
 class PublishResponse(_message.Message):
-    __slots__ = ("publishedMsgId", "stored")
+    __slots__ = ("publishedMsgId", "stored", "trace")
     PUBLISHEDMSGID_FIELD_NUMBER: _ClassVar[int]
     STORED_FIELD_NUMBER: _ClassVar[int]
+    TRACE_FIELD_NUMBER: _ClassVar[int]
     publishedMsgId: MessageSeqId
     stored: int
-    def __init__(self, publishedMsgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., stored: _Optional[int] = ...) -> None: ...
+    trace: PublishTrace
+    def __init__(self, publishedMsgId: _Optional[_Union[MessageSeqId, _Mapping]] = ..., stored: _Optional[int] = ..., trace: _Optional[_Union[PublishTrace, _Mapping]] = ...) -> None: ...
+
+class PublishTrace(_message.Message):
+    __slots__ = ("hub_read_ns", "add_sent_ns", "hub_ack_read_ns", "answer_sent_ns", "bookies")
+    HUB_READ_NS_FIELD_NUMBER: _ClassVar[int]
+    ADD_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    HUB_ACK_READ_NS_FIELD_NUMBER: _ClassVar[int]
+    ANSWER_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    BOOKIES_FIELD_NUMBER: _ClassVar[int]
+    hub_read_ns: int
+    add_sent_ns: int
+    hub_ack_read_ns: int
+    answer_sent_ns: int
+    bookies: _containers.RepeatedCompositeFieldContainer[BookieStages]
+    def __init__(self, hub_read_ns: _Optional[int] = ..., add_sent_ns: _Optional[int] = ..., hub_ack_read_ns: _Optional[int] = ..., answer_sent_ns: _Optional[int] = ..., bookies: _Optional[_Iterable[_Union[BookieStages, _Mapping]]] = ...) -> None: ...
+
+class BookieStages(_message.Message):
+    __slots__ = ("bookie", "add_sent_ns", "read_ns", "journal_written_ns", "ack_sent_ns", "ack_read_ns")
+    BOOKIE_FIELD_NUMBER: _ClassVar[int]
+    ADD_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    READ_NS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_WRITTEN_NS_FIELD_NUMBER: _ClassVar[int]
+    ACK_SENT_NS_FIELD_NUMBER: _ClassVar[int]
+    ACK_READ_NS_FIELD_NUMBER: _ClassVar[int]
+    bookie: str
+    add_sent_ns: int
+    read_ns: int
+    journal_written_ns: int
+    ack_sent_ns: int
+    ack_read_ns: int
+    def __init__(self, bookie: _Optional[str] = ..., add_sent_ns: _Optional[int] = ..., read_ns: _Optional[int] = ..., journal_written_ns: _Optional[int] = ..., ack_sent_ns: _Optional[int] = ..., ack_read_ns: _Optional[int] = ...) -> None: ...
 
 class SubscribeResponse(_message.Message):
     __slots__ = ("preferences",)

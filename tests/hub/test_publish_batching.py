@@ -311,3 +311,29 @@ async def test_a_client_that_does_not_ask_for_batches_gets_one_message_per_deliv
 async def read_frame(reader: asyncio.StreamReader) -> pb.PubSubResponse:
     (size,) = struct.unpack(">I", await reader.readexactly(4))
     return pb.PubSubResponse.FromString(await reader.readexactly(size))
+
+
+async def test_a_traced_publish_answers_with_the_stage_times_of_the_hub_and_both_bookies(
+        cluster: LocalCluster) -> None:
+    """``publish_traced`` (the bench's stage breakdown, hub.tracing): every stage time is there, in the order a
+    message passes them, for each of the entry's W = 2 copies; publishes around it are untouched."""
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        assert await c.publish(topic, b"m0") == 1
+        before = c.publish_async(topic, b"m1")
+        got = await c.publish_traced(topic, b"traced")
+        after = await c.publish(topic, b"m3")
+        assert (await before, got.seq_id, after) == (2, 3, 4)
+        t = got.trace
+        assert got.sent_ns <= t.hub_read_ns <= t.add_sent_ns <= t.hub_ack_read_ns <= t.answer_sent_ns <= got.read_ns
+        assert len(t.bookies) == 2 and len({b.bookie for b in t.bookies}) == 2
+        for b in t.bookies:
+            assert b.bookie in cluster.bookie_addresses
+            assert t.add_sent_ns <= b.add_sent_ns <= b.read_ns <= b.journal_written_ns <= b.ack_sent_ns \
+                <= b.ack_read_ns <= t.hub_ack_read_ns
+        # a sampled publish is stored and delivered like any other
+        await col.wait(lambda got: len(got) >= 4)
+        assert bodies(col)[:4] == [b"m0", b"m1", b"traced", b"m3"]
+        # and the next publishes are answered without a trace
+        assert await c.publish(topic, b"m4") == 5

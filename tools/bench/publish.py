@@ -67,6 +67,7 @@ from tools.bench.load import cpu_seconds as cpu_seconds
 from tools.bench.load import fixed_rate as fixed_rate
 from tools.bench.load import with_cpu as with_cpu
 from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer, redis_capacity
+from tools.bench.stages import StageSampler, cpu_rows, process_cpu, stage_rows
 
 CONFIGS = ((1, 1, 1), (3, 2, 2))
 PEERS = ("redis", "nats", "floor")
@@ -94,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=256, help="publishes in flight per publisher")
     parser.add_argument("--rate", type=int, default=5000, help="fixed-rate run in msg/s (0: skip it)")
     parser.add_argument("--rate-seconds", type=float, default=5.0, help="length of the fixed-rate run")
+    parser.add_argument("--trace-every", type=int, default=100,
+                        help="fixed-rate run: trace 1 Quire publish in N for the per-stage breakdown (0: off)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="repeat the throughput cases; ratios use each side's best round")
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to compare against (comma-separated)")
@@ -213,6 +216,21 @@ def quire_pids(cluster: Any) -> list[int]:
     return [p for p in pids if p is not None]
 
 
+def quire_processes(cluster: Any) -> dict[str, int]:
+    """The hub and bookie processes of a LocalCluster by name (``hub-0``, ``bookie-0``...), for ``cpu`` rows."""
+    named = {f"hub-{i}": cluster.hub_pid(i) for i in range(len(cluster.hub_addresses))}
+    named.update({f"bookie-{i}": cluster.bookie_pid(i) for i in range(len(cluster.bookie_addresses))})
+    return {name: pid for name, pid in named.items() if pid is not None}
+
+
+def peer_processes(peer: Any) -> dict[str, int]:
+    """A peer's processes by name for ``cpu`` rows: the floor's relay and sinks, else ``server-N``."""
+    pids = list(peer.pids)
+    if isinstance(peer, FloorPeer) and len(pids) == peer.sinks + 1:
+        return {**{f"sink-{i}": pid for i, pid in enumerate(pids[:-1])}, "relay": pids[-1]}
+    return {f"server-{i}": pid for i, pid in enumerate(pids)}
+
+
 # -- the systems under load ---------------------------------------------------------------------
 
 
@@ -268,8 +286,10 @@ class RedisPipe:
 
 @contextlib.asynccontextmanager
 async def quire_publishers(addresses: list[str], n: int, body: bytes, window: int, run_id: str,
-                           overrides: dict[str, str] | None = None) -> AsyncIterator[list[Submit]]:
-    """``n`` HedwigClient connections, each publishing to its own topic (ownership claimed first)."""
+                           overrides: dict[str, str] | None = None,
+                           sampler: StageSampler | None = None) -> AsyncIterator[list[Submit]]:
+    """``n`` HedwigClient connections, each publishing to its own topic (ownership claimed first);
+    with ``sampler``, some publishes are traced (``tools.bench.stages``)."""
     from hub.client import HedwigClient
 
     conf = client_conf(window, overrides)
@@ -279,7 +299,8 @@ async def quire_publishers(addresses: list[str], n: int, body: bytes, window: in
         for i, c in enumerate(clients):
             topic = f"bench-{run_id}-{i}".encode()
             await c.publish(topic, body)  # claims the topic and opens its ledger outside the timing
-            submits.append(functools.partial(c.publish_async, topic, body))
+            plain = functools.partial(c.publish_async, topic, body)
+            submits.append(sampler.wrap(c, topic, body, plain) if sampler is not None else plain)
         yield submits
     finally:
         for c in clients:
@@ -409,15 +430,28 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                                 yield lines[-1]
                 if args.rate > 0:   # both configurations: E1 W1 A1 keeps one copy, as Redis does
                     body = os.urandom(sizes[0])
-                    out, cpu = with_cpu(quire_pids(cluster), loop, _measure("quire", cluster, args, body, None))
+                    sampler = StageSampler(args.trace_every)
+                    named = quire_processes(cluster)
+                    before = process_cpu(named)
+                    out, cpu = with_cpu(quire_pids(cluster), loop,
+                                        _measure("quire", cluster, args, body, None, sampler))
+                    after = process_cpu(named)
                     lines.append(_rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
                                             **conf_fields(overrides), **cpu))
                     yield lines[-1]
+                    fields = {"system": "quire", "config": config, "rate": args.rate}
+                    yield from stage_rows(sampler.samples, **fields, trace_every=args.trace_every)
+                    yield from cpu_rows(before, after, len(out.latencies), **fields)
                     for peer in peers if last else []:
+                        named = peer_processes(peer)
+                        before = process_cpu(named)
                         out, cpu = with_cpu(peer.pids, loop, _measure(peer.name, peer.url, args, body, None))
+                        after = process_cpu(named)
                         lines.append(_rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
                                                 **_peer_fields(peer), **cpu))
                         yield lines[-1]
+                        yield from cpu_rows(before, after, len(out.latencies), system=_system(peer.name),
+                                            rate=args.rate)
             finally:
                 loop.run(cluster.stop())
     yield from ratio_lines("publish", lines, ("size",))
@@ -491,11 +525,12 @@ def p99_lines(bench: str, lines: list[dict[str, Any]]) -> Iterator[dict[str, Any
             yield line
 
 
-def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes) -> Any:
+def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes,
+                sampler: StageSampler | None = None) -> Any:
     run_id = uuid.uuid4().hex[:8]
     if system == "quire":
         return quire_publishers(where.hub_addresses, args.publishers, body, args.window, run_id,
-                                getattr(args, "conf_overrides", None))
+                                getattr(args, "conf_overrides", None), sampler)
     if system == "redis":
         return redis_publishers(where, args.publishers, body, run_id)
     if system == "floor":
@@ -504,9 +539,9 @@ def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes) 
 
 
 async def _measure(system: str, where: Any, args: argparse.Namespace, body: bytes,
-                   per_publisher: int | None) -> Outcome:
+                   per_publisher: int | None, sampler: StageSampler | None = None) -> Outcome:
     """A closed-loop run of ``per_publisher`` publishes each, or (``None``) the fixed-rate run."""
-    async with _publishers(system, where, args, body) as submits:
+    async with _publishers(system, where, args, body, sampler) as submits:
         if per_publisher is None:
             return await fixed_rate(submits, args.rate, args.rate_seconds, args.window)
         return await closed_loop(submits, per_publisher, args.window)
