@@ -33,6 +33,7 @@ from hub import errors, tracing
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
+from hub.frames import message_batch
 from hub.proto import pubsub_pb2 as pb
 from metastore.tasks import spawn
 
@@ -266,15 +267,14 @@ class EntryBatcher:
 
     def _send(self, batch: Batch) -> None:
         first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
-        entry = pb.MessageBatch(first_local_seq_id=first)
-        entry.messages.extend(m for m, _ in batch)
+        entry = message_batch(first, [m for m, _ in batch])
         lh = self.lh
         assert lh is not None          # _pump sends only into an open ledger
         add = InflightAdd(lh, first, batch)
         self._inflight.append(add)
         self.entries_in_ledger += 1
         try:
-            entry_id = add.lh.async_add_entry(entry.SerializeToString(), functools.partial(self._settle, add))
+            entry_id = add.lh.async_add_entry(entry, functools.partial(self._settle, add))
         except Exception as exc:   # refused before anything was sent: a failed add, in order
             add.settled, add.error = True, exc
             return

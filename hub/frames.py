@@ -14,11 +14,13 @@ them with the frames protobuf builds.
 from __future__ import annotations
 
 import functools
+import struct
+from collections.abc import Iterable
 
 from bookie.wire.framing import LENGTH_PREFIX
 from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["delivery", "delivery_batch", "published"]
+__all__ = ["delivery", "delivery_batch", "message_batch", "published"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -55,6 +57,12 @@ def _field(tag: bytes, data: bytes) -> bytes:
 def _varint(n: int) -> bytes:
     if n < 0x80:
         return _SMALL_VARINTS[n]
+    if n < 0x4000:
+        return _VARINT_2.pack(n & 0x7F | 0x80, n >> 7)
+    if n < 0x200000:
+        return _VARINT_3.pack(n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
+    if n < 0x10000000:
+        return _VARINT_4.pack(n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, (n >> 14) & 0x7F | 0x80, n >> 21)
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -64,6 +72,7 @@ def _varint(n: int) -> bytes:
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
+_VARINT_2, _VARINT_3, _VARINT_4 = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
 _DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimited
 _PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
 _VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()
@@ -88,11 +97,43 @@ def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
     most frequent response); byte for byte what ``encode`` of
     ``response(txn_id, topic=topic)`` with the msg id set gives (tested).
     """
-    seq = b"\x08" + _varint(seq_id) if seq_id else b""   # MessageSeqId.localComponent (varint 1)
-    body = _VERSION_ONE_FIELD
+    if seq_id:   # publishResponse { publishedMsgId { localComponent (varint 1) } }: lengths under 0x80
+        seq = _varint(seq_id)
+        n = len(seq)
+        tail = _published_tail(topic) + _SMALL_VARINTS[n + 3] + b"\x0a" + _SMALL_VARINTS[n + 1] + b"\x08" + seq
+    else:
+        tail = _published_tail(topic) + b"\x02\x0a\x00"
     if txn_id:
-        body += b"\x18" + _varint(txn_id)                 # txnId (varint 3)
-    if topic:
-        body += _field(b"\x2a", topic)                    # topic (bytes 5)
-    body += _field(_PUBLISH_RESPONSE_TAG, _field(b"\x0a", seq))   # publishResponse.publishedMsgId
+        body = _VERSION_TXN + _varint(txn_id) + tail                # txnId (varint 3)
+    else:
+        body = _VERSION_ONE_FIELD + tail
     return LENGTH_PREFIX.pack(len(body)) + body
+
+
+_VERSION_TXN = _VERSION_ONE_FIELD + b"\x18"
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _published_tail(topic: bytes) -> bytes:
+    """``published``'s fields after the txn id up to the publish response's length: the topic (bytes 5), then
+    the ``publishResponse`` tag."""
+    return (_field(b"\x2a", topic) if topic else b"") + _PUBLISH_RESPONSE_TAG
+
+
+def message_batch(first: int, messages: Iterable[pb.Message]) -> bytes:
+    """A ledger entry: the serialized ``MessageBatch(first_local_seq_id=first, messages=messages)``.
+
+    Put together from each message's own serialization (the hub's publish
+    path, one per entry): byte for byte what protobuf serializes (tested),
+    without building and copying into a ``MessageBatch``, which cost about
+    twice as much.
+    """
+    parts = [b"\x08" + _varint(first)] if first else []   # first_local_seq_id (varint 1)
+    for message in messages:
+        wire = message.SerializeToString()
+        parts.append(_BATCH_MESSAGES_TAG + _varint(len(wire)))   # messages (2), length-delimited
+        parts.append(wire)
+    return b"".join(parts)
+
+
+_BATCH_MESSAGES_TAG = _varint(2 << 3 | 2)

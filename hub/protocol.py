@@ -536,6 +536,7 @@ class ClientConnection(Generic[T]):
 
 # --- server-side builders (the hand-assembled ones are hub.frames') -------------------------------
 
+
 def published_batch(txn_id: int, topic: bytes, first: int, stored: int, status: int = pb.SUCCESS,
                     message: str = "") -> bytes:
     """The answer to a batched publish: ``stored`` messages from seq id ``first`` on (all of them with SUCCESS;

@@ -30,20 +30,25 @@ What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
   until due, ``hub.delayed``).
 
 Counters are plain integers on the hot path (``HubStats.incr``), exported at
-scrape time; only latencies go to a ``Histogram``. A scrape never fails
+scrape time; so are the latency histograms (``HubMetrics.observe``: a bucket
+index and two additions per request, where ``prometheus_client``'s
+``Histogram.observe`` took three locks, about 4 µs of every publish). A scrape never fails
 because of one broken source: a gauge that cannot be read is skipped.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
+import itertools
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sized
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from bookie.metrics import metric_name
 
@@ -145,22 +150,43 @@ class MetricsSource(Protocol):
     def frame_budget(self) -> FrameBudget: ...
 
 
+class _Latency:
+    """One operation's latency histogram as plain numbers: per-bucket (not cumulative) counts, the last
+    one past every bound, and the sum of the seconds observed."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.sum = 0.0
+
+
 class HubMetrics(Collector):
     """See the module docstring. ``server`` is the hub it reports on (``MetricsSource``)."""
 
     def __init__(self, server: MetricsSource) -> None:
         self.server = server
         self.registry = CollectorRegistry()
-        self.latency = Histogram(_name("request_seconds"), "request latency by operation (PubSubServer)",
-                                 ["op"], registry=self.registry, buckets=LATENCY_BUCKETS)
-        # every op present from the first scrape; children looked up once, not per request
-        self._by_op = {op: self.latency.labels(op) for op in OPS}
+        self._by_op = {op: _Latency() for op in OPS}   # every op present from the first scrape
         self.registry.register(self)
 
     def observe(self, op: str, seconds: float) -> None:
-        self._by_op[op].observe(seconds)
+        latency = self._by_op[op]
+        latency.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1   # the first bound >= seconds
+        latency.sum += seconds
+
+    def _latency(self) -> Metric:
+        """``hub_request_seconds{op}``: the histogram ``prometheus_client.Histogram`` would export."""
+        family = HistogramMetricFamily(_name("request_seconds"), "request latency by operation (PubSubServer)",
+                                       labels=["op"])
+        bounds = [*map(floatToGoString, LATENCY_BUCKETS), "+Inf"]
+        for op, latency in self._by_op.items():
+            family.add_metric([op], list(zip(bounds, itertools.accumulate(latency.counts), strict=True)),
+                              latency.sum)
+        return family
 
     def collect(self) -> Iterable[Metric]:
+        yield self._latency()
         counters = dict(self.server.stats.counters)
         for key, (subject, doc) in _PACKETS.items():
             yield CounterMetricFamily(_name(subject), doc, value=counters.get(key, 0))

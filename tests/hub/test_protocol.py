@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hub.frames import message_batch
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
     MAX_SUBSCRIBER_BYTES,
@@ -298,3 +299,14 @@ def test_half_close_waits_for_the_answers_in_flight() -> None:
     idle = server()
     idle.eof_received()
     assert idle.close_now
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**64 - 1),
+       st.lists(st.tuples(st.binary(max_size=300), st.integers(min_value=0, max_value=2**63 - 1),
+                          st.binary(max_size=20)), max_size=5))
+def test_a_message_batch_entry_is_what_protobuf_serializes(first: int, fields: list[tuple[bytes, int, bytes]]) -> None:
+    messages = [pb.Message(body=body, publishTimeMs=ms, srcRegion=region) for body, ms, region in fields]
+    entry = pb.MessageBatch(first_local_seq_id=first)
+    entry.messages.extend(messages)
+    assert message_batch(first, messages) == entry.SerializeToString()

@@ -95,6 +95,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=256, help="publishes in flight per publisher")
     parser.add_argument("--rate", type=int, default=5000, help="fixed-rate run in msg/s (0: skip it)")
     parser.add_argument("--rate-seconds", type=float, default=5.0, help="length of the fixed-rate run")
+    parser.add_argument("--config", action="append", default=None, choices=[_config_name(c) for c in CONFIGS],
+                        help="Quire configurations to run (repeatable; default all; peers run after the last)")
     parser.add_argument("--trace-every", type=int, default=100,
                         help="fixed-rate run: trace 1 Quire publish in N for the per-stage breakdown (0: off)")
     parser.add_argument("--rounds", type=int, default=1,
@@ -103,6 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, no peers")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
     add_conf_argument(parser)
+
+
+def _config_name(ewa: tuple[int, int, int]) -> str:
+    return "E{}W{}A{}".format(*ewa)
 
 
 def add_conf_argument(parser: argparse.ArgumentParser) -> None:
@@ -404,9 +410,10 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 yield {"bench": "publish", "case": name, "system": name, "skipped": str(exc)}
                 continue
             peers.append(peer)
-        for e, w, a in CONFIGS:
-            config = f"E{e}W{w}A{a}"
-            last = (e, w, a) == CONFIGS[-1]
+        configs = [c for c in CONFIGS if not getattr(args, "config", None) or _config_name(c) in args.config]
+        for e, w, a in configs:
+            config = _config_name((e, w, a))
+            last = (e, w, a) == configs[-1]
             cluster = quire_cluster(data_dir, e, w, a, **overrides)
             loop.run(cluster.start())
             try:
