@@ -332,6 +332,7 @@ class Dispatcher:
                 await self._wake.wait()
 
     async def _fetch(self, seq: int, out: dict[ConsumerSlot, list[bytes]]) -> Message | None:
+        """Message ``seq`` from the log (``_pass`` takes a cached one itself: no coroutine per message)."""
         msg = self.cache.cached(self.topic, seq)
         if msg is not None:
             return msg
@@ -397,7 +398,7 @@ class Dispatcher:
                 if self.cursor.is_acked(seq):
                     self.next_read = seq + 1
                     continue
-                msg = await self._fetch(seq, out)
+                msg = self.cache.cached(self.topic, seq) or await self._fetch(seq, out)
                 self.next_read = max(self.next_read, seq + 1)
                 if msg is None:
                     continue
