@@ -43,10 +43,31 @@ def delivery_batch(topic: bytes, subscriber: bytes, wires: list[bytes], consumer
     ``Delivery.messages``; assembled like ``delivery``, byte for byte what protobuf serializes (tested).
     ``consumer_id``: the consumer it is for (``Delivery.consumerId``, after the messages as field 5)."""
     head, inner = _delivery_head(topic, subscriber)
-    tag = _MESSAGES_TAG
-    tail = _CONSUMER_ID_TAG + _varint(consumer_id) if consumer_id else b""
-    body = head + _field(_DELIVERY_TAG, inner + b"".join([tag + _varint(len(w)) + w for w in wires]) + tail)
-    return LENGTH_PREFIX.pack(len(body)) + body
+    # one join: each wire is copied once (into the frame), not once per nesting level
+    parts = [b"", head, b"", inner]   # the length prefix and the delivery field's lead come last
+    size = len(inner)
+    leads = _MESSAGES_LEADS
+    for w in wires:
+        n = len(w)
+        lead = leads.get(n)
+        if lead is None:
+            lead = _MESSAGES_TAG + _varint(n)
+            if n < 1 << 14:
+                leads[n] = lead
+        parts.append(lead)
+        parts.append(w)
+        size += len(lead) + n
+    if consumer_id:
+        tail = _CONSUMER_ID_TAG + _varint(consumer_id)
+        parts.append(tail)
+        size += len(tail)
+    lead = parts[2] = _DELIVERY_TAG + _varint(size)
+    parts[0] = LENGTH_PREFIX.pack(len(head) + len(lead) + size)
+    return b"".join(parts)
+
+
+_MESSAGES_LEADS: dict[int, bytes] = {}
+"""``Delivery.messages``' tag and length varint by message length (under 16 KiB), made once each."""
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
