@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 
 import pytest
 
 from bookie import errors as proto_errors
-from bookie import protocol
+from bookie import protocol, tracing
 from bookie.connection import FLUSH_BYTES, BookieConnection, BookieConnectionPool
 from bookie.digest import encode_entry, master_key
 from bookie.errors import BKError, BookieUnavailableError
@@ -332,5 +333,39 @@ async def test_a_real_bookie_serves_adds_of_several_ledgers_in_one_frame(shared_
         got = await _submit_mixed(conn, mixed)
         assert got == [(base, 3, protocol.OK), (base + 1, 3, protocol.UNAUTHORIZED), (base + 2, 3, protocol.OK)]
         assert conn.batch_ledgers
+    finally:
+        conn.close()
+
+
+async def test_watched_adds_leave_in_traced_frames_and_get_the_bookies_stage_times(
+        shared_bookie: BookieProcess) -> None:
+    """bookie.tracing: a watched add's frame (one ledger, several ledgers, or a lone add, which goes as
+    ADD_ENTRIES then) carries Request.trace; the real bookie answers with its stage times, in order."""
+    conn = await BookieConnection.connect(shared_bookie.address)
+    try:
+        base = 8_000_000 + _free_port()
+        ledgers = [protocol.AddBodies(base + i, KEY) for i in range(2)]
+        cases = [_interleaved(ledgers, 2),                               # ADD_ENTRIES_MULTI
+                 [(ledgers[0], 2, _payloads(4, ledger_id=base)[2]),      # ADD_ENTRIES of one ledger
+                  (ledgers[0], 3, _payloads(4, ledger_id=base)[3])],
+                 [(ledgers[1], 2, _payloads(3, ledger_id=base + 1)[2])]]  # a lone add
+        for adds in cases:
+            lg, entry_id, _ = adds[-1]
+            trace = tracing.AddTrace()
+            tracing.watch(lg.ledger_id, entry_id, trace)
+            try:
+                before = time.monotonic_ns()
+                got = await _submit_mixed(conn, adds)
+                assert got == [(a.ledger_id, e, protocol.OK) for a, e, _ in adds]
+            finally:
+                assert tracing.unwatch(lg.ledger_id, entry_id) is trace
+            (copy,) = trace.bookies
+            assert copy.address == shared_bookie.address
+            sent, read, written, acked, ack_read = copy.times
+            assert before <= sent <= read <= written <= acked <= ack_read <= time.monotonic_ns()
+        assert not tracing.FRAMES and not tracing.WATCHED
+        # nothing watched: no traced frame, no times
+        got = await _submit_mixed(conn, [(ledgers[0], 4, _payloads(5, ledger_id=base)[4])])
+        assert got == [(base, 4, protocol.OK)] and not tracing.FRAMES
     finally:
         conn.close()
