@@ -171,13 +171,15 @@ def name_problem(name: bytes, what: str, limit: int) -> str | None:
     """
     if len(name) > limit:
         return f"{what} of {len(name)} bytes is over the limit of {limit} bytes"
+    if type(name) is not bytes:   # a caller's bytearray or memoryview: hashable, as the cache needs
+        name = bytes(name)
     if name in _VALID_NAMES:   # every request names its topic: the common case is one dict lookup
         return None
-    problem = _short_name_problem(bytes(name), what, limit)
+    problem = _short_name_problem(name, what, limit)
     if problem is None:
         if len(_VALID_NAMES) >= _MAX_VALID_NAMES:
             _VALID_NAMES.clear()
-        _VALID_NAMES[bytes(name)] = None
+        _VALID_NAMES[name] = None
     return problem
 
 
