@@ -265,7 +265,8 @@ class BookieConnection(asyncio.Protocol):
         if self.is_closed or self._transport is None:
             callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
             return
-        if not self.batch_adds or len(payload) >= FLUSH_BYTES:
+        if not self.batch_adds or (len(payload) >= FLUSH_BYTES and not (
+                tracing.WATCHED and (ledger.ledger_id, entry_id) in tracing.WATCHED)):   # a traced one: ADD_ENTRIES
             self.submit_add(ledger.body(entry_id, payload), callback)
             return
         self._entries.append(payload)

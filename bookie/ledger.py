@@ -97,6 +97,11 @@ class LedgerHandle:
         last = await writer.add_many([bytes(d) for d in items])
         return list(range(first, last + 1)) if items else []
 
+    @property
+    def next_entry_id(self) -> int:
+        """The entry id the next add will get (a writer's handle)."""
+        return self._require_writer().next_entry_id
+
     def async_add_entry(self, data: bytes, callback: AddCallback) -> int:
         """Start an add without waiting; ``callback(entry_id, error)`` runs when it completes or fails.
 

@@ -1,14 +1,14 @@
 """Stage times of sampled adds on the ledger client's side (the bench's per-stage breakdown).
 
     trace = AddTrace()
-    watch(ledger_id, entry_id, trace)       # the writer of a traced publish, after submitting its entry
+    watch(ledger_id, entry_id, trace)       # before the add of a traced publish's entry is submitted
     ...                                     # the connections frame it as a traced ADD_ENTRIES and
     trace.bookies                           # fill in each bookie's stages as its answer is read
     unwatch(ledger_id, entry_id)            # once the add completed (or failed)
 
 A traced add leaves as an ADD_ENTRIES frame with ``Request.trace`` set
-(a lone traced add too, which would otherwise go as an ADD_ENTRY: the
-sampled add takes the batch path); the bookie answers it with
+(a lone or a large traced add too, which would otherwise go as an
+ADD_ENTRY: the sampled add takes the batch path); the bookie answers it with
 ``Response.trace_ns`` (read, journal written, answer queued), and the
 connection adds its own two times (framed, answer read) per bookie.
 

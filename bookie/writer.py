@@ -69,7 +69,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from bookie import digest as digests
-from bookie import errors, protocol
+from bookie import errors, protocol, tracing
 from bookie.connection import FLUSH_BYTES, BookieConnection
 from bookie.context import ClientContext
 from bookie.ensemble_change import new_segment, quorum_reachable, write_new_segment
@@ -286,7 +286,7 @@ class LedgerWriter:
                     self._connect(idx)
                     continue
             p.sent |= bit
-            if len(p.payload) < _LARGE_ADD:
+            if len(p.payload) < _LARGE_ADD or (tracing.WATCHED and (self.ledger_id, p.entry_id) in tracing.WATCHED):
                 conn.submit_entry(ledger, p.entry_id, p.payload, self._callbacks[idx])
                 continue
             if not p.request:   # goes alone anyway: one body shared by every bookie, not one copy each

@@ -273,13 +273,15 @@ class EntryBatcher:
         add = InflightAdd(lh, first, batch)
         self._inflight.append(add)
         self.entries_in_ledger += 1
+        if tracing.MESSAGES:   # a sampled publish is in it (hub.tracing): watched before its frames are made
+            try:
+                tracing.sent(batch, lh.ledger_id, lh.next_entry_id)
+            except Exception:   # the add below fails the same way, in order
+                log.debug("topic %r: no entry id to trace", self.topic)
         try:
-            entry_id = add.lh.async_add_entry(entry, functools.partial(self._settle, add))
+            add.lh.async_add_entry(entry, functools.partial(self._settle, add))
         except Exception as exc:   # refused before anything was sent: a failed add, in order
             add.settled, add.error = True, exc
-            return
-        if tracing.MESSAGES:   # a sampled publish is in it (hub.tracing)
-            tracing.sent(batch, lh.ledger_id, entry_id)
 
     def _take_batch(self) -> Batch:
         batch: Batch = []

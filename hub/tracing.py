@@ -1,7 +1,7 @@
 """Stage times of sampled publishes in the hub (the bench's per-stage breakdown, ``quire bench publish``).
 
     trace = start(message)                   # a publish with PublishRequest.trace: the hub read it
-    sent(batch, ledger_id, entry_id)         # the topic log sent the entry holding it (watched by bookie.tracing)
+    sent(batch, ledger_id, entry_id)         # the topic log sends the entry holding it (watched by bookie.tracing)
     answer = finish(trace)                   # its add completed: a PublishTrace for the answer
 
 A client samples a publish by setting ``PublishRequest.trace`` on a
@@ -18,9 +18,8 @@ collected from the servers afterwards. "Framed" and "queued" times are
 stamped when the bytes enter a connection's outbox, which writes them at
 the end of that loop turn.
 
-Cost when no publish is traced: one test of an empty dict per entry sent.
-A traced message that leaves in an entry of 64 KiB or more (sent alone by
-the ledger client the moment it is submitted) has no bookie stages.
+Cost when no publish is traced: one test of an empty dict per entry sent
+(and per add of 64 KiB or more in the ledger client).
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def start(message: pb.Message) -> HubTrace:
 
 
 def sent(batch: Sequence[tuple[pb.Message, Any]], ledger_id: int, entry_id: int) -> None:
-    """The entry ``(ledger_id, entry_id)`` of ``batch`` was submitted: watch the adds of its traced messages."""
+    """The entry ``(ledger_id, entry_id)`` of ``batch`` is about to be added: watch its traced messages' adds."""
     for message, _ in batch:
         trace = MESSAGES.pop(id(message), None)
         if trace is not None:

@@ -337,3 +337,8 @@ async def test_a_traced_publish_answers_with_the_stage_times_of_the_hub_and_both
         assert bodies(col)[:4] == [b"m0", b"m1", b"traced", b"m3"]
         # and the next publishes are answered without a trace
         assert await c.publish(topic, b"m4") == 5
+        # an entry of 64 KiB or more (which the ledger client sends as an ADD_ENTRY at once) is traced too
+        big = await c.publish_traced(topic, b"x" * 70_000)
+        assert big.seq_id == 6 and len(big.trace.bookies) == 2
+        assert all(big.trace.add_sent_ns <= b.read_ns <= b.journal_written_ns <= b.ack_read_ns
+                   for b in big.trace.bookies)

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.tools.test_bench_peers import _gone
-from tools.bench.floor import FloorPeer, floor_publishers, frame, split_frames
+from tools.bench.floor import KEY, TRACE_BIT, FloorPeer, floor_publishers, frame, split_acks, split_frames, traced_ack
 from tools.bench.peers import PeerStartError
 from tools.bench.publish import FLOOR, PEERS, Runner, closed_loop, ratio_lines
+from tools.bench.stages import StageSampler, stage_rows
 
 
 def test_split_frames_keeps_a_partial_frame_for_the_next_read() -> None:
@@ -72,3 +73,41 @@ def test_the_floor_is_a_default_peer_and_its_ratio_line_has_no_target() -> None:
     assert floor["vs"] == FLOOR and floor["ratio"] == 0.5
     assert "target" not in floor and "meets_target" not in floor
     assert redis["vs"] == "redis" and redis["meets_target"]
+
+
+def test_split_acks_reads_bare_and_traced_acks_and_keeps_a_partial_one() -> None:
+    data = KEY.pack(3) + traced_ack(4, (10, 20, 30)) + KEY.pack(5) + traced_ack(2**62, ())
+    buf = bytearray(data[:-3])
+    assert split_acks(buf) == [(3, None), (4, (10, 20, 30)), (5, None)]
+    buf += data[-3:]
+    assert split_acks(buf) == [(2**62, ())] and not buf
+    assert KEY.unpack_from(traced_ack(4, ()))[0] == 4 | TRACE_BIT
+
+
+def test_a_traced_floor_answers_sampled_publishes_with_each_process_stage_times(tmp_path: Path) -> None:
+    """``FloorPeer(trace=True)``: 1 publish in 5 comes back with the relay's and both sinks' times, in the
+    order a message passes them; the others are answered as before."""
+    body = os.urandom(100)
+    sampler = StageSampler(every=5)
+
+    async def load(url: str) -> tuple[int, int]:
+        async with floor_publishers(url, 2, body, "t", sampler) as submits:
+            out = await closed_loop(submits, 50, 8)
+        return len(out.latencies), out.errors
+
+    peer = FloorPeer(tmp_path, trace=True).start()
+    try:
+        with Runner() as loop:
+            assert loop.run(asyncio.wait_for(load(peer.url), 30)) == (100, 0)
+    finally:
+        peer.stop()
+    assert len(sampler.samples) == 20
+    for got in sampler.samples:
+        t = got.trace
+        assert got.sent_ns <= t.hub_read_ns <= t.add_sent_ns <= t.hub_ack_read_ns <= t.answer_sent_ns <= got.read_ns
+        assert len(t.bookies) == 2
+        for b in t.bookies:
+            assert t.add_sent_ns <= b.read_ns <= b.journal_written_ns <= b.ack_sent_ns <= b.ack_read_ns
+    rows = {r["stage"]: r for r in stage_rows(sampler.samples, system=FLOOR)}
+    assert rows["bookie_journal"]["samples"] == 40 and rows["total"]["samples"] == 20
+    assert sum(len(peer.sink_file(i).read_bytes()) for i in range(3)) == 2 * (100 + 2) * len(body)

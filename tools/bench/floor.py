@@ -29,6 +29,15 @@ three bookies, each journaling it with ``O_DSYNC`` before acking):
   before it acks them. Reads pile up in the socket while it syncs, so that
   is group commit, like the bookie journal's one ``pwrite`` per group.
 
+The stage breakdown (``--trace`` on every process, ``FloorPeer(trace=True)``,
+``FloorClient.publish_traced``): a client sets ``TRACE_BIT`` in the key of a
+sampled frame; the relay stamps when it read it and when it wrote it to the
+sinks and marks the relay key alike; each sink answers a marked key with its
+times (read, written, ack queued) after it; the relay answers the client with
+all of them, the time it read each sink's ack, and the time it queued the
+answer. A traced ack is ``[key | TRACE_BIT][count][count x u64]``
+(``split_acks``). Without ``--trace`` none of this runs.
+
 What it leaves out, on purpose: protobuf and any real wire protocol (frames
 are ``[4-byte BE length of what follows][8-byte key][payload]``; acks are bare
 8-byte keys), topics, ledgers, entry ids, metadata and ZooKeeper/LMDB,
@@ -72,6 +81,8 @@ HEADER = struct.Struct(">IQ")
 """A frame's head: the length of what follows (key + payload), then the 8-byte key."""
 KEY = struct.Struct(">Q")
 """An ack: the bare 8-byte key (sink -> relay: the relay's key; relay -> client: the client's id)."""
+TRACE_BIT = 1 << 63
+"""In a key: a traced frame, or a traced ack followed by its count and times (``split_acks``)."""
 
 
 def split_frames(buf: bytearray) -> list[tuple[int, bytes]]:
@@ -100,6 +111,34 @@ def split_keys(buf: bytearray) -> list[int]:
     return keys
 
 
+def split_acks(buf: bytearray) -> list[tuple[int, tuple[int, ...] | None]]:
+    """``split_keys`` with traced acks: ``(key, None)``, or ``(key without TRACE_BIT, times)``; a partial
+    record stays in ``buf``."""
+    out: list[tuple[int, tuple[int, ...] | None]] = []
+    off, end = 0, len(buf)
+    while end - off >= KEY.size:
+        (key,) = KEY.unpack_from(buf, off)
+        if not key & TRACE_BIT:
+            out.append((key, None))
+            off += KEY.size
+            continue
+        if end - off < 2 * KEY.size:
+            break
+        (count,) = KEY.unpack_from(buf, off + KEY.size)
+        stop = off + (2 + count) * KEY.size
+        if stop > end:
+            break
+        out.append((key & ~TRACE_BIT, struct.unpack_from(f">{count}Q", buf, off + 2 * KEY.size)))
+        off = stop
+    del buf[:off]
+    return out
+
+
+def traced_ack(key: int, times: Sequence[int]) -> bytes:
+    """A traced ack of ``key``: the key with ``TRACE_BIT``, the count of ``times``, the times."""
+    return struct.pack(f">QQ{len(times)}Q", key | TRACE_BIT, len(times), *times)
+
+
 def frame(key: int, payload: bytes) -> bytes:
     return HEADER.pack(KEY.size + len(payload), key) + payload
 
@@ -110,8 +149,9 @@ def frame(key: int, payload: bytes) -> bytes:
 class SinkProtocol(asyncio.Protocol):
     """One relay connection of a sink: each read's frames -> one ``O_DSYNC`` write -> one write of their keys."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, trace: bool = False) -> None:
         self._fd = fd
+        self._trace = trace
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
 
@@ -119,20 +159,27 @@ class SinkProtocol(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
 
     def data_received(self, data: bytes) -> None:
+        read = time.monotonic_ns() if self._trace else 0
         self._buf += data
         frames = split_frames(self._buf)
         if not frames or self._transport is None:
             return
         # The sync happens here, on the loop thread: reads that arrive meanwhile form the next group.
         os.write(self._fd, b"".join(payload for _, payload in frames))
+        if self._trace and any(key & TRACE_BIT for key, _ in frames):
+            written = time.monotonic_ns()
+            self._transport.write(b"".join(
+                traced_ack(key & ~TRACE_BIT, (read, written, time.monotonic_ns())) if key & TRACE_BIT
+                else KEY.pack(key) for key, _ in frames))
+            return
         self._transport.write(b"".join(KEY.pack(key) for key, _ in frames))
 
 
-async def serve_sink(port: int, path: str) -> None:
+async def serve_sink(port: int, path: str, trace: bool = False) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_DSYNC, 0o644)
     try:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(lambda: SinkProtocol(fd), HOST, port)
+        server = await loop.create_server(lambda: SinkProtocol(fd, trace), HOST, port)
         await _serve(server, "sink")
     finally:
         os.close(fd)
@@ -144,11 +191,13 @@ async def serve_sink(port: int, path: str) -> None:
 class Relay:
     """The relay's state: the sink connections and, per relay key, who waits for how many acks."""
 
-    def __init__(self, copies: int) -> None:
+    def __init__(self, copies: int, trace: bool = False) -> None:
         self.copies = copies
+        self.trace = trace
         self.sinks: list[SinkConnection] = []
         self.next_key = 0
         self.waiting: dict[int, list[Any]] = {}  # key -> [client, client id, acks missing]
+        self.traces: dict[int, list[int]] = {}   # traced relay key -> [read, sent, then per sink ack 4 times]
         self.lost = asyncio.Event()
 
 
@@ -168,8 +217,11 @@ class ClientConnection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
-        self._buf += data
         relay = self._relay
+        if relay.trace:
+            self._traced_data(data)
+            return
+        self._buf += data
         sinks, copies, waiting = relay.sinks, relay.copies, relay.waiting
         n = len(sinks)
         batches: list[list[bytes]] = [[] for _ in sinks]
@@ -182,6 +234,37 @@ class ClientConnection(asyncio.Protocol):
                 batch.append(head)
                 batch.append(payload)
             waiting[key] = [self, KEY.pack(client_id), copies]
+        for sink, batch in zip(sinks, batches, strict=True):
+            if batch:
+                sink.write(batch)
+
+    def _traced_data(self, data: bytes) -> None:
+        """``data_received`` with ``--trace``: a client key with ``TRACE_BIT`` is traced through the sinks."""
+        read = time.monotonic_ns()
+        self._buf += data
+        relay = self._relay
+        sinks, copies, waiting = relay.sinks, relay.copies, relay.waiting
+        n = len(sinks)
+        batches: list[list[bytes]] = [[] for _ in sinks]
+        traced: list[int] = []
+        for client_id, payload in split_frames(self._buf):
+            key = relay.next_key
+            relay.next_key = key + 1
+            marked = key
+            if client_id & TRACE_BIT:
+                relay.traces[key] = [read, 0]
+                traced.append(key)
+                marked = key | TRACE_BIT
+            head = HEADER.pack(KEY.size + len(payload), marked)
+            for c in range(copies):
+                batch = batches[(key + c) % n]
+                batch.append(head)
+                batch.append(payload)
+            waiting[key] = [self, client_id, copies]
+        if traced:   # "sent" as the writes start: a sink on the other core may read them before they return
+            sent = time.monotonic_ns()
+            for key in traced:
+                relay.traces[key][1] = sent
         for sink, batch in zip(sinks, batches, strict=True):
             if batch:
                 sink.write(batch)
@@ -209,6 +292,9 @@ class SinkConnection(asyncio.Protocol):
             self._transport.writelines(chunks)
 
     def data_received(self, data: bytes) -> None:
+        if self._relay.trace:
+            self._traced_data(data)
+            return
         self._buf += data
         waiting = self._relay.waiting
         answered: dict[int, ClientConnection] = {}
@@ -225,12 +311,36 @@ class SinkConnection(asyncio.Protocol):
                 client.transport.write(b"".join(client.acks))
             client.acks.clear()
 
+    def _traced_data(self, data: bytes) -> None:
+        """``data_received`` with ``--trace``: a traced ack's times go with the client's answer."""
+        now = time.monotonic_ns()
+        self._buf += data
+        relay = self._relay
+        waiting, traces = relay.waiting, relay.traces
+        answered: dict[int, ClientConnection] = {}
+        for key, times in split_acks(self._buf):
+            entry = waiting[key]
+            if times is not None and key in traces:
+                traces[key].extend((*times, now))
+            entry[2] -= 1
+            if entry[2] == 0:
+                del waiting[key]
+                client: ClientConnection = entry[0]
+                stages = traces.pop(key, None)
+                client.acks.append(KEY.pack(entry[1]) if stages is None
+                                   else traced_ack(entry[1], (*stages, time.monotonic_ns())))
+                answered[id(client)] = client
+        for client in answered.values():
+            if client.transport is not None:
+                client.transport.write(b"".join(client.acks))
+            client.acks.clear()
 
-async def serve_relay(port: int, sinks: Sequence[str], copies: int) -> None:
+
+async def serve_relay(port: int, sinks: Sequence[str], copies: int, trace: bool = False) -> None:
     if not 1 <= copies <= len(sinks):
         raise SystemExit(f"floor relay: --copies {copies} needs 1..{len(sinks)} sinks")
     loop = asyncio.get_running_loop()
-    relay = Relay(copies)
+    relay = Relay(copies, trace)
     for address in sinks:
         host, _, sink_port = address.rpartition(":")
         _, conn = await loop.create_connection(functools.partial(SinkConnection, relay, address), host,
@@ -258,18 +368,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     sink = sub.add_parser("sink", help="append each read's payloads O_DSYNC, ack their keys")
     sink.add_argument("--port", type=int, default=0)
     sink.add_argument("--file", required=True)
+    sink.add_argument("--trace", action="store_true", help="answer traced frames with stage times")
     relay = sub.add_parser("relay", help="forward each client message to COPIES sinks, ack after all")
     relay.add_argument("--port", type=int, default=0)
     relay.add_argument("--sinks", required=True, help="HOST:PORT,HOST:PORT,...")
     relay.add_argument("--copies", type=int, default=2)
+    relay.add_argument("--trace", action="store_true", help="pass traced frames' stage times to the client")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvloop
 
     if args.role == "sink":
-        uvloop.run(serve_sink(args.port, args.file))
+        uvloop.run(serve_sink(args.port, args.file, args.trace))
     else:
-        uvloop.run(serve_relay(args.port, [s for s in args.sinks.split(",") if s], args.copies))
+        uvloop.run(serve_relay(args.port, [s for s in args.sinks.split(",") if s], args.copies, args.trace))
     return 0
 
 
@@ -288,10 +400,12 @@ class FloorPeer(Started):
     name = "floor"
     sinks = 3
 
-    def __init__(self, data_dir: str | os.PathLike[str], timeout: float = START_TIMEOUT, copies: int = 2) -> None:
+    def __init__(self, data_dir: str | os.PathLike[str], timeout: float = START_TIMEOUT, copies: int = 2,
+                 trace: bool = False) -> None:
         self.data_dir = Path(data_dir).resolve() / self.name
         self.timeout = timeout
         self.copies = copies
+        self.trace = trace   # --trace on every process: traced frames get stage times
         self.port = 0
         self.version = "python " + platform.python_version()
         self._procs: list[subprocess.Popen[bytes]] = []  # the sinks, then the relay
@@ -327,12 +441,13 @@ class FloorPeer(Started):
         """Start the sinks, then the relay connected to them; wait for each ready line."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            sinks = [self._spawn(f"sink-{i}", ["sink", "--port", "0", "--file", str(self.sink_file(i))])
+            tracing = ["--trace"] if self.trace else []
+            sinks = [self._spawn(f"sink-{i}", ["sink", "--port", "0", "--file", str(self.sink_file(i)), *tracing])
                      for i in range(self.sinks)]
             deadline = time.monotonic() + self.timeout
             sink_ports = [self._await_ready(proc, f"sink-{i}", deadline) for i, proc in enumerate(sinks)]
             relay = self._spawn("relay", ["relay", "--port", "0", "--copies", str(self.copies), "--sinks",
-                                          ",".join(f"{HOST}:{p}" for p in sink_ports)])
+                                          ",".join(f"{HOST}:{p}" for p in sink_ports), *tracing])
             self.port = self._await_ready(relay, "relay", deadline)
         except BaseException:
             self.stop()
@@ -424,6 +539,7 @@ class FloorClient(asyncio.Protocol):
         self._next_id = 0
         self._buf = bytearray()
         self._closed: Exception | None = None
+        self._traced: dict[int, asyncio.Future[tuple[int, ...]]] = {}   # id -> the traced publish's times
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
@@ -435,9 +551,16 @@ class FloorClient(asyncio.Protocol):
         for fut in futures.values():
             if not fut.done():
                 fut.set_exception(self._closed)
+        traced, self._traced = self._traced, {}
+        for waiting in traced.values():
+            if not waiting.done():
+                waiting.set_exception(self._closed)
 
-    def submit(self, body: bytes) -> asyncio.Future[None]:
-        """Send ``body``; the future resolves when the relay acks it (fails if the connection is lost)."""
+    def submit(self, body: bytes, traced: bool = False) -> asyncio.Future[None]:
+        """Send ``body``; the future resolves when the relay acks it (fails if the connection is lost).
+
+        ``traced``: the frame's key carries ``TRACE_BIT`` (``publish_traced``; the floor runs ``--trace``).
+        """
         fut: asyncio.Future[None] = self._loop.create_future()
         if self._closed is not None:
             fut.set_exception(self._closed)
@@ -447,9 +570,33 @@ class FloorClient(asyncio.Protocol):
         self._futures[cid] = fut
         if not self._out:
             self._loop.call_soon(self._flush)
-        self._out.append(HEADER.pack(KEY.size + len(body), cid))
+        self._out.append(HEADER.pack(KEY.size + len(body), cid | TRACE_BIT if traced else cid))
         self._out.append(body)
+        if traced:
+            self._traced[cid] = self._loop.create_future()
         return fut
+
+    async def publish_traced(self, topic: bytes, body: bytes) -> Any:
+        """``submit`` of a traced frame: a ``hub.client_publish.TracedPublish`` of the floor's stage times
+        (relay read and sent, each sink's read, written, ack queued and the relay's read of it, answer queued),
+        so ``tools.bench.stages`` reads it as Quire's. ``topic`` is for the same signature (no topics here)."""
+        from hub.client_publish import TracedPublish
+        from hub.proto import pubsub_pb2 as pb
+
+        del topic
+        cid = self._next_id
+        sent = time.monotonic_ns()
+        done = self.submit(body, traced=True)
+        times = await self._traced[cid]
+        read = time.monotonic_ns()
+        await done
+        trace = pb.PublishTrace(hub_read_ns=times[0], add_sent_ns=times[1], answer_sent_ns=times[-1])
+        copies = times[2:-1]
+        for i in range(0, len(copies) - 3, 4):
+            trace.bookies.add(bookie="sink", add_sent_ns=times[1], read_ns=copies[i], journal_written_ns=copies[i + 1],
+                              ack_sent_ns=copies[i + 2], ack_read_ns=copies[i + 3])
+        trace.hub_ack_read_ns = max((b.ack_read_ns for b in trace.bookies), default=times[-1])
+        return TracedPublish(cid, trace, sent, read)
 
     def _flush(self) -> None:
         out, self._out = self._out, []
@@ -459,6 +606,15 @@ class FloorClient(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._buf += data
         futures = self._futures
+        if self._traced:
+            for cid, times in split_acks(self._buf):
+                traced = self._traced.pop(cid, None) if times is not None else None
+                if traced is not None and times is not None and not traced.done():
+                    traced.set_result(times)
+                fut = futures.pop(cid, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            return
         for cid in split_keys(self._buf):
             fut = futures.pop(cid, None)
             if fut is not None and not fut.done():
@@ -470,11 +626,12 @@ class FloorClient(asyncio.Protocol):
 
 
 @contextlib.asynccontextmanager
-async def floor_publishers(url: str, n: int, body: bytes,
-                           run_id: str) -> AsyncIterator[list[Callable[[], Awaitable[None]]]]:
+async def floor_publishers(url: str, n: int, body: bytes, run_id: str,
+                           sampler: Any = None) -> AsyncIterator[list[Callable[[], Awaitable[Any]]]]:
     """``n`` connections to the relay at ``url`` (``HOST:PORT``), each one warm-up publish, then submitters.
 
     ``run_id`` is accepted for the same signature as the other peers' publishers; the floor has no topics.
+    ``sampler`` (a ``tools.bench.stages.StageSampler``; the floor runs ``--trace``) traces some publishes.
     """
     del run_id
     host, _, port = url.rpartition(":")
@@ -485,7 +642,8 @@ async def floor_publishers(url: str, n: int, body: bytes,
             _, client = await loop.create_connection(FloorClient, host, int(port))
             clients.append(client)
         await asyncio.gather(*(c.submit(body) for c in clients))
-        yield [_submitter(c, body) for c in clients]
+        plain = [_submitter(c, body) for c in clients]
+        yield plain if sampler is None else [sampler.wrap(c, b"", body, p) for c, p in zip(clients, plain, strict=True)]
     finally:
         for c in clients:
             c.close()

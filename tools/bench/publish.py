@@ -403,7 +403,11 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     peers: list[RedisPeer | NatsPeer | FloorPeer] = []
     with bench_data_dir(args, "publish-") as data_dir, Runner() as loop, contextlib.ExitStack() as stack:
         for name in chosen_peers(args):
-            peer = {"redis": RedisPeer, "nats": NatsPeer, "floor": FloorPeer}[name](data_dir)
+            peer: RedisPeer | NatsPeer | FloorPeer
+            if name == "floor":
+                peer = FloorPeer(data_dir, trace=args.rate > 0 and args.trace_every > 0)
+            else:
+                peer = RedisPeer(data_dir) if name == "redis" else NatsPeer(data_dir)
             try:
                 stack.enter_context(peer)
             except PeerNotInstalled as exc:
@@ -451,12 +455,17 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                     yield from cpu_rows(before, after, len(out.latencies), **fields)
                     for peer in peers if last else []:
                         named = peer_processes(peer)
+                        floor_sampler = StageSampler(args.trace_every) if isinstance(peer, FloorPeer) else None
                         before = process_cpu(named)
-                        out, cpu = with_cpu(peer.pids, loop, _measure(peer.name, peer.url, args, body, None))
+                        out, cpu = with_cpu(peer.pids, loop,
+                                            _measure(peer.name, peer.url, args, body, None, floor_sampler))
                         after = process_cpu(named)
                         lines.append(_rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
                                                 **_peer_fields(peer), **cpu))
                         yield lines[-1]
+                        if floor_sampler is not None:
+                            yield from stage_rows(floor_sampler.samples, system=FLOOR, rate=args.rate,
+                                                  trace_every=args.trace_every)
                         yield from cpu_rows(before, after, len(out.latencies), system=_system(peer.name),
                                             rate=args.rate)
             finally:
@@ -541,7 +550,7 @@ def _publishers(system: str, where: Any, args: argparse.Namespace, body: bytes,
     if system == "redis":
         return redis_publishers(where, args.publishers, body, run_id)
     if system == "floor":
-        return floor_publishers(where, args.publishers, body, run_id)
+        return floor_publishers(where, args.publishers, body, run_id, sampler)
     return nats_publishers(where, args.publishers, body, run_id)
 
 
