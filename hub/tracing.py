@@ -57,12 +57,15 @@ def start(message: pb.Message) -> HubTrace:
 
 def sent(batch: Sequence[tuple[pb.Message, Any]], ledger_id: int, entry_id: int) -> None:
     """The entry ``(ledger_id, entry_id)`` of ``batch`` is about to be added: watch its traced messages' adds."""
+    add: bookie_tracing.AddTrace | None = None
     for message, _ in batch:
         trace = MESSAGES.pop(id(message), None)
-        if trace is not None:
+        if trace is not None:   # several traced messages in one entry (a backlog) share its add's trace
+            if add is None:
+                add = bookie_tracing.AddTrace()
+                bookie_tracing.watch(ledger_id, entry_id, add)
             trace.entry = (ledger_id, entry_id)
-            trace.add = bookie_tracing.AddTrace()
-            bookie_tracing.watch(ledger_id, entry_id, trace.add)
+            trace.add = add
 
 
 def forget(message: pb.Message) -> None:
