@@ -196,7 +196,14 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
          "--conf", "journal_max_group_wait_ms=1", "--conf", "batching_max_messages=7"],
         capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = [json.loads(x) for x in out.stdout.splitlines()]
+    rows = [json.loads(x) for x in out.stdout.splitlines()]
+    # the fixed-rate runs' stage breakdown and per-process CPU (tools.bench.stages), for each configuration
+    stages = [x for x in rows if x["case"] == "stage"]
+    assert [x["config"] for x in stages] == ["E1W1A1"] * 9 + ["E3W2A2"] * 9
+    cpu = [x for x in rows if x["case"] == "cpu"]
+    assert [x["process"] for x in cpu] == ["hub-0", "bookie-0", "bookie-1", "bookie-2", "client"] * 2
+    assert all(x["user_s"] >= 0 and x["system_s"] >= 0 for x in cpu)
+    lines = [x for x in rows if x["case"] not in ("stage", "cpu")]
     throughput = [x for x in lines if x["mode"] == "throughput"]
     assert [x["config"] for x in throughput] == ["E1W1A1", "E3W2A2"]
     for x in lines:
