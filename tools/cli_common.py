@@ -116,6 +116,21 @@ seconds = number_at_least(0, what="a number of seconds")
 """An argparse type: a number of seconds >= 0."""
 
 
+def iso_time_ms(text: str) -> int:
+    """An argparse type: an ISO 8601 time (no zone: UTC) as epoch milliseconds, else a one-line error."""
+    import datetime
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-28T01:00:00Z)") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
+    return ms
+
+
 def add_common_options(parser: argparse.ArgumentParser, *, timeout: float, in_command: bool = False,
                        conf_help: str = "properties file with metastore_uri (or zk_host/zk_prefix)",
                        conf_default: str = f"${CONF_ENV}") -> None:

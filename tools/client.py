@@ -7,6 +7,7 @@
     quire client produce TOPIC -m TEXT --deliver-after 60000   # or --deliver-at ISO8601: delayed delivery
     quire client consume TOPIC -s SUB --type shared [--ack-timeout MS]   # several side by side: a work queue
     quire client consume TOPIC -s SUB --start-seq N | --start-time 2026-11-28T01:00:00Z   # replay from there
+    quire client consume TOPIC --compacted [--start-seq N]   # the newest message per key, then the rest (no -s)
 
 ``produce`` publishes each ``-m`` body ``COUNT`` times (default 1), at most
 ``--rate`` messages per second (default 0: as fast as each publish is
@@ -28,6 +29,16 @@ time to another consumer. ``--json`` adds ``key``, ``redelivery_count`` and
 ``--start-seq N`` or ``--start-time ISO8601`` (no zone: UTC) seeks the
 subscription first (``HedwigClient.seek``): printing starts at seq id N, or
 at the first message published at or after that time.
+``--compacted`` reads instead of subscribing (``HedwigClient.reader(...,
+compacted=True)``; Pulsar's ``readCompacted``): from ``--start-seq`` (default
+1) it prints, up to the topic's compaction point (``compact topic`` in the
+console), only the newest message of each key, then every message after that
+point, as they come; it says ``reading TOPIC compacted from seq id N`` on
+stderr. It keeps no subscription (its temporary ``reader-...`` one is removed
+on exit), so it takes no ``-s``, ``--type``, ``--ack-timeout`` or
+``--start-time`` (exit status 2); ``--json`` shows each message's ``key``. A
+topic never compacted reads every message; a topic that does not exist is
+``NO_SUCH_TOPIC`` and exit status 1.
 
 The hub is ``--server``, else ``$QUIRE_SERVER``, else 127.0.0.1:4080. For a
 hub with ``authentication_enabled``, ``--auth-token TOKEN`` or
@@ -44,7 +55,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import datetime
 import json
 import os
 import sys
@@ -58,6 +68,7 @@ from tools.cli_common import (
     auth_token_conf,
     connect_failure,
     count_at_least,
+    iso_time_ms,
     number_at_least,
     seconds,
 )
@@ -98,13 +109,14 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
     when.add_argument("--deliver-after", dest="deliver_after", type=_count, default=None, metavar="MS",
                       help="delayed delivery: SHARED and KEY_SHARED subscriptions get the messages MS "
                            "milliseconds after they are stored")
-    when.add_argument("--deliver-at", dest="deliver_at", type=_iso_time_ms, default=None, metavar="ISO8601",
+    when.add_argument("--deliver-at", dest="deliver_at", type=iso_time_ms, default=None, metavar="ISO8601",
                       help="delayed delivery: SHARED and KEY_SHARED subscriptions get the messages no earlier "
                            "than this time (no zone: UTC)")
     c = sub.add_parser("consume", parents=[common], help="subscribe and print messages",
                        description="Subscribe and print each message's seq id and body.")
     c.add_argument("topic", metavar="TOPIC")
-    c.add_argument("-s", "--subscription", required=True, metavar="SUB", help="subscriber id")
+    c.add_argument("-s", "--subscription", metavar="SUB",
+                   help="subscriber id (required, except with --compacted, which keeps no subscription)")
     c.add_argument("-n", "--num-messages", dest="count", type=_count, default=0, metavar="COUNT",
                    help="exit after COUNT messages (default 0: run until Ctrl-C)")
     c.add_argument("--json", action="store_true", help="one JSON object per message")
@@ -115,25 +127,17 @@ def configure(parser: argparse.ArgumentParser) -> Callable[[argparse.Namespace],
                    help="redeliver a message unacknowledged this long (consumers only; default 0: never)")
     start = c.add_mutually_exclusive_group()
     start.add_argument("--start-seq", dest="start_seq", type=count_at_least(1), default=None, metavar="N",
-                       help="seek the subscription so that delivery starts at seq id N")
-    start.add_argument("--start-time", dest="start_time", type=_iso_time_ms, default=None, metavar="ISO8601",
+                       help="seek the subscription so that delivery starts at seq id N (with --compacted: "
+                            "the reader's first seq id, default 1)")
+    start.add_argument("--start-time", dest="start_time", type=iso_time_ms, default=None, metavar="ISO8601",
                        help="seek the subscription to the first message published at or after this time "
                             "(no zone: UTC)")
+    c.add_argument("--compacted", action="store_true",
+                   help="read the topic's compacted view without a subscription (no -s): the newest message "
+                        "of each key up to the compaction point, then every later message; from --start-seq "
+                        "(default 1)")
+    c.set_defaults(consume_parser=c)
     return run
-
-
-def _iso_time_ms(text: str) -> int:
-    """An ISO 8601 time (no zone: UTC) as epoch milliseconds."""
-    try:
-        when = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 time (e.g. 2026-11-28T01:00:00Z)") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=datetime.UTC)
-    ms = int(when.timestamp() * 1000)
-    if ms < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is before 1970")
-    return ms
 
 
 async def _seek(client: Any, args: argparse.Namespace, topic: bytes, sub: bytes) -> None:
@@ -155,6 +159,10 @@ def run(args: argparse.Namespace) -> int:
     from hub.errors import AuthenticationError, PubSubError
 
     command = produce if args.client_command == "produce" else consume
+    if args.client_command == "consume":
+        problem = consume_problem(args)
+        if problem:
+            args.consume_parser.error(problem)      # usage and the one line, exit status 2
     try:
         return int(uvloop.run(command(args)))
     except BrokenPipeError:
@@ -239,6 +247,42 @@ def _line(message: Any, as_json: bool) -> str:
     return json.dumps(out)
 
 
+def consume_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a ``consume`` command line that argparse alone does not see, or None."""
+    if not args.compacted:
+        return None if args.subscription else "the following arguments are required: -s/--subscription " \
+            "(or --compacted to read without a subscription)"
+    given = [name for name, value in (("-s/--subscription", args.subscription),
+                                      ("--start-time", args.start_time is not None),
+                                      ("--type", args.subscription_type != "exclusive"),
+                                      ("--ack-timeout", args.ack_timeout)) if value]
+    if given:
+        return f"--compacted reads without a subscription, from a seq id: not with {', '.join(given)}"
+    return None
+
+
+async def consume_compacted(args: argparse.Namespace) -> int:
+    """``consume --compacted``: a compacted reader (``HedwigClient.reader``) that keeps no subscription."""
+    client = await _connect(args)
+    start = args.start_seq or 1
+    try:
+        try:
+            reader = await asyncio.wait_for(client.reader(args.topic.encode(), start_seq_id=start, compacted=True),
+                                            args.timeout or None)
+        except TimeoutError:
+            raise ClientCommandError(f"reader of {args.topic} not answered within {args.timeout:g} s") from None
+        sys.stderr.write(f"reading {args.topic} compacted from seq id {start}\n")
+        sys.stderr.flush()
+        async with reader:             # closing removes the reader's temporary subscription
+            printed = 0
+            while not args.count or printed < args.count:
+                print(_line(await reader.read_next(), args.json), flush=True)
+                printed += 1
+    finally:
+        await client.close()
+    return 0
+
+
 async def consume_typed(args: argparse.Namespace) -> int:
     """``consume --type ...``: a consumer that prints and acknowledges each message."""
     client = await _connect(args)
@@ -267,6 +311,8 @@ async def consume_typed(args: argparse.Namespace) -> int:
 
 async def consume(args: argparse.Namespace) -> int:
     """Subscribe, print and consume ``--num-messages`` messages (or until interrupted)."""
+    if args.compacted:
+        return await consume_compacted(args)
     if args.subscription_type != "exclusive" or args.ack_timeout:
         return await consume_typed(args)
     # consumes are sent by hand once a message is printed, so what was not printed stays unconsumed

@@ -2,8 +2,9 @@
 
 =================================  ===================================================================
 ``GET /ui/``                       overview: hubs, bookies, topics, a banner of alerts
-``GET /ui/topics/{topic}``         one topic: owner, ledgers, live publish rate, subscriptions and their
-                                   actions (reset, delete), release, delete
+``GET /ui/topics/{topic}``         one topic: owner, ledgers, live publish rate, compaction status,
+                                   subscriptions (with their delayed messages) and their actions (reset,
+                                   delete), compact, release, delete
 ``GET /ui/bookies``                bookies: state, disk, ledgers, journal sync, the read-only switch
 ``GET /ui/autorecovery``           under-replicated ledgers, the auditor, "trigger audit"
 ``GET /ui/policies``               grants (add, revoke) and per-prefix policies where the hub has them
@@ -95,8 +96,8 @@ COLUMNS: dict[str, list[Column]] = {
     "subscriptions": [Column("name", "Subscription"), Column("type", "Type"),
                       Column("consumed_seq_id", "Consumed seq id", "int"), Column("backlog", "Backlog", "int"),
                       Column("attached", "Attached", "bool"), Column("consumers", "Consumers", "consumers"),
-                      Column("unacked", "Unacked", "count"), Column("msg_rate_out", "Rate out", "rate"),
-                      Column("name", "Actions", "actions:sub")],
+                      Column("unacked", "Unacked", "count"), Column("delayed", "Delayed", "int"),
+                      Column("msg_rate_out", "Rate out", "rate"), Column("name", "Actions", "actions:sub")],
     "under_replicated": [Column("ledger_id", "Ledger", "int"), Column("missing", "Missing on", "list"),
                          Column("marked_ms", "Marked at", "time")],
     "grants": [Column("role", "Role"), Column("prefix", "Topic prefix"), Column("actions", "Actions", "list"),

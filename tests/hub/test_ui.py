@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -558,3 +559,53 @@ async def test_behind_a_path_prefix(cluster: LocalCluster, page: Any) -> None:
         assert row(page, "bookies", cluster.bookie_addresses[0]) is not None
         stylesheet = page.execute_script("return document.styleSheets[0].cssRules.length")
         assert stylesheet > 0                                 # /quire/ui/static/ was served
+
+
+# --- delayed delivery and compaction on the topic page ------------------------------------------------------
+@in_cluster
+async def test_topic_page_shows_delayed_messages_and_compacts_with_the_token(cluster: LocalCluster, page: Any,
+                                                                             http: aiohttp.ClientSession) -> None:
+    topic = f"ui-compact-{uuid.uuid4().hex[:6]}"
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        consumer = await c.consumer(topic.encode(), b"later", subscription_type="SHARED")
+        async with consumer:
+            for key, body in ((b"k1", b"a"), (b"k2", b"b"), (b"k1", b"c")):
+                await c.publish(topic.encode(), body, key=key)
+            for _ in range(3):
+                await consumer.ack(await consumer.receive(timeout=WAIT))
+            await c.publish(topic.encode(), b"in ten minutes", key=b"k3", deliver_after_ms=600_000)
+            await c.publish(topic.encode(), b"in an hour", key=b"k3", deliver_at_ms=int(1000 * (time.time() + 3600)))
+            page.get(ui(cluster, f"/ui/topics/{topic}"))
+            delayed = page.execute_script("return Array.from(document.querySelectorAll('table#subscriptions th'))"
+                                          ".findIndex((th) => th.dataset.field === 'delayed')")
+            assert delayed > 0
+            await asyncio.to_thread(wait_for, page, lambda d: row(d, "subscriptions", "later").find_elements(
+                By.TAG_NAME, "td")[delayed].text == "2")            # both held, shown live by the script too
+            assert (await stats(http, cluster, topic))[1]["subscriptions"]["later"]["delayed"] == 2
+            assert text_of(page, "[data-field='compaction.ledger_id']") == "—"     # never compacted
+            assert text_of(page, "[data-field='compaction.status']") == "idle"
+
+            page.find_element(By.CSS_SELECTOR, "button[data-action=compact]").click()   # no token: refused
+            await asyncio.to_thread(lambda: wait_for(page, ec.alert_is_present()).dismiss())
+            await asyncio.to_thread(wait_for, page, lambda d: "refused (401)" in text_of(d, "#message"))
+            assert (await stats(http, cluster, topic))[1]["compaction"]["ledger_id"] is None
+
+            page.find_element(By.CSS_SELECTOR, "button[data-action=compact]").click()   # with the token
+            alert = await asyncio.to_thread(wait_for, page, ec.alert_is_present())
+            alert.send_keys(TOKEN)
+            alert.accept()
+            await asyncio.to_thread(wait_for, page, lambda d: text_of(d, "#message").startswith("topic compacted"))
+            status = (await stats(http, cluster, topic))[1]["compaction"]
+            assert status["compacted_up_to_seq_id"] == 5 and status["ledger_id"] and status["messages"] == 3
+            assert text_of(page, "#message") == (f"topic compacted up to seq id 5 into ledger {status['ledger_id']}"
+                                                 " (3 keys kept)")
+            await asyncio.to_thread(wait_for, page, lambda d: text_of(
+                d, "[data-field='compaction.compacted_up_to_seq_id']") == "5")
+            assert text_of(page, "[data-field='compaction.ledger_id']") == str(status["ledger_id"])
+            assert text_of(page, "[data-field='compaction.messages']") == "3"
+            assert text_of(page, "[data-field='compaction.last_run_ms']").endswith(" UTC")
+            assert text_of(page, "[data-field='compaction.pending_ledger_id']") == "—"
+            shot(page, "topic-compaction")
+            page.refresh()                                   # the server's rendering shows the same
+            assert text_of(page, "[data-field='compaction.compacted_up_to_seq_id']") == "5"
+            assert row(page, "subscriptions", "later").find_elements(By.TAG_NAME, "td")[delayed].text == "2"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from typing import Any
@@ -18,14 +20,51 @@ from tools.console.session import (
 
 log = logging.getLogger(__name__)
 
+DELAY_OPTIONS = {"--deliver-after": "deliver_after_ms", "--deliver-at": "deliver_at_ms"}
+
+
+def _delay_options(args: list[str]) -> tuple[list[str], dict[str, int]]:
+    """``pub``'s words without ``--deliver-after MS`` / ``--deliver-at ISO8601`` (wherever they are), and the
+    ``publish`` keyword they give; ``CommandError`` (one line) for a bad or a second one."""
+    from tools.cli_common import count_at_least, iso_time_ms
+    rest: list[str] = []
+    delay: dict[str, int] = {}
+    words = iter(args)
+    for word in words:
+        if word not in DELAY_OPTIONS:
+            rest.append(word)
+            continue
+        value = next(words, None)
+        if value is None:
+            raise CommandError(f"{word} needs a value: {word} {'MS' if word == '--deliver-after' else 'ISO8601'}")
+        if delay:
+            raise CommandError("give one of --deliver-after MS and --deliver-at ISO8601, not both")
+        try:
+            delay[DELAY_OPTIONS[word]] = (count_at_least(0) if word == "--deliver-after" else iso_time_ms)(value)
+        except argparse.ArgumentTypeError as exc:
+            what = "a number of milliseconds >= 0" if word == "--deliver-after" else "an ISO 8601 time"
+            raise CommandError(f"{word} must be {what}: {exc}") from None
+    return rest, delay
+
+
+def _utc(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
 class PubSubCommands(ConsoleSession):
     """Publishing, subscribing and consuming (``tools.console``)."""
 
     async def cmd_pub(self, args: list[str]) -> None:
+        args, delay = _delay_options(args)
         if len(args) < 2:
             raise UsageError
         client = await self.client()
-        await self._op(client.publish(args[0].encode(), " ".join(args[1:]).encode()))
+        seq = await self._op(client.publish(args[0].encode(), " ".join(args[1:]).encode(), **delay))
+        if delay:       # a plain pub prints nothing but its timing line, as Hedwig's
+            when = (f"{delay['deliver_after_ms']} ms after it was stored" if "deliver_after_ms" in delay
+                    else _utc(delay["deliver_at_ms"]))
+            self.say(f"Published {format_msg_id(seq)}: SHARED and KEY_SHARED subscriptions get it "
+                     f"no earlier than {when}.")
 
     async def cmd_sub(self, args: list[str]) -> None:
         stype = "EXCLUSIVE"

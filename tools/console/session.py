@@ -28,9 +28,14 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {c.name: c for c in [
-    Command("pub", "Publish a message to a topic in Hedwig", "pub {topic} {message}",
+    Command("pub", "Publish a message to a topic in Hedwig",
+            "pub {topic} {message} [--deliver-after MS | --deliver-at ISO8601]",
             "  {topic}   : topic name.\n              any printable string without spaces.\n"
-            "  {message} : message body.\n              remaining arguments are used as message body to publish."),
+            "  {message} : message body.\n              remaining arguments are used as message body to publish.\n"
+            "  --deliver-after MS      : delayed delivery: SHARED and KEY_SHARED subscriptions get the\n"
+            "                            message MS milliseconds after the hub stored it (others at once).\n"
+            "  --deliver-at ISO8601    : delayed delivery: no earlier than this time (no zone: UTC).\n"
+            "  either option may stand anywhere after {topic}; the pub then prints the message's id."),
     Command("sub", "Subscribe a topic and print the messages it receives",
             "sub {topic} {subscriber} [mode] [--type exclusive|shared|failover|key_shared]",
             "  {topic}      : topic name.\n  {subscriber} : subscriber id.\n"

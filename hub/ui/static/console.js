@@ -283,6 +283,14 @@
       if (!window.confirm("Delete subscription " + arg + "? Its consume position is lost.")) return;
       done = await change("DELETE", topicPath() + "/subscriptions/" + enc(arg));
       if (done) show("subscription " + arg + " deleted", false);
+    } else if (action === "compact") {
+      // the admin API answers once the run is done (hub.admin_compaction); the status below follows by polling
+      button.disabled = true;
+      try { done = await change("POST", topicPath() + "/compact"); } finally { button.disabled = false; }
+      if (done) {
+        show("topic compacted up to seq id " + done.compacted_up_to_seq_id + " into ledger "
+             + format(done.ledger_id, "int") + " (" + done.messages + " keys kept)", false);
+      }
     } else if (action === "release") {
       done = await change("POST", topicPath() + "/release");
       if (done) show("topic released by " + done.owner + " at seq id " + done.last_seq_id, false);
