@@ -20,10 +20,15 @@ ONE_BOOKIE = {"bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quor
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def hub(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
     async with LocalCluster(bookies=1, hubs=1, data_dir=tmp_path_factory.mktemp("client"),
-                            conf_overrides=ONE_BOOKIE) as cluster:
-        yield cluster.hub_addresses[0]
+                            conf_overrides=ONE_BOOKIE) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def hub(cluster: LocalCluster) -> str:
+    return cluster.hub_addresses[0]
 
 
 async def client(*args: str, stdin: bytes | None = None, env: dict[str, str] | None = None,
@@ -150,3 +155,40 @@ async def test_produce_deliver_after_is_held_for_a_shared_consumer_and_bad_delay
                 ["--deliver-at", "tomorrow"]):
         rc, _, err = await finish(await client("produce", "later", "-m", "x", *bad, "--server", hub))
         assert rc == 2 and "--deliver" in err, err
+
+
+async def test_consume_compacted_reads_the_newest_per_key_without_a_subscription(cluster: LocalCluster,
+                                                                                  hub: str) -> None:
+    from hub.client import HedwigClient
+    from tools.hub_http import admin_call
+
+    http_url = cluster.stats_urls[0].removesuffix("/metrics")
+
+    async with await HedwigClient.connect(hub) as c:
+        for key, body in ((b"ACME", b"10"), (b"INIT", b"5"), (b"ACME", b"11"), (None, b"no key"), (b"INIT", b"")):
+            await c.publish(b"prices", body, key=key)
+    status, doc = await admin_call(http_url, "POST", "/admin/v1/topics/prices/compact", token="", timeout=30)
+    assert status == 200 and doc["compacted_up_to_seq_id"] == 5, doc
+    # up to the compaction point only ACME's newest (INIT's empty body deleted it; keyless left out), then the rest
+    reader = await client("consume", "prices", "--compacted", "-n", "2", "--json", "--server", hub)
+    assert reader.stderr is not None
+    async with asyncio.timeout(60):
+        assert (await reader.stderr.readline()).decode() == "reading prices compacted from seq id 1\n"
+    rc, out, _ = await finish(await client("produce", "prices", "-m", "12", "--key", "ACME", "--server", hub))
+    assert (rc, out) == (0, "produced 1 message to prices (seq id 6)\n")
+    rc, out, _ = await finish(reader)
+    assert rc == 0
+    assert [(m["seq_id"], m["key"], m["body"]) for m in map(json.loads, out.splitlines())] == [
+        (3, "ACME", "11"), (6, "ACME", "12")]
+    rc, out, _ = await finish(await client("consume", "prices", "--compacted", "--start-seq", "4", "-n", "1",
+                                           "--server", hub))
+    assert (rc, out) == (0, "6\t12\n")                  # from seq id 4: ACME's 3 is before it
+    status, doc = await admin_call(http_url, "GET", "/admin/v1/topics/prices/stats", token="", timeout=30)
+    assert (status, doc["subscriptions"]) == (200, {})   # the readers kept no subscription
+    rc, _, err = await finish(await client("consume", "never-made", "--compacted", "--server", hub))
+    assert rc == 1 and err.startswith("quire client consume: NO_SUCH_TOPIC"), err
+    for bad in (["-s", "sub"], ["--start-time", "2026-01-01T00:00:00"], ["--type", "shared"]):
+        rc, _, err = await finish(await client("consume", "prices", "--compacted", *bad, "--server", hub))
+        assert rc == 2 and "--compacted reads without a subscription" in err and bad[0] in err, err
+    rc, _, err = await finish(await client("consume", "prices", "--server", hub))
+    assert rc == 2 and "-s/--subscription" in err, err

@@ -298,3 +298,29 @@ async def test_sub_with_a_type_and_describe_shows_type_consumers_and_unacked(clu
     assert (sub["subscriber"], sub["type"], sub["consumers"], sub["unacked"]) == ("qworkers", "SHARED", 1, 0)
     assert "Subscriber qworkers : consumeSeqId: local:0, type: SHARED, consumers: 1, unacked: 0" in res.stdout
     assert "SUBSCRIPTION_TYPE_MISMATCH" in res.stdout + res.stderr
+
+
+async def test_pub_with_a_delay_and_bad_delays_are_one_line_each(cluster: LocalCluster) -> None:
+    from hub.client import HedwigClient
+
+    res = await _run(cluster, "pub dltopic soon --deliver-after 1500", "pub dltopic --deliver-at 2030-01-01T00:00:00Z "
+                     "new year", "pub dltopic x --deliver-after -5",
+                     "pub dltopic x --deliver-after 5 --deliver-at 2030-01-01T00:00:00", "pub dltopic x --deliver-at "
+                     "tomorrow", "pub dltopic x --deliver-after", "pub dltopic --deliver-after 10", "pub dltopic plain")
+    assert res.returncode == 1, res.stdout + res.stderr      # the bad ones failed, and the console went on
+    lines = [line for line in res.stdout.splitlines() if not line.startswith("Finished ")]
+    assert lines == [
+        "Published LOCAL(1): SHARED and KEY_SHARED subscriptions get it no earlier than 1500 ms after it was stored.",
+        "Published LOCAL(2): SHARED and KEY_SHARED subscriptions get it no earlier than 2030-01-01 00:00:00.000 UTC.",
+        "--deliver-after must be a number of milliseconds >= 0: expected a number >= 0, not '-5'",
+        "give one of --deliver-after MS and --deliver-at ISO8601, not both",
+        "--deliver-at must be an ISO 8601 time: 'tomorrow' is not an ISO 8601 time (e.g. 2026-11-28T01:00:00Z)",
+        "--deliver-after needs a value: --deliver-after MS",
+        "usage: pub {topic} {message} [--deliver-after MS | --deliver-at ISO8601]"], res.stdout
+    assert res.stdout.count("Finished ") == 8
+    async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:   # what the hub stored
+        async with await c.reader(b"dltopic", start_seq_id=1) as reader:     # a reader gets them at once
+            got = [await reader.read_next(timeout=30) for _ in range(3)]
+    assert [(m.seq_id, m.body) for m in got] == [(1, b"soon"), (2, b"new year"), (3, b"plain")]
+    assert got[0].deliver_at_ms - got[0].publish_time_ms == 1500
+    assert got[1].deliver_at_ms == 1893456000000 and not got[2].deliver_at_ms
