@@ -38,6 +38,11 @@ shedding does; it needs the admin token (the ``--conf``'s
 ``POST /admin/v1/topics/{topic}/compact``) and waits for the run; ``describe
 topic`` shows the compacted ledger once there is one.
 
+``pub T MSG --deliver-after MS`` (or ``--deliver-at ISO8601``) publishes a
+delayed message (``hub.delayed``: SHARED and KEY_SHARED subscriptions get it
+no earlier than that) and prints its id and due time; a negative delay, both
+options or a bad time is one line and nothing is published.
+
 JSON for scripts: ``show hubs``, ``show topics``, ``show grants``, ``show policies``, ``describe topic``,
 ``release topic`` and ``compact topic`` take
 a ``--json`` word (``show hubs --json``) and then print one JSON document on
