@@ -265,7 +265,9 @@ class _Writer:
         try:
             return fut, True, (fn(*args) if txn is None else fn(txn, *args))
         except MetastoreError as exc:
-            return fut, False, exc
+            # an answer (a failed check, say KeyExistsError), not a fault: without the writer thread's
+            # frames, whose locals hold the results that hold it (a cycle only the cyclic GC frees)
+            return fut, False, exc.with_traceback(None)
         except lmdb.Error as exc:
             if raise_lmdb:
                 raise

@@ -143,6 +143,37 @@ async def test_a_write_that_overflows_the_map_fails_alone(tmp_path: Path) -> Non
     await ms.close()
 
 
+async def test_a_failed_conditional_write_leaves_no_cyclic_garbage(tmp_path: Path) -> None:
+    """A refused put is freed by reference counting (issue 35: a bookie's auditor loop tries an ephemeral
+    create every second; each KeyExistsError, with the writer thread's frames in its traceback, was a
+    cycle of about 30 objects that waited for a cyclic collection, which a bookie's GC_THRESHOLD makes rare)."""
+    import gc
+
+    from metastore.errors import KeyExistsError
+
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    t = await ms.create_table("t")
+    await t.put("k", Value({"v": b"1"}), Version.NEW)
+    owner, other = await ms.session(timeout=10), await ms.session(timeout=10)
+    await owner.put_ephemeral(t, "e", Value({"v": b"1"}))
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(20):
+            with pytest.raises(KeyExistsError):
+                await t.put("k", Value({"v": b"2"}), Version.NEW)
+            with pytest.raises(BadVersionError):
+                await t.put("k", Value({"v": b"2"}), Version(12345))
+            with pytest.raises(KeyExistsError):
+                await other.put_ephemeral(t, "e", Value({"v": b"2"}))
+        unreachable = gc.collect()
+    finally:
+        gc.enable()
+    assert unreachable < 20, f"{unreachable} objects in cycles after 60 refused writes"
+    assert (await t.get("k")).value == {"v": b"1"}
+    await ms.close()
+
+
 async def test_too_many_open_tables_is_a_clear_error(tmp_path: Path) -> None:
     ms = await open_metastore(f"lmdb://{tmp_path}?max_tables=4")
     opened = []
