@@ -149,7 +149,7 @@ def test_rss_stays_flat_under_steady_publishing(tmp_path: Path, subscribers: int
     grew the hub by 28 MiB). ``m`` must reach 30 000 for the run to count.
     Anonymous memory, not VmRSS: a bookie's file-backed pages are its LMDB
     store mapped in, growing with the data as the disk does (page cache,
-    reclaimable). With a subscriber the publishers wait while 10 000 messages
+    reclaimable). With a subscriber the publishers wait while 1 000 messages
     are undelivered (``soak.MAX_LAG``), so a slow subscriber on a busy
     machine does not turn this into a backlog test.
     """
