@@ -406,12 +406,16 @@ class _Conn:
             except MetastoreError:
                 raise
             except _DOWN as exc:
+                exc.with_traceback(None)   # see below
                 if retry and deadline.left() > 0 and not isinstance(exc, ConnectionClosedError):
                     log.debug("%s: %s; retrying after reconnection", what, type(exc).__name__)
                     await asyncio.sleep(0.01)
                     continue
                 raise _map_error(exc, what) from None
             except KazooException as exc:
+                # never shown (``from None``), and its traceback holds ``_kazoo``'s frame, whose future
+                # holds it: a cycle per refused create that only the cyclic GC frees (issue 35)
+                exc.with_traceback(None)
                 raise _map_error(exc, what) from None
 
 

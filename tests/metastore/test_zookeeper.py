@@ -112,6 +112,34 @@ async def test_conf_accepts_strings_and_query(zk_uri: str) -> None:
         await ms.close()
 
 
+async def test_a_refused_create_leaves_no_frames_in_cycles(zk_uri: str) -> None:
+    """Issue 35: each refused create (a bookie's auditor election, once a second) kept its frames, with
+    their locals, in a cycle through the kazoo exception's traceback until a cyclic collection."""
+    import gc
+
+    ms = await open_metastore(zk_uri)
+    try:
+        t = await ms.create_table("t")
+        await t.put("k", Value({"v": b"1"}), Version.NEW)
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(10):
+                with pytest.raises(KeyExistsError):
+                    await t.put("k", Value({"v": b"2"}), Version.NEW)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            frames = [o for o in gc.garbage if type(o).__name__ in ("frame", "traceback")]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        assert frames == [], f"{len(frames)} frames and tracebacks in cycles after 10 refused creates"
+        assert (await t.get("k")).value == {"v": b"1"}
+    finally:
+        await ms.close()
+
+
 def test_escape_is_reversible_and_legal() -> None:
     for key in ODD_KEYS:
         name = escape_name(key)
