@@ -28,6 +28,7 @@ Hypothesis runs without per-example deadlines (the ``quire`` profile).
 from __future__ import annotations
 
 import inspect
+import json
 import multiprocessing.util
 import os
 import subprocess
@@ -54,6 +55,13 @@ PROCESS_STARTERS = frozenset({
 # Parameter values that make a test ask for ZooKeeper at run time (``request.getfixturevalue``).
 PROCESS_PARAMS = frozenset({"zookeeper", "zk"})
 
+# Each test's time in a recent run (seconds: setup, call and teardown), for ordering the xdist work units
+# longest first; refresh it with ``make test PYTEST_ARGS=--store-durations``. Unlisted tests count as below.
+DURATIONS_FILE = os.path.join(os.path.dirname(__file__), "durations.json")
+STORED_MIN_S = 0.5
+UNKNOWN_PROCESS_S = 2.0
+UNKNOWN_S = 0.02
+
 
 # No per-example deadline: it measures this machine's load (two cores shared by xdist workers and their
 # processes), not the code; a test that needs one sets it with @settings.
@@ -68,6 +76,8 @@ class ProcessesForbidden(RuntimeError):
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--forbid-processes", action="store_true", default=False,
                      help="fail a test that starts an OS process without the 'processes' marker (make test-fast)")
+    parser.addoption("--store-durations", action="store_true", default=False,
+                     help="write each test's time into tests/durations.json (the xdist order, longest first)")
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
@@ -187,12 +197,49 @@ def _set_group(item: pytest.Item, group: str) -> None:
         item._nodeid = nodeid
 
 
+def _plain_nodeid(nodeid: str) -> str:
+    """A nodeid without the ``@group`` suffix ``--dist loadgroup`` adds (as xdist splits it)."""
+    return nodeid.rsplit("@", 1)[0] if nodeid.rfind("@") > nodeid.rfind("]") else nodeid
+
+
+def _load_durations() -> dict[str, float]:
+    try:
+        with open(DURATIONS_FILE, encoding="utf-8") as f:
+            loaded = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in loaded.items()} if isinstance(loaded, dict) else {}
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Order ``items`` by work unit (an xdist group, else one test), the longest unit first, the tests of a
+    unit together in their collection order: the order ``--dist loadgroup`` hands the units out in (with
+    ``loadscopereorder`` off, see ``pytest_configure``), so the longest start first and the workers end
+    together. A unit's time is the sum of its tests' times in ``DURATIONS_FILE`` (setup, call and teardown
+    of a recent run); a test not listed there counts ``UNKNOWN_PROCESS_S`` when it starts processes, else
+    ``UNKNOWN_S``."""
+    durations = _load_durations()
+    units: dict[str, list[int]] = {}
+    for i, item in enumerate(items):
+        unit = item.nodeid.rsplit("@", 1)[1] if _plain_nodeid(item.nodeid) != item.nodeid else item.nodeid
+        units.setdefault(unit, []).append(i)
+
+    def cost(i: int) -> float:
+        known = durations.get(_plain_nodeid(items[i].nodeid))
+        if known is not None:
+            return known
+        return UNKNOWN_PROCESS_S if items[i].get_closest_marker("processes") else UNKNOWN_S
+
+    order = sorted(units.values(), key=lambda idx: (-sum(cost(i) for i in idx), idx[0]))
+    items[:] = [items[i] for idx in order for i in idx]
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``processes``. On an xdist worker of ``--dist loadgroup`` (``make test``): keep the tests of one
-    shared cluster on one worker, and put the process tests first, so that the short unit tests fill the
-    workers' idle time at the end (xdist hands out the groups first, largest first, then single tests in
-    collection order; every worker sorts alike, so their collections stay equal)."""
+    shared cluster on one worker, and order the work units longest first (``_longest_first``), so that the
+    short unit tests fill the workers' idle time at the end (every worker sorts alike, so their collections
+    stay equal)."""
     cache: dict[Any, bool] = {}
     for item in items:
         if _needs_processes(item, cache) and not item.get_closest_marker("processes"):
@@ -202,7 +249,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = _xdist_group(item, cache)
             if group is not None and "@" not in item.nodeid:
                 _set_group(item, group)
-        items.sort(key=lambda item: 0 if item.get_closest_marker("processes") else 1)
+        _longest_first(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """On the xdist controller of ``--dist loadgroup``: hand the work units out in the workers' collection
+    order (longest first, ``_longest_first``) rather than by their number of tests."""
+    if getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "") == "loadgroup":
+        config.option.loadscopereorder = False
+
+
+_run_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each test's setup, call and teardown time (for ``--store-durations``)."""
+    nodeid = _plain_nodeid(report.nodeid)
+    _run_durations[nodeid] = _run_durations.get(nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """``--store-durations``: write this run's times into ``DURATIONS_FILE`` (on the xdist controller, or a
+    run without xdist), keeping the entries of tests this run did not time; tests under
+    ``STORED_MIN_S`` are left out (they count ``UNKNOWN_S``)."""
+    config = session.config
+    if not config.getoption("--store-durations") or hasattr(config, "workerinput"):
+        return
+    durations = _load_durations()
+    durations.update(_run_durations)
+    kept = {k: round(v, 1) for k, v in sorted(durations.items()) if v >= STORED_MIN_S}
+    with open(DURATIONS_FILE, "w", encoding="utf-8") as f:
+        json.dump(kept, f, indent=0, sort_keys=True)
+        f.write("\n")
 
 
 # Where a process starts: every ``subprocess`` and ``asyncio`` child, ``multiprocessing`` (spawn, fork).
