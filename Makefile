@@ -101,15 +101,19 @@ proto-check: setup
 # so more workers than this machine's 2 cores; each worker has its own ZooKeeper, ports and tmp dirs, and the
 # tests of one module-scoped cluster stay on one worker (--dist loadgroup, tests/conftest.py). pytest exits
 # non-zero on any failure and with 5 when no test ran. Extra options: make test PYTEST_ARGS='-x'.
+# Byte code is cached even where the environment sets PYTHONDONTWRITEBYTECODE: the suite starts well over a
+# thousand bookie, hub and `quire` processes, and each would compile Quire's modules again (and every pytest
+# worker would rewrite every test module's asserts again); __pycache__ is git-ignored.
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
+PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 pytest: setup system-deps bench-deps
-	$(PY) -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PYTEST) -q -ra -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The inner loop: unit and sans-IO tests only (no processes, ZooKeeper or Spark: tests/conftest.py marks
 # every test that starts one `processes`, and here a test that starts one unmarked fails).
 test-fast: setup
-	$(PY) -m pytest -q -ra -n 2 -m "not processes and not slow" --forbid-processes $(PYTEST_ARGS)
+	$(PYTEST) -q -ra -n 2 -m "not processes and not slow" --forbid-processes $(PYTEST_ARGS)
 
 test: setup system-deps lint typecheck proto-check pytest
 
