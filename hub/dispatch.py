@@ -5,6 +5,7 @@
     d.flow(slot, 500)            # the consumer takes 500 more messages (Pulsar's flow permits)
     d.ack([7, 9])                # individual acks, any order
     d.ack_cumulative(slot, 12)   # EXCLUSIVE / FAILOVER
+    d.ack_through(40)            # message TTL, backlog eviction: on every consumer's behalf
     d.redeliver(slot, [8])       # a nack or an ack timeout (the client decides when)
     d.remove(slot)               # detached or its connection dropped: its unacked go to the others
     await d.stop()
@@ -210,9 +211,19 @@ class Dispatcher:
         return n
 
     def ack_cumulative(self, slot: ConsumerSlot | None, upto: int) -> int:
-        """Acknowledge everything up to ``upto``; how many outstanding messages that covered."""
+        """Acknowledge everything up to ``upto`` (not past what was read); how many outstanding messages that
+        covered."""
+        return self.ack_through(min(upto, self.next_read - 1))
+
+    def ack_through(self, upto: int) -> int:
+        """Acknowledge everything up to ``upto`` on the subscription's behalf (message TTL, backlog eviction),
+        read or not; how many outstanding messages that covered.
+
+        Messages a consumer holds unacknowledged up to ``upto`` count as
+        acknowledged (Pulsar's expiry moves the mark-delete point past them):
+        they are not redelivered, and the consumer's later ack or nack of them
+        is ignored. Acknowledged ranges after ``upto`` are kept."""
         before = self.cursor.mark_delete
-        upto = min(upto, self.next_read - 1)
         n = 0
         for seq in [s for s in self.pending if s <= upto]:
             holder = self.pending.pop(seq)
@@ -225,6 +236,7 @@ class Dispatcher:
         for seq in [s for s in self.counts if s <= upto]:
             del self.counts[seq]
         self.cursor.ack_through(upto)
+        self.next_read = max(self.next_read, upto + 1)
         if self.cursor.mark_delete != before or n:
             self._acked(before, max(n, 1))
         return n

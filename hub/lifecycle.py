@@ -6,6 +6,7 @@
     quota.persisted()                     # an entry was stored: consumer_backlog_eviction acks the oldest
     quota.close()                         # the topic is released: held publishes fail (SERVICE_DOWN)
     n = await apply_ttl_and_retention(topic_log, subs, policy, now_ms)   # the consumed-ledger timer
+    seq = await ttl_expired_seq(topic_log, policy, now_ms, floor=subs.min_consumed())   # 0: none expired
 
 The decisions are ``hub.policies``'s; the sizes and times ``hub.log_usage``'s.
 
@@ -28,8 +29,26 @@ is at or over it:
   not sent what was acknowledged for it).
 
 Message TTL acknowledges, on the same timer as consumed-ledger deletion and
-for every subscription, the messages of ledgers last written more than
-``message_ttl_seconds`` ago (ledger-level time: ``hub.log_usage``).
+for every subscription of every type, each message whose ``publish_time_ms``
+is ``message_ttl_seconds`` or more before now (Pulsar expires by position
+from the publish time). Publish times are the owner's clock, taken as
+non-decreasing along the log, so what expired is a prefix of the log,
+found without reading whole ledgers (``ttl_expired_seq``): every ledger last
+written before the cutoff expires whole (ledger-level time,
+``hub.log_usage``, no reads); in the one ledger after those, the last
+expired message is binary-searched by its messages' publish times (a few
+single-message reads; none when the ledger's recorded first publish time is
+after the cutoff or every subscription is past it). Precision is therefore
+the message, at the timer's period (``messages_consumed_thread_run_interval``).
+Messages stored before messages carried a publish time (0) count as old.
+
+What TTL (and eviction) acknowledges for a subscription with consumers
+(``hub.dispatch.Dispatcher.ack_through``): its mark-delete point moves to the
+expired seq id, and the individually acknowledged ranges after it are kept
+(nothing acknowledged is delivered again). Expired messages a consumer holds
+unacknowledged count as acknowledged, as Pulsar's expiry marks them deleted:
+they are not redelivered, and the consumer's later ack or nack of them is
+ignored (harmless). Expired messages waiting for redelivery are dropped.
 
 Failure: nothing here raises into the publish path; a pointer that cannot
 be persisted is logged and written again later (``persist_soon``).
@@ -44,6 +63,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from hub import errors
+from hub.cursor import AckCursor
 from hub.policies import (
     CONSUMER_BACKLOG_EVICTION,
     PRODUCER_EXCEPTION,
@@ -64,7 +84,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BacklogQuota", "ack_for_every_subscription", "apply_ttl_and_retention", "backlog_bytes"]
+__all__ = ["BacklogQuota", "ack_for_every_subscription", "apply_ttl_and_retention", "backlog_bytes",
+           "ttl_expired_seq"]
 
 
 def backlog_bytes(topic_log: TopicLog, subs: TopicSubscriptions) -> int:
@@ -79,13 +100,23 @@ def ack_for_every_subscription(subs: TopicSubscriptions, seq: int,
     """Move every subscription whose pointer is below ``seq`` up to it (TTL, eviction); the ones moved.
 
     The move is a cumulative consume on the subscription's behalf (persisted
-    as consumes are); a delivery in progress goes on after ``seq``.
+    as consumes are); a delivery in progress goes on after ``seq``. A
+    subscription with consumers keeps its acknowledged ranges after ``seq``
+    and its consumers what they hold after it (``Dispatcher.ack_through``).
     """
     moved = []
     for sub, state in list(subs.subs.items()):
         if state.consumed >= seq:
             continue
-        subs.consume(cast("Attachment", None), sub, seq)
+        if state.dispatcher is not None:
+            state.dispatcher.ack_through(seq)      # its on_acked moves state.consumed
+        else:
+            target = seq
+            if state.ranges:                       # stored ranges, no consumer attached since the load
+                cursor = AckCursor(seq, state.ranges)
+                target, state.ranges = cursor.mark_delete, cursor.persisted_ranges()
+                state.acks_dirty = True
+            subs.consume(cast("Attachment", None), sub, target)
         task = subs.persist_soon(sub)
         if task is not None and track is not None:
             track(task)
@@ -102,9 +133,9 @@ async def apply_ttl_and_retention(topic_log: TopicLog, subs: TopicSubscriptions,
     if policy.message_ttl_seconds or policy.keeps_consumed:
         await topic_log.learn_usage()
     if policy.message_ttl_seconds and subs.subs:
-        through = ttl_expired_through(policy, topic_log.written_through(), now_ms)
+        through = await ttl_expired_seq(topic_log, policy, now_ms, subs.min_consumed())
         if through:
-            moved = ack_for_every_subscription(subs, min(through, int(topic_log.last_seq)), track)
+            moved = ack_for_every_subscription(subs, through, track)
             if moved:
                 log.info("topic %r: messages up to seq id %d expired (message_ttl_seconds %d) for %s",
                          topic_log.topic, through, policy.message_ttl_seconds, moved)
@@ -117,6 +148,47 @@ async def apply_ttl_and_retention(topic_log: TopicLog, subs: TopicSubscriptions,
         return retention_deletes(policy, usage, now_ms)
 
     return await topic_log.delete_consumed(consumed, retain)
+
+
+async def ttl_expired_seq(topic_log: TopicLog, policy: Policy, now_ms: int, floor: int = 0) -> int:
+    """The last seq id whose message is ``message_ttl_seconds`` or more old (0: none; see the module docstring).
+
+    ``floor``: every subscription is at or past it, so the search does not
+    look below it (the answer may then be at most ``floor``: nothing to do).
+    A read failure is logged and leaves the ledger-level answer this round.
+    """
+    if policy.message_ttl_seconds <= 0:
+        return 0
+    last = int(topic_log.last_seq)
+    through = min(ttl_expired_through(policy, topic_log.written_through(), now_ms), last)
+    lo = max(through, floor)
+    r = next((r for r in topic_log.ranges.ranges
+              if (r.endSeqIdIncluded.localComponent if r.HasField("endSeqIdIncluded") else last) > lo), None)
+    if lo >= last or r is None:
+        return through
+    cutoff = now_ms - policy.message_ttl_seconds * 1000
+    if r.firstPublishTimeMs > cutoff:
+        return through                             # the ledger's first message is not expired: no reads
+    first = max(lo + 1, int(r.startSeqIdIncluded))
+    end = min(last, int(r.endSeqIdIncluded.localComponent) if r.HasField("endSeqIdIncluded") else last)
+
+    async def expired(seq: int) -> bool:
+        msgs = await topic_log.scan(seq, 1, 1 << 30)
+        return bool(msgs) and msgs[0].publish_time_ms <= cutoff
+
+    try:
+        if first > end or not await expired(first):
+            return through
+        while first < end:                         # the last expired message of the ledger
+            mid = (first + end + 1) // 2
+            if await expired(mid):
+                first = mid
+            else:
+                end = mid - 1
+    except Exception as exc:   # a bookie failure: the whole expired ledgers this round, the rest at the next
+        log.info("topic %r: cannot read publish times for message TTL: %s", topic_log.topic, exc)
+        return through
+    return first
 
 
 class BacklogQuota:

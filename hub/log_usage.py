@@ -18,8 +18,9 @@ message of a closed ledger was stored before the next ledger was created
 (the log rolls: close, then create), so its time is the next ledger's
 ``ctime_ms``; the last ledger's is the owner's last acknowledged add (after
 an acquisition, the acquisition: a new owner cannot know better without
-reading). Message TTL and retention by time are therefore approximate, by
-up to one ledger's span, until messages carry their own publish time.
+reading). Retention by time is therefore approximate, by up to one ledger's
+span; message TTL uses this for whole ledgers and the messages' own publish
+times within the one ledger partly expired (``hub.lifecycle``).
 
 Failure: ``learn_usage`` logs a metastore or bookie failure and leaves the
 ledger unknown; a size not known counts as 0 and a consumed ledger whose

@@ -377,6 +377,81 @@ async def test_message_ttl_acks_for_every_subscription_once_expired(env: tuple[L
         assert (await stats(cluster, http, topic))["subscriptions"]["b"]["consumed_seq_id"] == 3
 
 
+async def test_message_ttl_on_a_shared_subscription_with_outstanding_individual_acks(
+        env: tuple[LocalCluster, BookKeeper], http: aiohttp.ClientSession) -> None:
+    """TTL on a SHARED subscription with two consumers holding messages and acks beyond the first unacked one,
+    and an EXCLUSIVE consumer on the same topic: the expired messages count as acknowledged for both (the
+    held ones are not redelivered; their late ack or nack is harmless), the individual acks after them are
+    kept (nothing acknowledged comes again) and newer messages are delivered as usual."""
+    cluster, _ = env
+    topic = name("ts-").encode()
+    await put_policy(cluster, http, "ts-", message_ttl_seconds=2)
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        w1 = await c.consumer(topic, b"work", subscription_type="SHARED", receiver_queue_size=10)
+        w2 = await c.consumer(topic, b"work", subscription_type="SHARED", receiver_queue_size=10)
+        excl = await c.consumer(topic, b"excl")                 # EXCLUSIVE (the default)
+        await in_force(cluster, http, topic.decode(), message_ttl_seconds=2)
+        for i in range(10):
+            await c.publish(topic, b"old%d" % i)                # 1..10 expire first
+        await asyncio.sleep(1.0)                                # time passes: 11..14 are a second younger
+        for i in range(4):
+            await c.publish(topic, b"new%d" % i)
+        received: dict[int, list[int]] = {}                     # seq id -> consumers (1, 2) it went to
+        held = {}
+        while len(received) < 14:
+            for n, w in ((1, w1), (2, w2)):
+                try:
+                    m = await w.receive(timeout=0.2)
+                except TimeoutError:
+                    continue
+                received.setdefault(m.seq_id, []).append(n)
+                held[m.seq_id] = (w, m)
+        acked = {2, 4, 6, 8, 12, 13}                            # beyond the first unacked (1)
+        for seq in sorted(acked):
+            w, m = held.pop(seq)
+            await w.ack(m)
+        excl_got = [(await excl.receive(timeout=10)).seq_id for _ in range(14)]
+        assert excl_got == list(range(1, 15))                   # the EXCLUSIVE one acks nothing
+
+        async def expired() -> dict[str, Any] | None:
+            s = await stats(cluster, http, topic.decode())
+            subs = s["subscriptions"]
+            return s if subs["work"]["consumed_seq_id"] >= 10 and subs["excl"]["consumed_seq_id"] >= 10 else None
+        st = await eventually(expired)
+        work = st["subscriptions"]["work"]
+        # 1..10 expired (and 11..14 too if the timer came a second later): what is still held is 11 and 14
+        assert work["unacked"] == (2 if work["consumed_seq_id"] < 11 else 0), work
+        for seq in (1, 3):                                      # a late ack / nack of an expired message
+            w, m = held.pop(seq)
+            await w.ack(m)
+        w, m = held.pop(5)
+        await w.nack(m)
+        for seq in (11, 14):
+            w, m = held.pop(seq)
+            await w.ack(m)
+
+        async def all_consumed() -> bool:
+            subs = (await stats(cluster, http, topic.decode()))["subscriptions"]
+            return subs["work"]["consumed_seq_id"] == 14 and subs["work"]["unacked"] == 0
+        await eventually(all_consumed)
+        assert await c.publish(topic, b"fresh") == 15
+        later: list[tuple[int, int]] = []
+        for w in (w1, w2):      # within the nack delay (1 s) and more: 15 once, nothing expired comes back
+            try:
+                while True:
+                    m = await w.receive(timeout=1.5)
+                    later.append((m.seq_id, m.redelivery_count))
+            except TimeoutError:
+                pass
+        assert later == [(15, 0)]
+        assert all(len(v) == 1 for v in received.values()), received   # nothing was handed out twice
+        assert (await excl.receive(timeout=10)).seq_id == 15            # no expired message came again
+        st = await stats(cluster, http, topic.decode())
+        assert st["subscriptions"]["excl"]["consumed_seq_id"] >= 10
+        for w in (w1, w2, excl):
+            await w.close()
+
+
 async def test_retention_by_time_lets_go_after_a_minute(env: tuple[LocalCluster, BookKeeper],
                                                         http: aiohttp.ClientSession) -> None:
     cluster, _ = env
