@@ -72,7 +72,10 @@ class ClientConsumers:
     async def _new_consumer(self, topic: bytes, subscriber_id: bytes, subscription_type: str,
                             create_or_attach: str, receiver_queue_size: int, ack_timeout_ms: int,
                             nack_delay_ms: int, max_redeliver_count: int, dead_letter_topic: bytes | str | None,
-                            prefs: SubscriptionPreferences | None = None, force_attach: bool = False) -> Consumer:
+                            prefs: SubscriptionPreferences | None = None, force_attach: bool = False,
+                            temporary_from: int = 0) -> Consumer:
+        """The consumer, attached; ``temporary_from`` > 0: a reader's temporary subscription made to deliver
+        from that seq id (``hub.client_reader``)."""
         if self.closed:
             raise errors.PubSubError("client is closed", status="CLIENT_CLOSED")
         problem = name_problem(topic, "topic", MAX_TOPIC_BYTES) or \
@@ -95,6 +98,9 @@ class ClientConsumers:
                                    forceAttach=force_attach)
         sreq.preferences.CopyFrom((prefs or SubscriptionPreferences()).to_proto())
         sreq.preferences.subscriptionType = stype  # type: ignore[assignment]
+        if temporary_from:
+            sreq.preferences.temporary = True
+            sreq.startSeqId = temporary_from
         self._last_consumer_id += 1
         sreq.consumerId = self._last_consumer_id
         c = Consumer(self, topic, subscriber_id, self._last_consumer_id, sreq, subscription_type=subscription_type,

@@ -12,13 +12,19 @@ messages from the new position. It returns the seq id chosen.
 Design of a reader: the owner first resolves the start (a SEEK probe:
 ``NoSuchTopicError`` for a topic never created, a seq id before the first
 kept message moves to it, a time to the first message published at or
-after it); then the reader attaches an EXCLUSIVE consumer of a temporary
-subscription ``reader-<random hex>`` without permits, seeks it to that seq
-id and only then takes messages, so nothing before the start is ever
-delivered. ``close()`` unsubscribes it: a reader keeps no subscription once
-closed. A client that dies with a reader open leaves its ``reader-...``
-subscription behind (it holds the topic's ledgers like any subscription);
-delete it with the admin API. Messages are acknowledged as they are read.
+after it); then the reader attaches an EXCLUSIVE consumer of a *temporary*
+subscription ``reader-<random hex>`` (``SubscriptionPreferences.temporary``)
+created to deliver from that seq id (``SubscribeRequest.startSeqId``), so
+nothing before the start is ever delivered. Messages are acknowledged as
+they are read. The hub deletes a temporary subscription as soon as its
+consumer closes or its connection drops (a client killed with a reader
+open leaves nothing behind that holds the topic's ledgers), and a new
+owner deletes those it finds when it loads the topic. So the reader's
+position is the client's, as in Pulsar's non-durable readers: after a
+dropped connection or an owner change the consumer subscribes again,
+creating the subscription from the message after the last one read
+(anything older that still comes is skipped). ``close()`` detaches it
+(and unsubscribes, for a hub that kept it).
 
 A compacted reader (``compacted=True``, from a ``start_seq_id``; Pulsar's
 ``readCompacted``) first reads the topic's compacted ledger
@@ -35,6 +41,7 @@ compacted reads as with ``compacted=False``.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import secrets
 from collections.abc import Awaitable
@@ -95,9 +102,15 @@ class Reader:
                 await self._next_page()
             if self._page:
                 return self._page.popleft()
-        msg = await self.consumer.receive(timeout)
-        await self.consumer.ack(msg)
-        return msg
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            msg = await self.consumer.receive(None if deadline is None else max(0.0, deadline - loop.time()))
+            await self.consumer.ack(msg)
+            req = self.consumer.req
+            if msg.seq_id >= req.startSeqId:   # else read before a re-subscribe: skipped
+                req.startSeqId = msg.seq_id + 1   # where a re-subscribe creates the subscription
+                return msg
 
     async def _next_page(self) -> None:
         """The next page of the compacted ledger; once it is read, the topic after the compaction point."""
@@ -113,6 +126,7 @@ class Reader:
         start = await self.client._seek_call(self.topic, self.consumer.subscriber,
                                              pb.SeekRequest(seqId=tail, resolveOnly=True))
         await self.client._seek_call(self.topic, self.consumer.subscriber, pb.SeekRequest(seqId=start))
+        self.consumer.req.startSeqId = start     # a re-subscribe creates the subscription there now
         self.consumer.receiver_queue_size = _READER_QUEUE
         self.consumer.flow(_READER_QUEUE)
 
@@ -153,8 +167,8 @@ class ClientReaders:
         async def _new_consumer(self, topic: bytes, subscriber_id: bytes, subscription_type: str,
                                 create_or_attach: str, receiver_queue_size: int, ack_timeout_ms: int,
                                 nack_delay_ms: int, max_redeliver_count: int, dead_letter_topic: bytes | str | None,
-                                prefs: SubscriptionPreferences | None = None, force_attach: bool = False
-                                ) -> Consumer:
+                                prefs: SubscriptionPreferences | None = None, force_attach: bool = False,
+                                temporary_from: int = 0) -> Consumer:
             ...
 
         async def unsubscribe(self, topic: bytes, subscriber_id: bytes) -> None: ...
@@ -198,19 +212,10 @@ class ClientReaders:
         probe.CopyFrom(sreq)
         probe.resolveOnly = True
         start = await self._seek_call(topic, name, probe)
-        consumer = await self._new_consumer(topic, name, "EXCLUSIVE", "CREATE", 0, 0, 1000, 0, None)
+        # a compacted reader takes permits once the compacted part is read (Reader._next_page)
+        consumer = await self._new_consumer(topic, name, "EXCLUSIVE", "CREATE_OR_ATTACH",
+                                            0 if compacted else _READER_QUEUE, 0, 1000, 0, None, temporary_from=start)
         if compacted:
             assert start_seq_id is not None
-            reader = Reader(self, consumer, start_seq_id, compacted=True)
-        else:
-            reader = Reader(self, consumer, start)
-        try:
-            await self._seek_call(topic, name, pb.SeekRequest(seqId=start))
-        except BaseException:
-            await reader.close()
-            raise
-        if compacted:    # permits once the compacted part is read (Reader._next_page)
-            return reader
-        consumer.receiver_queue_size = _READER_QUEUE
-        consumer.flow(_READER_QUEUE)
-        return reader
+            return Reader(self, consumer, start_seq_id, compacted=True)
+        return Reader(self, consumer, start)

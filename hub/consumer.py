@@ -136,7 +136,8 @@ class Consumer:
         conn, resp = await self.client._call(self.topic, req)
         self.conn = conn
         self._taken = 0
-        self.req.createOrAttach = pb.SubscribeRequest.ATTACH   # a re-attach must not create it again
+        if not self.req.preferences.temporary:   # a reader's is made again, from its startSeqId
+            self.req.createOrAttach = pb.SubscribeRequest.ATTACH   # a re-attach must not create it again
         return resp
 
     def _detached(self, conn: HubChannel | None) -> None:

@@ -45,6 +45,12 @@ acknowledged ranges after it are persisted with it at least every
 ``consume_interval`` acks and within ``ack_persist_interval_ms``
 (``hub.cursor`` bounds them). Server filters and ``messageBound`` apply to
 Hedwig deliveries only.
+
+Readers' temporary subscriptions (``SubscriptionPreferences.temporary``,
+``hub.client_reader``): created from the request's ``startSeqId``, deleted
+as soon as their last consumer closes or its connection drops
+(``_drop_temporary``), and deleted by ``load`` when a (new) owner finds
+them: the reader keeps its position and subscribes again from it.
 """
 
 from __future__ import annotations
@@ -101,7 +107,16 @@ class TopicSubscriptions(SubscriptionConsumers):
         self._subscribing: dict[bytes, asyncio.Lock] = {}
 
     async def load(self) -> None:
+        """Every stored subscription of the topic; readers' temporary ones left by a previous owner are deleted
+        (a live reader subscribes again, at its own position)."""
         for sub, (data, version) in (await self.mgr.read_subscriptions(self.topic)).items():
+            if data.preferences.temporary:
+                try:
+                    await self.mgr.delete_subscription_data(self.topic, sub, version)
+                    log.info("temporary subscription %r/%r of a previous owner deleted", self.topic, sub)
+                    continue
+                except errors.PubSubError as exc:   # kept this time (it holds the ledgers as any subscription)
+                    log.warning("could not delete temporary subscription %r/%r: %s", self.topic, sub, exc)
             self.subs[sub] = SubState(sub, data, version)
 
     def min_consumed(self) -> int:
@@ -174,7 +189,8 @@ class TopicSubscriptions(SubscriptionConsumers):
         flt = self._load_filter(sub, req.preferences)   # InvalidMessageFilterError before anything is stored
         if state is None:
             data = pb.SubscriptionData()
-            data.state.msgId.localComponent = int(self.last_seq())
+            last = int(self.last_seq())
+            data.state.msgId.localComponent = min(req.startSeqId - 1, last) if req.startSeqId else last
             data.preferences.CopyFrom(req.preferences)
             version = await self.mgr.create_subscription_data(self.topic, sub, data)
             state = SubState(sub, data, version)
@@ -409,7 +425,28 @@ class TopicSubscriptions(SubscriptionConsumers):
             await self._detach(state)
             return
         self._remove_slot(state, slot)
-        await self._persist_quietly(state)
+        if not await self._drop_temporary(state):
+            await self._persist_quietly(state)
+
+    async def _drop_temporary(self, state: SubState) -> bool:
+        """Delete a reader's temporary subscription once nothing is attached to it; True when it is gone.
+
+        Under the subscriber's subscribe lock, so a consumer attaching again meanwhile keeps it."""
+        if not state.prefs.temporary or state.attached:
+            return False
+        sub = state.subscriber
+        async with self._subscribing.setdefault(sub, asyncio.Lock()):
+            if self.subs.get(sub) is not state:
+                return True
+            if state.attached:
+                return False
+            try:
+                await self.unsubscribe(cast(Attachment, None), sub)
+            except errors.PubSubError as exc:   # kept: the next owner's load deletes it
+                log.warning("could not delete temporary subscription %r/%r: %s", self.topic, sub, exc)
+                return False
+        log.info("temporary subscription %r/%r deleted: its reader left", self.topic, sub)
+        return True
 
     async def detach(self, sub: bytes, conn: Attachment | None = None) -> None:
         """Detach ``sub``'s attachments on ``conn`` (its connection dropped; None: wherever attached)."""
@@ -422,7 +459,7 @@ class TopicSubscriptions(SubscriptionConsumers):
             self._remove_slot(state, slot)
         if conn is None or state.conn is conn:
             await self._detach(state)      # persists
-        elif slots:
+        elif slots and not await self._drop_temporary(state):
             await self._persist_quietly(state)
 
     async def unsubscribe(self, conn: Attachment, sub: bytes) -> None:

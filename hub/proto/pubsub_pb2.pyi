@@ -183,18 +183,20 @@ class MessageBatch(_message.Message):
     def __init__(self, first_local_seq_id: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[Message, _Mapping]]] = ...) -> None: ...
 
 class SubscriptionPreferences(_message.Message):
-    __slots__ = ("options", "messageBound", "messageFilter", "messageWindowSize", "subscriptionType")
+    __slots__ = ("options", "messageBound", "messageFilter", "messageWindowSize", "subscriptionType", "temporary")
     OPTIONS_FIELD_NUMBER: _ClassVar[int]
     MESSAGEBOUND_FIELD_NUMBER: _ClassVar[int]
     MESSAGEFILTER_FIELD_NUMBER: _ClassVar[int]
     MESSAGEWINDOWSIZE_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONTYPE_FIELD_NUMBER: _ClassVar[int]
+    TEMPORARY_FIELD_NUMBER: _ClassVar[int]
     options: Map
     messageBound: int
     messageFilter: str
     messageWindowSize: int
     subscriptionType: SubscriptionType
-    def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ..., subscriptionType: _Optional[_Union[SubscriptionType, str]] = ...) -> None: ...
+    temporary: bool
+    def __init__(self, options: _Optional[_Union[Map, _Mapping]] = ..., messageBound: _Optional[int] = ..., messageFilter: _Optional[str] = ..., messageWindowSize: _Optional[int] = ..., subscriptionType: _Optional[_Union[SubscriptionType, str]] = ..., temporary: _Optional[bool] = ...) -> None: ...
 
 class PublishRequest(_message.Message):
     __slots__ = ("topic", "msg", "msgs", "trace")
@@ -209,7 +211,7 @@ class PublishRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., msg: _Optional[_Union[Message, _Mapping]] = ..., msgs: _Optional[_Iterable[_Union[Message, _Mapping]]] = ..., trace: _Optional[bool] = ...) -> None: ...
 
 class SubscribeRequest(_message.Message):
-    __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber", "consumerId", "receiverQueueSize")
+    __slots__ = ("topic", "subscriberId", "createOrAttach", "synchronous", "forceAttach", "preferences", "hubSubscriber", "consumerId", "receiverQueueSize", "startSeqId")
     class CreateOrAttach(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         CREATE: _ClassVar[SubscribeRequest.CreateOrAttach]
@@ -227,6 +229,7 @@ class SubscribeRequest(_message.Message):
     HUBSUBSCRIBER_FIELD_NUMBER: _ClassVar[int]
     CONSUMERID_FIELD_NUMBER: _ClassVar[int]
     RECEIVERQUEUESIZE_FIELD_NUMBER: _ClassVar[int]
+    STARTSEQID_FIELD_NUMBER: _ClassVar[int]
     topic: bytes
     subscriberId: bytes
     createOrAttach: SubscribeRequest.CreateOrAttach
@@ -236,7 +239,8 @@ class SubscribeRequest(_message.Message):
     hubSubscriber: bool
     consumerId: int
     receiverQueueSize: int
-    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., createOrAttach: _Optional[_Union[SubscribeRequest.CreateOrAttach, str]] = ..., synchronous: _Optional[bool] = ..., forceAttach: _Optional[bool] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ..., hubSubscriber: _Optional[bool] = ..., consumerId: _Optional[int] = ..., receiverQueueSize: _Optional[int] = ...) -> None: ...
+    startSeqId: int
+    def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., createOrAttach: _Optional[_Union[SubscribeRequest.CreateOrAttach, str]] = ..., synchronous: _Optional[bool] = ..., forceAttach: _Optional[bool] = ..., preferences: _Optional[_Union[SubscriptionPreferences, _Mapping]] = ..., hubSubscriber: _Optional[bool] = ..., consumerId: _Optional[int] = ..., receiverQueueSize: _Optional[int] = ..., startSeqId: _Optional[int] = ...) -> None: ...
 
 class ConsumeRequest(_message.Message):
     __slots__ = ("topic", "subscriberId", "msgId", "consumerId", "ackType", "seqIds", "permits")
