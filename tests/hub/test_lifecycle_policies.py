@@ -4,6 +4,7 @@ time, each backlog quota policy at its boundary with several subscriptions, acro
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest_asyncio
 
 from bookie.client import BookKeeper
 from hub.client import HedwigClient
-from hub.errors import BacklogQuotaExceededError, ServiceDownError
+from hub.errors import BacklogQuotaExceededError, ServiceDownError, UncertainStateError
 from metastore import open_metastore
 from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
@@ -450,6 +451,154 @@ async def test_message_ttl_on_a_shared_subscription_with_outstanding_individual_
         assert st["subscriptions"]["excl"]["consumed_seq_id"] >= 10
         for w in (w1, w2, excl):
             await w.close()
+
+
+async def stats_via(cluster: LocalCluster, http: aiohttp.ClientSession, topic: str, i: int) -> dict[str, Any]:
+    """The topic's stats through hub ``i`` (its owner's, forwarded; from the metastore when nobody owns it)."""
+    status, body = await call(http, "GET", f"{hub_url(cluster, i)}/admin/v1/topics/{quote(topic, safe='')}/stats")
+    assert status == 200, body
+    return dict(body)
+
+
+async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[LocalCluster, BookKeeper],
+                                                                   http: aiohttp.ClientSession) -> None:
+    """Each policy on a topic with two subscriptions, after its topic moved to the other hub: the owner of
+    the held topic stops cleanly (SIGTERM), then the other hub is killed (kill -9), so every topic moved at
+    least once. producer_request_hold: a publish held while its owner stops or is killed is stored once or
+    fails with a clear error (never lost silently), and the hold works at its boundary on the new owner.
+    Then on the last owner: TTL (a SHARED subscription with acks beyond the first unacked one and an idle
+    Hedwig one), retention (-1 keeps every consumed ledger, a topic without policy is trimmed) and
+    consumer_backlog_eviction at its boundary."""
+    cluster, _ = env
+    tag = uuid.uuid4().hex[:6]
+    ttl_t, keep_t, plain_t = f"mt{tag}-a", f"mr{tag}-a", f"rh-{tag}"
+    hold_t, evict_t = f"mq{tag}-a", f"mv{tag}-a"
+    await put_policy(cluster, http, f"mt{tag}-", message_ttl_seconds=2)
+    await put_policy(cluster, http, f"mr{tag}-", retention_size_mb=-1)
+    addrs = ",".join(cluster.hub_addresses)
+    conf = {**MANUAL, "server_ack_response_timeout": "15000"}
+    async with await HedwigClient.connect(addrs, conf) as c:
+        w = await c.consumer(ttl_t.encode(), b"w", subscription_type="SHARED", receiver_queue_size=10)
+        await c.subscribe(ttl_t.encode(), b"h")
+        await c.close_subscription(ttl_t.encode(), b"h")
+        for t in (keep_t, plain_t):
+            for sub in (b"a", b"b"):
+                await c.subscribe(t.encode(), sub)
+            for i in range(3):
+                await c.publish(t.encode(), b"r%d" % i)
+            await c.consume(t.encode(), b"a", 3)
+            await c.consume(t.encode(), b"b", 3)
+            await c.close_subscription(t.encode(), b"a")
+            await c.close_subscription(t.encode(), b"b")
+        for t, subs in ((hold_t, (b"s1", b"s2")), (evict_t, (b"slow", b"idle"))):
+            for sub in subs:
+                await c.subscribe(t.encode(), sub)
+        await c.close_subscription(evict_t.encode(), b"idle")
+        body = b"q" * 100
+        size = await entry_bytes(cluster, http, c, hold_t, body)       # one message's stored size
+        assert await c.publish(evict_t.encode(), body) == 1
+        await put_policy(cluster, http, f"mq{tag}-", backlog_quota_limit_bytes=2 * size,
+                         backlog_quota_policy="producer_request_hold")
+        await put_policy(cluster, http, f"mv{tag}-", backlog_quota_limit_bytes=3 * size,
+                         backlog_quota_policy="consumer_backlog_eviction")
+        await in_force(cluster, http, hold_t, backlog_quota_limit_bytes=2 * size)
+        await in_force(cluster, http, evict_t, backlog_quota_limit_bytes=3 * size)
+        first = cluster.hub_addresses.index((await stats(cluster, http, hold_t))["owner"])
+        other = 1 - first
+
+        async def consumed_to(n: int) -> bool:
+            try:
+                await c.consume(hold_t.encode(), b"s1", n)
+                await c.consume(hold_t.encode(), b"s2", n)
+            except ServiceDownError:           # not resubscribed yet
+                return False
+            return True
+
+        assert await c.publish(hold_t.encode(), body) == 2      # backlog 1 message: under
+        held = asyncio.ensure_future(c.publish(hold_t.encode(), body))   # 2: at the quota, held
+        done, _ = await asyncio.wait([held], timeout=0.3)
+        assert not done
+        await cluster.stop_hub(first)                            # SIGTERM while the publish is held
+        try:
+            try:                     # failed over: held again at the new owner, then refused (no room comes)
+                outcome: int | str = await asyncio.wait_for(held, 20)
+            except BacklogQuotaExceededError:
+                outcome = "refused"
+            st = await stats_via(cluster, http, hold_t, other)
+            assert st["owner"] == cluster.hub_addresses[other]
+            assert st["last_seq_id"] == (3 if outcome == 3 else 2), (outcome, st)
+            last = int(st["last_seq_id"])
+            print(json.dumps({"held_publish_at_owner_stop": outcome}), flush=True)
+            # at its boundary on the new owner: held until room comes, then stored
+            await eventually(functools.partial(consumed_to, last - 1))   # backlog 1: one more fits
+            assert await c.publish(hold_t.encode(), body) == last + 1
+            held = asyncio.ensure_future(c.publish(hold_t.encode(), body))
+            done, _ = await asyncio.wait([held], timeout=0.3)
+            assert not done
+            assert await consumed_to(last)
+            assert await asyncio.wait_for(held, 10) == last + 2
+            await cluster.restart_hub(first)
+
+            # held again while that owner is killed: stored once or a clear error, never silently lost
+            held = asyncio.ensure_future(c.publish(hold_t.encode(), body))
+            done, _ = await asyncio.wait([held], timeout=0.3)
+            assert not done
+            await cluster.kill_hub(other)
+            try:
+                outcome = await asyncio.wait_for(held, 30)
+            except (UncertainStateError, BacklogQuotaExceededError) as exc:
+                outcome = type(exc).__name__
+
+            async def moved_back() -> dict[str, Any] | None:   # once the killed hub's session is gone, the
+                got = await stats_via(cluster, http, hold_t, first)   # subscribers' resubscribe claims it
+                return got if got["owner"] == cluster.hub_addresses[first] else None
+            st = await eventually(moved_back)
+            print(json.dumps({"held_publish_at_owner_kill": outcome}), flush=True)
+            if isinstance(outcome, int):
+                assert st["last_seq_id"] == outcome == last + 3, (outcome, st)
+            else:
+                assert st["last_seq_id"] == last + 2, (outcome, st)   # held in the killed hub: never stored
+
+            # every topic has moved once at least; on its owner now:
+            # TTL: 1..4 expire for both subscriptions; acked ones are not delivered again
+            async def ttl_in_force() -> bool:
+                return bool((await stats_via(cluster, http, ttl_t, first))["policy"]["message_ttl_seconds"] == 2)
+            await eventually(ttl_in_force)
+            for i in range(4):
+                await c.publish(ttl_t.encode(), b"t%d" % i)
+            published = time.monotonic()
+            got = {m.seq_id: m for m in [await w.receive(timeout=20) for _ in range(4)]}
+            await w.ack(got[2])
+            await w.ack(got[4])
+
+            async def expired() -> dict[str, Any] | None:
+                subs = (await stats_via(cluster, http, ttl_t, first))["subscriptions"]
+                return subs if all(subs[s]["consumed_seq_id"] >= 4 for s in ("w", "h")) else None
+            subs = await eventually(expired)
+            assert time.monotonic() - published >= 2.0 and subs["w"]["unacked"] == 0, subs
+            with pytest.raises(TimeoutError):
+                await w.receive(timeout=0.5)
+
+            # retention: attached here (so this hub owns them and runs their timer)
+            for t in (keep_t, plain_t):
+                await c.subscribe(t.encode(), b"a", create_or_attach="ATTACH")
+
+            async def plain_trimmed() -> bool:
+                return len((await stats_via(cluster, http, plain_t, first))["ledgers"]) == 1
+            await eventually(plain_trimmed)
+            kept = await stats_via(cluster, http, keep_t, first)
+            assert kept["owner"] == cluster.hub_addresses[first]
+            assert [r["start_seq_id"] for r in kept["ledgers"]][:3] == [1, 2, 3], kept["ledgers"]
+
+            # consumer_backlog_eviction at its boundary
+            for seq in range(2, 7):
+                assert await c.publish(evict_t.encode(), body) == seq
+            subs = (await stats_via(cluster, http, evict_t, first))["subscriptions"]
+            assert subs["idle"]["consumed_seq_id"] == 4 and subs["slow"]["consumed_seq_id"] == 4, subs
+        finally:
+            for i in (first, other):
+                if cluster.hub_pid(i) is None:
+                    await cluster.restart_hub(i)
 
 
 async def test_retention_by_time_lets_go_after_a_minute(env: tuple[LocalCluster, BookKeeper],
