@@ -16,7 +16,8 @@ except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``http_admin_token_file``, ``stats_http_port``, ``http_ui_base_path``, ``max_batch_bytes``, ``max_batch_messages``,
 ``batch_flush_bytes``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``, ``max_pending_requests``,
-``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``ssl_only``, ``bk_client_conf``,
+``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``client_liveness_timeout``, ``ssl_only``,
+``bk_client_conf``,
 ``ledger_create_backoff_ms``, ``ledger_create_backoff_max_ms``, ``dedup_window``, ``dedup_max_producers``,
 ``dedup_snapshot_interval``, ``authentication_enabled``, ``token_secret_key``, ``superuser_roles``,
 ``region_roles``, ``permissions_refresh_interval``, ``region_auth_token``, ``region_auth_token_file``,
@@ -156,6 +157,10 @@ class HubConf:
                                            min=1024)
     incomplete_frame_timeout: int = setting(30000, "ms a request frame may stay incomplete before its connection "
                                             "is closed (0: never)", min=0)
+    client_liveness_timeout: int = setting(30000, "ms after which a client connection whose peer went silent "
+                                           "(cut off, its host gone) is closed and its consumers' messages go to "
+                                           "the others: TCP keepalive probes after half of it idle, "
+                                           "TCP_USER_TIMEOUT for sent data unacknowledged this long (0: off)", min=0)
     max_pending_requests: int = setting(10000, "requests of one connection read and not yet answered (publishes "
                                         "waiting for their ledger entry) before the hub stops reading it until "
                                         "half are answered", min=1)

@@ -10,7 +10,9 @@ requests chained per subscription, consumes applied at once. Answers leave
 through an ``Outbox`` (``bookie.wire``) that the server flushes for all its
 connections at the end of each loop turn. A client that stops reading makes
 the transport pause: its deliveries wait and its requests are not read until
-the buffer drains (``max_outbound_buffer``).
+the buffer drains (``max_outbound_buffer``). A peer that goes silent (cut
+off) is noticed by TCP within ``client_liveness_timeout``: the connection
+is lost, as for a close.
 
 Failure: a request that fails is answered with the status
 ``hub.protocol.failure_response`` gives it; a ``Redirect`` raised by the
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bookie.wire import Outbox
+from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors, protocol, tracing
 from hub.delayed import resolve_due
 from hub.message import Message
@@ -149,6 +151,10 @@ class HubConnection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.address = f"{peer[0]}:{peer[1]}"
+        timeout = self.conf.client_liveness_timeout / 1000.0
+        if timeout:   # a silent peer (cut off): closed, so its consumers' messages go to the others
+            set_tcp_liveness(transport.get_extra_info("socket"), idle=timeout / 2, interval=timeout / 6, probes=3,
+                             user_timeout=timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -29,7 +29,7 @@ from hub.metadata import TopicPersistenceManager
 from metastore import open_metastore
 from tests.fixtures.netbed import LinkFaults, NetBed, Role
 from tests.fixtures.polling import eventually
-from tests.partition.checker import assert_history, read_history
+from tests.partition.checker import QUEUE_GUARANTEE, assert_history, check_queue, read_history
 
 pytestmark = [pytest.mark.slow, pytest.mark.partition]
 
@@ -393,3 +393,72 @@ async def test_hub_cut_from_zookeeper_past_session_timeout(netbed: NetBed, run: 
     print(json.dumps({"scenario": "hub-cut-from-zookeeper", "seed": netbed.seed, "run": run,
                       "cut_s": round(hold, 2), "publish_stall_s": round(gap, 3), "acked": result["acked"]}),
           flush=True)
+
+
+# --- (6) a SHARED consumer cut off from its hub mid-stream (issue 29) ----------------------------------
+LIVENESS_MS = 2000        # the hub's client_liveness_timeout here: it notices the cut consumer within this
+ACK_SLACK = 0.05          # seconds before the cut within which an ack may still be in flight (lost with it)
+
+
+@runs
+async def test_shared_consumer_cut_off_hands_its_messages_to_the_others(netbed: NetBed, run: int) -> None:
+    """4 SHARED consumers on hosts q0..q3, a producer on c0; one consumer's host is cut off from the hub
+    mid-stream for a few liveness timeouts, then healed. The hub notices the silent connection
+    (``client_liveness_timeout``) and hands what that consumer held unacknowledged to the others while the
+    partition lasts; the healed consumer attaches again. ``check_queue``: every published message handed
+    out at least once and acknowledged; one handed out again only if its consumer failed while it was
+    unacknowledged; nothing dead-lettered twice."""
+    rng = random.Random(netbed.seed)
+    c = await cluster(netbed, bookies=3, hub_conf={"client_liveness_timeout": str(LIVENESS_MS),
+                                                   "ack_persist_interval_ms": "200", "consume_interval": "20"})
+    hub = f"{c.hubs[0].host.ip}:4080"
+    names = [f"q{i}" for i in range(4)]
+    for name in names:
+        out = c.bed.workdir / f"history-{name}.jsonl"
+        c.outs.append(out)
+        c.workloads.append(await c.bed.start_workload(
+            name, "queue", "--hubs", hub, "--topic", c.topic, "--out", str(out), "--subscriber", "workers",
+            "--consumer", name, "--interval", "0.005", "--ack-timeout-ms", "2000"))
+    await publisher(c, "c0", "p0", hub)
+    ops: list[dict[str, Any]] = []
+
+    def recvs(after: float = 0.0) -> list[dict[str, Any]]:
+        return [o for o in history(c) if o["op"] == "recv" and o["t"] > after]
+
+    await eventually(lambda: len(recvs()) > 30 + rng.randint(0, 60), timeout=30, interval=0.1)
+    victim = rng.choice(names)
+    cut_at = time.monotonic()
+    netbed.partition([victim], ["h0"])
+    # (a nemesis hold: a few liveness timeouts, there is no event to wait for)
+    await asyncio.sleep(LIVENESS_MS / 1000 * rng.uniform(2.5, 3.5))
+    netbed.heal()
+    healed_at = time.monotonic()
+    ops.append({"op": "fault", "kind": "consumer", "consumer": victim, "t": cut_at - ACK_SLACK, "until": healed_at})
+    await wait_acks(c, len(acks(c)) + 20, timeout=RESUME_TIMEOUT)    # publishing goes on after the heal
+    for p in c.workloads[4:]:
+        await c.bed.stop_workload(p, timeout=40)
+    published = {o["seq"] for o in acks(c)}
+
+    def all_acked() -> bool:
+        return published <= {o["seq"] for o in history(c) if o["op"] == "acked"}
+    try:
+        await eventually(all_acked, timeout=DELIVERY_TIMEOUT, interval=0.2)
+    except AssertionError:
+        pass   # the checker names what is missing
+    for q in c.workloads[:4]:
+        await c.bed.stop_workload(q, timeout=20)
+    everything = history(c) + ops
+    v = check_queue(everything)
+    # the victim's unacknowledged messages went to the others while it was cut off, not only after the heal
+    first_to_victim = {o["seq"] for o in everything if o["op"] == "recv" and o["consumer"] == victim
+                       and o["t"] < cut_at}
+    during = [o for o in recvs(cut_at) if o["consumer"] != victim and o["t"] < healed_at and o["count"] > 0]
+    result = {"scenario": "shared-consumer-cut-off", "seed": netbed.seed, "run": run, "victim": victim,
+              "cut_s": round(healed_at - cut_at, 2), "redelivered_during_cut": len(during),
+              "handed_out_again_after_victim": len(first_to_victim & {o["seq"] for o in during}),
+              **v.summary()}
+    print(json.dumps(result), flush=True)
+    assert v.ok, (f"scenario shared-consumer-cut-off seed {netbed.seed} broke the guarantee ({QUEUE_GUARANTEE}):"
+                  "\n  " + "\n  ".join(v.problems[:20]) + f"\nrerun with QUIRE_PARTITION_SEED={netbed.seed}")
+    assert during, (f"nothing the cut consumer held went to the others during the {healed_at - cut_at:.1f} s cut "
+                    f"(client_liveness_timeout {LIVENESS_MS} ms; seed {netbed.seed})")

@@ -10,6 +10,9 @@ reads ``stop``.
 (exactly-once publishing); a publish that fails is retried with the same
 sequence id until it is acknowledged, so the owner stores it at most once.
 ``subscribe``: records every message its handler receives.
+``queue``: a consumer of the SHARED subscription ``--subscriber`` named
+``--consumer``; records each message handed to it (``recv``) and each ack
+it sent (``acked``), the work-queue history ``checker.check_queue`` reads.
 """
 
 from __future__ import annotations
@@ -109,24 +112,62 @@ async def subscribe(args: argparse.Namespace, out: TextIO, stop: asyncio.Event) 
         await client.close()
 
 
+async def queue(args: argparse.Namespace, out: TextIO, stop: asyncio.Event) -> None:
+    client = await _client(args)
+    topic, sub, name = args.topic.encode(), args.subscriber.encode(), args.consumer
+    while True:
+        try:
+            consumer = await client.consumer(topic, sub, subscription_type="SHARED", receiver_queue_size=20)
+            break
+        except Exception as exc:
+            log.info("consumer: %s", exc)
+            await asyncio.sleep(0.2)
+    print("workload ready", flush=True)
+
+    async def work() -> None:
+        while True:
+            try:
+                msg = await consumer.receive()
+            except Exception as exc:   # closed by the hub: nothing more comes to this consumer
+                log.info("receive: %s", exc)
+                return
+            _record(out, op="recv", consumer=name, seq=msg.seq_id, count=msg.redelivery_count)
+            if args.interval:
+                await asyncio.sleep(args.interval)
+            try:
+                await consumer.ack(msg)
+            except Exception as exc:
+                log.info("ack %d: %s", msg.seq_id, exc)
+                continue
+            _record(out, op="acked", consumer=name, seq=msg.seq_id)
+
+    worker = asyncio.create_task(work())
+    try:
+        await stop.wait()
+    finally:
+        worker.cancel()
+        await client.close()
+
+
 async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     watcher = asyncio.create_task(_stopped(stop))
     with open(args.out, "a") as out:
         try:
-            await (publish if args.role == "publish" else subscribe)(args, out, stop)
+            await {"publish": publish, "subscribe": subscribe, "queue": queue}[args.role](args, out, stop)
         finally:
             watcher.cancel()
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["publish", "subscribe"])
+    p.add_argument("role", choices=["publish", "subscribe", "queue"])
     p.add_argument("--hubs", required=True, help="host:port[,host:port]")
     p.add_argument("--topic", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--producer", default="p")
     p.add_argument("--subscriber", default="s")
+    p.add_argument("--consumer", default="c", help="queue: this consumer's name in the history")
     p.add_argument("--count", type=int, default=0, help="publishes (0: until stopped)")
     p.add_argument("--interval", type=float, default=0.0, help="seconds between publishes")
     p.add_argument("--ack-timeout-ms", type=int, default=30000)
