@@ -601,6 +601,70 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
                     await cluster.restart_hub(i)
 
 
+READER = """
+import asyncio, sys
+from hub.client import HedwigClient
+
+async def main() -> None:
+    c = await HedwigClient.connect(sys.argv[1])
+    r = await c.reader(sys.argv[2].encode(), start_seq_id=1)
+    for _ in range(2):
+        await r.read_next(timeout=20)
+    print("read", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_killed_readers_temporary_subscription_is_deleted(env: tuple[LocalCluster, BookKeeper],
+                                                                  http: aiohttp.ClientSession) -> None:
+    """A reader's temporary subscription goes with its client: a client process killed with SIGKILL while
+    its reader holds the topic's ledgers leaves no subscription behind, and the consumed ledgers are
+    deleted. A live reader keeps its position across a topic release (it subscribes again from it)."""
+    cluster, _ = env
+    topic = name("rd-")
+    n = 6                                          # one ledger each (max_entries_per_ledger 1)
+    async with await HedwigClient.connect(cluster.hub_addresses[0], MANUAL) as c:
+        await c.subscribe(topic.encode(), b"keep")
+        for i in range(n):
+            await c.publish(topic.encode(), b"m%d" % i)
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", READER, cluster.hub_addresses[0], topic, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).parents[2])
+        try:
+            assert proc.stdout is not None
+            async with asyncio.timeout(30):
+                line = await proc.stdout.readline()
+            assert line == b"read\n", (line, await proc.stderr.read() if proc.stderr else b"")
+            subs = (await stats(cluster, http, topic))["subscriptions"]
+            readers = [s for s in subs if s.startswith("reader-")]
+            assert len(readers) == 1 and subs[readers[0]]["consumed_seq_id"] < n, subs   # it holds the ledgers
+            await c.consume(topic.encode(), b"keep", n)
+        finally:
+            proc.kill()                            # SIGKILL: no close, no unsubscribe
+            await proc.wait()
+
+        async def cleaned() -> dict[str, Any] | None:
+            st = await stats(cluster, http, topic)
+            return st if list(st["subscriptions"]) == ["keep"] and len(st["ledgers"]) == 1 else None
+        st = await eventually(cleaned)
+        assert st["ledgers"][0]["start_seq_id"] == n, st["ledgers"]   # those the reader held are gone
+
+        # a live reader across a release (the new acquisition deletes the old temporary subscription)
+        async with await c.reader(topic.encode(), start_seq_id=n) as r:
+            assert (await r.read_next(timeout=20)).seq_id == n
+            reader = r.consumer.subscriber.decode()
+            status, got = await call(http, "POST", f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(topic, safe='')}"
+                                                   "/release", headers=AUTH)
+            assert status == 200, got
+            assert await c.publish(topic.encode(), b"after the release") == n + 1
+            assert (await r.read_next(timeout=20)).seq_id == n + 1          # no gap, nothing again
+            subs = (await stats(cluster, http, topic))["subscriptions"]
+            assert set(subs) == {"keep", reader}, subs
+        assert list((await stats(cluster, http, topic))["subscriptions"]) == ["keep"]
+
+
 async def test_retention_by_time_lets_go_after_a_minute(env: tuple[LocalCluster, BookKeeper],
                                                         http: aiohttp.ClientSession) -> None:
     cluster, _ = env

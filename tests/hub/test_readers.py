@@ -19,7 +19,6 @@ from hub import errors
 from hub.client import HedwigClient
 from hub.proto import pubsub_pb2 as pb
 from metastore import Value, open_metastore
-from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
 
 from .conftest import HUB_CONF, hub_url
@@ -32,7 +31,7 @@ N = 12   # max_entries_per_ledger 2, one entry per awaited publish: six ledgers
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def env(tmp_path_factory: Any) -> AsyncIterator[tuple[LocalCluster, HedwigClient]]:
     root: Path = tmp_path_factory.mktemp("readers")
-    conf = dict(HUB_CONF, max_entries_per_ledger="2", messages_consumed_thread_run_interval="300")
+    conf = dict(HUB_CONF, max_entries_per_ledger="2")
     async with LocalCluster(bookies=2, hubs=1, data_dir=root, conf_overrides=conf) as cluster:
         async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
             yield cluster, c
@@ -203,68 +202,3 @@ async def test_ranges_without_times_and_a_released_topic(env: tuple[LocalCluster
     async with await c.reader(topic, start_publish_time_ms=t) as r:
         assert r.start_seq_id == first_at(times, t)
         assert await read(r, 2) == [first_at(times, t), first_at(times, t) + 1]
-
-
-READER = """
-import asyncio, sys
-from hub.client import HedwigClient
-
-async def main() -> None:
-    c = await HedwigClient.connect(sys.argv[1])
-    r = await c.reader(sys.argv[2].encode(), start_seq_id=1)
-    for _ in range(2):
-        await r.read_next(timeout=20)
-    print("read", flush=True)
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
-
-
-async def topic_stats(cluster: LocalCluster, topic: bytes) -> dict[str, Any]:
-    async with aiohttp.ClientSession() as http, \
-            http.get(f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(topic.decode())}/stats") as resp:
-        assert resp.status == 200, await resp.text()
-        return dict(await resp.json())
-
-
-async def test_a_killed_readers_temporary_subscription_is_deleted(env: tuple[LocalCluster, HedwigClient]) -> None:
-    """A reader's temporary subscription goes with its client: a client process killed with SIGKILL while
-    its reader holds the topic's ledgers leaves no subscription behind, and the consumed ledgers are
-    deleted. A live reader keeps its position across a topic release (it subscribes again from it)."""
-    cluster, c = env
-    topic, _ = await filled(c)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", READER, cluster.hub_addresses[0], topic.decode(), stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=Path(__file__).parents[2])
-    try:
-        assert proc.stdout is not None
-        async with asyncio.timeout(30):
-            line = await proc.stdout.readline()
-        assert line == b"read\n", (line, await proc.stderr.read() if proc.stderr else b"")
-        subs = (await topic_stats(cluster, topic))["subscriptions"]
-        readers = [s for s in subs if s.startswith("reader-")]
-        assert len(readers) == 1 and subs[readers[0]]["consumed_seq_id"] < N, subs   # it holds the ledgers
-        await c.consume(topic, b"keep", N)
-    finally:
-        proc.kill()                                   # SIGKILL: no close, no unsubscribe
-        await proc.wait()
-
-    async def cleaned() -> dict[str, Any] | None:
-        st = await topic_stats(cluster, topic)
-        return st if list(st["subscriptions"]) == ["keep"] and len(st["ledgers"]) == 1 else None
-    st = await eventually(cleaned)
-    assert st["ledgers"][0]["start_seq_id"] > 2, st["ledgers"]   # those the reader held are gone
-
-    # a live reader across a release (a new acquisition deletes the old temporary subscription)
-    async with await c.reader(topic, start_seq_id=N) as r:
-        assert await read(r, 1) == [N]
-        name = r.consumer.subscriber.decode()
-        async with aiohttp.ClientSession() as http, \
-                http.post(f"{hub_url(cluster, 0)}/admin/v1/topics/{quote(topic.decode())}/release") as resp:
-            assert resp.status == 200, await resp.text()
-        assert await c.publish(topic, b"after the release") == N + 1
-        assert await read(r, 1) == [N + 1]                        # no gap, nothing again
-        subs = (await topic_stats(cluster, topic))["subscriptions"]
-        assert set(subs) == {"keep", name} and subs[name]["consumed_seq_id"] >= N - 1, subs
-    assert list((await topic_stats(cluster, topic))["subscriptions"]) == ["keep"]
