@@ -522,8 +522,9 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
         try:
             try:                     # failed over: held again at the new owner, then refused (no room comes)
                 outcome: int | str = await asyncio.wait_for(held, 20)
-            except BacklogQuotaExceededError:
-                outcome = "refused"
+            except (BacklogQuotaExceededError, UncertainStateError) as exc:
+                # (uncertain: its retry was sent to the stopping hub as it closed the connection, never read)
+                outcome = type(exc).__name__
             st = await stats_via(cluster, http, hold_t, other)
             assert st["owner"] == cluster.hub_addresses[other]
             assert st["last_seq_id"] == (3 if outcome == 3 else 2), (outcome, st)
