@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from hub.cursor import AckCursor
+from hub.dispatch_key_shared import KeySharedDispatcher, key_hash
 from hub.dispatch_shared import SharedDispatcher
 from hub.lifecycle import ttl_expired_seq
 from hub.message import Message, MessageId
@@ -97,11 +98,12 @@ class Conn:
 
 
 class Cache:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, key: bytes | None = None) -> None:
         self.n = n
+        self.key = key
 
     def cached(self, topic: bytes, seq: int) -> Message:
-        return Message(b"%d" % seq, msg_id=MessageId(seq))
+        return Message(b"%d" % seq, msg_id=MessageId(seq), key=self.key)
 
     async def scan_single(self, topic: bytes, seq: int) -> Message:
         return self.cached(topic, seq)
@@ -139,4 +141,28 @@ async def test_expiry_keeps_the_acks_after_it_and_forgets_what_consumers_held_be
     d.ack([8, 10])
     assert d.cursor.mark_delete == 10
     assert d.ack_through(20) == 0 and d.next_read == 21   # past what was read: the dispatcher goes on after it
+    await d.stop()
+
+
+async def test_expiry_frees_a_key_shared_key_held_by_another_consumer() -> None:
+    """A key's messages wait while an earlier one is held elsewhere; expiring the held ones lets them go."""
+    cache = Cache(3)
+    d = KeySharedDispatcher(b"t", b"s", AckCursor(0), cache=cache,   # type: ignore[arg-type]
+                            last_seq=lambda: cache.n)
+    a, b = Conn(), Conn()
+    d.add(a, 1, permits=10)
+    slot_b = d.add(b, 2, permits=10)
+    key = next(k for k in (b"k%d" % i for i in range(1000)) if d.owner_of(key_hash(k)) is slot_b)
+    d.remove(slot_b)
+    cache.key = key
+    await settle()
+    assert a.got == [1, 2, 3]                 # the key's consumer while b is away
+    d.add(b, 2, permits=10)                   # the key moves to b: 4..6 wait for a's 1..3
+    cache.n = 6
+    d.wake()
+    await settle()
+    assert b.got == [] and d.replay == {4, 5, 6}
+    d.ack_through(3)                          # 1..3 expired: a holds nothing of the key now
+    await settle()
+    assert b.got == [4, 5, 6] and a.got == [1, 2, 3]
     await d.stop()
