@@ -418,7 +418,7 @@ async def test_shared_consumer_cut_off_hands_its_messages_to_the_others(netbed: 
         c.outs.append(out)
         c.workloads.append(await c.bed.start_workload(
             name, "queue", "--hubs", hub, "--topic", c.topic, "--out", str(out), "--subscriber", "workers",
-            "--consumer", name, "--interval", "0.005", "--ack-timeout-ms", "2000"))
+            "--consumer", name, "--interval", "0.02", "--ack-timeout-ms", "2000"))
     await publisher(c, "c0", "p0", hub)
     ops: list[dict[str, Any]] = []
 
