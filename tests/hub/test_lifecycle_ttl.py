@@ -4,16 +4,21 @@ expired one by its messages' publish times, with few reads) and what expiry does
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from hub.conf import load_hub_conf
 from hub.cursor import AckCursor
 from hub.dispatch_key_shared import KeySharedDispatcher, key_hash
 from hub.dispatch_shared import SharedDispatcher
-from hub.lifecycle import ttl_expired_seq
+from hub.lifecycle import ack_for_every_subscription, ttl_expired_seq
 from hub.message import Message, MessageId
+from hub.metadata import SubscriptionDataManager
 from hub.policies import Policy
 from hub.proto import pubsub_pb2 as pb
+from hub.subscriptions import TopicSubscriptions
+from metastore import open_metastore
 
 pytestmark = pytest.mark.asyncio
 
@@ -166,3 +171,28 @@ async def test_expiry_frees_a_key_shared_key_held_by_another_consumer() -> None:
     await settle()
     assert b.got == [4, 5, 6] and a.got == [1, 2, 3]
     await d.stop()
+
+
+async def test_expiry_of_a_stored_shared_subscription_no_consumer_attached_keeps_its_ranges(tmp_path: Path) -> None:
+    """A SHARED subscription loaded by a (new) owner with acked ranges and no consumer yet: expiry moves its
+    pointer through what it covers and stores the ranges after it (nothing acked is delivered again)."""
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    try:
+        mgr = SubscriptionDataManager(store)
+        data = pb.SubscriptionData()
+        data.preferences.subscriptionType = pb.SHARED
+        data.state.msgId.localComponent = 0
+        for first, last in ((5, 7), (12, 12)):
+            data.state.ackedRanges.add(first=first, last=last)
+        await mgr.create_subscription_data(b"t", b"w", data)
+        subs = TopicSubscriptions(b"t", mgr, load_hub_conf(None, {"consume_interval": 1}), last_seq=lambda: 20)
+        await subs.load()
+        assert ack_for_every_subscription(subs, 6) == [b"w"]
+        assert subs.subs[b"w"].consumed == 7                    # 1..6 expired, 7 was acked already
+        await subs.persist(b"w")
+        got = await mgr.read_subscription_data(b"t", b"w")
+        assert got is not None
+        assert got[0].state.msgId.localComponent == 7
+        assert [(r.first, r.last) for r in got[0].state.ackedRanges] == [(12, 12)]
+    finally:
+        await store.close()

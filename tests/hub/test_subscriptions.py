@@ -262,3 +262,23 @@ async def test_messages_a_filter_skips_advance_the_consume_pointer(tmp_path: Pat
         assert s.min_consumed() == 10
     finally:
         await store.close()
+
+
+async def test_a_readers_temporary_subscription_starts_where_asked_and_a_new_owner_deletes_it(tmp_path: Path) -> None:
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    try:
+        mgr = SubscriptionDataManager(store)
+        conf = load_hub_conf(None, {})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 10)
+        conn = Conn()
+        for sub, start, temporary in ((b"reader-1", 4, True), (b"durable", 4, False), (b"late", 99, False)):
+            req = pb.SubscribeRequest(subscriberId=sub, createOrAttach=pb.SubscribeRequest.CREATE, startSeqId=start)
+            req.preferences.temporary = temporary
+            await s.subscribe(conn, sub, req)
+        assert [s.subs[x].consumed for x in (b"reader-1", b"durable", b"late")] == [3, 3, 10]   # past the end: the end
+        again = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 10)     # a new owner loads the topic
+        await again.load()
+        assert sorted(again.subs) == [b"durable", b"late"]
+        assert await mgr.read_subscription_data(TOPIC, b"reader-1") is None
+    finally:
+        await store.close()
