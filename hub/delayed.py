@@ -154,6 +154,15 @@ class DelayIndex:
         """A rescan read up to ``upto`` (excluded); ``done``: it reached where the dispatcher had read."""
         self.overflow_from = None if done else upto
 
+    def forget_through(self, seq: int) -> None:
+        """Forget the messages up to ``seq`` (acknowledged on the subscription's behalf: message TTL, eviction)."""
+        kept = [(due, s) for due, s in self._heap if s > seq]
+        if len(kept) != len(self._heap):
+            heapq.heapify(kept)
+            self._heap = kept
+        if self.overflow_from is not None and self.overflow_from <= seq:
+            self.overflow_from = seq + 1
+
     def clear(self) -> None:
         """Forget everything (the subscription was reset: the dispatcher reads again from its new pointer)."""
         self._heap.clear()

@@ -222,7 +222,8 @@ class Dispatcher:
         Messages a consumer holds unacknowledged up to ``upto`` count as
         acknowledged (Pulsar's expiry moves the mark-delete point past them):
         they are not redelivered, and the consumer's later ack or nack of them
-        is ignored. Acknowledged ranges after ``upto`` are kept."""
+        is ignored. Delayed messages up to ``upto`` that are not due yet are
+        forgotten. Acknowledged ranges after ``upto`` are kept."""
         before = self.cursor.mark_delete
         n = 0
         for seq in [s for s in self.pending if s <= upto]:
@@ -235,6 +236,8 @@ class Dispatcher:
             n += 1
         for seq in [s for s in self.counts if s <= upto]:
             del self.counts[seq]
+        if self.delays is not None:          # delayed ones not due yet expire too
+            self.delays.forget_through(upto)
         self.cursor.ack_through(upto)
         self.next_read = max(self.next_read, upto + 1)
         if self.cursor.mark_delete != before or n:

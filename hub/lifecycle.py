@@ -48,7 +48,8 @@ expired seq id, and the individually acknowledged ranges after it are kept
 (nothing acknowledged is delivered again). Expired messages a consumer holds
 unacknowledged count as acknowledged, as Pulsar's expiry marks them deleted:
 they are not redelivered, and the consumer's later ack or nack of them is
-ignored (harmless). Expired messages waiting for redelivery are dropped.
+ignored (harmless). Expired messages waiting for redelivery, and delayed
+ones not due yet (``hub.delayed``), are dropped.
 
 Failure: nothing here raises into the publish path; a pointer that cannot
 be persisted is logged and written again later (``persist_soon``).

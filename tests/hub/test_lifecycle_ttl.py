@@ -10,6 +10,7 @@ import pytest
 
 from hub.conf import load_hub_conf
 from hub.cursor import AckCursor
+from hub.delayed import DelayIndex, now_ms
 from hub.dispatch_key_shared import KeySharedDispatcher, key_hash
 from hub.dispatch_shared import SharedDispatcher
 from hub.lifecycle import ack_for_every_subscription, ttl_expired_seq
@@ -196,3 +197,23 @@ async def test_expiry_of_a_stored_shared_subscription_no_consumer_attached_keeps
         assert [(r.first, r.last) for r in got[0].state.ackedRanges] == [(12, 12)]
     finally:
         await store.close()
+
+
+async def test_expiry_forgets_delayed_messages_not_due_yet() -> None:
+    later = now_ms() + 3_600_000
+
+    class Delayed(Cache):
+        def cached(self, topic: bytes, seq: int) -> Message:
+            return Message(b"%d" % seq, msg_id=MessageId(seq), deliver_at_ms=later if seq <= 4 else 0)
+
+    cache = Delayed(6)
+    delays = DelayIndex(100)
+    d = SharedDispatcher(b"t", b"s", AckCursor(0), cache=cache, last_seq=lambda: cache.n,   # type: ignore[arg-type]
+                         delays=delays)
+    a = Conn()
+    d.add(a, 1, permits=10)
+    await settle()
+    assert a.got == [5, 6] and len(delays) == 4          # 1..4 wait an hour
+    d.ack_through(3)
+    assert len(delays) == 1 and d.stats()["delayed"] == 1  # only 4 still waits
+    await d.stop()
