@@ -402,23 +402,24 @@ ACK_SLACK = 0.05          # seconds before the cut within which an ack may still
 
 @runs
 async def test_shared_consumer_cut_off_hands_its_messages_to_the_others(netbed: NetBed, run: int) -> None:
-    """4 SHARED consumers on hosts q0..q3, a producer on c0; one consumer's host is cut off from the hub
-    mid-stream for a few liveness timeouts, then healed. The hub notices the silent connection
-    (``client_liveness_timeout``) and hands what that consumer held unacknowledged to the others while the
-    partition lasts; the healed consumer attaches again. ``check_queue``: every published message handed
-    out at least once and acknowledged; one handed out again only if its consumer failed while it was
-    unacknowledged; nothing dead-lettered twice."""
+    """4 SHARED consumers on hosts q0..q3, a producer on c0; one consumer (a slow one, so it holds messages)
+    has its host cut off from the hub mid-stream for a few liveness timeouts, then healed. The hub notices
+    the silent connection (``client_liveness_timeout``) and hands what that consumer held unacknowledged to
+    the others while the partition lasts; the healed consumer attaches again. ``check_queue``: every
+    published message handed out at least once and acknowledged; one handed out again only if its consumer
+    failed while it was unacknowledged; nothing dead-lettered twice."""
     rng = random.Random(netbed.seed)
     c = await cluster(netbed, bookies=3, hub_conf={"client_liveness_timeout": str(LIVENESS_MS),
                                                    "ack_persist_interval_ms": "200", "consume_interval": "20"})
     hub = f"{c.hubs[0].host.ip}:4080"
     names = [f"q{i}" for i in range(4)]
+    victim = rng.choice(names)     # a slow worker (200 ms a message): it always holds messages when cut off
     for name in names:
         out = c.bed.workdir / f"history-{name}.jsonl"
         c.outs.append(out)
         c.workloads.append(await c.bed.start_workload(
             name, "queue", "--hubs", hub, "--topic", c.topic, "--out", str(out), "--subscriber", "workers",
-            "--consumer", name, "--interval", "0.02", "--ack-timeout-ms", "2000"))
+            "--consumer", name, "--interval", "0.2" if name == victim else "0.01", "--ack-timeout-ms", "2000"))
     await publisher(c, "c0", "p0", hub)
     ops: list[dict[str, Any]] = []
 
@@ -426,7 +427,6 @@ async def test_shared_consumer_cut_off_hands_its_messages_to_the_others(netbed: 
         return [o for o in history(c) if o["op"] == "recv" and o["t"] > after]
 
     await eventually(lambda: len(recvs()) > 30 + rng.randint(0, 60), timeout=30, interval=0.1)
-    victim = rng.choice(names)
     cut_at = time.monotonic()
     netbed.partition([victim], ["h0"])
     # (a nemesis hold: a few liveness timeouts, there is no event to wait for)
