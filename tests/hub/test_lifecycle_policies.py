@@ -525,8 +525,11 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
             except (BacklogQuotaExceededError, UncertainStateError) as exc:
                 # (uncertain: its retry was sent to the stopping hub as it closed the connection, never read)
                 outcome = type(exc).__name__
-            st = await stats_via(cluster, http, hold_t, other)
-            assert st["owner"] == cluster.hub_addresses[other]
+
+            async def owned_by(i: int) -> dict[str, Any] | None:   # the subscribers' resubscribe claims it
+                got = await stats_via(cluster, http, hold_t, i)
+                return got if got["owner"] == cluster.hub_addresses[i] else None
+            st = await eventually(functools.partial(owned_by, other))
             assert st["last_seq_id"] == (3 if outcome == 3 else 2), (outcome, st)
             last = int(st["last_seq_id"])
             print(json.dumps({"held_publish_at_owner_stop": outcome}), flush=True)
@@ -549,11 +552,7 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
                 outcome = await asyncio.wait_for(held, 30)
             except (UncertainStateError, BacklogQuotaExceededError) as exc:
                 outcome = type(exc).__name__
-
-            async def moved_back() -> dict[str, Any] | None:   # once the killed hub's session is gone, the
-                got = await stats_via(cluster, http, hold_t, first)   # subscribers' resubscribe claims it
-                return got if got["owner"] == cluster.hub_addresses[first] else None
-            st = await eventually(moved_back)
+            st = await eventually(functools.partial(owned_by, first), timeout=30)   # once its session is gone
             print(json.dumps({"held_publish_at_owner_kill": outcome}), flush=True)
             if isinstance(outcome, int):
                 assert st["last_seq_id"] == outcome == last + 3, (outcome, st)
@@ -565,6 +564,9 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
             async def ttl_in_force() -> bool:
                 return bool((await stats_via(cluster, http, ttl_t, first))["policy"]["message_ttl_seconds"] == 2)
             await eventually(ttl_in_force)
+            await w.close()      # (its subscription moved twice: a consumer attached to it now, whatever the
+            w = await c.consumer(ttl_t.encode(), b"w", subscription_type="SHARED",   # old one's re-attach did)
+                                 create_or_attach="ATTACH", receiver_queue_size=10)
             for i in range(4):
                 await c.publish(ttl_t.encode(), b"t%d" % i)
             published = time.monotonic()
