@@ -74,3 +74,14 @@ def test_the_work_queue_checker_states_its_guarantee() -> None:
     lost = [o for o in ok if not (o["op"] in ("recv", "dlq") and o["seq"] == 3)]
     assert any(p.startswith("lost") for p in check_queue(lost).problems)
     assert any("dead-lettered twice" in p for p in check_queue([*ok, {"op": "dlq", "seq": 3}]).problems)
+
+
+def test_check_queue_excuses_a_cut_consumer_taking_from_its_own_queue_during_the_fault() -> None:
+    from tests.partition.checker import check_queue
+
+    ops = [{"op": "ack", "seq": 1}, {"op": "fault", "kind": "consumer", "consumer": "c1", "t": 1.0, "until": 5.0},
+           {"op": "recv", "consumer": "c0", "seq": 1, "t": 3.0}, {"op": "acked", "consumer": "c0", "seq": 1, "t": 3.1},
+           {"op": "recv", "consumer": "c1", "seq": 1, "t": 3.5}]      # c1's app took it late, during its cut
+    assert check_queue(ops).ok
+    after = [*ops[:-1], {"op": "recv", "consumer": "c1", "seq": 1, "t": 6.0}]   # after the fault: no excuse
+    assert not check_queue(after).ok
