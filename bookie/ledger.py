@@ -33,18 +33,36 @@ __all__ = ["LedgerEntry", "LedgerHandle"]
 
 
 class LedgerHandle:
-    """See the module docstring. Made by ``BookKeeper``; ``writable`` handles own a writer."""
+    """See the module docstring. Made by ``BookKeeper``; ``writable`` handles own a writer.
+
+    The reader is built by the first read: a hub keeps a writer's handle
+    open per topic, most of them idle (issue 34). (No slots: tests and
+    applications wrap a handle's methods on the instance.)
+    """
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, writable: bool,
                  on_close: Callable[[LedgerHandle], None] | None = None) -> None:
         self.ledger_id = ledger_id
+        self._ctx = ctx
+        self._password = password
         self._metadata = metadata
         self._version = version
         self._on_close = on_close
         self._lac = -1
         self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password) if writable else None
-        self._reader = LedgerReader(ctx, ledger_id, password, lambda: self.metadata)
+        self._lazy_reader: LedgerReader | None = None
+
+    @property
+    def _reader(self) -> LedgerReader:
+        reader = self._lazy_reader
+        if reader is None:
+            reader = self._lazy_reader = LedgerReader(self._ctx, self.ledger_id, self._password,
+                                                      self._current_metadata)
+        return reader
+
+    def _current_metadata(self) -> LedgerMetadata:
+        return self.metadata
 
     # --- state ------------------------------------------------------------------------------------
     @property
@@ -180,7 +198,7 @@ class LedgerHandle:
         known to be confirmed (yet): a tailing reader may wait for them with
         ``wait_last_add_confirmed(after=last_entry_seen - 1, ...)``.
         """
-        return self._reader.last_entry_seen
+        return self._lazy_reader.last_entry_seen if self._lazy_reader is not None else -1
 
     async def read(self, first: int, last: int) -> AsyncGenerator[LedgerEntry, None]:
         """Yield entries ``first..last`` in order (reads pipelined, each from the best replica).

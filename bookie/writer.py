@@ -82,6 +82,7 @@ from bookie.errors import (
 )
 from bookie.metadata import LedgerMetadata, close_ledger
 from metastore import Version
+from metastore.idle import IDLE
 
 log = logging.getLogger(__name__)
 
@@ -118,8 +119,34 @@ class _PendingAdd:
         self.done = False
 
 
+_NO_BOOKIES: frozenset[str] = frozenset()
+
+
+# a client's ledgers mostly share their shape and password: their writers share what derives from them
+_master_key = functools.lru_cache(maxsize=64)(digests.master_key)
+_encoder = functools.lru_cache(maxsize=64)(digests.entry_encoder)
+
+
+@functools.lru_cache(maxsize=64)
+def _write_sets(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...], ...]:
+    """The write set of each entry id modulo ``ensemble_size`` (shared by every writer of that shape)."""
+    return tuple(tuple((e + i) % ensemble_size for i in range(write_quorum)) for e in range(ensemble_size))
+
+
 class LedgerWriter:
-    """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence)."""
+    """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence).
+
+    Slots, immutable (shared) sets of bookies being replaced and no queue of
+    adds while none is pending: a hub keeps a writer open per topic, most of
+    them idle (issue 34).
+    """
+
+    __slots__ = ("_blocked", "_callbacks", "_change_task", "_closing", "_connecting", "_conns", "_ctx", "_delay",
+                 "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lac_interval", "_lac_sent",
+                 "_lac_timer", "_lag_rechecked", "_last_add_at", "_ledger", "_loop", "_master_key", "_max_entry",
+                 "_password", "_pending", "_quorum", "_quorum_timeout", "_recovery", "_replacing", "_retry_timer",
+                 "_timeout", "_timer", "_timer_due", "_to_replace", "_write_sets", "last_add_confirmed", "ledger_id",
+                 "length", "metadata", "next_entry_id", "version")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
@@ -128,9 +155,9 @@ class LedgerWriter:
         self.metadata = metadata
         self.version = version
         self._password = bytes(password)
-        self._master_key = digests.master_key(self._password)
+        self._master_key = _master_key(self._password)
         self._digest = digests.digest_type_of(metadata.digest)
-        self._encode = digests.entry_encoder(self._digest, self._password)
+        self._encode = _encoder(self._digest, self._password)
         self._ledger = protocol.AddBodies(ledger_id, self._master_key, recovery=recovery)
         self._recovery = recovery
         self._quorum = metadata.write_quorum if recovery else metadata.ack_quorum
@@ -140,10 +167,10 @@ class LedgerWriter:
         self.last_add_confirmed = last_add_confirmed
         self.length = length
         self.next_entry_id = last_add_confirmed + 1
-        self._pending: collections.deque[_PendingAdd] = collections.deque()
-        self._to_replace: set[str] = set()
-        self._replacing: set[str] = set()
-        self._delayed: set[str] = set()  # failed, no replacement yet, ack quorum still reachable without them
+        self._pending: collections.deque[_PendingAdd] = IDLE   # a deque of its own while adds are pending
+        self._to_replace: frozenset[str] = _NO_BOOKIES
+        self._replacing: frozenset[str] = _NO_BOOKIES
+        self._delayed: frozenset[str] = _NO_BOOKIES  # failed, no replacement, ack quorum reachable without
         self._delay = ctx.conf.delay_ensemble_change and not recovery
         self._retry_timer: asyncio.TimerHandle | None = None
         self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
@@ -181,9 +208,9 @@ class LedgerWriter:
         size = self.metadata.ensemble_size
         self._ensemble = list(ensemble)
         self._index_of = {addr: i for i, addr in enumerate(ensemble)}
-        self._write_sets = [tuple(self.metadata.write_set(e)) for e in range(size)]
+        self._write_sets = _write_sets(size, self.metadata.write_quorum)
         self._conns: list[BookieConnection | None] = [None] * size
-        self._callbacks = [functools.partial(self._on_response, addr) for addr in ensemble]
+        self._callbacks: list[Callable[[protocol.Response | BKError], None]] | None = None   # built by _send
         self._blocked = 0
         for addr in self._replacing | self._to_replace | self._delayed:
             idx = self._index_of.get(addr)
@@ -224,7 +251,10 @@ class LedgerWriter:
         if self._lac_timer is None and self._lac_interval:
             self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
         p = _PendingAdd(entry_id, payload, length, size, now, future, callback)
-        self._pending.append(p)  # ``_enqueue`` inlined: the add path
+        pending = self._pending
+        if pending is IDLE:
+            pending = self._pending = collections.deque()
+        pending.append(p)  # ``_enqueue`` inlined: the add path
         if self._timer is None:
             self._arm_timer(now + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
@@ -266,12 +296,17 @@ class LedgerWriter:
         return fut
 
     def _enqueue(self, p: _PendingAdd) -> None:
+        if self._pending is IDLE:
+            self._pending = collections.deque()
         self._pending.append(p)
         if self._timer is None:
             self._arm_timer(p.started + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
 
     def _send(self, p: _PendingAdd) -> None:
+        callbacks = self._callbacks
+        if callbacks is None:   # one per bookie of the ensemble while adds are pending (dropped when idle)
+            callbacks = self._callbacks = [functools.partial(self._on_response, addr) for addr in self._ensemble]
         skip = p.acked | p.sent | self._blocked
         conns = self._conns
         ledger = self._ledger
@@ -287,11 +322,11 @@ class LedgerWriter:
                     continue
             p.sent |= bit
             if len(p.payload) < _LARGE_ADD or (tracing.WATCHED and (self.ledger_id, p.entry_id) in tracing.WATCHED):
-                conn.submit_entry(ledger, p.entry_id, p.payload, self._callbacks[idx])
+                conn.submit_entry(ledger, p.entry_id, p.payload, callbacks[idx])
                 continue
             if not p.request:   # goes alone anyway: one body shared by every bookie, not one copy each
                 p.request = ledger.body(p.entry_id, p.payload)
-            conn.submit_add(p.request, self._callbacks[idx])
+            conn.submit_add(p.request, callbacks[idx])
 
     def _connect(self, idx: int) -> None:
         addr = self._ensemble[idx]
@@ -355,6 +390,9 @@ class LedgerWriter:
                 fut.set_result(p.entry_id)
             if p.callback is not None:
                 p.callback(p.entry_id, None)
+        if not pending:
+            self._pending = IDLE
+            self._callbacks = None
 
     def _arm_timer(self, when: float) -> None:
         self._timer_due = when
@@ -460,7 +498,7 @@ class LedgerWriter:
             return
         log.warning("ledger %d: bookie %s failed (%s); changing ensemble", self.ledger_id, addr, exc)
         self._ctx.failures.note(addr)
-        self._to_replace.add(addr)
+        self._to_replace = self._to_replace | {addr}
         self._blocked |= 1 << idx
         if self._change_task is None or self._change_task.done():
             self._change_task = self._loop.create_task(self._change_ensemble())
@@ -518,7 +556,7 @@ class LedgerWriter:
         if self._error is not None or self._closing or self.metadata.is_closed or not self._delayed:
             return
         self._to_replace |= self._delayed
-        self._delayed.clear()
+        self._delayed = _NO_BOOKIES
         if self._change_task is None or self._change_task.done():
             self._change_task = self._loop.create_task(self._change_ensemble())
 
@@ -531,7 +569,7 @@ class LedgerWriter:
         policy = self._ctx.policy
 
         def replace(md: LedgerMetadata) -> LedgerMetadata:
-            return new_segment(md, failed, self._to_replace, policy, self._ctx.quarantined(),
+            return new_segment(md, failed, set(self._to_replace), policy, self._ctx.quarantined(),
                                self.last_add_confirmed + 1, ledger_id=self.ledger_id, recovery=self._recovery)
 
         self.metadata, self.version = await write_new_segment(self._ctx, self.ledger_id, replace,
@@ -557,6 +595,7 @@ class LedgerWriter:
                 fut.set_exception(exc)
             if p.callback is not None:
                 p.callback(p.entry_id, exc)
+        self._pending = IDLE
 
     async def drain(self) -> None:
         """Wait until no add is pending (each completed or failed) and no ensemble change runs."""

@@ -35,6 +35,7 @@ from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
 from hub.frames import message_batch
 from hub.proto import pubsub_pb2 as pb
+from metastore.idle import IDLE
 from metastore.tasks import spawn
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
 __all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd"]
+
 
 Done = Callable[[int, BaseException | None], None]
 """A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
@@ -82,6 +84,9 @@ def _call(done: Done, seq: int, error: BaseException | None) -> None:
 class EntryBatcher:
     """The publishing path of ``hub.persistence.TopicLog`` (see the module docstring)."""
 
+    if not TYPE_CHECKING:    # the state is TopicLog's slots (mypy checks it through the annotations below)
+        __slots__ = ()
+
     # the log's state this uses (set by TopicLog.__init__)
     topic: bytes
     conf: HubConf
@@ -106,14 +111,16 @@ class EntryBatcher:
     _start_failures: int
     _start_not_before: float
     _start_error: BaseException | None
-    dedup: ProducerDedup
     _dedup_store: TopicDedupManager | None
     _dedup_armed: bool
     _needs_arm: bool
     _since_snapshot: int
-    _tasks: set[asyncio.Task[Any]]
+    _tasks: set[asyncio.Task[Any]] | None
 
     if TYPE_CHECKING:
+        @property
+        def dedup(self) -> ProducerDedup: ...
+
         async def _new_ledger(self) -> None: ...
 
         async def _close_current(self) -> None: ...
@@ -150,7 +157,10 @@ class EntryBatcher:
             done = functools.partial(self._dedup_settled, producer, sequence_id, done)
             if not self._dedup_armed:
                 self._needs_arm = True
-        self._queue.append((message, done))
+        queue = self._queue
+        if queue is IDLE:
+            queue = self._queue = collections.deque()
+        queue.append((message, done))
         self._queued_bytes += len(message.body)
         if (not self._pump_soon and self._slow is None
                 and (not self._inflight or self._queued_bytes >= self.conf.batch_flush_bytes)):
@@ -183,6 +193,8 @@ class EntryBatcher:
                 self._since_snapshot < self.conf.dedup_snapshot_interval:
             return
         self._since_snapshot = 0
+        if self._tasks is None:
+            self._tasks = set()
         spawn(self._tasks, self._write_snapshot(self.dedup.snapshot(self.last_seq)))
 
     async def _write_snapshot(self, snap: pb.DedupSnapshot) -> None:
@@ -226,6 +238,8 @@ class EntryBatcher:
 
     def _pump_once(self) -> None:
         inflight = self._inflight
+        if inflight is IDLE:       # a deque of its own while it publishes (dropped once drained)
+            inflight = self._inflight = collections.deque()
         conf = self.conf
         while True:
             while inflight and inflight[0].settled:
@@ -260,6 +274,7 @@ class EntryBatcher:
                 break
             self._send(self._take_batch())
         if not inflight and not self._queue:
+            self._queue = self._inflight = IDLE    # nothing held while idle
             idle, self._idle = self._idle, []
             for w in idle:
                 if not w.done():

@@ -42,6 +42,9 @@ log = logging.getLogger("hub.server")   # these lines have always been the serve
 
 __all__ = ["HubHousekeeping"]
 
+_SCAN_SLICE = 256
+"""Topics a scan over every owned topic handles before it lets the event loop run (issue 34)."""
+
 
 class HubHousekeeping:
     """The periodic work of ``hub.server.HubServer`` (a mixin; see the module docstring)."""
@@ -158,7 +161,9 @@ class HubHousekeeping:
         """
         n = 0
         now_ms = int(time.time() * 1000)
-        for topic, t in list(self.topics.items()):
+        for i, (topic, t) in enumerate(list(self.topics.items())):
+            if i and not i % _SCAN_SLICE:
+                await asyncio.sleep(0)   # thousands of idle topics: let the loop (the session heartbeat) run
             policy = self.policies.for_topic(topic)
             await t.compaction.housekeep(policy.compaction_threshold_bytes, self.track)   # hub.compaction
             n += len(await apply_ttl_and_retention(t.log, t.subs, policy, now_ms, self.track))

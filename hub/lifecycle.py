@@ -75,6 +75,7 @@ from hub.policies import (
     retention_deletes,
     ttl_expired_through,
 )
+from metastore.idle import IDLE
 
 if TYPE_CHECKING:
     from hub.batcher import Done
@@ -193,7 +194,12 @@ async def ttl_expired_seq(topic_log: TopicLog, policy: Policy, now_ms: int, floo
 
 
 class BacklogQuota:
-    """A topic's backlog quota on publish (see the module docstring)."""
+    """A topic's backlog quota on publish (see the module docstring).
+
+    Slots, and no queue of held publishes until one is held: every owned
+    topic has one (issue 34)."""
+
+    __slots__ = ("_passing", "_timer", "held", "hold_timeout", "log", "on_refused", "policy", "subs", "track")
 
     def __init__(self, topic_log: TopicLog, subs: TopicSubscriptions, policy: Callable[[], Policy],
                  hold_timeout: float, track: Callable[[asyncio.Task[Any]], None] | None = None,
@@ -204,7 +210,7 @@ class BacklogQuota:
         self.hold_timeout = hold_timeout
         self.track = track
         self.on_refused = on_refused      # counts (the policy's name) for the hub's stats
-        self.held: collections.deque[tuple[pb.Message, Done, float]] = collections.deque()
+        self.held: collections.deque[tuple[pb.Message, Done, float]] = IDLE   # a deque of its own once one is held
         self._timer: asyncio.TimerHandle | None = None
         self._passing = False             # a held publish going on into the log
 
@@ -242,6 +248,8 @@ class BacklogQuota:
 
     def _hold(self, message: pb.Message, done: Done) -> None:
         loop = asyncio.get_running_loop()
+        if self.held is IDLE:
+            self.held = collections.deque()
         self.held.append((message, done, loop.time() + self.hold_timeout))
         if self._timer is None:
             self._timer = loop.call_at(self.held[0][2], self._expire)
@@ -273,9 +281,11 @@ class BacklogQuota:
                 self.log.submit(message, done)
             finally:
                 self._passing = False
-        if not self.held and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if not self.held:
+            self.held = IDLE
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
     def persisted(self) -> None:
         """After an entry was stored: with ``consumer_backlog_eviction``, ack the oldest backlog while full."""

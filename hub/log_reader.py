@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from bookie.client import BookKeeper
     from bookie.ledger import LedgerHandle
 
-__all__ = ["KNOWN_PER_LEDGER", "LogReader", "decode_batch"]
+__all__ = ["KNOWN_PER_LEDGER", "NOTHING_DECODED", "LogReader", "decode_batch"]
 
 KNOWN_PER_LEDGER = 1024
 """Entry starts remembered per ledger of a previous owner (``LogReader._learn``): about 120 bytes each."""
@@ -54,8 +54,15 @@ def decode_batch(data: bytes) -> list[pb.Message]:
     return list(batch.messages)
 
 
+NOTHING_DECODED: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])
+"""``LogReader._decoded`` before any entry was read (shared: never changed)."""
+
+
 class LogReader:
     """The read path of ``hub.persistence.TopicLog`` (see the module docstring)."""
+
+    if not TYPE_CHECKING:    # the state is TopicLog's slots (mypy checks it through the annotations below)
+        __slots__ = ()
 
     # the log's state this reads (set by TopicLog.__init__)
     topic: bytes

@@ -74,6 +74,9 @@ class LedgerUsage:
 class LogUsage:
     """Sizes and times of a topic log's ledgers (see the module docstring); a mixin of ``TopicLog``."""
 
+    if not TYPE_CHECKING:    # the state is TopicLog's slots (mypy checks it through the annotations below)
+        __slots__ = ()
+
     # the log's state this uses (set by TopicLog.__init__)
     topic: bytes
     bk: BookKeeper

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from hub import errors
@@ -32,6 +32,7 @@ from hub.topic import Topic
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
     from hub.conf import HubConf
+    from hub.gcwatch import GcWatch
     from hub.metadata import SubscriptionDataManager, TopicDedupManager, TopicPersistenceManager
     from hub.ownership import Ownership
     from hub.policy_store import PolicyCache
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from hub.readahead import ReadAheadCache
     from hub.regions import RegionManager
     from hub.stats import HubStats
+    from metastore.api import Session
 
 log = logging.getLogger("hub.server")   # these lines have always been the server's
 
@@ -64,6 +66,8 @@ class OwnedTopics:
     releasing: set[bytes]
     stopping: bool
     loads_waiting: int
+    gc_watch: GcWatch
+    _alive_checks: dict[Any, Callable[[], bool]]
     _acquiring: dict[bytes, asyncio.Future[Topic]]
     _load_slots: asyncio.Semaphore
     _ledger_slots: asyncio.Semaphore
@@ -116,17 +120,18 @@ class OwnedTopics:
         hub that misses its lease loses every topic). The client waits (its
         own response timeout still applies).
         """
-        self.loads_waiting += 1
-        try:
-            await self._load_slots.acquire()
-        finally:
-            self.loads_waiting -= 1
-        try:
-            if self.stopping:
-                raise errors.ServiceDownError("this hub is stopping; retry")
-            return await self._acquire(topic, should_claim)
-        finally:
-            self._load_slots.release()
+        with self.gc_watch.deferring():   # a takeover's thousands: no full collection meanwhile (hub.gcwatch)
+            self.loads_waiting += 1
+            try:
+                await self._load_slots.acquire()
+            finally:
+                self.loads_waiting -= 1
+            try:
+                if self.stopping:
+                    raise errors.ServiceDownError("this hub is stopping; retry")
+                return await self._acquire(topic, should_claim)
+            finally:
+                self._load_slots.release()
 
     async def _acquire(self, topic: bytes, should_claim: bool) -> Topic:
         assert self.ownership is not None
@@ -134,7 +139,7 @@ class OwnedTopics:
         if owner is not None:
             raise Redirect(owner)
         session = self.ownership.session   # the claim lives as long as this session (ephemeral or registration)
-        owned = (lambda: bool(session.alive)) if session is not None else None
+        owned = self._alive_check(session)
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, self._persisted, self.dedup_store,
                                           owned=owned, ledger_slots=self._ledger_slots)
@@ -150,9 +155,9 @@ class OwnedTopics:
         t = Topic(tlog, subs)
         t.quota = BacklogQuota(tlog, subs, functools.partial(self.policies.for_topic, topic),
                                self.conf.backlog_quota_hold_timeout / 1000.0, track=self.track,
-                               on_refused=lambda which: self.stats.incr(f"backlog_quota_{which}"))
+                               on_refused=self._quota_refused)
         tlog.gate = t.quota.admit
-        t.compaction.on_done = lambda outcome: self.stats.incr(f"compactions_{outcome}")   # hub.compaction
+        t.compaction.on_done = self._compaction_done   # hub.compaction
         policy = self.policies.for_topic(topic)
         if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:
             await tlog.learn_usage()   # the sizes of the ledgers a previous owner wrote: the quota holds at once
@@ -165,6 +170,22 @@ class OwnedTopics:
         self.stats.incr("topics_acquired")
         log.info("acquired topic %r at seq %d", topic, tlog.last_seq)
         return t
+
+    def _alive_check(self, session: Session | None) -> Callable[[], bool] | None:
+        """``session.alive`` as a callable, one for every topic claimed in that session (not one each)."""
+        if session is None:
+            return None
+        check = self._alive_checks.get(session)
+        if check is None:
+            self._alive_checks = {session: lambda: bool(session.alive)}   # an older session's topics keep theirs
+            check = self._alive_checks[session]
+        return check
+
+    def _compaction_done(self, outcome: str) -> None:
+        self.stats.incr(f"compactions_{outcome}")
+
+    def _quota_refused(self, which: str) -> None:
+        self.stats.incr(f"backlog_quota_{which}")
 
     def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
         self.flush()   # the publish answers of this batch leave before the deliveries are built

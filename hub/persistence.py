@@ -89,10 +89,11 @@ from hub.batcher import Batch, Done, EntryBatcher, InflightAdd
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
-from hub.log_reader import LogReader, decode_batch
+from hub.log_reader import NOTHING_DECODED, LogReader, decode_batch
 from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
+from metastore.idle import IDLE
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -110,7 +111,19 @@ _REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, err
 
 
 class TopicLog(EntryBatcher, LogReader, LogUsage):
-    """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``."""
+    """One owned topic's ledgers (see the module docstring); its read path is ``hub.log_reader.LogReader``.
+
+    Slots, and nothing built before it is needed (the dedup state, the
+    publish queues: ``metastore.idle.IDLE``): a hub owns thousands of idle
+    topics (issue 34).
+    """
+
+    __slots__ = ("_broken", "_closing", "_ctimes", "_decoded", "_dedup", "_dedup_armed", "_dedup_store", "_drain",
+                 "_first_times", "_idle", "_index", "_inflight", "_known", "_ledger_slots", "_lock", "_needs_arm",
+                 "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
+                 "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
+                 "entries_in_ledger", "gate", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
+                 "owned", "pm", "ranges", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
@@ -128,13 +141,13 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.entries_in_ledger = 0
         self._first_times: dict[int, int] = {}      # ledgers we wrote: their first message's publish time
         self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
-        self._decoded: tuple[tuple[int, int], list[pb.Message]] = ((-1, -1), [])  # last entry read, decoded
+        self._decoded: tuple[tuple[int, int], list[pb.Message]] = NOTHING_DECODED  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, LedgerHandle] = {}  # read-only handles on ledgers that are not current
         self._closing: LedgerHandle | None = None   # the writer handle being closed (reads go through it meanwhile)
-        self._queue: collections.deque[tuple[pb.Message, Done]] = collections.deque()
+        self._queue: collections.deque[tuple[pb.Message, Done]] = IDLE   # a deque of its own once used
         self._queued_bytes = 0
-        self._inflight: collections.deque[InflightAdd] = collections.deque()   # sent, in entry order
+        self._inflight: collections.deque[InflightAdd] = IDLE   # sent, in entry order
         self._pump_soon = False           # a _pump is scheduled for the end of this loop turn
         self._pumping = False             # a _pump is running (an add settled inside it waits for it)
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
@@ -144,12 +157,12 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
         self._start_not_before = 0.0      # loop time before which no new ledger is tried
         self._start_error: BaseException | None = None
-        self.dedup = ProducerDedup(conf.dedup_window, conf.dedup_max_producers)
+        self._dedup: ProducerDedup | None = None   # built by the first producer message (``dedup``)
         self._dedup_store = dedup_store          # hub.metadata.TopicDedupManager (None: in memory only)
         self._dedup_armed = dedup_store is None  # the topic's topic_dedup record exists
         self._needs_arm = False
         self._since_snapshot = 0
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[Any]] | None = None   # dedup snapshot writes (a set once one starts)
         self.closed = False
         self.owned = owned                # False once this hub may have lost the topic (its metastore session)
         self._broken: str | None = None   # why this log may write no more ledger ranges (see _give_up)
@@ -157,6 +170,14 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
         self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
         self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
+
+    @property
+    def dedup(self) -> ProducerDedup:
+        """The topic's producer deduplication state (``hub.dedup``), built when first needed."""
+        dedup = self._dedup
+        if dedup is None:
+            dedup = self._dedup = ProducerDedup(self.conf.dedup_window, self.conf.dedup_max_producers)
+        return dedup
 
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
@@ -396,7 +417,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             "adds_in_flight": len(self._inflight), "messages_in_flight": sum(len(a.batch) for a in self._inflight),
             "index_bytes": (sum(i.nbytes for i in self._index.values())
                             + _KNOWN_BYTES * sum(len(k) for k in self._known.values())),
-            "dedup_producers": self.dedup.producers, "dedup_entries": len(self.dedup),
+            "dedup_producers": self._dedup.producers if self._dedup is not None else 0,
+            "dedup_entries": len(self._dedup) if self._dedup is not None else 0,
         }
 
     # --- consumed ledgers and release -----------------------------------------------------------

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from bookie.wire import FrameBudget
 from hub.conf import HubConf
 from hub.connection import HubConnection
+from hub.gcwatch import GcWatch
 from hub.housekeeping import HubHousekeeping
 from hub.metadata import (
     HubRegistry,
@@ -102,6 +103,7 @@ class HubServer(OwnedTopics, HubHousekeeping):
         self._load_slots = asyncio.Semaphore(conf.max_concurrent_topic_loads)
         self._ledger_slots = asyncio.Semaphore(conf.max_concurrent_topic_loads)
         self.loads_waiting = 0          # acquisitions waiting for a slot
+        self._alive_checks: dict[Any, Callable[[], bool]] = {}   # the current session's liveness (_alive_check)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
         self._servers: list[asyncio.Server | TlsListener] = []
@@ -120,6 +122,7 @@ class HubServer(OwnedTopics, HubHousekeeping):
         self.authenticator: TokenAuthenticator | None = None   # with authentication_enabled
         self.authorizer: Authorizer | None = None      # with authentication_enabled
         self.frame_budget = FrameBudget(conf.max_partial_frame_bytes)
+        self.gc_watch = GcWatch(self.stats)
         self._connection_keys = itertools.count(1)
         self._fd_warned_at = -math.inf
         self._fd_unlogged = 0
@@ -223,6 +226,8 @@ class HubServer(OwnedTopics, HubHousekeeping):
         await self.registry.register(self.info, self.session, self.http_url)
         self.ownership = Ownership(self.conf, self.info, self.owners, self.registry, self.session)
         self.spawn(self._timers())
+        self.gc_watch.start()         # what start-up built is frozen; long collections are logged (hub.gcwatch)
+        self.spawn(self.gc_watch.run())
         if self.conf.incomplete_frame_timeout:
             self.spawn(self._close_stalled_connections())
         self.regions = regions
@@ -372,6 +377,7 @@ class HubServer(OwnedTopics, HubHousekeeping):
                 conn.transport.close()
         for task in list(self._tasks):
             task.cancel()
+        self.gc_watch.stop()
         if self.regions is not None:
             with contextlib.suppress(Exception):
                 await self.regions.close()

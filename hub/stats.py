@@ -27,7 +27,10 @@ What the seed's MBeans report, with the names of ``bookie.metrics``' scheme:
   (summed over the topics' logs, ``TopicLog.memory``),
   ``hub_partial_frame_bytes`` and ``hub_outbound_buffer_bytes`` (the
   connections' buffers), ``hub_delayed_messages`` (delayed messages held
-  until due, ``hub.delayed``).
+  until due, ``hub.delayed``);
+* the event loop: ``hub_loop_tasks`` (asyncio tasks alive) and
+  ``hub_loop_timers`` (timers scheduled, not cancelled): an idle topic
+  holds neither (issue 34), so neither grows with the topics owned.
 
 Counters are plain integers on the hot path (``HubStats.incr``), exported at
 scrape time; so are the latency histograms (``HubMetrics.observe``: a bucket
@@ -38,6 +41,7 @@ because of one broken source: a gauge that cannot be read is skipped.
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import collections
 import itertools
@@ -60,7 +64,7 @@ if TYPE_CHECKING:
     from hub.topic import Topic
 
 __all__ = ["LATENCY_BUCKETS", "OPS", "HubMetrics", "HubStats", "MeteredConnection", "MetricsSource",
-           "RemoteSubscriptions"]
+           "RemoteSubscriptions", "loop_tasks", "loop_timers"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +110,17 @@ class HubStats:
         """A request's latency (``op``: publish, subscribe, unsubscribe, consume)."""
         if self.observer is not None:
             self.observer(op, seconds)
+
+
+def loop_tasks() -> int:
+    """asyncio tasks alive in the running loop."""
+    return len(asyncio.all_tasks())
+
+
+def loop_timers() -> int:
+    """Timers scheduled in the running loop and not cancelled (0 on a loop that does not say)."""
+    scheduled = getattr(asyncio.get_running_loop(), "_scheduled", ())   # asyncio's heap of TimerHandles
+    return sum(1 for h in scheduled if not h.cancelled())
 
 
 def _name(subject: str) -> str:
@@ -213,6 +228,8 @@ class HubMetrics(Collector):
              self._backlog),
             ("remote_subscriptions", "subscriptions this hub holds in other regions (RegionManager)",
              lambda: server.regions.remote_subscriptions() if server.regions is not None else 0),
+            ("loop_tasks", "asyncio tasks alive in the hub's event loop (none per idle topic)", loop_tasks),
+            ("loop_timers", "timers scheduled in the hub's event loop (none per idle topic)", loop_timers),
         ]
         gauges += [(subject, doc, self._topics_sum(key)) for subject, key, doc in _MEMORY_GAUGES]
         gauges += [

@@ -55,6 +55,9 @@ def type_name(stype: int) -> str:
 class SubscriptionConsumers:
     """Consumers of ``TopicSubscriptions`` (its ``topic``, ``subs``, ``conf``, ``cache``... are declared here)."""
 
+    if not TYPE_CHECKING:    # the state is TopicSubscriptions' slots
+        __slots__ = ()
+
     topic: bytes
     conf: HubConf
     subs: dict[bytes, SubState]

@@ -89,7 +89,12 @@ def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
 
 
 class TopicSubscriptions(SubscriptionConsumers):
-    """See the module docstring; the consumer side is ``hub.subscription_consumers``."""
+    """See the module docstring; the consumer side is ``hub.subscription_consumers``.
+
+    Slots: every owned topic has one (issue 34)."""
+
+    __slots__ = ("_subscribing", "cache", "conf", "first_kept", "last_seq", "mgr", "on_consumed", "subs", "topic",
+                 "track")
 
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,

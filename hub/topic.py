@@ -2,14 +2,17 @@
 
     t = Topic(TopicLog(...), TopicSubscriptions(...))   # made by HubServer when it acquires a topic
     t.last_active = time.monotonic()                    # each request touches it (retention_secs)
-    t.sample_rate(now); t.publish_rate(now)             # the timer samples; the admin API reads
+    t.sample_rate(now); t.publish_rate(now)             # the hub's one scan samples; the admin API reads
+
+An idle topic costs memory only (issue 34: no timer or task of its own):
+the hub's housekeeping scan samples every topic's rate, and the rate is two
+samples in slots, not a history.
 
 Failure: nothing here raises.
 """
 
 from __future__ import annotations
 
-import collections
 import time
 from typing import TYPE_CHECKING
 
@@ -29,23 +32,25 @@ RATE_WINDOW = 10.0
 class Topic:
     """An owned topic: its log, its subscriptions, its activity clock, its publish rate."""
 
+    __slots__ = ("_mid_at", "_mid_seq", "_old_at", "_old_seq", "compaction", "last_active", "log", "quota", "subs")
+
     def __init__(self, log_: TopicLog, subs: TopicSubscriptions) -> None:
         self.log = log_
         self.subs = subs
         self.quota: BacklogQuota | None = None     # set by the server (hub.lifecycle)
         self.compaction = TopicCompaction(log_)    # runs and reads of its compacted ledger (hub.compaction)
         self.last_active = time.monotonic()
-        # (when, last seq id) sampled by the hub's timer loop: the rate costs nothing per publish
-        self.rate_samples: collections.deque[tuple[float, int]] = collections.deque([(self.last_active,
-                                                                                      log_.last_seq)])
+        # two (when, last seq id) samples half a window apart, taken by the hub's scan: the rate costs
+        # nothing per publish, and an idle topic holds no history
+        self._old_at = self._mid_at = self.last_active
+        self._old_seq = self._mid_seq = log_.last_seq
 
     def sample_rate(self, now: float) -> None:
-        self.rate_samples.append((now, self.log.last_seq))
-        while len(self.rate_samples) > 2 and now - self.rate_samples[1][0] >= RATE_WINDOW:
-            self.rate_samples.popleft()
+        if now - self._mid_at >= RATE_WINDOW / 2:
+            self._old_at, self._old_seq = self._mid_at, self._mid_seq
+            self._mid_at, self._mid_seq = now, self.log.last_seq
 
     def publish_rate(self, now: float) -> float:
-        """Messages per second published over the last ``RATE_WINDOW`` seconds (about)."""
-        when, seq = self.rate_samples[0]
-        elapsed = now - when
-        return (self.log.last_seq - seq) / elapsed if elapsed > 0 else 0.0
+        """Messages per second published over the last ``RATE_WINDOW`` seconds (about: half to one window)."""
+        elapsed = now - self._old_at
+        return (self.log.last_seq - self._old_seq) / elapsed if elapsed > 0 else 0.0

@@ -26,16 +26,11 @@ Failure: after ``attempts`` conflicting tries the last ``BadVersionError`` /
 
 from __future__ import annotations
 
+import asyncio
+import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-from tenacity import (
-    AsyncRetrying,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    wait_random_exponential,
-)
 
 from metastore.api import MetastoreTable, Value, Version, Versioned
 from metastore.errors import BadVersionError, KeyExistsError, NoKeyError
@@ -57,16 +52,15 @@ DEFAULT_FIRST_DELAY = 0.001
 DEFAULT_MAX_DELAY = 0.1
 
 
-def _policy(attempts: int, first_delay: float, max_delay: float,
-            retry_on: tuple[type[Exception], ...]) -> dict[str, object]:
+def _check(attempts: int) -> None:
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
-    return {
-        "stop": stop_after_attempt(attempts),
-        "wait": wait_random_exponential(multiplier=first_delay, max=max_delay),
-        "retry": retry_if_exception_type(retry_on),
-        "reraise": True,
-    }
+
+
+def _pause(attempt: int, first_delay: float, max_delay: float) -> float:
+    """Seconds to wait after failed try number ``attempt`` (1, 2, ...): uniform in [0, first_delay * 2^(n-1)],
+    capped at ``max_delay`` (full jitter)."""
+    return random.uniform(0, min(max_delay, first_delay * 2 ** min(attempt - 1, 60)))
 
 
 async def cas_retry(step: Callable[[], Awaitable[T]], *, attempts: int = DEFAULT_ATTEMPTS,
@@ -76,21 +70,35 @@ async def cas_retry(step: Callable[[], Awaitable[T]], *, attempts: int = DEFAULT
 
     ``step`` must do the whole read-modify-write (read again on every try).
     Raises the last conflict after ``attempts`` tries, any other error at once.
+    A plain loop, not a retry library: a hub runs one per topic it acquires,
+    and each retry object left a reference cycle for the collector (issue 34).
     """
-    async for attempt in AsyncRetrying(**_policy(attempts, first_delay, max_delay, retry_on)):  # type: ignore[arg-type]
-        with attempt:
+    _check(attempts)
+    attempt = 1
+    while True:
+        try:
             return await step()
-    raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+        except retry_on:
+            if attempt >= attempts:
+                raise
+        await asyncio.sleep(_pause(attempt, first_delay, max_delay))
+        attempt += 1
 
 
 def cas_retry_sync(step: Callable[[], T], *, attempts: int = DEFAULT_ATTEMPTS,
                    first_delay: float = DEFAULT_FIRST_DELAY, max_delay: float = DEFAULT_MAX_DELAY,
                    retry_on: tuple[type[Exception], ...] = CAS_CONFLICTS) -> T:
     """``cas_retry`` for blocking code (backends that talk to their store from a worker thread)."""
-    for attempt in Retrying(**_policy(attempts, first_delay, max_delay, retry_on)):  # type: ignore[arg-type]
-        with attempt:
+    _check(attempts)
+    attempt = 1
+    while True:
+        try:
             return step()
-    raise AssertionError("unreachable: tenacity reraises the last error")  # pragma: no cover
+        except retry_on:
+            if attempt >= attempts:
+                raise
+        time.sleep(_pause(attempt, first_delay, max_delay))
+        attempt += 1
 
 
 async def update_record(table: MetastoreTable, key: str,

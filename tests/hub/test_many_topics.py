@@ -18,6 +18,7 @@ import pytest
 from hub.client import HedwigClient
 from hub.metadata import TopicPersistenceManager
 from metastore import open_metastore
+from tests.hub.test_stats import scrape
 from tools.bench.topics import wait_owner_gone
 from tools.cluster import LocalCluster
 
@@ -138,3 +139,27 @@ async def test_two_hubs_racing_for_the_same_1000_new_topics(tmp_path: Path) -> N
             assert {seq_a, seq_b} == {1, 2}                  # dense: one owner numbered both
         ledgers = await _ledger_ids(cluster.metastore_uri, topics)
         assert len(ledgers) == len(set(ledgers)) == 1000     # one ledger per topic, none shared
+
+
+async def _loop_gauges(url: str) -> tuple[float, float]:
+    got = await scrape(url)
+    return got["hub_loop_tasks"], got["hub_loop_timers"]
+
+
+async def test_idle_topics_hold_no_task_or_timer(tmp_path: Path) -> None:
+    """500 new topics, each published to once and then idle: the hub's loop holds no more asyncio tasks or
+    timers than before them (``hub_loop_tasks``, ``hub_loop_timers``): idle topics are served by the hub's one
+    housekeeping scan, not by timers or tasks of their own (issue 34)."""
+    conf = {**CONF, "bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1"}
+    async with LocalCluster(bookies=1, hubs=1, data_dir=tmp_path / "c", conf_overrides=conf) as cluster:
+        url = cluster.stats_urls[0]                    # hubs first
+        address = cluster.hub_addresses[0]
+        assert await _publish_all(address, [b"warm-up"], b"m") == [1]   # bookie connection, first ledger
+        before = await _loop_gauges(url)
+        topics = [f"idle-{i}".encode() for i in range(500)]
+        assert await _publish_all(address, topics, b"m") == [1] * 500
+        # what the publishes left (a ledger's explicit-LAC timer, a second after its last add) winds down
+        async with asyncio.timeout(30):
+            while (now := await _loop_gauges(url))[0] > before[0] + 5 or now[1] > before[1] + 5:  # noqa: ASYNC110
+                await asyncio.sleep(0.2)    # another process's loop, seen through its gauges
+        assert (await scrape(url))["hub_topics_owned"] == 501

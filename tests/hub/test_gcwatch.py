@@ -1,0 +1,64 @@
+"""hub.gcwatch: full collections deferred while topics are acquired, long pauses counted (issue 34)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import pytest
+
+import hub.gcwatch
+from hub.gcwatch import GcWatch
+from hub.stats import HubStats
+
+
+def test_no_full_collection_starts_while_acquiring_and_the_threshold_returns_once_quiet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    watch = GcWatch(HubStats())
+    before = gc.get_threshold()
+    try:
+        with watch.deferring():
+            with watch.deferring():          # nested (two acquisitions at once)
+                assert gc.get_threshold()[:2] == before[:2] and gc.get_threshold()[2] > 1_000_000
+            watch.check()
+            assert gc.get_threshold()[2] > 1_000_000    # one still under way
+        watch.check()
+        assert gc.get_threshold()[2] > 1_000_000        # over, but the next may follow at once
+        monkeypatch.setattr(hub.gcwatch, "QUIET_SECONDS", 0.0)   # quiet long enough
+        watch.check()
+        assert gc.get_threshold() == before
+    finally:
+        watch.stop()
+
+
+def test_a_stream_of_acquisitions_defers_no_longer_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    watch = GcWatch(HubStats())
+    before = gc.get_threshold()
+    try:
+        with watch.deferring():
+            assert gc.get_threshold()[2] > 1_000_000
+            monkeypatch.setattr(hub.gcwatch, "MAX_DEFER_SECONDS", 0.0)   # the bound has passed
+            watch.check()
+            assert gc.get_threshold() == before      # full collections may start again
+            with watch.deferring():
+                assert gc.get_threshold() == before  # and the run goes on without deferring
+    finally:
+        watch.stop()
+    assert gc.get_threshold() == before
+
+
+def test_a_long_collection_is_counted_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    stats = HubStats()
+    watch = GcWatch(stats, slow_seconds=0.0)     # every collection counts as long
+    watch.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="hub.gcwatch"):
+            gc.collect()
+    finally:
+        watch.stop()
+    assert stats.counters["gc_slow_pauses"] >= 1
+    assert "garbage collection of generation 2 paused the hub" in caplog.text
+    assert gc.get_freeze_count() == 0 and watch._on_gc not in gc.callbacks
+    n = stats.counters["gc_slow_pauses"]
+    gc.collect()
+    assert stats.counters["gc_slow_pauses"] == n  # stopped: no longer timed
