@@ -185,6 +185,7 @@ class ReadAheadCache:
         self._last_seq = last_seq
         self._clock = clock
         self._n = max(1, int(conf.readahead_count)) if conf.readahead_enabled else 1
+        self._half = self._n // 2   # ``_refill``'s look-ahead (0 when n is 1: ``_refill`` does nothing then)
         self._readahead_size = max(1, int(conf.readahead_size))
         self._cache_size = int(conf.cache_size)
         self._ttl = float(conf.cache_entry_ttl) / 1000.0
@@ -251,10 +252,14 @@ class ReadAheadCache:
 
     def _hit(self, t: _Topic, seq_id: int) -> Message | None:
         """The cached message ``seq_id`` (counted, read-ahead kept going), else None."""
-        msg = t.messages.get(seq_id)
+        messages = t.messages
+        msg = messages.get(seq_id)
         if msg is not None:
             self._counters["hits"] += 1
-            self._refill(t, seq_id)
+            # ``_refill`` returns at once when its probe is cached: skip its call then (every hit of
+            # every subscriber ran it; a cached message is persisted, so ``last_seq`` cannot lower it)
+            if seq_id + self._half not in messages:
+                self._refill(t, seq_id)
         return msg
 
     def on_published(self, topic: bytes, message: Message) -> None:
