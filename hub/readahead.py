@@ -329,15 +329,18 @@ class ReadAheadCache:
 
     def _refill(self, t: _Topic, seq: int) -> None:
         """Keep the next ``n`` messages after ``seq`` on their way (look ``n // 2`` ahead)."""
-        if self._n < 2 or self._closed or self._topics.get(t.name) is not t:
+        if self._n < 2:
             return
-        probe = seq + self._n // 2
+        probe = seq + self._half
         last = self._last_seq(t.name) if self._last_seq is not None else None
-        if last is not None:
-            probe = min(probe, last)   # never read ahead of what is persisted: on_published brings it
+        if last is not None and probe > last:
+            probe = last   # never read ahead of what is persisted: on_published brings it
             if probe <= seq:
                 return
-        if t.present(probe) or (probe > t.known_last and not t.maybe_more):
+        # the usual answer (the probe is there) first; the guards only matter before a scan
+        if probe in t.messages or probe in t.stubs or (probe > t.known_last and not t.maybe_more):
+            return
+        if self._closed or self._topics.get(t.name) is not t:
             return
         start = seq + 1
         while t.present(start):
