@@ -485,3 +485,26 @@ async def test_size_bytes_is_the_memory_the_cached_messages_hold(body: int) -> N
     assert cache.stats()["entries"] == n
     assert 0.8 <= held / counted <= 1.2, (held, counted)   # counting bodies only: 2.1x (10 KB), 12x (100 B)
     await cache.close()
+
+
+async def test_a_synchronous_hit_reads_ahead_only_when_its_look_ahead_is_missing() -> None:
+    """``cached`` (the delivery loop's hit) skips the refill while ``seq + n/2`` is cached; past it,
+    and up to ``last_seq`` (persisted messages the cache was not told about), it stubs and scans."""
+    ledgers = FakeLedgers({b"t": 40})
+    persisted = [10]
+    cache = ReadAheadCache(Conf(readahead_count=10), ledgers, last_seq=lambda topic: persisted[0])
+    assert (await read(cache, b"t", 1)).seq_id == 1
+    await settle(cache)
+    assert [c[1:3] for c in ledgers.calls] == [(1, 10)]
+    for seq in range(2, 6):                       # 2 + 5 .. 5 + 5 = 10 are cached: no refill
+        assert (m := cache.cached(b"t", seq)) is not None and m.seq_id == seq
+    for seq in range(6, 11):                      # at the tail: nothing persisted past 10, no scan
+        assert (m := cache.cached(b"t", seq)) is not None and m.seq_id == seq
+    assert len(ledgers.calls) == 1 and cache.stats()["stubs"] == 0
+    persisted[0] = 30                             # persisted, not published through the cache
+    assert (m := cache.cached(b"t", 10)) is not None and m.seq_id == 10   # 15 is missing: 11..20
+    await ledgers.wait_calls(2)
+    assert ledgers.calls[1][1:3] == (11, 10)
+    await settle(cache)
+    assert [cache.cached(b"t", s).seq_id for s in range(11, 16)] == list(range(11, 16))  # type: ignore[union-attr]
+    await cache.close()
