@@ -1,26 +1,48 @@
-"""The journal hand-off of the entry storage (``bookie.storage``, steps 2 and 3 of its write path).
+"""The journal hand-off of the entry storage (``bookie.storage``, steps 1 to 3 of its write path).
 
-Adds and ledger records join the open *group*; one group at a time is
-written and synced (on the journal thread, or on the loop for a small one),
-then its entries enter the write cache and its callbacks run in order.
+Adds and ledger records are checked against the ledger index and join the
+open *group*; one group at a time is written and synced (on the journal
+thread, or on the loop for a small one), then its entries enter the write
+cache and its callbacks run in order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import queue
+import struct
 import threading
 import time
+from collections.abc import Callable, Container
+from pathlib import Path
+
+from crc32c import crc32c
 
 from bookie import journal
 from bookie.disk import describe_commit_error
 from bookie.errors import (
+    BadRequestError,
+    BKError,
     BookieServerError,
+    LedgerFencedError,
+    UnauthorizedError,
 )
+from bookie.journal import JournalWriter, Position
 from bookie.storage_core import (
-    StorageCore,
+    _HEADER_PACK,
+    _MAX_ID,
+    AckSink,
+    CheckpointTrigger,
+    Done,
+    LedgerIndex,
     _Batch,
+    _check_ids,
+    _LedgerState,
+    _pack_key,
 )
+from bookie.write_cache import WriteCache, settle
 
 __all__ = ["GroupCommit"]
 
@@ -32,10 +54,208 @@ _INLINE_ENTRIES = 16
 """A group of at most this many adds is written by the loop thread itself (see ``_start_commit``)."""
 _INLINE_SYNC = 0.002
 """... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
+_ADD_HEAD_PACK = struct.Struct(">BQQ").pack
+_ADD_KIND = bytes([journal.ADD])
 
 
-class GroupCommit(StorageCore):
-    """The journal hand-off of ``EntryStorage``: the open group, its write and sync, its completion."""
+def _future_placeholder(exc: BaseException | None) -> None:
+    raise AssertionError("a throttled add_entry completes its future, never this callback")
+
+
+class GroupCommit:
+    """The journal hand-off: checks writes, the open group, its write and sync, its completion.
+
+    Owns the journal writer and thread, the open group and the commit
+    figures; hands synced entries to the write cache and tells checkpoints
+    (``CheckpointTrigger``) when writes come and when the cache fills.
+    Hooks (called on the loop): ``on_commit(entries, seconds)``,
+    ``on_lac(ledger_id, lac)`` (only for ledgers in ``lac_watched`` when it
+    is set, except explicit LACs).
+    """
+
+    def __init__(self, index: LedgerIndex, cache: WriteCache, checkpoints: CheckpointTrigger, writer: JournalWriter,
+                 journal_dir: Path, *, group_wait: float, report_error: Callable[[str, bool], None]) -> None:
+        self._index = index
+        self._state = index.state
+        self._cache = cache
+        self._checkpoints = checkpoints
+        self.writer = writer
+        self._journal_dir = journal_dir
+        self._group_wait = max(group_wait, 0.0)
+        self._report_error = report_error
+        self.synced: Position = writer.position
+        """The end of the last synced group."""
+        self._batch: _Batch | None = None
+        self._committing = False
+        self._kicked = False
+        self.closing = False
+        """Set by ``EntryStorage.close``: new writes are refused."""
+        self._idle_waiters: list[asyncio.Future[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.on_commit: Callable[[int, float], None] | None = None
+        self.on_lac: Callable[[int, int], None] | None = None
+        self.lac_watched: Container[int] | None = None
+        self.last_commit_bytes = 0
+        self.last_sync_seconds = 0.0
+        self.last_group_entries = 0
+        self.commits = 0
+        self.entries_committed = 0
+
+    @property
+    def busy(self) -> bool:
+        """A group is open or being written (``GroupState``)."""
+        return self._batch is not None or self._committing
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def _new_ledger(self, ledger_id: int, master_key: bytes, batch: _Batch) -> _LedgerState:
+        state = self._index.create(ledger_id, master_key)
+        batch.parts.append(journal.encode_ledger(ledger_id, master_key))
+        batch.dirty.add(ledger_id)
+        return state
+
+    def submit_add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+                   done: Done, *, recovery: bool = False) -> None:
+        """``EntryStorage.submit_add``."""
+        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
+        if batch is None:
+            self._cache.throttle(_pack_key(ledger_id, entry_id), payload, done, ledger_id)
+        else:
+            batch.waiters.append(done)
+            batch.run_sink = None
+
+    def submit_acked_add(self, sink: AckSink, ack: object, ledger_id: int, entry_id: int, master_key: bytes,
+                         payload: bytes, lac: int, *, recovery: bool = False) -> None:
+        """``EntryStorage.submit_acked_add``."""
+        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
+        if batch is None:
+            self._cache.throttle(_pack_key(ledger_id, entry_id), payload, functools.partial(sink, [ack]), ledger_id)
+        elif batch.run_sink is sink:
+            batch.run_acks.append(ack)
+        else:
+            acks = batch.run_acks = [ack]
+            batch.run_sink = sink
+            batch.waiters.append(functools.partial(sink, acks))
+
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
+                  lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
+        """``EntryStorage.add_entry``."""
+        fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
+        try:
+            batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
+        except BKError as exc:
+            fut.set_exception(exc)
+            return fut
+        if batch is None:
+            self._cache.throttle(_pack_key(ledger_id, entry_id), payload, _future_placeholder, ledger_id, fut)
+        else:
+            batch.futures.append(fut)
+            batch.run_sink = None
+        return fut
+
+    def _admit(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+               recovery: bool) -> _Batch | None:
+        """Check one add and put its journal record in the open group (returned; the caller adds the waiter).
+
+        ``None``: the write cache is full, the caller throttles the add. Raises
+        the errors of ``submit_add`` before changing anything but the ledger
+        state it loads (and a new ledger's record).
+        """
+        # The hot path of the server: kept inline (no helper call), with no
+        # per-add allocation besides the key and the record head (see ``_Batch``).
+        if self.closing:
+            raise BookieServerError("entry storage is closing")
+        if not (0 <= ledger_id <= _MAX_ID and 0 <= entry_id <= _MAX_ID):
+            raise BadRequestError(f"entry id {ledger_id}:{entry_id} out of range")
+        state = self._state.get(ledger_id) or self._index.get(ledger_id)
+        batch = self._batch or self._open_batch()
+        if state is None:
+            state = self._new_ledger(ledger_id, master_key, batch)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        elif state.fenced and not recovery:
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        if lac > state.lac:
+            state.lac = lac
+            batch.dirty.add(ledger_id)
+            if self.on_lac is not None and (self.lac_watched is None or ledger_id in self.lac_watched):
+                self.on_lac(ledger_id, lac)
+        cache = self._cache  # ``WriteCache.full``, inline
+        if cache.throttled or (cache.flushing is not None and cache.nbytes >= cache.half):
+            return None
+        # the journal record, encoded here: the journal thread then needs the GIL only to join and
+        # hand back (a thread waiting for the GIL behind a busy loop waits a switch interval)
+        key = _pack_key(ledger_id, entry_id)
+        head = _ADD_HEAD_PACK(journal.ADD, ledger_id, entry_id)  # kind + key: a pack is cheaper than a concatenation
+        batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
+        batch.keys.append(key)
+        batch.values.append(payload)
+        last = batch.last
+        if entry_id > last.get(ledger_id, -1):
+            last[ledger_id] = entry_id
+        return batch
+
+    def admit_throttled(self) -> None:
+        """Room in the write cache: the adds waiting for it join the open group, in order (``GroupState``)."""
+        throttled = self._cache.take_throttled()
+        if not throttled:
+            return
+        batch = self._batch or self._open_batch()
+        batch.run_sink = None
+        for key, payload, done, fut, ledger_id, _ in throttled:
+            head = _ADD_KIND + key
+            batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
+            batch.keys.append(key)
+            batch.values.append(payload)
+            batch.dirty.add(ledger_id)
+            entry_id = int.from_bytes(key[8:], "big")
+            if entry_id > batch.last.get(ledger_id, -1):
+                batch.last[ledger_id] = entry_id
+            if fut is None:
+                batch.waiters.append(done)
+            else:  # futures complete after the callbacks: keep the order with a callback of its own
+                batch.waiters.append(settle(fut))
+
+    def fence(self, ledger_id: int, master_key: bytes) -> _Batch:
+        """Fence the ledger in the open group (returned: the caller adds its waiter)."""
+        if self.closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        state = self._index.get(ledger_id)
+        batch = self._batch or self._open_batch()
+        if state is None:
+            state = self._new_ledger(ledger_id, master_key, batch)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        state.fenced = True
+        batch.parts.append(journal.encode_fence(ledger_id))
+        batch.dirty.add(ledger_id)
+        return batch
+
+    def submit_write_lac(self, ledger_id: int, master_key: bytes, lac: int, done: Done) -> None:
+        """``EntryStorage.submit_write_lac``."""
+        if self.closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        if not -1 <= lac <= _MAX_ID:
+            raise BadRequestError(f"LAC {lac} out of range")
+        state = self._index.get(ledger_id)
+        batch = self._batch or self._open_batch()
+        if state is None:
+            state = self._new_ledger(ledger_id, master_key, batch)
+        elif state.master_key != master_key:
+            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        if lac > state.lac:
+            state.lac = lac
+            batch.dirty.add(ledger_id)
+            if self.on_lac is not None:
+                self.on_lac(ledger_id, lac)
+        batch.waiters.append(done)
+        batch.run_sink = None
+
+    # --- the group ---------------------------------------------------------------------------
 
     def _open_batch(self) -> _Batch:
         batch = self._batch = _Batch()
@@ -47,8 +267,7 @@ class GroupCommit(StorageCore):
                 loop.call_later(self._group_wait, self._start_commit)
             else:
                 loop.call_soon(self._start_commit)
-            if self._flush_timer is None and self._flush_interval > 0:
-                self._flush_timer = loop.call_later(self._flush_interval, self._flush_tick)
+            self._checkpoints.arm()
         return batch
 
     def _inline(self, batch: _Batch) -> bool:
@@ -78,7 +297,7 @@ class GroupCommit(StorageCore):
             state = self._state
             batch.parts.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
                               if (st := state.get(lid)) is not None and st.lac >= 0)
-            self._dirty |= batch.dirty
+            self._index.dirty |= batch.dirty
         self._batch = None
         self._committing = True
         if inline and self._inline(batch):
@@ -92,7 +311,7 @@ class GroupCommit(StorageCore):
         try:
             parts = batch.parts
             t0 = time.perf_counter()
-            batch.position = self._writer.append(b"".join(parts)) if parts else self._writer.position
+            batch.position = self.writer.append(b"".join(parts)) if parts else self.writer.position
             batch.sync_seconds = time.perf_counter() - t0
             batch.nbytes = sum(map(len, batch.values))
             batch.parts = []
@@ -121,18 +340,17 @@ class GroupCommit(StorageCore):
         self._committing = False
         n = len(batch.keys)
         if cause is not None:
-            reason, no_space = describe_commit_error(cause, self.journal_dir)
+            reason, no_space = describe_commit_error(cause, self._journal_dir)
             log.error("journal write of %d entries failed: %s", n, reason)
             exc = BookieServerError(f"journal write failed: {reason}")
             exc.__cause__ = cause
             batch.error = exc
             self._report_error(reason, no_space)
+            filled = False
         else:
             assert batch.position is not None
-            self._synced = batch.position
-            cache = self._cache
-            cache.update(zip(batch.keys, batch.values, strict=True))
-            self.cache_bytes += batch.nbytes
+            self.synced = batch.position
+            filled = self._cache.add_group(batch.keys, batch.values, batch.nbytes, batch.position)
             state = self._state
             for lid, eid in batch.last.items():
                 st = state.get(lid)
@@ -148,17 +366,10 @@ class GroupCommit(StorageCore):
                     self.on_commit(n, time.perf_counter() - batch.started)
                 except Exception:
                     log.exception("entry storage on_commit hook raised")
-            if self.cache_bytes >= self._half_cache and self._flushing is None:
-                self._start_flush()
+            if filled:
+                self._checkpoints.cache_filled()
         batch.waiters.reverse()  # popped from the end, in order
         self._complete(batch)
-
-    def _report_error(self, reason: str, no_space: bool) -> None:
-        if self.on_commit_error is not None:
-            try:
-                self.on_commit_error(reason, no_space)
-            except Exception:
-                log.exception("entry storage on_commit_error hook raised")
 
     def _complete(self, batch: _Batch) -> None:
         """Run the group's callbacks in order; hand the next group over in their midst.
@@ -232,3 +443,11 @@ class GroupCommit(StorageCore):
             if not self._committing:
                 self._start_commit()
             await idle
+
+    def close(self) -> None:
+        """Stop the journal thread and close the journal (after the last group)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+        self.writer.close()

@@ -54,6 +54,13 @@ torn record at the tail ends the replay; damage before the tail raises
 before the journal existed (entries in LMDB database ``entries``, no
 checkpoint) opens as it is.
 
+The parts are collaborators, each owning its state (``EntryStorage`` only
+wires them and keeps the public methods): ``storage_core.LedgerIndex`` (LMDB
+and the ledgers' records), ``group_commit.GroupCommit`` (steps 1 to 3, the
+journal hand-off), ``write_cache.WriteCache`` (the cache and step 5),
+``checkpoints.Checkpoints`` (step 4, and the replay) and
+``storage_reads.StorageReads``.
+
 Failures: validation errors are raised synchronously; a failed journal
 write is passed to every waiter of that group as a ``BookieServerError``; a
 failed checkpoint (disk full, map full) keeps its entries in memory
@@ -64,47 +71,26 @@ failed checkpoint (disk full, map full) keeps its entries in memory
 from __future__ import annotations
 
 import asyncio
-import collections
-import functools
 import logging
 import os
-import queue
-import struct
-import threading
 from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 
-from crc32c import crc32c
-
-from bookie import journal
-from bookie.checkpoints import Checkpoints
-from bookie.errors import (
-    BadRequestError,
-    BKError,
-    BookieServerError,
-    LedgerFencedError,
-    UnauthorizedError,
-)
+from bookie.checkpoints import Checkpoints, replay
+from bookie.errors import BKError, BookieServerError
 from bookie.group_commit import GroupCommit
 from bookie.journal import JournalCorruptError, JournalWriter, Position
 from bookie.protocol import LAST_ENTRY
-from bookie.segments import SegmentStore
 from bookie.storage_core import (
-    _HEADER_PACK,
-    _MAX_ID,
     DEFAULT_JOURNAL_MAX_SIZE,
     DEFAULT_JOURNAL_PREALLOCATE,
     DEFAULT_MAP_SIZE,
     DEFAULT_WRITE_CACHE,
     AckSink,
     Done,
+    LedgerIndex,
     LedgerInfo,
-    _Batch,
     _check_ids,
-    _Flush,
-    _LedgerState,
-    _open_env,
-    _pack_key,
     entry_key,
     ledger_prefix,
 )
@@ -116,17 +102,8 @@ log = logging.getLogger(__name__)
 __all__ = ["LAST_ENTRY", "EntryStorage", "JournalCorruptError", "LedgerInfo", "corrupt_stored_entry",
            "entry_key", "ledger_prefix"]
 
-_ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 
-
-def _future_placeholder(exc: BaseException | None) -> None:
-    raise AssertionError("add_entry replaces this callback with its future")
-
-
-_FUTURE: Done = _future_placeholder
-
-
-class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
+class EntryStorage:
     """Durable entry storage of one bookie; see the module docstring.
 
     All methods are called from one event loop thread; journal writes and
@@ -136,6 +113,10 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
     ``on_checkpoint(entries, seconds)`` after each checkpoint;
     ``on_commit_error(reason, no_space)`` when a journal write or a
     checkpoint failed; ``on_lac(ledger_id, lac)`` when a ledger's LAC rises.
+
+    The parts: ``index`` (``LedgerIndex``), ``journal`` (``GroupCommit``),
+    ``cache`` (``WriteCache``), ``checkpointer`` (``Checkpoints``), ``reads``
+    (``StorageReads``).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE,
@@ -147,71 +128,32 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self.journal_dir = Path(journal_dir) if journal_dir else self.path / "journal"
-        self._env = _open_env(self.path, map_size)
-        self._store = SegmentStore(self._env)
-        self._ledgers = self._env.open_db(b"ledgers")
-        self._meta = self._env.open_db(b"journal")
-        self._state: dict[int, _LedgerState] = {}
-        self._group_wait = max(group_wait, 0.0)
-        self._half_cache = max(write_cache_max_size // 2, 1)
-        self._flush_interval = flush_interval
-        self._max_throttle = max_throttle
-        # the write cache: synced entries not yet in LMDB (and the part being flushed)
-        self._cache: dict[bytes, bytes] = {}
-        self.cache_bytes = 0
-        self._flushing: _Flush | None = None
-        self._flushing_bytes = 0
-        self._dirty: set[int] = set()       # ledgers whose record changed since the last checkpoint
-        self._deleting: set[int] = set()    # ledgers to delete at the next checkpoint
-        self._checkpoint_waiters: list[asyncio.Future[None]] = []
-        self._flush_timer: asyncio.TimerHandle | None = None
-        self._synced = Position(0, 0)
-        # adds waiting for room in the cache: (key, payload, done, future, ledger, deadline)
-        self._throttled: collections.deque[tuple[bytes, bytes, Done, asyncio.Future[None] | None, int, float]] = (
-            collections.deque())
-        self._throttle_timer: asyncio.TimerHandle | None = None
-        self._batch: _Batch | None = None
-        self._committing = False
-        self._kicked = False
-        self._closing = False
-        self._closed = False
-        self._idle_waiters: list[asyncio.Future[None]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._jobs: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self._flush_jobs: queue.SimpleQueue[_Flush | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._flush_thread: threading.Thread | None = None
-        self.on_commit: Callable[[int, float], None] | None = None
-        self.on_checkpoint: Callable[[int, float], None] | None = None
         self.on_commit_error: Callable[[str, bool], None] | None = None
-        self.on_lac: Callable[[int, int], None] | None = None
-        """Called on the loop as ``on_lac(ledger_id, lac)`` when a ledger's LAC rises (long-poll reads)."""
-        self.lac_watched: Container[int] | None = None
-        """When set, ``on_lac`` is called only for the ledgers in it (the server's ledgers with parked reads)."""
-        self.last_commit_bytes = 0
-        self.last_sync_seconds = 0.0
-        self.last_group_entries = 0
-        self.commits = 0
-        self.entries_committed = 0
-        self.checkpoints = 0
-        self.replayed = 0
+        self.index = LedgerIndex(self.path, map_size)
         try:
-            next_file = self._replay()
-            self._writer = JournalWriter(self.journal_dir, next_file, max_size=journal_max_size,
-                                         preallocate=journal_preallocate)
+            next_file, self.replayed = replay(self.index, self.journal_dir)
+            writer = JournalWriter(self.journal_dir, next_file, max_size=journal_max_size,
+                                   preallocate=journal_preallocate)
         except BaseException:
-            self._env.close()
+            self.index.close()
             raise
-        self._synced = self._writer.position
+        self.cache = WriteCache(write_cache_max_size, max_throttle, writer.position)
+        self.checkpointer = Checkpoints(self.index, self.cache, self.journal_dir, interval=flush_interval,
+                                        report_error=self._report_error)
+        self.journal = GroupCommit(self.index, self.cache, self.checkpointer, writer, self.journal_dir,
+                                   group_wait=group_wait, report_error=self._report_error)
+        self.checkpointer.group = self.journal
+        self.reads = StorageReads(self.index, self.cache)
+        self._closed = False
 
-    # --- writes ------------------------------------------------------------------------------
+    def _report_error(self, reason: str, no_space: bool) -> None:
+        if self.on_commit_error is not None:
+            try:
+                self.on_commit_error(reason, no_space)
+            except Exception:
+                log.exception("entry storage on_commit_error hook raised")
 
-    def _new_ledger(self, ledger_id: int, master_key: bytes, batch: _Batch) -> _LedgerState:
-        state = self._state[ledger_id] = _LedgerState(master_key)
-        self._deleting.discard(ledger_id)
-        batch.parts.append(journal.encode_ledger(ledger_id, master_key))
-        batch.dirty.add(ledger_id)
-        return state
+    # --- writes (``GroupCommit``) ------------------------------------------------------------
 
     def submit_add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
                    done: Done, *, recovery: bool = False) -> None:
@@ -222,12 +164,7 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
         ``recovery``, ``BookieServerError`` when the storage is closing.
         """
-        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
-        if batch is None:
-            self._throttle(_pack_key(ledger_id, entry_id), payload, done, ledger_id)
-        else:
-            batch.waiters.append(done)
-            batch.run_sink = None
+        self.journal.submit_add(ledger_id, entry_id, master_key, payload, lac, done, recovery=recovery)
 
     def submit_acked_add(self, sink: AckSink, ack: object, ledger_id: int, entry_id: int, master_key: bytes,
                          payload: bytes, lac: int, *, recovery: bool = False) -> None:
@@ -240,56 +177,7 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         they were submitted. Raises as ``submit_add`` (``sink`` then never
         hears of this add).
         """
-        batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
-        if batch is None:
-            self._throttle(_pack_key(ledger_id, entry_id), payload, functools.partial(sink, [ack]), ledger_id)
-        elif batch.run_sink is sink:
-            batch.run_acks.append(ack)
-        else:
-            acks = batch.run_acks = [ack]
-            batch.run_sink = sink
-            batch.waiters.append(functools.partial(sink, acks))
-
-    def _admit(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
-               recovery: bool) -> _Batch | None:
-        """Check one add and put its journal record in the open group (returned; the caller adds the waiter).
-
-        ``None``: the write cache is full, the caller throttles the add. Raises
-        the errors of ``submit_add`` before changing anything but the ledger
-        state it loads (and a new ledger's record).
-        """
-        # The hot path of the server: kept inline (no helper call), with no
-        # per-add allocation besides the key and the record head (see ``_Batch``).
-        if self._closing:
-            raise BookieServerError("entry storage is closing")
-        if not (0 <= ledger_id <= _MAX_ID and 0 <= entry_id <= _MAX_ID):
-            raise BadRequestError(f"entry id {ledger_id}:{entry_id} out of range")
-        state = self._state.get(ledger_id) or self._ledger(ledger_id)
-        batch = self._batch or self._open_batch()
-        if state is None:
-            state = self._new_ledger(ledger_id, master_key, batch)
-        elif state.master_key != master_key:
-            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-        elif state.fenced and not recovery:
-            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-        if lac > state.lac:
-            state.lac = lac
-            batch.dirty.add(ledger_id)
-            if self.on_lac is not None and (self.lac_watched is None or ledger_id in self.lac_watched):
-                self.on_lac(ledger_id, lac)
-        if self._throttled or (self._flushing is not None and self.cache_bytes >= self._half_cache):
-            return None
-        # the journal record, encoded here: the journal thread then needs the GIL only to join and
-        # hand back (a thread waiting for the GIL behind a busy loop waits a switch interval)
-        key = _pack_key(ledger_id, entry_id)
-        head = _ADD_HEAD_PACK(journal.ADD, ledger_id, entry_id)  # kind + key: a pack is cheaper than a concatenation
-        batch.parts += (_HEADER_PACK(17 + len(payload), crc32c(payload, crc32c(head))), head, payload)
-        batch.keys.append(key)
-        batch.values.append(payload)
-        last = batch.last
-        if entry_id > last.get(ledger_id, -1):
-            last[ledger_id] = entry_id
-        return batch
+        self.journal.submit_acked_add(sink, ack, ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
                   lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
@@ -299,22 +187,7 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         the hot path); the future fails with the errors of ``submit_add`` or
         of the commit.
         """
-        fut: asyncio.Future[None] = (self._loop or asyncio.get_running_loop()).create_future()
-        throttled = len(self._throttled)
-        try:
-            self.submit_add(ledger_id, entry_id, master_key, payload, lac, _FUTURE, recovery=recovery)
-        except BKError as exc:
-            fut.set_exception(exc)
-        else:  # swap the placeholder for the future (``submit_add`` appended it last)
-            if len(self._throttled) > throttled:
-                key, value, _, _, lid, deadline = self._throttled.pop()
-                self._throttled.append((key, value, _FUTURE, fut, lid, deadline))
-            else:
-                batch = self._batch
-                assert batch is not None
-                batch.waiters.pop()
-                batch.futures.append(fut)
-        return fut
+        return self.journal.add_entry(ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
 
     def submit_fence(self, ledger_id: int, master_key: bytes, done: Done) -> None:
         """Fence the ledger (creating its record if unknown); ``done(None)`` once durable.
@@ -322,30 +195,15 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         Raises ``UnauthorizedError`` for a wrong master key, ``BadRequestError``
         for a bad id, ``BookieServerError`` when closing.
         """
-        batch = self._fence(ledger_id, master_key)
+        batch = self.journal.fence(ledger_id, master_key)
         batch.waiters.append(done)
         batch.run_sink = None
 
     async def fence(self, ledger_id: int, master_key: bytes) -> None:
         """Fence the ledger durably; errors as ``submit_fence``."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._fence(ledger_id, master_key).futures.append(fut)
+        self.journal.fence(ledger_id, master_key).futures.append(fut)
         await fut
-
-    def _fence(self, ledger_id: int, master_key: bytes) -> _Batch:
-        if self._closing:
-            raise BookieServerError("entry storage is closing")
-        _check_ids(ledger_id)
-        state = self._ledger(ledger_id)
-        batch = self._batch or self._open_batch()
-        if state is None:
-            state = self._new_ledger(ledger_id, master_key, batch)
-        elif state.master_key != master_key:
-            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-        state.fenced = True
-        batch.parts.append(journal.encode_fence(ledger_id))
-        batch.dirty.add(ledger_id)
-        return batch
 
     def submit_write_lac(self, ledger_id: int, master_key: bytes, lac: int, done: Done) -> None:
         """Record an explicit LAC sent by the ledger's writer; ``done(None)`` once durable.
@@ -356,24 +214,11 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         ``UnauthorizedError`` for another master key, ``BadRequestError``
         for a bad id or a LAC below -1, ``BookieServerError`` when closing.
         """
-        if self._closing:
-            raise BookieServerError("entry storage is closing")
-        _check_ids(ledger_id)
-        if not -1 <= lac <= _MAX_ID:
-            raise BadRequestError(f"LAC {lac} out of range")
-        state = self._ledger(ledger_id)
-        batch = self._batch or self._open_batch()
-        if state is None:
-            state = self._new_ledger(ledger_id, master_key, batch)
-        elif state.master_key != master_key:
-            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
-        if lac > state.lac:
-            state.lac = lac
-            batch.dirty.add(ledger_id)
-            if self.on_lac is not None:
-                self.on_lac(ledger_id, lac)
-        batch.waiters.append(done)
-        batch.run_sink = None
+        self.journal.submit_write_lac(ledger_id, master_key, lac, done)
+
+    async def flush(self) -> None:
+        """Return once every write submitted so far is durable in the journal (and its callbacks ran)."""
+        await self.journal.flush()
 
     async def delete_ledger(self, ledger_id: int) -> None:
         """Delete the ledger's entries and record durably (garbage collection): one checkpoint."""
@@ -381,16 +226,126 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
 
     async def delete_ledgers(self, ledger_ids: Iterable[int]) -> None:
         """Delete several ledgers in one checkpoint; ``BookieServerError`` when the checkpoint fails."""
-        if self._closing:
+        if self.journal.closing:
             raise BookieServerError("entry storage is closing")
         ids = list(ledger_ids)
         for ledger_id in ids:
             _check_ids(ledger_id)
-        for ledger_id in ids:
-            self._state.pop(ledger_id, None)
-            self._dirty.discard(ledger_id)
-            self._deleting.add(ledger_id)
+        self.index.delete(ids)
         await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        """Write everything synced so far into LMDB (and apply pending deletes); a failure raises."""
+        await self.journal.flush()
+        await self.checkpointer.checkpoint()
+
+    # --- reads (``LedgerIndex``, ``StorageReads``) -------------------------------------------
+
+    def ledger_info(self, ledger_id: int) -> LedgerInfo | None:
+        """The ledger's record, or ``None`` when this bookie has none."""
+        return self.index.info(ledger_id)
+
+    def ledger_ids(self) -> set[int]:
+        """Every ledger this storage has a record of (durable or pending)."""
+        return self.index.ids()
+
+    def read_entry(self, ledger_id: int, entry_id: int) -> tuple[int, bytes]:
+        """``(entry_id, payload)`` of a durable entry; ``LAST_ENTRY`` reads the highest one (``StorageReads``)."""
+        return self.reads.read_entry(ledger_id, entry_id)
+
+    def last_entry_id(self, ledger_id: int) -> int:
+        """The highest durable entry id of the ledger, ``-1`` when none."""
+        return self.reads.last_entry_id(ledger_id)
+
+    def read_lac(self, ledger_id: int) -> int:
+        """The highest LAC piggybacked on an add or written explicitly (``-1`` when none); ``NoSuchLedgerError``."""
+        return self.reads.read_lac(ledger_id)
+
+    def map_usage(self) -> tuple[int, int]:
+        """``(used, size)`` bytes of the LMDB map (``StorageReads.map_usage``)."""
+        return self.reads.map_usage()
+
+    def lmdb_usage(self) -> tuple[int, int]:
+        """``(file_bytes, reclaimable_bytes)`` of the LMDB file (``StorageReads.lmdb_usage``)."""
+        return self.reads.lmdb_usage()
+
+    def entry_count(self) -> int:
+        """Durable entries in the storage, all ledgers (scans LMDB: for tools and tests)."""
+        return self.reads.entry_count()
+
+    def corrupt_entry_for_test(self, ledger_id: int, entry_id: int) -> None:
+        """Flip the last byte of a stored entry (test hook: the client must detect it)."""
+        self.reads.corrupt_entry_for_test(ledger_id, entry_id)
+
+    # --- figures and hooks of the parts ------------------------------------------------------
+
+    @property
+    def journal_position(self) -> Position:
+        """The end of the last synced journal group."""
+        return self.journal.synced
+
+    @property
+    def cache_bytes(self) -> int:
+        """Payload bytes in the write cache (not counting a checkpoint's)."""
+        return self.cache.nbytes
+
+    @property
+    def commits(self) -> int:
+        return self.journal.commits
+
+    @property
+    def entries_committed(self) -> int:
+        return self.journal.entries_committed
+
+    @property
+    def last_commit_bytes(self) -> int:
+        return self.journal.last_commit_bytes
+
+    @property
+    def last_sync_seconds(self) -> float:
+        return self.journal.last_sync_seconds
+
+    @property
+    def last_group_entries(self) -> int:
+        return self.journal.last_group_entries
+
+    @property
+    def checkpoints(self) -> int:
+        return self.checkpointer.checkpoints
+
+    @property
+    def on_commit(self) -> Callable[[int, float], None] | None:
+        return self.journal.on_commit
+
+    @on_commit.setter
+    def on_commit(self, hook: Callable[[int, float], None] | None) -> None:
+        self.journal.on_commit = hook
+
+    @property
+    def on_checkpoint(self) -> Callable[[int, float], None] | None:
+        return self.checkpointer.on_checkpoint
+
+    @on_checkpoint.setter
+    def on_checkpoint(self, hook: Callable[[int, float], None] | None) -> None:
+        self.checkpointer.on_checkpoint = hook
+
+    @property
+    def on_lac(self) -> Callable[[int, int], None] | None:
+        """Called on the loop as ``on_lac(ledger_id, lac)`` when a ledger's LAC rises (long-poll reads)."""
+        return self.journal.on_lac
+
+    @on_lac.setter
+    def on_lac(self, hook: Callable[[int, int], None] | None) -> None:
+        self.journal.on_lac = hook
+
+    @property
+    def lac_watched(self) -> Container[int] | None:
+        """When set, ``on_lac`` is called only for the ledgers in it (the server's ledgers with parked reads)."""
+        return self.journal.lac_watched
+
+    @lac_watched.setter
+    def lac_watched(self, ledgers: Container[int] | None) -> None:
+        self.journal.lac_watched = ledgers
 
     # --- closing -----------------------------------------------------------------------------
 
@@ -398,25 +353,18 @@ class EntryStorage(GroupCommit, WriteCache, Checkpoints, StorageReads):
         """Refuse new writes, wait for the journal, checkpoint, close (a failed checkpoint is logged)."""
         if self._closed:
             return
-        self._closing = True
-        self._fail_throttled(BookieServerError("entry storage is closing"))
-        await self.flush()
+        self.journal.closing = self.checkpointer.closing = True
+        self.cache.fail_throttled(BookieServerError("entry storage is closing"))
+        await self.journal.flush()
         try:
             await self.checkpoint()
         except BKError as exc:
             log.error("final checkpoint failed; the journal keeps the entries for the next start: %s", exc)
         self._closed = True
-        for timer in (self._flush_timer, self._throttle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._flush_timer = self._throttle_timer = None
-        for thread, jobs in ((self._thread, self._jobs), (self._flush_thread, self._flush_jobs)):
-            if thread is not None:
-                jobs.put(None)
-                thread.join()
-        self._thread = self._flush_thread = None
-        self._writer.close()
-        self._env.close()
+        self.cache.close()
+        self.checkpointer.close()
+        self.journal.close()
+        self.index.close()
 
     @property
     def closed(self) -> bool:

@@ -1,26 +1,23 @@
-"""What the parts of the entry storage (``bookie.storage``) share: keys, ledger records, a group, a checkpoint.
+"""What the parts of the entry storage (``bookie.storage``) share: keys, ledger records, a group.
 
-``StorageCore`` is the state every part of ``EntryStorage`` works on, and
-the ledger state they look up; the parts are the journal hand-off
+The parts are collaborators, each owning its state: the ledger index
+(``LedgerIndex``, here: LMDB and the ledgers' records), the journal hand-off
 (``bookie.group_commit``), the write cache and its back-pressure
 (``bookie.write_cache``), checkpoints and the start-up replay
-(``bookie.checkpoints``) and reads (``bookie.storage_reads``). Each part is
-a mix-in of ``StorageCore``: they share one object, so the hot path pays
-no extra hop between them.
+(``bookie.checkpoints``) and reads (``bookie.storage_reads``);
+``EntryStorage`` wires them. Where one part needs another it names what
+through a small Protocol here (``GroupState``, ``CheckpointTrigger``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
-import queue
 import struct
-import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import lmdb
 
@@ -29,11 +26,12 @@ from bookie.errors import (
     BadRequestError,
     BookieServerError,
 )
-from bookie.journal import JournalWriter, Position
+from bookie.journal import Position
 from bookie.proto.bookie_pb2 import LedgerIndexRecord
 from bookie.segments import SegmentStore
 
-__all__ = ["AckSink", "Done", "LedgerInfo", "StorageCore", "entry_key", "ledger_prefix"]
+__all__ = ["AckSink", "CheckpointTrigger", "Done", "GroupState", "LedgerIndex", "LedgerInfo", "entry_key",
+           "ledger_prefix"]
 
 DEFAULT_MAP_SIZE = 64 * 1024**3
 DEFAULT_WRITE_CACHE = 64 << 20
@@ -128,22 +126,6 @@ class _Batch:
         self.sync_seconds = 0.0
 
 
-class _Flush:
-    """One checkpoint: the swapped cache, ledger records and deletes, and the journal position it covers."""
-
-    __slots__ = ("cache", "deletes", "error", "position", "records", "seconds", "waiters")
-
-    def __init__(self, cache: dict[bytes, bytes], records: list[tuple[bytes, bytes]], deletes: set[int],
-                 position: Position) -> None:
-        self.cache = cache
-        self.records = records
-        self.deletes = deletes
-        self.position = position
-        self.waiters: list[asyncio.Future[None]] = []
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-
-
 def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
     if not 0 <= ledger_id <= _MAX_ID:
         raise BadRequestError(f"ledger id {ledger_id} out of range")
@@ -159,115 +141,101 @@ def _open_env(path: Path, map_size: int) -> lmdb.Environment:
         raise BookieServerError(f"cannot open entry storage at {path}: {exc}") from exc
 
 
-class StorageCore:
-    """The state of one ``EntryStorage`` (set by its constructor) and its ledger records.
 
-    Methods one part calls in another are named here; the part defines them.
+class LedgerIndex:
+    """The ledgers of one storage: its LMDB environment and, in memory, each ledger's record.
+
+    The in-memory records include writes not yet durable (the journal
+    hand-off changes them as it admits writes); ``dirty`` are the ledgers
+    whose record changed since the last checkpoint, ``deleting`` those to
+    delete at the next one (both taken by ``bookie.checkpoints``).
     """
 
-    path: Path
-    journal_dir: Path
-    _env: lmdb.Environment
-    _store: SegmentStore
-    _ledgers: Any
-    _meta: Any
-    _state: dict[int, _LedgerState]
-    _group_wait: float
-    _half_cache: int
-    _flush_interval: float
-    _max_throttle: float
-    _cache: dict[bytes, bytes]
-    cache_bytes: int
-    _flushing: _Flush | None
-    _flushing_bytes: int
-    _dirty: set[int]
-    _deleting: set[int]
-    _checkpoint_waiters: list[asyncio.Future[None]]
-    _flush_timer: asyncio.TimerHandle | None
-    _synced: Position
-    _throttled: collections.deque[tuple[bytes, bytes, Done, asyncio.Future[None] | None, int, float]]
-    _throttle_timer: asyncio.TimerHandle | None
-    _batch: _Batch | None
-    _committing: bool
-    _kicked: bool
-    _closing: bool
-    _closed: bool
-    _idle_waiters: list[asyncio.Future[None]]
-    _loop: asyncio.AbstractEventLoop | None
-    _jobs: queue.SimpleQueue[_Batch | None]
-    _flush_jobs: queue.SimpleQueue[_Flush | None]
-    _thread: threading.Thread | None
-    _flush_thread: threading.Thread | None
-    _writer: JournalWriter
-    on_commit: Callable[[int, float], None] | None
-    on_checkpoint: Callable[[int, float], None] | None
-    on_commit_error: Callable[[str, bool], None] | None
-    on_lac: Callable[[int, int], None] | None
-    lac_watched: Container[int] | None
-    last_commit_bytes: int
-    last_sync_seconds: float
-    last_group_entries: int
-    commits: int
-    entries_committed: int
-    checkpoints: int
-    replayed: int
+    def __init__(self, path: Path, map_size: int) -> None:
+        self.path = path
+        self.env = _open_env(path, map_size)
+        self.store = SegmentStore(self.env)
+        self.ledgers = self.env.open_db(b"ledgers")
+        """LMDB database of the ledger records (``LedgerIndexRecord`` by ``ledger_prefix``)."""
+        self.meta = self.env.open_db(b"journal")
+        """LMDB database of the checkpoint's journal position."""
+        self.state: dict[int, _LedgerState] = {}
+        self.dirty: set[int] = set()
+        self.deleting: set[int] = set()
 
-    # --- ledger state ------------------------------------------------------------------------
-
-    def _ledger(self, ledger_id: int) -> _LedgerState | None:
-        state = self._state.get(ledger_id)
+    def get(self, ledger_id: int) -> _LedgerState | None:
+        """The ledger's record (loaded from LMDB on first use), ``None`` when there is none."""
+        state = self.state.get(ledger_id)
         if state is None:
-            if ledger_id in self._deleting:
+            if ledger_id in self.deleting:
                 return None
-            with self._env.begin(buffers=True) as txn:
-                raw = txn.get(ledger_prefix(ledger_id), db=self._ledgers)
+            with self.env.begin(buffers=True) as txn:
+                raw = txn.get(ledger_prefix(ledger_id), db=self.ledgers)
                 if raw is None:
                     return None
                 rec = LedgerIndexRecord.FromString(bytes(raw))
-                last = self._store.last_entry(txn, ledger_id)
-            state = self._state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac,
-                                                          -1 if last is None else last[0])
+                last = self.store.last_entry(txn, ledger_id)
+            state = self.state[ledger_id] = _LedgerState(rec.master_key, rec.fenced, rec.lac,
+                                                         -1 if last is None else last[0])
         return state
 
-    def ledger_info(self, ledger_id: int) -> LedgerInfo | None:
+    def create(self, ledger_id: int, master_key: bytes) -> _LedgerState:
+        """A new record for the ledger (no longer to be deleted)."""
+        state = self.state[ledger_id] = _LedgerState(master_key)
+        self.deleting.discard(ledger_id)
+        return state
+
+    def info(self, ledger_id: int) -> LedgerInfo | None:
         """The ledger's record, or ``None`` when this bookie has none."""
-        state = self._ledger(ledger_id)
+        state = self.get(ledger_id)
         if state is None:
             return None
         return LedgerInfo(ledger_id, state.master_key, state.fenced, state.lac)
 
-    def ledger_ids(self) -> set[int]:
+    def ids(self) -> set[int]:
         """Every ledger this storage has a record of (durable or pending)."""
-        with self._env.begin(db=self._ledgers) as txn:
+        with self.env.begin(db=self.ledgers) as txn:
             ids = {int.from_bytes(k, "big") for k in txn.cursor().iternext(keys=True, values=False)}
-        return (ids - self._deleting) | set(self._state)
+        return (ids - self.deleting) | set(self.state)
 
-    # --- parts call each other through these -------------------------------------------------
+    def delete(self, ledger_ids: Iterable[int]) -> None:
+        """Forget the ledgers now; the next checkpoint deletes them from LMDB."""
+        for ledger_id in ledger_ids:
+            self.state.pop(ledger_id, None)
+            self.dirty.discard(ledger_id)
+            self.deleting.add(ledger_id)
 
-    def _open_batch(self) -> _Batch:
-        """The open group, opened now (``bookie.group_commit``)."""
-        raise NotImplementedError
+    def take_dirty_records(self) -> list[tuple[bytes, bytes]]:
+        """The LMDB records of the ledgers changed since the last call (for a checkpoint)."""
+        state = self.state
+        records = [(ledger_prefix(lid), st.record()) for lid in self.dirty if (st := state.get(lid)) is not None]
+        self.dirty = set()
+        return records
 
-    def _start_commit(self, inline: bool = True) -> bool:
-        """Hand the open group to the journal (``bookie.group_commit``)."""
-        raise NotImplementedError
+    def close(self) -> None:
+        self.env.close()
 
-    def _report_error(self, reason: str, no_space: bool) -> None:
-        """Tell ``on_commit_error`` (``bookie.group_commit``)."""
-        raise NotImplementedError
 
-    def _start_flush(self) -> None:
-        """Start a checkpoint (``bookie.checkpoints``)."""
-        raise NotImplementedError
+class GroupState(Protocol):
+    """What checkpoints need of the journal hand-off (``bookie.group_commit.GroupCommit``)."""
 
-    def _flush_tick(self) -> None:
-        """The periodic checkpoint (``bookie.checkpoints``)."""
-        raise NotImplementedError
+    @property
+    def busy(self) -> bool:
+        """A group is open or being written."""
+        ...
 
-    def _release_throttled(self) -> None:
-        """Room in the cache for the waiting adds (``bookie.write_cache``)."""
-        raise NotImplementedError
+    def admit_throttled(self) -> None:
+        """There is room in the write cache: the adds waiting for it join the open group."""
+        ...
 
-    async def flush(self) -> None:
-        """Every write so far is durable in the journal (``bookie.group_commit``)."""
-        raise NotImplementedError
+
+class CheckpointTrigger(Protocol):
+    """What the journal hand-off needs of checkpoints (``bookie.checkpoints.Checkpoints``)."""
+
+    def arm(self) -> None:
+        """Writes are coming: make sure the periodic checkpoint runs."""
+        ...
+
+    def cache_filled(self) -> None:
+        """The write cache is half full: checkpoint now unless one runs."""
+        ...

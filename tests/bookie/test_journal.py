@@ -41,8 +41,8 @@ async def _write_and_crash(path: Path, n: int) -> None:
     s = _open(path, flush_interval=3600)
     await asyncio.gather(*(s.add_entry(1, i, KEY, b"%d" % i, i - 1) for i in range(n)))
     await s.fence(2, b"other-key" * 2)
-    s._writer.close()  # no close(): nothing is checkpointed
-    s._env.close()
+    s.journal.writer.close()  # no close(): nothing is checkpointed
+    s.index.env.close()
 
 
 async def test_replay_restores_entries_fence_master_key_and_lac(tmp_path: Path) -> None:
@@ -111,8 +111,8 @@ async def test_checkpoint_moves_entries_to_lmdb_and_deletes_old_journal_files(tm
         await s.checkpoint()
         assert s.cache_bytes == 0 and s.checkpoints == 1
         assert len(_journal_files(tmp_path / "s")) == 1  # only the current file is left
-        with s._env.begin() as txn:
-            assert txn.stat(s._store.segments)["entries"] >= 1
+        with s.index.env.begin() as txn:
+            assert txn.stat(s.index.store.segments)["entries"] >= 1
         assert all(s.read_entry(1, i)[1] == bytes([i % 256]) * 1024 for i in range(200))  # now from LMDB
     finally:
         await s.close()
@@ -167,17 +167,17 @@ async def test_a_full_cache_holds_adds_back_then_lets_them_in(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     s = _open(tmp_path / "s", write_cache_max_size=64 << 10, flush_interval=3600, max_throttle=5)
     gate = asyncio.Event()
-    real = s._write_checkpoint
+    real = s.checkpointer.write
     loop = asyncio.get_running_loop()
 
     def slow_checkpoint(job: object) -> None:  # on the flush thread: held until the test lets it go
         asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(10)
         real(job)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(s, "_write_checkpoint", slow_checkpoint)
+    monkeypatch.setattr(s.checkpointer, "write", slow_checkpoint)
     try:
         i = 0
-        while s._flushing is None:  # past half the cache (32 KiB), a checkpoint starts (and hangs)
+        while s.checkpointer.flushing is None:  # past half the cache (32 KiB), a checkpoint starts (and hangs)
             await s.add_entry(1, i, KEY, bytes(1024))
             i += 1
         while s.cache_bytes < 32 << 10:  # the new cache fills up too
@@ -305,7 +305,7 @@ async def test_kill_9_at_random_points_loses_no_acknowledged_add(tmp_path: Path)
 
 async def test_journal_write_error_then_recovery(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = _open(tmp_path / "s")
-    real = s._writer.append
+    real = s.journal.writer.append
     calls = {"n": 0}
 
     def flaky(data: bytes) -> journal.Position:
@@ -314,7 +314,7 @@ async def test_journal_write_error_then_recovery(tmp_path: Path, monkeypatch: py
             raise OSError(5, "Input/output error")
         return real(data)
 
-    monkeypatch.setattr(s._writer, "append", flaky)
+    monkeypatch.setattr(s.journal.writer, "append", flaky)
     try:
         with pytest.raises(BookieServerError, match="journal write failed"):
             await s.add_entry(1, 0, KEY, b"x")
@@ -396,8 +396,8 @@ async def test_a_failed_journal_write_leaves_no_damage_for_the_replay(tmp_path: 
     monkeypatch.setattr(journal.os, "pwrite", real_pwrite)
     await s.add_entry(1, 2, KEY, b"after")  # a new journal file
     assert len(_journal_files(tmp_path / "s")) == 2
-    s._writer.close()  # a crash: no checkpoint
-    s._env.close()
+    s.journal.writer.close()  # a crash: no checkpoint
+    s.index.env.close()
     s = _open(tmp_path / "s")  # the torn half of the failed write was cut: the replay goes through
     try:
         assert s.read_entry(1, 0)[1] == b"before" and s.read_entry(1, 2)[1] == b"after"
@@ -410,15 +410,15 @@ async def test_a_failed_journal_write_leaves_no_damage_for_the_replay(tmp_path: 
 async def test_closing_fails_the_adds_waiting_for_room(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = _open(tmp_path / "s", write_cache_max_size=16 << 10, flush_interval=3600, max_throttle=30)
     gate = threading.Event()
-    real = s._write_checkpoint
+    real = s.checkpointer.write
 
     def held(job: object) -> None:
         gate.wait(10)
         real(job)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(s, "_write_checkpoint", held)
+    monkeypatch.setattr(s.checkpointer, "write", held)
     i = 0
-    while s._flushing is None or s.cache_bytes < 8 << 10:
+    while s.checkpointer.flushing is None or s.cache_bytes < 8 << 10:
         await s.add_entry(1, i, KEY, bytes(1024))
         i += 1
     waiting = s.add_entry(1, i, KEY, bytes(1024))

@@ -67,7 +67,7 @@ def break_the_journal(server: BookieServer, monkeypatch: pytest.MonkeyPatch) -> 
     def broken(data: bytes) -> None:
         raise OSError("the journal disk is on fire")
 
-    monkeypatch.setattr(server.storage._writer, "append", broken)
+    monkeypatch.setattr(server.storage.journal.writer, "append", broken)
 
 
 def other_entry_payload(ledger_id: int, entry_id: int) -> proto.Request:

@@ -169,7 +169,7 @@ async def test_journal_write_failure_reaches_every_waiter(storage: EntryStorage,
     def disk_full(data: bytes) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(storage._writer, "append", disk_full)
+    monkeypatch.setattr(storage.journal.writer, "append", disk_full)
     results = await asyncio.gather(*(storage.add_entry(1, i, KEY, b"x") for i in range(50)),
                                    return_exceptions=True)
     assert all(isinstance(r, BookieServerError) and "journal write failed" in str(r) for r in results)

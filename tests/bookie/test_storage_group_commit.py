@@ -171,13 +171,13 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_on_the_journa
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     s = EntryStorage(tmp_path / "s", map_size=64 << 20)
     writers: list[tuple[str, int]] = []
-    real = s._writer.append
+    real = s.journal.writer.append
 
     def append(data: bytes) -> Position:
         writers.append((threading.current_thread().name, len(data)))
         return real(data)
 
-    monkeypatch.setattr(s._writer, "append", append)
+    monkeypatch.setattr(s.journal.writer, "append", append)
     try:
         await s.add_entry(1, 0, KEY, b"x")  # one add: no hand-off
         assert [name for name, _ in writers] == [threading.main_thread().name]
@@ -185,7 +185,7 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_on_the_journa
         await asyncio.gather(*(s.add_entry(1, i, KEY, b"x") for i in range(1, 101)))  # one turn, 100 adds
         assert writers[0][0] == "bookie-journal"
         writers.clear()
-        s.last_sync_seconds = 0.5  # a slow disk: the loop never waits for it
+        s.journal.last_sync_seconds = 0.5  # a slow disk: the loop never waits for it
         await s.add_entry(1, 101, KEY, b"x")
         assert [name for name, _ in writers] == ["bookie-journal"]
         assert s.read_entry(1, LAST_ENTRY)[0] == 101
