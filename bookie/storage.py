@@ -75,6 +75,7 @@ import logging
 import os
 from collections.abc import Callable, Container, Iterable
 from pathlib import Path
+from typing import Protocol
 
 from bookie.checkpoints import Checkpoints, replay
 from bookie.errors import BKError, BookieServerError
@@ -99,6 +100,28 @@ from bookie.write_cache import WriteCache
 
 log = logging.getLogger(__name__)
 
+
+class SubmitAdd(Protocol):
+    """``EntryStorage.submit_add``."""
+
+    def __call__(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
+                 done: Done, *, recovery: bool = False) -> None: ...
+
+
+class SubmitAckedAdd(Protocol):
+    """``EntryStorage.submit_acked_add``."""
+
+    def __call__(self, sink: AckSink, ack: object, ledger_id: int, entry_id: int, master_key: bytes,
+                 payload: bytes, lac: int, *, recovery: bool = False) -> None: ...
+
+
+class AddEntry(Protocol):
+    """``EntryStorage.add_entry``."""
+
+    def __call__(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
+                 lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]: ...
+
+
 __all__ = ["LAST_ENTRY", "EntryStorage", "JournalCorruptError", "LedgerInfo", "corrupt_stored_entry",
            "entry_key", "ledger_prefix"]
 
@@ -117,6 +140,34 @@ class EntryStorage:
     The parts: ``index`` (``LedgerIndex``), ``journal`` (``GroupCommit``),
     ``cache`` (``WriteCache``), ``checkpointer`` (``Checkpoints``), ``reads``
     (``StorageReads``).
+    """
+
+    # The write path's three calls are the journal hand-off's own bound methods (set in ``__init__``):
+    # no forwarding frame on the hot path.
+    submit_add: SubmitAdd
+    """Queue one entry for the next group commit; ``done(None)`` once it is durable.
+
+    Raises at once (``done`` is then never called): ``BadRequestError``
+    for an id out of range, ``UnauthorizedError`` for a master key other
+    than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
+    ``recovery``, ``BookieServerError`` when the storage is closing.
+    """
+    submit_acked_add: SubmitAckedAdd
+    """``submit_add`` whose completion is handed over in runs (the server's hot path).
+
+    ``ack`` is whatever the caller wants back for this add (the server: its
+    framed OK answer). Adds submitted one after the other with the same
+    ``sink`` object end with one ``sink(acks, exc)`` call per run, ``acks``
+    in submission order; runs and ``done`` callbacks complete in the order
+    they were submitted. Raises as ``submit_add`` (``sink`` then never
+    hears of this add).
+    """
+    add_entry: AddEntry
+    """Store one entry: ``await storage.add_entry(...)`` returns once it is durable.
+
+    A plain function returning a future (one coroutine less per add on
+    the hot path); the future fails with the errors of ``submit_add`` or
+    of the commit.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, map_size: int = DEFAULT_MAP_SIZE,
@@ -144,6 +195,9 @@ class EntryStorage:
                                    group_wait=group_wait, report_error=self._report_error)
         self.checkpointer.group = self.journal
         self.reads = StorageReads(self.index, self.cache)
+        self.submit_add = self.journal.submit_add
+        self.submit_acked_add = self.journal.submit_acked_add
+        self.add_entry = self.journal.add_entry
         self._closed = False
 
     def _report_error(self, reason: str, no_space: bool) -> None:
@@ -154,40 +208,6 @@ class EntryStorage:
                 log.exception("entry storage on_commit_error hook raised")
 
     # --- writes (``GroupCommit``) ------------------------------------------------------------
-
-    def submit_add(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes, lac: int,
-                   done: Done, *, recovery: bool = False) -> None:
-        """Queue one entry for the next group commit; ``done(None)`` once it is durable.
-
-        Raises at once (``done`` is then never called): ``BadRequestError``
-        for an id out of range, ``UnauthorizedError`` for a master key other
-        than the ledger's, ``LedgerFencedError`` on a fenced ledger unless
-        ``recovery``, ``BookieServerError`` when the storage is closing.
-        """
-        self.journal.submit_add(ledger_id, entry_id, master_key, payload, lac, done, recovery=recovery)
-
-    def submit_acked_add(self, sink: AckSink, ack: object, ledger_id: int, entry_id: int, master_key: bytes,
-                         payload: bytes, lac: int, *, recovery: bool = False) -> None:
-        """``submit_add`` whose completion is handed over in runs (the server's hot path).
-
-        ``ack`` is whatever the caller wants back for this add (the server: its
-        framed OK answer). Adds submitted one after the other with the same
-        ``sink`` object end with one ``sink(acks, exc)`` call per run, ``acks``
-        in submission order; runs and ``done`` callbacks complete in the order
-        they were submitted. Raises as ``submit_add`` (``sink`` then never
-        hears of this add).
-        """
-        self.journal.submit_acked_add(sink, ack, ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
-
-    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
-                  lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
-        """Store one entry: ``await storage.add_entry(...)`` returns once it is durable.
-
-        A plain function returning a future (one coroutine less per add on
-        the hot path); the future fails with the errors of ``submit_add`` or
-        of the commit.
-        """
-        return self.journal.add_entry(ledger_id, entry_id, master_key, payload, lac, recovery=recovery)
 
     def submit_fence(self, ledger_id: int, master_key: bytes, done: Done) -> None:
         """Fence the ledger (creating its record if unknown); ``done(None)`` once durable.

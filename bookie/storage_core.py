@@ -160,6 +160,7 @@ class LedgerIndex:
         self.meta = self.env.open_db(b"journal")
         """LMDB database of the checkpoint's journal position."""
         self.state: dict[int, _LedgerState] = {}
+        """Each known ledger's record by id (one dict for the storage's life: the hand-off keeps it at hand)."""
         self.dirty: set[int] = set()
         self.deleting: set[int] = set()
 
