@@ -218,17 +218,22 @@ class GroupCommit:
             else:  # futures complete after the callbacks: keep the order with a callback of its own
                 batch.waiters.append(settle(fut))
 
-    def fence(self, ledger_id: int, master_key: bytes) -> _Batch:
-        """Fence the ledger in the open group (returned: the caller adds its waiter)."""
-        if self.closing:
-            raise BookieServerError("entry storage is closing")
-        _check_ids(ledger_id)
+    def _record_of(self, ledger_id: int, master_key: bytes) -> tuple[_LedgerState, _Batch]:
+        """The ledger's record (a new one with ``master_key`` when unknown) and the open group."""
         state = self._index.get(ledger_id)
         batch = self._batch or self._open_batch()
         if state is None:
             state = self._new_ledger(ledger_id, master_key, batch)
         elif state.master_key != master_key:
             raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        return state, batch
+
+    def fence(self, ledger_id: int, master_key: bytes) -> _Batch:
+        """Fence the ledger in the open group (returned: the caller adds its waiter)."""
+        if self.closing:
+            raise BookieServerError("entry storage is closing")
+        _check_ids(ledger_id)
+        state, batch = self._record_of(ledger_id, master_key)
         state.fenced = True
         batch.parts.append(journal.encode_fence(ledger_id))
         batch.dirty.add(ledger_id)
@@ -241,12 +246,7 @@ class GroupCommit:
         _check_ids(ledger_id)
         if not -1 <= lac <= _MAX_ID:
             raise BadRequestError(f"LAC {lac} out of range")
-        state = self._index.get(ledger_id)
-        batch = self._batch or self._open_batch()
-        if state is None:
-            state = self._new_ledger(ledger_id, master_key, batch)
-        elif state.master_key != master_key:
-            raise UnauthorizedError(f"wrong master key for ledger {ledger_id}")
+        state, batch = self._record_of(ledger_id, master_key)
         if lac > state.lac:
             state.lac = lac
             batch.dirty.add(ledger_id)
