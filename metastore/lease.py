@@ -260,6 +260,10 @@ class LeaseSession(Session):
         self._alive = False
         self._expires = 0.0
         self._task: asyncio.Task[None] | None = None
+        self.longest_late = 0.0
+        """Longest a renewal woke past its time (event-loop lag), seconds."""
+        self.longest_write = 0.0
+        """Longest a renewal's write took, seconds."""
 
     @property
     def alive(self) -> bool:
@@ -278,11 +282,20 @@ class LeaseSession(Session):
         self._expires = expires
 
     async def _heartbeat(self) -> None:
+        """Renew every ``timeout / 3``, counted from each renewal's start (a slow write does not push
+        the next one back); a renewal that came late or took long is logged with both parts, so an
+        operator sees whether a busy event loop or the store's writes ate the lease."""
         interval = self.timeout / 3.0
+        loop = asyncio.get_running_loop()
+        due = loop.time() + interval
         while self._alive:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            started = loop.time()
+            late = started - due
+            self.longest_late = max(self.longest_late, late)
             if time.time() >= self._expires:
-                log.warning("session %s missed its lease; it has expired", self.session_id)
+                log.warning("session %s missed its lease; it has expired (this renewal woke %.0f ms late: the "
+                            "event loop was busy)", self.session_id, late * 1000)
                 self._alive = False
                 return
             try:
@@ -293,6 +306,13 @@ class LeaseSession(Session):
                 return
             except MetastoreError as exc:
                 log.warning("session %s heartbeat failed: %s", self.session_id, exc)
+            took = loop.time() - started
+            self.longest_write = max(self.longest_write, took)
+            if late + took > interval:
+                log.warning("session %s renewed its %.1f s lease %.0f ms late: the event loop woke it %.0f ms "
+                            "late and the write took %.0f ms", self.session_id, self.timeout,
+                            (late + took - interval) * 1000, late * 1000, took * 1000)
+            due = started + interval
 
     async def put_ephemeral(self, table: MetastoreTable, key: str, value: Value) -> Version:
         if not self.alive:

@@ -23,7 +23,9 @@
   checks its own version and fails alone.
 * Decoded records are cached per table, validated on every read by comparing
   the stored bytes, so another process's write is always seen.
-* Sessions are leases and watches are polled (``metastore.lease``).
+* Sessions are leases and watches are polled (``metastore.lease``). Lease
+  records take the writer thread's priority lane: a renewal is committed
+  before the next group of queued writes, never behind a burst's backlog.
 * ``counters()`` (``CounterCapability``): the database ``c:counters``, each
   counter 8 bytes big-endian, each add one write transaction (sharing group
   commits with puts); an add of 0 is a plain read.
@@ -51,6 +53,7 @@ piece of module state in the metastore.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import queue
@@ -95,7 +98,14 @@ from metastore.errors import (
     ServiceDownError,
     StoreNotFoundError,
 )
-from metastore.lease import LEASE_FIELD, LeaseBackedMetaStore, LeasedScannableTable, LeasedTable, LeaseOptions
+from metastore.lease import (
+    LEASE_FIELD,
+    SESSIONS_TABLE,
+    LeaseBackedMetaStore,
+    LeasedScannableTable,
+    LeasedTable,
+    LeaseOptions,
+)
 from metastore.proto.metastore_pb2 import Record
 
 T = TypeVar("T")
@@ -156,6 +166,8 @@ class _SharedEnv:
 
 
 _STOP: Any = object()
+_WAKE: Any = object()
+"""Queued after an urgent job: wakes a writer blocked on an empty queue (the job itself is in ``urgent``)."""
 MAX_GROUP = 256
 
 
@@ -179,21 +191,39 @@ class _Writer:
     an ``lmdb.Error`` inside a group (say the map is full) aborts it and its
     jobs are retried one transaction each, so only the culprit fails. A job
     with ``txn=False`` (opening a table) runs alone outside any transaction.
+
+    Urgent jobs (``submit(..., urgent=True)``: the sessions table's lease
+    writes) have a lane of their own: before each group the thread commits
+    every urgent job waiting, in a short transaction of their own, so a
+    lease renewal waits for at most the one group already committing, never
+    for a burst's queue of thousands of writes (issue 34: a hub lost its
+    lease behind 10 000 new topics' writes). An urgent job may thus overtake
+    bulk jobs queued before it; nothing orders a session record against
+    other tables' writes, so that is safe. Each write is still durable
+    (synced) before its future completes.
     """
 
     def __init__(self, env: Any, name: str) -> None:
         self.env = env
         self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.urgent: collections.deque[Any] = collections.deque()
+        """Urgent jobs (thread-safe appends and pops); see the class docstring."""
         self.commits = 0
         """Write transactions committed, and writes they carried (``writes / commits`` = mean group)."""
         self.writes = 0
         self.thread = threading.Thread(target=self._run, name=f"lmdb-writer-{name}", daemon=True)
         self.thread.start()
 
-    def submit(self, fn: Callable[..., T], args: tuple[Any, ...], txn: bool = True) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[..., T], args: tuple[Any, ...], txn: bool = True,
+               urgent: bool = False) -> asyncio.Future[T]:
+        """Queue ``fn`` (``urgent``: in the priority lane, committed before the next group)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self.queue.put((loop, fut, fn, args, txn))
+        if urgent:
+            self.urgent.append((loop, fut, fn, args, txn))
+            self.queue.put(_WAKE)
+        else:
+            self.queue.put((loop, fut, fn, args, txn))
         return fut
 
     def stop(self) -> None:
@@ -205,8 +235,11 @@ class _Writer:
         q = self.queue
         while True:
             job = q.get()
+            self._run_urgent()
             if job is _STOP:
                 return
+            if job is _WAKE:
+                continue
             group = [job]
             stop = False
             while len(group) < MAX_GROUP and not q.empty():
@@ -214,10 +247,23 @@ class _Writer:
                 if nxt is _STOP:
                     stop = True
                     break
-                group.append(nxt)
+                if nxt is not _WAKE:
+                    group.append(nxt)
+            self._run_urgent()   # any that came while the group formed go first
             self._run_group(group)
             if stop:
+                self._run_urgent()
                 return
+
+    def _run_urgent(self) -> None:
+        """Commit every urgent job waiting, in a group of their own (none: nothing to do)."""
+        urgent = self.urgent
+        if not urgent:
+            return
+        group: list[Any] = []
+        while urgent and len(group) < MAX_GROUP:
+            group.append(urgent.popleft())
+        self._run_group(group)
 
     def _run_group(self, group: list[Any]) -> None:
         done: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
@@ -341,6 +387,8 @@ class LmdbTable(MetastoreScannableTable):
         self._db = store.shared.db(name)
         self._writer = store.shared.writer
         self._cache: dict[bytes, tuple[bytes, Versioned]] = {}
+        self._urgent = name == SESSIONS_TABLE
+        """Lease records take the writer's priority lane (``_Writer``): renewals never wait behind bulk writes."""
 
     def _check_open(self) -> None:
         if self._closed or self._store.closed:
@@ -445,13 +493,13 @@ class LmdbTable(MetastoreScannableTable):
         for f, v in value.items():
             if v is not None and len(v) > limit:
                 raise IllegalOpError(f"field {f!r} of {len(v)} bytes is over the lmdb limit of {limit}")
-        return await self._store.write(self._put_txn, k, key, value, version)
+        return await self._store.write(self._put_txn, k, key, value, version, urgent=self._urgent)
 
     async def remove(self, key: str, version: Version) -> None:
         self._check_open()
         k = self._key(key)
         version = check_version(version)
-        await self._store.write(self._remove_txn, k, key, version)
+        await self._store.write(self._remove_txn, k, key, version, urgent=self._urgent)
 
     def _page(self, after: bytes | None, start: bytes, start_inclusive: bool, stop: bytes,
               stop_inclusive: bool, order: Order, fields: Fields, n: int) -> list[tuple[str, Versioned]]:
@@ -640,8 +688,10 @@ class LmdbMetaStore(LeaseBackedMetaStore):
         writer = self.shared.writer
         return writer.commits, writer.writes
 
-    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, urgent: bool = False) -> T:
         """Run ``fn(txn, *args)`` in a write transaction on the writer thread; return once it is synced.
+
+        ``urgent``: in the writer's priority lane, ahead of queued writes (lease renewals; see ``_Writer``).
 
         With ``write_mode=inline`` the transaction runs and syncs on the calling thread instead,
         blocking the event loop for the commit (see the module docstring).
@@ -653,7 +703,7 @@ class LmdbMetaStore(LeaseBackedMetaStore):
                     return fn(txn, *args)
             except lmdb.Error as exc:
                 raise ServiceDownError(f"lmdb write failed: {exc}") from exc
-        return await self.shared.writer.submit(fn, args)
+        return await self.shared.writer.submit(fn, args, urgent=urgent)
 
     async def counters(self) -> Counters:
         """``CounterCapability``: ``LmdbCounters`` (one write transaction per add)."""
