@@ -473,7 +473,8 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
     tag = uuid.uuid4().hex[:6]
     ttl_t, keep_t, plain_t = f"mt{tag}-a", f"mr{tag}-a", f"rh-{tag}"
     hold_t, evict_t = f"mq{tag}-a", f"mv{tag}-a"
-    await put_policy(cluster, http, f"mt{tag}-", message_ttl_seconds=2)
+    # a TTL long enough that nothing expires before it is received on a loaded machine; cut to 2 s below
+    await put_policy(cluster, http, f"mt{tag}-", message_ttl_seconds=600)
     await put_policy(cluster, http, f"mr{tag}-", retention_size_mb=-1)
     addrs = ",".join(cluster.hub_addresses)
     conf = {**MANUAL, "server_ack_response_timeout": "15000"}
@@ -561,9 +562,9 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
 
             # every topic has moved once at least; on its owner now:
             # TTL: 1..4 expire for both subscriptions; acked ones are not delivered again
-            async def ttl_in_force() -> bool:
-                return bool((await stats_via(cluster, http, ttl_t, first))["policy"]["message_ttl_seconds"] == 2)
-            await eventually(ttl_in_force)
+            async def ttl_in_force(ttl: int) -> bool:
+                return bool((await stats_via(cluster, http, ttl_t, first))["policy"]["message_ttl_seconds"] == ttl)
+            await eventually(functools.partial(ttl_in_force, 600))     # the policy moved with the topic
             await w.close()      # (its subscription moved twice: a consumer attached to it now, whatever the
             w = await c.consumer(ttl_t.encode(), b"w", subscription_type="SHARED",   # old one's re-attach did)
                                  create_or_attach="ATTACH", receiver_queue_size=10)
@@ -573,6 +574,10 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
             got = {m.seq_id: m for m in [await w.receive(timeout=20) for _ in range(4)]}
             await w.ack(got[2])
             await w.ack(got[4])
+            status, answer = await call(http, "PUT", policy_url(cluster, f"mt{tag}-", first),
+                                        json={"message_ttl_seconds": 2}, headers=AUTH)
+            assert status == 200, answer
+            await eventually(functools.partial(ttl_in_force, 2))
 
             async def expired() -> dict[str, Any] | None:
                 subs = (await stats_via(cluster, http, ttl_t, first))["subscriptions"]
