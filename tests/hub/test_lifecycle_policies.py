@@ -485,6 +485,8 @@ async def test_policies_hold_across_a_clean_owner_stop_and_a_kill_9(env: tuple[L
         for t in (keep_t, plain_t):
             for sub in (b"a", b"b"):
                 await c.subscribe(t.encode(), sub)
+            if t == keep_t:   # its owner re-reads policies every policies_refresh_interval: wait for this one
+                await in_force(cluster, http, t, retention_size_mb=-1)
             for i in range(3):
                 await c.publish(t.encode(), b"r%d" % i)
             await c.consume(t.encode(), b"a", 3)
