@@ -71,6 +71,8 @@ class SubscriptionConsumers:
 
         async def persist(self, sub: bytes) -> None: ...
 
+        def _pointer_moved(self, state: SubState, old: int) -> None: ...
+
     def _dispatcher(self, state: SubState) -> Dispatcher:
         d = state.dispatcher
         if d is None:
@@ -87,7 +89,8 @@ class SubscriptionConsumers:
             state.dispatcher = d
             state.ranges = []
             if cursor.mark_delete > state.consumed:
-                state.consumed = cursor.mark_delete
+                old, state.consumed = state.consumed, cursor.mark_delete
+                self._pointer_moved(state, old)
         return d
 
     def _on_acked(self, state: SubState, advanced: bool, n: int) -> None:
@@ -95,7 +98,8 @@ class SubscriptionConsumers:
         if d is None or self.subs.get(state.subscriber) is not state:
             return
         if advanced and d.cursor.mark_delete > state.consumed:
-            state.consumed = d.cursor.mark_delete
+            old, state.consumed = state.consumed, d.cursor.mark_delete
+            self._pointer_moved(state, old)
             if self.on_consumed is not None:
                 self.on_consumed(self.topic)
         state.acks_dirty = True

@@ -93,8 +93,8 @@ class TopicSubscriptions(SubscriptionConsumers):
 
     Slots: every owned topic has one (issue 34)."""
 
-    __slots__ = ("_subscribing", "cache", "conf", "first_kept", "last_seq", "mgr", "on_consumed", "subs", "topic",
-                 "track")
+    __slots__ = ("_at_min", "_bounded", "_min", "_min_n", "_subscribing", "cache", "conf", "first_kept", "last_seq", "mgr",
+                 "on_consumed", "subs", "topic", "track")
 
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,
@@ -110,6 +110,13 @@ class TopicSubscriptions(SubscriptionConsumers):
         self.on_consumed = on_consumed
         self.subs: dict[bytes, SubState] = {}
         self._subscribing: dict[bytes, asyncio.Lock] = {}
+        # retained_after's running minimum of the unbounded subscribers' pointers: ``_at_min`` of them are at
+        # ``_min``; ``_bounded`` subscribers have a messageBound; ``_min_n`` is len(subs) when it was built
+        # (-1 or another count: stale, rebuilt when next asked)
+        self._min = 0
+        self._at_min = 0
+        self._bounded = 0
+        self._min_n = -1
 
     async def load(self) -> None:
         """Every stored subscription of the topic; readers' temporary ones left by a previous owner are deleted
@@ -123,6 +130,7 @@ class TopicSubscriptions(SubscriptionConsumers):
                 except errors.PubSubError as exc:   # kept this time (it holds the ledgers as any subscription)
                     log.warning("could not delete temporary subscription %r/%r: %s", self.topic, sub, exc)
             self.subs[sub] = SubState(sub, data, version)
+        self._min_stale()
 
     def min_consumed(self) -> int:
         """Every subscriber has consumed up to this seq id (the last seq id when there are none)."""
@@ -141,9 +149,45 @@ class TopicSubscriptions(SubscriptionConsumers):
         there are no subscribers.
         """
         last = int(self.last_seq())
-        if not self.subs:
+        subs = self.subs
+        if not subs:
             return last
-        return min(bounded_consumed(s.consumed, s.prefs.messageBound, last) for s in self.subs.values())
+        if self._min_n != len(subs):
+            self._recompute_min()
+        low = self._min if self._at_min else last
+        if self._bounded:          # bounded subscribers are few: each is looked at
+            for s in subs.values():
+                bound = s.prefs.messageBound
+                if bound:
+                    low = min(low, bounded_consumed(s.consumed, bound, last))
+        return low
+
+    def _recompute_min(self) -> None:
+        """Rebuild ``retained_after``'s running minimum over the unbounded subscribers' pointers."""
+        low = 0
+        at = 0
+        bounded = 0
+        for s in self.subs.values():
+            if s.prefs.messageBound:
+                bounded += 1
+                continue
+            c = s.consumed
+            if not at or c < low:
+                low, at = c, 1
+            elif c == low:
+                at += 1
+        self._min, self._at_min, self._bounded, self._min_n = low, at, bounded, len(self.subs)
+
+    def _min_stale(self) -> None:
+        """A subscription came or went, a pointer moved back or a bound changed: recompute on the next use."""
+        self._min_n = -1
+
+    def _pointer_moved(self, state: SubState, old: int) -> None:
+        """``state.consumed`` moved forward from ``old``: keep the running minimum (O(1) but once a round)."""
+        if old == self._min and self._at_min and not state.prefs.messageBound:
+            self._at_min -= 1
+            if not self._at_min:
+                self._min_n = -1   # the last one at the minimum left it: recompute when next asked
 
     @property
     def attached_count(self) -> int:
@@ -200,6 +244,7 @@ class TopicSubscriptions(SubscriptionConsumers):
             version = await self.mgr.create_subscription_data(self.topic, sub, data)
             state = SubState(sub, data, version)
             self.subs[sub] = state
+            self._min_stale()
         else:
             if state.delivery is not None and not consumer:
                 await state.delivery.stop()
@@ -208,6 +253,7 @@ class TopicSubscriptions(SubscriptionConsumers):
             data.preferences.CopyFrom(req.preferences)
             state.version = await self._write(state, data)
             state.prefs = req.preferences
+            self._min_stale()      # its messageBound may have changed
         if state.filter is not None and state.filter is not flt:
             safe_uninitialize(state.filter)
         state.filter = flt
@@ -342,7 +388,8 @@ class TopicSubscriptions(SubscriptionConsumers):
     def _advance(self, state: SubState, seq: int) -> bool:
         if seq <= state.consumed:
             return False
-        state.consumed = seq
+        old, state.consumed = state.consumed, seq
+        self._pointer_moved(state, old)
         if state.dispatcher is not None:   # the consumers' cursor follows the Hedwig pointer
             state.dispatcher.skip_to(seq)
         state.consumes_since_persist += 1
@@ -484,6 +531,7 @@ class TopicSubscriptions(SubscriptionConsumers):
             await asyncio.gather(state.persisting, return_exceptions=True)
         await self.mgr.delete_subscription_data(self.topic, sub, Version.ANY)
         self.subs.pop(sub, None)
+        self._min_stale()
         if state.filter is not None:
             safe_uninitialize(state.filter)
 
@@ -509,6 +557,7 @@ class TopicSubscriptions(SubscriptionConsumers):
         async with state.writing:
             state.version = await self.mgr.update_subscription_data(self.topic, sub, data, Version.ANY)
         state.consumed = state.persisted = consumed
+        self._min_stale()          # older or newer
         state.consumes_since_persist = 0
         state.ranges = []
         state.acks_dirty = False

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hub import errors
 from hub.conf import load_hub_conf
@@ -282,3 +284,60 @@ async def test_a_readers_temporary_subscription_starts_where_asked_and_a_new_own
         assert await mgr.read_subscription_data(TOPIC, b"reader-1") is None
     finally:
         await store.close()
+
+
+def _brute_retained_after(s: TopicSubscriptions) -> int:
+    last = int(s.last_seq())
+    if not s.subs:
+        return last
+    return min(max(st.consumed, last - st.prefs.messageBound) if st.prefs.messageBound else st.consumed
+               for st in s.subs.values())
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["sub", "resub", "consume", "unsub", "reset", "publish", "evict"]),
+                          st.integers(0, 5), st.integers(0, 40), st.sampled_from([0, 0, 0, 3])),
+                max_size=60)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS)
+def test_retained_after_keeps_a_running_minimum_equal_to_the_brute_force_one(
+        tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, int, int, int]]) -> None:
+    """The running minimum (O(1) per consume) is the minimum over every subscriber's bounded pointer,
+    whatever the order of subscribes, consumes, acks on everyone's behalf, resets and unsubscribes."""
+    from hub.lifecycle import ack_for_every_subscription
+
+    async def run() -> None:
+        store = await open_metastore(f"lmdb://{tmp_path_factory.mktemp('meta')}/meta")
+        last = [5]
+        try:
+            s = TopicSubscriptions(TOPIC, SubscriptionDataManager(store), load_hub_conf(None, {}),
+                                   last_seq=lambda: last[0])
+            conn = Conn()
+            for op, who, seq, bound in ops:
+                sub = b"s%d" % who
+                if op in ("sub", "resub"):
+                    req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH,
+                                              startSeqId=seq if op == "sub" else 0)
+                    req.preferences.messageBound = bound
+                    await s.subscribe(conn, sub, req)
+                elif op == "publish":
+                    last[0] += seq % 7
+                elif op == "evict":
+                    ack_for_every_subscription(s, min(seq, last[0]))
+                elif sub not in s.subs:
+                    continue
+                elif op == "consume":
+                    s.consume(conn, sub, seq)
+                elif op == "unsub":
+                    await s.unsubscribe(conn, sub)
+                else:
+                    await s.reset(sub, min(seq, last[0]), cache=None)   # type: ignore[arg-type]
+                assert s.retained_after() == _brute_retained_after(s), (op, who, seq, bound)
+            for st_ in list(s.subs.values()):
+                if st_.persisting is not None:
+                    await asyncio.gather(st_.persisting, return_exceptions=True)
+        finally:
+            await store.close()
+
+    asyncio.run(run())
