@@ -93,8 +93,8 @@ class TopicSubscriptions(SubscriptionConsumers):
 
     Slots: every owned topic has one (issue 34)."""
 
-    __slots__ = ("_at_min", "_bounded", "_min", "_min_n", "_subscribing", "cache", "conf", "first_kept", "last_seq", "mgr",
-                 "on_consumed", "subs", "topic", "track")
+    __slots__ = ("_at_min", "_bounded", "_min", "_min_n", "_subscribing", "cache", "conf", "first_kept",
+                 "last_seq", "mgr", "on_consumed", "subs", "topic", "track")
 
     def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
                  on_consumed: Callable[[bytes], None] | None = None,
@@ -147,6 +147,14 @@ class TopicSubscriptions(SubscriptionConsumers):
         So an idle bounded subscriber does not keep the topic's ledgers; its
         delivery skips what was deleted (``Delivery``). The last seq id when
         there are no subscribers.
+
+        Called on every consume (cache pruning, the backlog quota's wake), so the
+        unbounded subscribers' minimum is kept running: a forward move of a pointer
+        at the minimum counts down the subscribers there, and only the last one
+        to leave it (or a subscribe, unsubscribe, reset or preference change)
+        makes the next call rebuild it, once per round of consumes rather than
+        once per consume. Bounded subscribers, whose floor moves with
+        ``last_seq``, are looked at on each call (they are few).
         """
         last = int(self.last_seq())
         subs = self.subs
