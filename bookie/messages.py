@@ -22,6 +22,7 @@ from bookie.proto import bookie_pb2 as pb
 from bookie.wire.framing import (
     LENGTH_PREFIX,
 )
+from bookie.wire.framing import varint as _varint
 
 Request = pb.Request
 Response = pb.Response
@@ -222,28 +223,7 @@ def lac_response(request: Request, lac: int, last_entry: int) -> Response:
     return resp
 
 
-_V2 = struct.Struct(">BB")
-_V3 = struct.Struct(">BBB")
-_V4 = struct.Struct(">BBBB")
 _BYTE = [bytes((i,)) for i in range(0x80)]
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf base-128 varint of an int in 0 .. 2**64-1."""
-    if value < 0x80:
-        return _BYTE[value]
-    if value < 0x4000:
-        return _V2.pack(value & 0x7F | 0x80, value >> 7)
-    if value < 0x200000:
-        return _V3.pack(value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14)
-    if value < 0x10000000:
-        return _V4.pack(value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, (value >> 14) & 0x7F | 0x80, value >> 21)
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def add_ok_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:

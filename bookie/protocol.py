@@ -88,9 +88,6 @@ from bookie.messages import OperationType as OperationType
 from bookie.messages import Request as Request
 from bookie.messages import Response as Response
 from bookie.messages import StatusCode as StatusCode
-from bookie.messages import (
-    _varint,
-)
 from bookie.messages import add_header as add_header
 from bookie.messages import add_ok_frame as add_ok_frame
 from bookie.messages import add_request as add_request
@@ -125,6 +122,7 @@ from bookie.wire.framing import PREFIX_SIZE as PREFIX_SIZE
 from bookie.wire.framing import FrameBudget as FrameBudget
 from bookie.wire.framing import FrameDecoder as FrameDecoder
 from bookie.wire.framing import encode_frame as encode_frame
+from bookie.wire.framing import varint as _varint
 from bookie.wire.txns import TXN_ID_MASK, TxnTable
 
 # --- txn-id matching (client side) -------------------------------------------------------------

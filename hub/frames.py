@@ -14,10 +14,10 @@ them with the frames protobuf builds.
 from __future__ import annotations
 
 import functools
-import struct
 from collections.abc import Iterable
 
 from bookie.wire.framing import LENGTH_PREFIX
+from bookie.wire.framing import varint as _varint
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["delivery", "delivery_batch", "message_batch", "published"]
@@ -75,25 +75,9 @@ def _field(tag: bytes, data: bytes) -> bytes:
     return tag + _varint(len(data)) + data
 
 
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _SMALL_VARINTS[n]
-    if n < 0x4000:
-        return _VARINT_2.pack(n & 0x7F | 0x80, n >> 7)
-    if n < 0x200000:
-        return _VARINT_3.pack(n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
-    if n < 0x10000000:
-        return _VARINT_4.pack(n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, (n >> 14) & 0x7F | 0x80, n >> 21)
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 _SMALL_VARINTS = [bytes([i]) for i in range(0x80)]
-_VARINT_2, _VARINT_3, _VARINT_4 = struct.Struct(">BB"), struct.Struct(">BBB"), struct.Struct(">BBBB")
 _DELIVERY_TAG = _varint(12 << 3 | 2)   # PubSubResponse.delivery, length-delimited
 _PUBLISH_RESPONSE_TAG = _varint(10 << 3 | 2)   # PubSubResponse.publishResponse
 _VERSION_ONE_FIELD = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE).SerializeToString()

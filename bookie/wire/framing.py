@@ -26,7 +26,8 @@ from google.protobuf.message import Message as ProtoMessage
 
 from bookie import errors
 
-__all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "PREFIX_SIZE", "FrameBudget", "FrameDecoder", "encode_frame"]
+__all__ = ["DEFAULT_MAX_FRAME_SIZE", "LENGTH_PREFIX", "PREFIX_SIZE", "FrameBudget", "FrameDecoder", "encode_frame",
+           "varint"]
 
 DEFAULT_MAX_FRAME_SIZE = 5 * 1024 * 1024
 """BookKeeper's ``nettyMaxFrameSizeBytes`` default (5242880)."""
@@ -178,3 +179,27 @@ class FrameBudget:
 
     def release(self, key: int) -> None:
         self.total -= self._held.pop(key, 0)
+
+
+_V2 = struct.Struct(">BB")
+_V3 = struct.Struct(">BBB")
+_V4 = struct.Struct(">BBBB")
+_BYTE = [bytes((i,)) for i in range(0x80)]
+
+
+def varint(value: int) -> bytes:
+    """Protobuf base-128 varint of an int in 0 .. 2**64-1."""
+    if value < 0x80:
+        return _BYTE[value]
+    if value < 0x4000:
+        return _V2.pack(value & 0x7F | 0x80, value >> 7)
+    if value < 0x200000:
+        return _V3.pack(value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, value >> 14)
+    if value < 0x10000000:
+        return _V4.pack(value & 0x7F | 0x80, (value >> 7) & 0x7F | 0x80, (value >> 14) & 0x7F | 0x80, value >> 21)
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
