@@ -215,17 +215,22 @@ class InspectCommands(ConsoleSession):
         except HubHttpError as exc:
             raise CommandError(str(exc)) from None
 
+    async def _topic_action(self, topic: str, verb: str, not_found: str) -> Any:
+        """POST the admin action ``verb`` on ``topic``; its answer, or a CommandError (``not_found`` on 404)."""
+        status, doc = await self._topic_post(topic, verb)
+        if status != 200:
+            why = doc.get("error", doc) if isinstance(doc, dict) else doc
+            if status == 404:
+                raise CommandError(f"Topic {topic} {not_found}.")
+            raise CommandError(f"cannot {verb} topic {topic} (HTTP {status}): {why}")
+        return doc
+
     async def cmd_release(self, args: list[str]) -> None:
         as_json, args = self._wants_json(args)
         if len(args) != 2 or args[0] != "topic":
             raise UsageError
         topic = args[1]
-        status, doc = await self._topic_post(topic, "release")
-        if status != 200:
-            why = doc.get("error", doc) if isinstance(doc, dict) else doc
-            if status == 404:
-                raise CommandError(f"Topic {topic} is not owned by any hub: nothing to release.")
-            raise CommandError(f"cannot release topic {topic} (HTTP {status}): {why}")
+        doc = await self._topic_action(topic, "release", "is not owned by any hub: nothing to release")
         if as_json:
             self.emit(doc)
             return
@@ -238,12 +243,7 @@ class InspectCommands(ConsoleSession):
         if len(args) != 2 or args[0] != "topic":
             raise UsageError
         topic = args[1]
-        status, doc = await self._topic_post(topic, "compact")
-        if status != 200:
-            why = doc.get("error", doc) if isinstance(doc, dict) else doc
-            if status == 404:
-                raise CommandError(f"Topic {topic} does not exist: nothing to compact.")
-            raise CommandError(f"cannot compact topic {topic} (HTTP {status}): {why}")
+        doc = await self._topic_action(topic, "compact", "does not exist: nothing to compact")
         if as_json:
             self.emit(doc)
             return
