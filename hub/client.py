@@ -24,7 +24,12 @@ consumed until the application calls ``consume``. If the handler raises, the
 error is logged, the message is not consumed and delivery of that
 subscription stops. A client-side filter passed to ``start_delivery``
 (``set_subscription_preferences`` then ``test_message``) drops messages
-before the handler; dropped messages count as consumed.
+before the handler; dropped messages count as consumed. The message a
+handler gets is immutable and may be the very object other subscriptions of
+the same process get for that message (``hub.client_decode`` decodes each
+once): a frozen ``Message`` whose ``properties`` (and ``msg_id.remote``) are
+read-only dicts (``hub.message.ReadOnlyDict``; ``dict(m.properties)`` gives a
+writable copy).
 
 At most ``max_outstanding_messages`` delivered messages wait for handlers
 per subscription before the client stops reading from that hub.

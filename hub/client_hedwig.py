@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from hub import errors
 from hub.channel import HubChannel
 from hub.client_consumers import ClientConsumers
+from hub.client_decode import decode_delivered
 from hub.client_subscription import ClientSubscription, Handler
 from hub.consumer import subscription_type_value
 from hub.filters import ClientMessageFilter
@@ -208,10 +209,8 @@ class ClientSubscriptions(ClientConsumers):
             return
         queue = s.queue
         last = s.last_queued
-        from_proto = Message.from_proto
-        for proto in protos:
-            msg = from_proto(proto)
-            seq = msg.seq_id
+        for msg in decode_delivered(protos):     # one shared, read-only Message per message per process
+            seq = msg.msg_id.local
             if seq <= last:
                 continue               # redelivered after a resubscribe: already queued or handled
             last = seq

@@ -12,6 +12,12 @@
 
 ``Message.from_proto`` / ``to_proto`` convert to and from the wire's
 ``pubsub_pb2.Message``. ``hub.client.Message`` is this class.
+
+A ``Message`` is a frozen dataclass. ``from_proto(..., read_only=True)`` also
+makes its mappings (``properties``, ``msg_id.remote``) ``ReadOnlyDict``s: the
+client decodes a delivered message once per process and hands that one object
+to every subscription that receives it (``hub.client_decode``), so nothing in
+it may change.
 """
 
 from __future__ import annotations
@@ -22,7 +28,30 @@ from dataclasses import dataclass, field
 
 from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["Message", "MessageId", "SubscriptionPreferences"]
+__all__ = ["EMPTY", "Message", "MessageId", "ReadOnlyDict", "SubscriptionPreferences"]
+
+
+class ReadOnlyDict(dict):  # type: ignore[type-arg]
+    """A ``dict`` that refuses changes (``TypeError``): the mappings of a message shared between subscriptions.
+
+    It is still a ``dict`` (``isinstance``, ``==``, ``json``); ``copy()`` and ``|`` give a plain, writable
+    ``dict``, and pickling or ``copy.deepcopy`` give a ``ReadOnlyDict`` again.
+    """
+
+    __slots__ = ()
+
+    def _read_only(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("this mapping belongs to a delivered message, which may be shared between "
+                        "subscriptions: it is read-only (copy it with dict(...) to change it)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = __ior__ = _read_only  # type: ignore
+
+    def __reduce__(self) -> tuple[type[ReadOnlyDict], tuple[dict[object, object]]]:
+        return ReadOnlyDict, (dict(self),)
+
+
+EMPTY = ReadOnlyDict()
+"""The one empty ``ReadOnlyDict``: every read-only message without properties or remote components shares it."""
 
 
 _new = object.__new__
@@ -39,12 +68,17 @@ class MessageId:
     remote: Mapping[str, int] = field(default_factory=dict)
 
     @classmethod
-    def from_proto(cls, seq: pb.MessageSeqId) -> MessageId:
+    def from_proto(cls, seq: pb.MessageSeqId, *, read_only: bool = False) -> MessageId:
+        """The id of ``seq``; with ``read_only``, ``remote`` is a ``ReadOnlyDict``."""
         out = _new(cls)
         fields = out.__dict__
         fields["local"] = seq.localComponent
         remote = seq.remoteComponents
-        fields["remote"] = {r.region.decode("utf-8", "replace"): r.seqId for r in remote} if remote else {}
+        if read_only:
+            fields["remote"] = ReadOnlyDict({r.region.decode("utf-8", "replace"): r.seqId for r in remote}) \
+                if remote else EMPTY
+        else:
+            fields["remote"] = {r.region.decode("utf-8", "replace"): r.seqId for r in remote} if remote else {}
         return out
 
     def to_proto(self) -> pb.MessageSeqId:
@@ -78,26 +112,32 @@ class Message:
         return self.msg_id.local
 
     @classmethod
-    def from_proto(cls, msg: pb.Message, *, keep_wire: bool = False) -> Message:
-        """The message of ``msg``; with ``keep_wire`` its ``wire`` is ``msg`` serialized (no second conversion)."""
+    def from_proto(cls, msg: pb.Message, *, keep_wire: bool | bytes = False, read_only: bool = False) -> Message:
+        """The message of ``msg``; with ``keep_wire`` its ``wire`` is ``msg`` serialized (no second conversion;
+        ``keep_wire`` may be those bytes, already made). With ``read_only`` its mappings are ``ReadOnlyDict``s
+        (a message to be shared)."""
         out = _new(cls)
         fields = out.__dict__
         fields["body"] = msg.body
         if msg.HasField("header"):
             header = msg.header
-            fields["properties"] = {e.key: e.value for e in header.properties.entries}
+            entries = header.properties.entries
+            if read_only:
+                fields["properties"] = ReadOnlyDict({e.key: e.value for e in entries}) if entries else EMPTY
+            else:
+                fields["properties"] = {e.key: e.value for e in entries}
             fields["message_type"] = header.messageType
         else:
-            fields["properties"] = {}
+            fields["properties"] = EMPTY if read_only else {}
             fields["message_type"] = ""
-        fields["msg_id"] = MessageId.from_proto(msg.msgId)
+        fields["msg_id"] = MessageId.from_proto(msg.msgId, read_only=read_only)
         fields["src_region"] = msg.srcRegion.decode("utf-8", "replace")
         fields["key"] = msg.key if msg.HasField("key") else None
         fields["publish_time_ms"] = msg.publishTimeMs
         fields["redelivery_count"] = msg.redeliveryCount
         fields["deliver_at_ms"] = msg.deliverAtMs
         if keep_wire:
-            fields["wire"] = msg.SerializeToString()
+            fields["wire"] = keep_wire if isinstance(keep_wire, bytes) else msg.SerializeToString()
         return out
 
     @functools.cached_property

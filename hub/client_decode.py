@@ -1,0 +1,59 @@
+"""Delivered messages decoded once per process, however many subscriptions receive them.
+
+    messages = decode_delivered(protos)     # the pubsub_pb2.Messages of one delivery frame
+
+A process with many subscriptions to one topic (N ``HedwigClient``\\ s or N
+subscriptions of one) receives each message N times, once per delivery frame.
+Turning the wire message into a ``hub.message.Message`` costs several times
+what parsing the frame does, so the client keeps the ``Message`` it made for
+each recently delivered wire encoding and hands that one object to every
+subscription that gets the same bytes. The key is the message's serialization,
+so two deliveries share an object only when every field is the same (a
+redelivery with another ``redelivery_count`` is a message of its own).
+
+Shared messages are immutable: ``Message`` is a frozen dataclass and
+``properties`` and ``msg_id.remote`` are ``hub.message.ReadOnlyDict``\\ s.
+
+The table keeps the last ``MAX_ENTRIES`` encodings of at most
+``MAX_WIRE_BYTES`` each (larger messages are decoded per delivery), so it
+holds at most about ``MAX_ENTRIES * MAX_WIRE_BYTES`` of message bytes once
+warm, and typically ``MAX_ENTRIES`` times the message size.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from hub.message import Message
+from hub.proto import pubsub_pb2 as pb
+
+__all__ = ["MAX_ENTRIES", "MAX_WIRE_BYTES", "decode_delivered"]
+
+MAX_ENTRIES = 4096
+"""Recently delivered encodings kept (the spread, in messages, between this process's fastest and slowest
+subscription of a topic that still shares decodes)."""
+
+MAX_WIRE_BYTES = 8192
+"""Larger messages are not kept (their decode is small next to their size; the table's memory stays bounded)."""
+
+_decoded: OrderedDict[bytes, Message] = OrderedDict()
+
+
+def decode_delivered(protos: Sequence[pb.Message]) -> list[Message]:
+    """The ``Message`` of each of ``protos`` (in order), read-only and shared with other deliveries of it."""
+    out = []
+    table = _decoded
+    get = table.get
+    from_proto = Message.from_proto
+    for proto in protos:
+        wire = proto.SerializeToString()
+        msg = get(wire)
+        if msg is None:
+            msg = from_proto(proto, keep_wire=wire, read_only=True)
+            if len(wire) <= MAX_WIRE_BYTES:
+                table[wire] = msg
+                if len(table) > MAX_ENTRIES:
+                    table.popitem(last=False)     # the oldest: the table is in delivery order
+        out.append(msg)
+    return out
