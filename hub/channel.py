@@ -57,6 +57,7 @@ from typing import Protocol, cast
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors
 from hub.conf import HubClientConf
+from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
     ClientConnection,
@@ -90,11 +91,11 @@ class ChannelOwner(Protocol):
 
     conf: HubClientConf
 
-    def _delivered(self, conn: HubChannel, topic: bytes, sub: bytes, protos: Sequence[pb.Message]) -> None: ...
+    def _delivered(self, conn: HubChannel, topic: bytes, sub: bytes, messages: Sequence[Message]) -> None: ...
 
     def _sub_event(self, conn: HubChannel, topic: bytes, sub: bytes, event: int) -> None: ...
 
-    def _consumer_delivered(self, conn: HubChannel, consumer_id: int, protos: Sequence[pb.Message]) -> None: ...
+    def _consumer_delivered(self, conn: HubChannel, consumer_id: int, messages: Sequence[Message]) -> None: ...
 
     def _consumer_event(self, conn: HubChannel, consumer_id: int, event: int) -> None: ...
 
@@ -220,9 +221,9 @@ class HubChannel(asyncio.Protocol):
                     ev.value.set_result(ev.response)
             elif isinstance(ev, DeliveryReceived):
                 if ev.consumer:
-                    self.client._consumer_delivered(self, ev.consumer, ev.messages)
+                    self.client._consumer_delivered(self, ev.consumer, ev.decoded)
                 else:
-                    self.client._delivered(self, ev.topic, ev.subscriber, ev.messages)
+                    self.client._delivered(self, ev.topic, ev.subscriber, ev.decoded)
             elif isinstance(ev, SubscriptionEventReceived):
                 if ev.consumer:
                     self.client._consumer_event(self, ev.consumer, ev.event)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from hub import errors
 from hub.consumer import Consumer, run_handler, subscription_type_value
-from hub.message import SubscriptionPreferences
+from hub.message import Message, SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import MAX_SUBSCRIBER_BYTES, MAX_TOPIC_BYTES, name_problem
 
@@ -123,10 +123,10 @@ class ClientConsumers:
         if self.typed.get(key) is consumer:
             del self.typed[key]
 
-    def _consumer_delivered(self, conn: HubChannel, consumer_id: int, protos: Sequence[pb.Message]) -> None:
+    def _consumer_delivered(self, conn: HubChannel, consumer_id: int, messages: Sequence[Message]) -> None:
         c = self.consumers.get(consumer_id)
         if c is not None:
-            c._delivered(conn, protos)
+            c._delivered(conn, messages)
 
     def _consumer_event(self, conn: HubChannel, consumer_id: int, event: int) -> None:
         c = self.consumers.get(consumer_id)

@@ -22,13 +22,13 @@ warm, and typically ``MAX_ENTRIES`` times the message size.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
 
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["MAX_ENTRIES", "MAX_WIRE_BYTES", "decode_delivered"]
+__all__ = ["MAX_ENTRIES", "MAX_WIRE_BYTES", "decode_delivered", "decode_wires"]
 
 MAX_ENTRIES = 4096
 """Recently delivered encodings kept (the spread, in messages, between this process's fastest and slowest
@@ -37,23 +37,30 @@ subscription of a topic that still shares decodes)."""
 MAX_WIRE_BYTES = 8192
 """Larger messages are not kept (their decode is small next to their size; the table's memory stays bounded)."""
 
-_decoded: OrderedDict[bytes, Message] = OrderedDict()
+_decoded: dict[bytes, Message] = {}
+_order: deque[bytes] = deque()          # _decoded's keys, oldest first (a dict's own first key is slow to find)
+
+
+def decode_wires(wires: Sequence[bytes]) -> list[Message]:
+    """The ``Message`` of each serialized ``pubsub_pb2.Message`` in ``wires`` (in order), read-only and shared
+    with other deliveries of the same bytes; ``google.protobuf.message.DecodeError`` for bytes that are not one."""
+    table = _decoded
+    get = table.get
+    out = []
+    for wire in wires:
+        msg = get(wire)
+        if msg is None:
+            msg = Message.from_proto(pb.Message.FromString(wire), keep_wire=wire, read_only=True)
+            if len(wire) <= MAX_WIRE_BYTES:
+                table[wire] = msg
+                order = _order
+                order.append(wire)
+                if len(order) > MAX_ENTRIES:
+                    table.pop(order.popleft(), None)   # the oldest: the table is in delivery order
+        out.append(msg)
+    return out
 
 
 def decode_delivered(protos: Sequence[pb.Message]) -> list[Message]:
-    """The ``Message`` of each of ``protos`` (in order), read-only and shared with other deliveries of it."""
-    out = []
-    table = _decoded
-    get = table.get
-    from_proto = Message.from_proto
-    for proto in protos:
-        wire = proto.SerializeToString()
-        msg = get(wire)
-        if msg is None:
-            msg = from_proto(proto, keep_wire=wire, read_only=True)
-            if len(wire) <= MAX_WIRE_BYTES:
-                table[wire] = msg
-                if len(table) > MAX_ENTRIES:
-                    table.popitem(last=False)     # the oldest: the table is in delivery order
-        out.append(msg)
-    return out
+    """``decode_wires`` of parsed messages (a delivery frame protobuf parsed as a whole)."""
+    return decode_wires([proto.SerializeToString() for proto in protos])

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 from hub import errors
 from hub.channel import HubChannel
 from hub.client_consumers import ClientConsumers
-from hub.client_decode import decode_delivered
 from hub.client_subscription import ClientSubscription, Handler
 from hub.consumer import subscription_type_value
 from hub.filters import ClientMessageFilter
@@ -202,14 +201,14 @@ class ClientSubscriptions(ClientConsumers):
         req.consumeRequest.msgId.localComponent = seq
         s.conn.one_way(req)
 
-    def _delivered(self, conn: _Conn, topic: bytes, sub: bytes, protos: Sequence[pb.Message]) -> None:
+    def _delivered(self, conn: _Conn, topic: bytes, sub: bytes, messages: Sequence[Message]) -> None:
         """Queue the messages of one delivery frame (seq order) for the subscription's handler task."""
         s = self.subs.get((topic, sub))
         if s is None or s.handler is None:
             return
         queue = s.queue
         last = s.last_queued
-        for msg in decode_delivered(protos):     # one shared, read-only Message per message per process
+        for msg in messages:           # read-only, shared with other deliveries of them (hub.client_decode)
             seq = msg.msg_id.local
             if seq <= last:
                 continue               # redelivered after a resubscribe: already queued or handled

@@ -178,12 +178,11 @@ class Consumer:
         self.client._forget_consumer(self)
 
     # --- from the channel -------------------------------------------------------------------------
-    def _delivered(self, conn: HubChannel, protos: Sequence[pb.Message]) -> None:
+    def _delivered(self, conn: HubChannel, messages: Sequence[Message]) -> None:
         # while attaching (conn None) deliveries may arrive in the same read as the subscribe's answer
         if self.closed or (conn is not self.conn and (self.conn is not None or conn.gone)):
             return
-        from_proto = Message.from_proto
-        self._queue.extend(from_proto(p) for p in protos)
+        self._queue.extend(messages)     # read-only, shared with other deliveries of them (hub.client_decode)
         self._arrived.set()
 
     def _event(self, conn: HubChannel, event: int) -> None:

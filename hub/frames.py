@@ -3,12 +3,18 @@
     frame = delivery(topic, subscriber, message.wire)        # one message to one subscription
     frame = delivery_batch(topic, subscriber, wires, consumer_id)
     frame = published(txn_id, topic, seq_id)                 # the answer to one publish
+    split = split_delivery(body)     # the client's: (topic, subscriber, wires, consumer_id) or None
 
 Each is byte for byte what protobuf itself serializes for the same response
 (tests hold them to that), with the length prefix of ``bookie.wire``; the
 hub writes one per message or publish, so the fixed heads are built once
 (``_delivery_head`` is cached per subscription). ``hub.protocol`` re-exports
 them with the frames protobuf builds.
+
+``split_delivery`` is the client's counterpart: it cuts a delivery frame into
+its messages' wire bytes without building protobuf objects, so the client can
+decode each distinct message once however many subscriptions receive it
+(``hub.client_decode``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from bookie.wire.framing import LENGTH_PREFIX
 from bookie.wire.framing import varint as _varint
 from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["delivery", "delivery_batch", "message_batch", "published"]
+__all__ = ["delivery", "delivery_batch", "message_batch", "published", "split_delivery"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -142,3 +148,108 @@ def message_batch(first: int, messages: Iterable[pb.Message]) -> bytes:
 
 
 _BATCH_MESSAGES_TAG = _varint(2 << 3 | 2)
+
+
+def split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None:
+    """A delivery frame's body (no length prefix) as ``(topic, subscriber, wires, consumer_id)``, else None.
+
+    ``wires`` are the serialized ``pubsub_pb2.Message``\\ s as protobuf would hand them out:
+    ``Delivery.messages`` if any, else the one ``Delivery.message`` (``b""`` when absent). The
+    messages themselves are not parsed: the caller parses each (``hub.client_decode``). None for
+    anything else or anything unusual (a txn id, another body, an error text, an unknown or repeated
+    field, a bad length): protobuf then parses the frame and judges it, so the result is always what
+    protobuf itself would give.
+    """
+    try:
+        return _split_delivery(body)
+    except IndexError:    # a varint or length past the end
+        return None
+
+
+def _split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None:
+    n = len(body)
+    i = 0
+    start = end = -1
+    while i < n:                          # PubSubResponse
+        tag = body[i]
+        i += 1
+        if tag == 0x62:                   # delivery (12), length-delimited
+            if start >= 0:
+                return None               # twice: protobuf would merge them
+            size = body[i]
+            i += 1
+            if size >= 0x80:
+                size, i = _long_varint(body, i, size)
+            start, end = i, i + size
+            i = end
+        elif tag == 0x08 or tag == 0x10:  # protocolVersion, statusCode: nothing a delivery uses
+            i += 1
+            if body[i - 1] >= 0x80:
+                _, i = _long_varint(body, i, body[i - 1])
+        elif tag == 0x18:                 # txnId: a delivery has none
+            if body[i]:
+                return None
+            i += 1
+        elif tag == 0x2A:                 # topic (the delivery carries its own)
+            size = body[i]
+            i += 1
+            if size >= 0x80:
+                size, i = _long_varint(body, i, size)
+            i += size
+        else:
+            return None
+    if start < 0 or end > n or i != n:
+        return None
+    topic = subscriber = b""
+    wires: list[bytes] = []
+    single = b""
+    singles = consumer = 0
+    i = start
+    while i < end:                        # Delivery
+        tag = body[i]
+        i += 1
+        if tag == 0x28:                   # consumerId
+            consumer = body[i]
+            i += 1
+            if consumer >= 0x80:
+                consumer, i = _long_varint(body, i, consumer)
+                if consumer >> 64:
+                    return None
+            continue
+        size = body[i]
+        i += 1
+        if size >= 0x80:
+            size, i = _long_varint(body, i, size)
+        j = i + size
+        if j > end:
+            return None
+        if tag == 0x22:                   # messages
+            wires.append(body[i:j])
+        elif tag == 0x0A:
+            topic = body[i:j]
+        elif tag == 0x12:
+            subscriber = body[i:j]
+        elif tag == 0x1A and not singles:  # message (a second one would be merged into the first)
+            single = body[i:j]
+            singles = 1
+        else:
+            return None
+        i = j
+    if wires and singles:
+        return None
+    return topic, subscriber, wires or [single], consumer
+
+
+def _long_varint(body: bytes, i: int, first: int) -> tuple[int, int]:
+    """The varint whose first byte ``first`` (>= 0x80) was read, ending at or after ``i``; and the index after it."""
+    value = first & 0x7F
+    shift = 7
+    while True:
+        b = body[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+        if shift > 63:
+            raise IndexError("varint longer than 10 bytes")

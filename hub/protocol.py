@@ -35,9 +35,11 @@ from google.protobuf.message import DecodeError
 from bookie.errors import BKError, FrameTooLargeError
 from bookie.wire.framing import FrameDecoder, encode_frame
 from bookie.wire.txns import TxnTable
+from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
 from hub.errors import PubSubError
-from hub.frames import delivery, delivery_batch, published  # hand-assembled hot-path frames, re-exported
+from hub.frames import delivery, delivery_batch, published, split_delivery  # hand-assembled hot-path frames
+from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
 
@@ -453,17 +455,26 @@ class ResponseReceived(Generic[T]):
 
 @dataclass(frozen=True, slots=True)
 class DeliveryReceived:
-    """One delivery frame: its messages in seq order (one, or a run: ``Delivery.messages``)."""
+    """One delivery frame: its messages in seq order (one, or a run: ``Delivery.messages``).
+
+    ``decoded`` are ``hub.message.Message``\\ s, read-only and shared with every other delivery of the
+    same message in this process (``hub.client_decode``); ``messages`` gives them as protobuf messages.
+    """
 
     topic: bytes
     subscriber: bytes
-    messages: Sequence[pb.Message]
+    decoded: Sequence[Message]
     consumer: int = 0    # the consumer it is for (0: the Hedwig subscriber)
+
+    @property
+    def messages(self) -> list[pb.Message]:
+        """``decoded`` as ``pubsub_pb2.Message``\\ s (made on each call)."""
+        return [m.to_proto() for m in self.decoded]
 
     @property
     def message(self) -> pb.Message:
         """The first (for a plain delivery: the only) message."""
-        return self.messages[0]
+        return self.decoded[0].to_proto()
 
 
 @dataclass(frozen=True, slots=True)
@@ -524,16 +535,22 @@ class ClientConnection(Generic[T]):
             frames, tail = exc.frames, ConnectionBroken(str(exc))
         parse = pb.PubSubResponse.FromString
         for frame in frames:
+            split = split_delivery(frame)   # a delivery's messages as bytes, each decoded once per process
             try:
+                if split is not None:
+                    out.append(DeliveryReceived(split[0], split[1], decode_wires(split[2]), split[3]))
+                    continue
                 resp = parse(frame)
+                which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
+                if which == "delivery":
+                    d = resp.delivery
+                    out.append(DeliveryReceived(d.topic, d.subscriberId, decode_delivered(d.messages or (d.message,)),
+                                                d.consumerId))
+                    continue
             except (DecodeError, ValueError, RuntimeError) as exc:
                 tail = ConnectionBroken(f"malformed response frame: {exc}")
                 break
-            which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
-            if which == "delivery":
-                d = resp.delivery
-                out.append(DeliveryReceived(d.topic, d.subscriberId, d.messages or (d.message,), d.consumerId))
-            elif which == "subscriptionEvent":
+            if which == "subscriptionEvent":
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event, e.consumerId))
             else:

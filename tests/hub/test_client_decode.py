@@ -9,20 +9,25 @@ import pickle
 from collections.abc import Callable
 
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hub import client_decode
-from hub.client_decode import decode_delivered
+from hub.client_decode import decode_delivered, decode_wires
+from hub.frames import split_delivery
 from hub.message import EMPTY, Message, MessageId, ReadOnlyDict
 from hub.proto import pubsub_pb2 as pb
-from hub.protocol import ClientConnection, DeliveryReceived, delivery_batch
+from hub.protocol import ClientConnection, DeliveryReceived, delivery, delivery_batch, encode, response
 
 
-def _received(topic: bytes, subscriber: bytes, messages: list[Message]) -> list[pb.Message]:
-    """The pubsub_pb2.Messages a client parses from the hub's delivery frame of ``messages``."""
+def _received(topic: bytes, subscriber: bytes, messages: list[Message]) -> list[Message]:
+    """The messages a client's protocol decodes from the hub's delivery frame of ``messages``."""
     client: ClientConnection[str] = ClientConnection(max_frame_size=1 << 20)
     events = client.receive_data(delivery_batch(topic, subscriber, [m.wire for m in messages]))
     assert len(events) == 1 and isinstance(events[0], DeliveryReceived)
-    return list(events[0].messages)
+    assert (events[0].topic, events[0].subscriber) == (topic, subscriber)
+    return list(events[0].decoded)
 
 
 def _sample(n: int, **fields: object) -> list[Message]:
@@ -33,22 +38,22 @@ def _sample(n: int, **fields: object) -> list[Message]:
 
 def test_two_subscriptions_get_the_same_equal_message_object() -> None:
     sent = _sample(5)
-    first = decode_delivered(_received(b"t", b"sub-a", sent))
-    second = decode_delivered(_received(b"t", b"sub-b", sent[2:]))
+    first = (_received(b"t", b"sub-a", sent))
+    second = (_received(b"t", b"sub-b", sent[2:]))
     assert first == sent                       # every field survives the trip, equal to what was published
     assert [m.redelivery_count for m in first] == [0] * 5
     assert all(a is b for a, b in zip(first[2:], second, strict=True))   # decoded once, shared
 
 
 def test_a_different_redelivery_count_is_a_message_of_its_own() -> None:
-    plain, = decode_delivered(_received(b"t", b"s", _sample(1)))
-    again, = decode_delivered(_received(b"t", b"s", _sample(1, redelivery_count=2)))
+    plain, = (_received(b"t", b"s", _sample(1)))
+    again, = (_received(b"t", b"s", _sample(1, redelivery_count=2)))
     assert again is not plain and (plain.redelivery_count, again.redelivery_count) == (0, 2)
     assert again.body == plain.body and again.seq_id == plain.seq_id
 
 
 def test_shared_messages_are_read_only_but_still_dicts() -> None:
-    msg, = decode_delivered(_received(b"t", b"s", _sample(1)))
+    msg, = (_received(b"t", b"s", _sample(1)))
     assert isinstance(msg.properties, dict) and msg.properties == {"type": b"History", "n": b"0"}
     changes: list[Callable[[dict[str, bytes]], object]] = [
         lambda p: p.__setitem__("x", b"1"), lambda p: p.pop("type"), lambda p: p.update(x=b"1"),
@@ -70,7 +75,7 @@ def test_shared_messages_are_read_only_but_still_dicts() -> None:
 
 
 def test_read_only_messages_pickle_and_copy_as_read_only_equals() -> None:
-    msg, = decode_delivered(_received(b"t", b"s", _sample(1)))
+    msg, = (_received(b"t", b"s", _sample(1)))
     for twin in (pickle.loads(pickle.dumps(msg)), copy.deepcopy(msg), copy.copy(msg)):
         assert twin == msg
         assert isinstance(twin.properties, ReadOnlyDict)
@@ -78,7 +83,7 @@ def test_read_only_messages_pickle_and_copy_as_read_only_equals() -> None:
 
 def test_messages_without_properties_share_the_one_empty_mapping() -> None:
     bare = Message(b"x", msg_id=MessageId(9))
-    msg, = decode_delivered(_received(b"t", b"s", [bare]))
+    msg, = (_received(b"t", b"s", [bare]))
     assert msg.properties is EMPTY and msg.msg_id.remote is EMPTY and msg == bare
     with pytest.raises(TypeError):
         msg.properties["x"] = b"y"
@@ -87,21 +92,87 @@ def test_messages_without_properties_share_the_one_empty_mapping() -> None:
 
 def test_the_table_is_bounded_and_large_messages_are_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(client_decode, "MAX_ENTRIES", 3)
-    monkeypatch.setattr(client_decode, "_decoded", collections.OrderedDict())
+    monkeypatch.setattr(client_decode, "_decoded", {})
+    monkeypatch.setattr(client_decode, "_order", collections.deque())
     sent = [Message(b"m%d" % i, msg_id=MessageId(i + 1)) for i in range(5)]
-    first = decode_delivered(_received(b"t", b"s", sent))
+    first = (_received(b"t", b"s", sent))
     assert len(client_decode._decoded) == 3
-    again = decode_delivered(_received(b"t", b"s2", sent[2:]))          # the newest 3 are kept
+    again = (_received(b"t", b"s2", sent[2:]))          # the newest 3 are kept
     assert all(a is b for a, b in zip(first[2:], again, strict=True))
-    oldest, = decode_delivered(_received(b"t", b"s2", sent[:1]))        # the oldest were let go
+    oldest, = (_received(b"t", b"s2", sent[:1]))        # the oldest were let go
     assert oldest == first[0] and oldest is not first[0] and len(client_decode._decoded) == 3
     big = Message(b"x" * (client_decode.MAX_WIRE_BYTES + 1), msg_id=MessageId(99))
-    one, = decode_delivered(_received(b"t", b"s", [big]))
-    two, = decode_delivered(_received(b"t", b"s", [big]))
+    one, = (_received(b"t", b"s", [big]))
+    two, = (_received(b"t", b"s", [big]))
     assert one == two == big and one is not two and len(client_decode._decoded) == 3
+
+
+def test_a_frame_protobuf_parses_whole_decodes_to_the_same_shared_messages() -> None:
+    sent = _sample(3)
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=b"t",
+                             statusMsg="an error text: not a frame split by hand")
+    resp.delivery.topic, resp.delivery.subscriberId = b"t", b"s"
+    for m in sent:
+        resp.delivery.messages.add().CopyFrom(m.to_proto())
+    events = ClientConnection[str](max_frame_size=1 << 20).receive_data(encode(resp))
+    assert len(events) == 1 and isinstance(events[0], DeliveryReceived)
+    assert all(a is b for a, b in zip(events[0].decoded, decode_delivered(resp.delivery.messages), strict=True))
+    assert list(events[0].decoded) == sent
 
 
 def test_from_proto_stays_writable_unless_asked() -> None:
     msg = Message.from_proto(_sample(1)[0].to_proto())
     msg.properties["x"] = b"1"   # type: ignore[index]   # the hub's own messages: plain dicts, as before
     assert type(msg.properties) is dict and type(msg.msg_id.remote) is dict
+
+
+def test_the_hub_s_frames_are_split_by_hand_and_others_left_to_protobuf() -> None:
+    sent = _sample(2)
+    assert split_delivery(delivery_batch(b"t", b"s", [m.wire for m in sent], 7)[4:]) == \
+        (b"t", b"s", [m.wire for m in sent], 7)
+    assert split_delivery(delivery(b"t", b"s", sent[0].wire)[4:]) == (b"t", b"s", [sent[0].wire], 0)
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, txnId=0, topic=b"t", statusMsg="text")
+    resp.delivery.topic = b"t"
+    assert split_delivery(encode(resp)[4:]) is None
+    assert split_delivery(encode(response(3, topic=b"t"))[4:]) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.binary(max_size=12), st.binary(max_size=12), st.lists(st.binary(max_size=60), max_size=3),
+       st.booleans(), st.integers(min_value=0, max_value=2**64 - 1), st.integers(min_value=0, max_value=3),
+       st.booleans(), st.integers(min_value=0, max_value=200), st.integers(min_value=0, max_value=255),
+       st.binary(max_size=6))
+def test_a_split_frame_is_exactly_what_protobuf_parses(topic: bytes, sub: bytes, bodies: list[bytes], single: bool,
+                                                       consumer: int, txn: int, status: bool, at: int, byte: int,
+                                                       extra: bytes) -> None:
+    """Whatever the bytes (hub frames, other bodies, cut, altered, with junk after): either ``split_delivery``
+    leaves the frame to protobuf, or it gives what protobuf parses from it, and its wires fail to decode
+    exactly when protobuf refuses the frame."""
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, txnId=txn, topic=topic)
+    if status:
+        resp.statusMsg = "x"
+    resp.delivery.topic, resp.delivery.subscriberId, resp.delivery.consumerId = topic, sub, consumer
+    for i, body in enumerate(bodies):
+        target = resp.delivery.message if single and i == 0 else resp.delivery.messages.add()
+        target.CopyFrom(Message(body, {"k": body[:2]}, MessageId(i + 1)).to_proto())
+    good = encode(resp)[4:]
+    for data in (good, good[:at], good[:at] + bytes([byte]) + good[at + 1:], good + extra, extra + good):
+        split = split_delivery(data)
+        try:
+            parsed = pb.PubSubResponse.FromString(data)
+        except DecodeError:
+            parsed = None
+        if split is None:
+            continue
+        if parsed is None:
+            with pytest.raises(DecodeError):
+                decode_wires(split[2])
+            continue
+        d = parsed.delivery
+        assert parsed.txnId == 0 and parsed.WhichOneof("body") == "delivery"
+        assert split[0] == d.topic and split[1] == d.subscriberId and split[3] == d.consumerId
+        try:
+            decoded = decode_wires(split[2])
+        except DecodeError:
+            pytest.fail("protobuf parsed the frame but a wire did not decode")
+        assert decoded == [Message.from_proto(p) for p in (d.messages or (d.message,))]
