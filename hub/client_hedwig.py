@@ -161,8 +161,9 @@ class ClientSubscriptions(ClientConsumers):
                 s.wake.clear()
                 await s.wake.wait()
             msg = queue[0]
+            seq = msg.msg_id.local         # msg.seq_id, without the property call (per message per subscription)
             resets = s.resets
-            if msg.seq_id > s.last_handled:
+            if seq > s.last_handled:
                 ok = True
                 if s.filter is not None:
                     try:
@@ -174,17 +175,16 @@ class ClientSubscriptions(ClientConsumers):
                     try:
                         await s.handler(s.topic, s.sub, msg)
                     except Exception:
-                        log.exception("handler of %r/%r raised on seq %d; delivery stops", s.topic, s.sub,
-                                      msg.seq_id)
+                        log.exception("handler of %r/%r raised on seq %d; delivery stops", s.topic, s.sub, seq)
                         s.handler = None
                         return
                 if s.resets != resets:
                     continue           # reset while handled: the queue was emptied, redelivery follows
-                s.last_handled = msg.seq_id
+                s.last_handled = seq
                 if auto_consume:
                     s.unsent_consumes += 1
                     if s.unsent_consumes >= per_consume:
-                        self._send_consume(s, s.last_handled)
+                        self._send_consume(s, seq)
             queue.popleft()
             if s.conn is not None and s.conn.paused_by and len(queue) < most:
                 s.conn.paused_by.discard((s.topic, s.sub))
