@@ -198,6 +198,8 @@ class Delivery:
                     flush(batch)
                 size = size + wire if batch else wire
                 batch.append(msg)
+                if len(batch) < most and self.filter is None:
+                    run, size = self._take_hits(batch, run, size)
                 if len(batch) >= most:
                     flush(batch)
         except asyncio.CancelledError:
@@ -208,6 +210,37 @@ class Delivery:
                 log.exception("delivery of %r/%r failed", self.topic, self.subscriber)
             if self.on_error is not None:
                 self.on_error(exc)
+
+    def _take_hits(self, batch: list[Message], run: int, size: int) -> tuple[int, int]:
+        """After a cache hit: add the cached messages that follow to ``batch`` while ``_run`` would add them
+        without a wait, a flush or a filter (the usual case at the tail, per message per subscriber: the
+        same checks as ``_run``'s, on locals); returns ``run`` and ``size`` as ``_run`` keeps them.
+
+        Nothing here sends or waits, so ``last_seq``, the connection's ``writable`` and the skipped messages
+        stay as they are: each is checked once. Without a filter, moving past a message needs no
+        ``_skip_through`` unless a trim left skipped messages (then ``_run`` goes on by itself).
+        """
+        nxt = self.next_seq
+        end = min(self.last_seq(), nxt + self.batch - len(batch) - 1, nxt + _YIELD_EVERY - run - 2)
+        if self.window:
+            end = min(end, nxt + self.window - len(self.outstanding) - 1)
+        if nxt > end or self._filtered > self.consumed or not self.writable.is_set():
+            return run, size
+        cached, topic, outstanding = self.cache.cached, self.topic, self.outstanding
+        while nxt <= end:
+            msg = cached(topic, nxt)
+            if msg is None:
+                break
+            wire = len(msg.wire)
+            if size + wire > BATCH_BYTES:
+                break
+            size += wire
+            batch.append(msg)
+            outstanding.append(nxt)
+            nxt += 1
+        run += nxt - self.next_seq
+        self.next_seq = nxt
+        return run, size
 
     async def stop(self) -> None:
         task, self._task = self._task, None

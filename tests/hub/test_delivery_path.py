@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hub.delivery import _YIELD_EVERY, BATCH_BYTES, Delivery
 from hub.message import Message
 from hub.readahead import ReadAheadCache
@@ -130,3 +133,67 @@ async def test_a_batch_stays_near_batch_bytes_and_a_large_message_goes_alone() -
     await d.stop()
     assert batches == [[1, 2], [3, 4], [5], [6]]
     await cache.close()
+
+
+async def _batches_sent(sizes: list[int], window: int, batch: int, persisted: int, consumes: list[int],
+                        fast: bool) -> list[list[int]]:
+    """The batches a Delivery sends of cached messages 1..len(sizes) (``sizes``: body bytes), persisted up to
+    ``persisted`` then to the end, consuming at each of ``consumes`` once delivery has stopped at its window."""
+    n = len(sizes)
+    ledgers = FakeLedgers({b"t": n})
+    ledgers.topics[b"t"] = [msg(seq, size) for seq, size in enumerate(sizes, start=1)]
+    cache = ReadAheadCache(Conf(readahead_count=n), ledgers, last_seq=lambda topic: n)
+    await read(cache, b"t", 1)
+    await settle(cache)                     # 1..n cached
+    batches: list[list[int]] = []
+    arrived = asyncio.Event()
+    last = persisted
+
+    def send(topic: bytes, subscriber: bytes, messages: list[Message]) -> None:
+        batches.append([m.seq_id for m in messages])
+        arrived.set()
+
+    writable = asyncio.Event()
+    writable.set()
+    d = Delivery(b"t", b"s", 0, cache=cache, last_seq=lambda: last, send=send, writable=writable,
+                 window=window, batch=batch)
+    if not fast:
+        d._take_hits = lambda batch, run, size: (run, size)   # type: ignore[method-assign]
+    consumed = 0
+
+    async def sent_through() -> None:
+        upto = min(last, consumed + window) if window else last
+        while upto and (not batches or batches[-1][-1] < upto):
+            arrived.clear()
+            await asyncio.wait_for(arrived.wait(), TIMEOUT)
+
+    d.start()
+    await sent_through()
+    last = n
+    d.wake()
+    await sent_through()
+    for seq in sorted(consumes):
+        consumed = max(consumed, min(seq, batches[-1][-1]))
+        d.consumed_up_to(consumed)
+        await sent_through()
+    await d.stop()
+    await cache.close()
+    return batches
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([10, 100, BATCH_BYTES // 3, BATCH_BYTES * 2]), min_size=1, max_size=150),
+       st.integers(min_value=0, max_value=40), st.integers(min_value=1, max_value=70),
+       st.integers(min_value=0, max_value=150), st.lists(st.integers(min_value=1, max_value=150), max_size=6))
+def test_runs_of_hits_taken_at_once_are_sent_exactly_as_one_by_one(sizes: list[int], window: int, batch: int,
+                                                                      persisted: int, consumes: list[int]) -> None:
+    """``Delivery._take_hits`` (a run of cache hits on locals) changes no batch: the same messages in the same
+    frames as the message-at-a-time loop, under any window, batch size, message sizes and consumes."""
+    persisted = min(persisted, len(sizes))
+    if window:
+        consumes = [*consumes, *range(window, len(sizes) + window, window)]   # enough to deliver them all
+    fast = asyncio.run(_batches_sent(sizes, window, batch, persisted, consumes, fast=True))
+    slow = asyncio.run(_batches_sent(sizes, window, batch, persisted, consumes, fast=False))
+    assert fast == slow
+    assert [seq for b in fast for seq in b] == list(range(1, len(sizes) + 1))
+    assert all(len(b) <= batch for b in fast)
