@@ -36,6 +36,7 @@ at a consume, and every so often during a long run).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import logging
 from collections.abc import Callable
@@ -101,8 +102,13 @@ class Delivery:
     def consumed_up_to(self, seq: int) -> None:
         if seq > self.consumed:
             self.consumed = seq
-        while self.outstanding and self.outstanding[0] <= self.consumed:
-            self.outstanding.popleft()
+        outstanding = self.outstanding       # seq order: the consumed ones are a prefix
+        if outstanding and outstanding[0] <= self.consumed:
+            if outstanding[-1] <= self.consumed:
+                outstanding.clear()
+            else:
+                for _ in range(bisect.bisect_right(outstanding, self.consumed)):
+                    outstanding.popleft()
         self._skip_through(self.next_seq - 1)
         self._wake.set()
 
