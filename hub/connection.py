@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors, protocol, tracing
 from hub.delayed import resolve_due
+from hub.frames import delivery_run
 from hub.message import Message
 from hub.owned_topics import Redirect
 from hub.persistence import TopicLog
@@ -277,7 +278,7 @@ class HubConnection(asyncio.Protocol):
         if len(messages) == 1:
             self._write(protocol.delivery(topic, subscriber, messages[0].wire))
         else:
-            self._write(protocol.delivery_batch(topic, subscriber, [m.wire for m in messages]))
+            self._write(delivery_run(topic, subscriber, messages))   # the run's bytes shared by its subscribers
         self.server.stats.incr("messages_delivered", len(messages))
 
     def send_event(self, topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> None:

@@ -310,3 +310,22 @@ def test_a_message_batch_entry_is_what_protobuf_serializes(first: int, fields: l
     entry = pb.MessageBatch(first_local_seq_id=first)
     entry.messages.extend(messages)
     assert message_batch(first, messages) == entry.SerializeToString()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=3),
+       st.lists(st.tuples(st.binary(max_size=200), st.integers(min_value=1, max_value=2**63)), min_size=2,
+                max_size=8))
+def test_a_run_built_once_gives_every_subscription_delivery_batch_s_frame(
+        subscribers: list[bytes], messages: list[tuple[bytes, int]]) -> None:
+    """``delivery_run`` (the run's message fields assembled once, shared by the subscriptions that get it) is
+    byte for byte ``delivery_batch`` for each subscriber, and another run of as many messages gets its own."""
+    from hub.frames import delivery_run
+    from hub.message import Message, MessageId
+
+    msgs = [Message(body, {"k": body[:3]}, MessageId(seq)) for body, seq in messages]
+    other = [Message(body + b"!", msg_id=MessageId(seq)) for body, seq in messages]
+    for sub in subscribers:
+        assert delivery_run(b"topic", sub, msgs) == delivery_batch(b"topic", sub, [m.wire for m in msgs])
+        assert delivery_run(b"topic", sub, other) == delivery_batch(b"topic", sub, [m.wire for m in other])
+        assert delivery_run(b"topic", sub, msgs[1:]) == delivery_batch(b"topic", sub, [m.wire for m in msgs[1:]])
