@@ -421,6 +421,7 @@ class HubAdmin:
                     removed_subs.append(_name(sub))
                 server.topics.pop(topic, None)
                 await t.log.release()          # publishes drained, the current ledger closed
+                t.detach()
                 server.cache.release_topic(topic)
                 if server.regions is not None:
                     await server.regions.topic_released(topic)

@@ -237,5 +237,6 @@ class OwnedTopics:
                 await self.ownership.release(topic)
                 self.ownership.num_topics = len(self.topics)
         finally:
+            t.detach()   # no reference cycle left behind (hub.gcwatch freezes what acquisitions built)
             self.releasing.discard(topic)
         log.info("released topic %r", topic)

@@ -45,6 +45,17 @@ class Topic:
         self._old_at = self._mid_at = self.last_active
         self._old_seq = self._mid_seq = log_.last_seq
 
+    def detach(self) -> None:
+        """Break the references between the parts of a topic given up (released or deleted, its log released).
+
+        The log holds the quota's gate and compaction's hold, which hold the
+        log: without this a released topic is a reference cycle that only a
+        full collection frees, and the objects of topics acquired in a burst
+        are frozen (``hub.gcwatch``), out of every collection's reach.
+        """
+        self.log.gate = None
+        self.log.keep_from = None
+
     def sample_rate(self, now: float) -> None:
         if now - self._mid_at >= RATE_WINDOW / 2:
             self._old_at, self._old_seq = self._mid_at, self._mid_seq

@@ -31,6 +31,33 @@ def test_no_full_collection_starts_while_acquiring_and_the_threshold_returns_onc
         watch.stop()
 
 
+class _Built:
+    """Something an acquisition built (a container the collector tracks)."""
+
+    def __init__(self) -> None:
+        self.parts: list[object] = [[], {}]
+
+
+def test_what_the_acquisitions_built_is_frozen_once_quiet_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = HubStats()
+    watch = GcWatch(stats)
+    gc.unfreeze()
+    try:
+        with watch.deferring():
+            built = [_Built() for _ in range(1000)]
+        assert gc.get_freeze_count() == 0 and not stats.counters["gc_freezes"]   # not yet quiet
+        monkeypatch.setattr(hub.gcwatch, "QUIET_SECONDS", 0.0)
+        watch.check()
+        assert stats.counters["gc_freezes"] == 1
+        assert gc.get_freeze_count() >= 3 * len(built)        # the acquisitions' objects: no walk sees them
+        assert not any(o is built for o in gc.get_objects(2))
+        watch.check()
+        assert stats.counters["gc_freezes"] == 1             # once per run of acquisitions
+    finally:
+        watch.stop()
+    assert gc.get_freeze_count() == 0                         # the hub stopped: unfrozen
+
+
 def test_a_stream_of_acquisitions_defers_no_longer_than_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     watch = GcWatch(HubStats())
     before = gc.get_threshold()
