@@ -147,8 +147,16 @@ class Ownership:
             target = await self._least_loaded(topic)
             if not same_hub(target, self.me):
                 return str(hub_address(target))
-        self.versions[topic] = await self.owners.write_owner_info(
-            topic, self.me, Version.NEW, session=None if self.cas_mode else self.session)
+        session = None if self.cas_mode else self.session
+        try:
+            self.versions[topic] = await self.owners.write_owner_info(topic, self.me, Version.NEW, session=session)
+        except errors.PubSubError:
+            if session is not None and not session.alive:
+                # the lease lapsed under the claim (a renewal late behind a busy event loop): retryable, as
+                # a claim that found the session lost before it started
+                raise errors.ServiceDownError(f"cannot claim {topic!r}: this hub's metastore session is not "
+                                              f"alive; retry") from None
+            raise
         return None
 
     async def release(self, topic: bytes) -> None:

@@ -5,7 +5,8 @@ third-party stores) subclasses ``LeaseBackedMetaStore`` and implements
 ``_open_raw_table(name, scannable)``; it then gets, for free:
 
 * sessions: ``sess = await store.session(timeout=2.0)`` writes a lease record
-  in the hidden table ``__sessions`` and heart-beats it every ``timeout/3``;
+  in the hidden table ``__sessions`` and heart-beats it every ``timeout/3``
+  (from a thread of its own where the backend sets ``renew_in_thread``);
 * ephemeral keys: ``await sess.put_ephemeral(table, key, value)`` stores the
   record with the hidden field ``LEASE_FIELD`` naming the session;
 * sweeping: every read (``get``, cursors) and every create that meets an
@@ -22,9 +23,11 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -264,6 +267,8 @@ class LeaseSession(Session):
         """Longest a renewal woke past its time (event-loop lag), seconds."""
         self.longest_write = 0.0
         """Longest a renewal's write took, seconds."""
+        self._thread: threading.Thread | None = None     # renew_in_thread: the heartbeat's thread and loop
+        self._thread_loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def alive(self) -> bool:
@@ -272,7 +277,27 @@ class LeaseSession(Session):
     async def start(self) -> None:
         await self._beat(create=True)
         self._alive = True
-        self._task = asyncio.get_running_loop().create_task(self._heartbeat())
+        if not self._store.renew_in_thread:
+            self._task = asyncio.get_running_loop().create_task(self._heartbeat())
+            return
+        started = threading.Event()
+        self._thread = threading.Thread(target=self._run_heartbeat, args=(started,), daemon=True,
+                                        name=f"lease-{self.session_id}")
+        self._thread.start()
+        await asyncio.to_thread(started.wait)
+
+    def _run_heartbeat(self, started: threading.Event) -> None:
+        """The heartbeat on a thread and event loop of its own (``LeaseBackedMetaStore.renew_in_thread``)."""
+        loop = asyncio.new_event_loop()
+        try:
+            self._thread_loop = loop
+            self._task = loop.create_task(self._heartbeat())
+            started.set()
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(self._task)
+        finally:
+            started.set()
+            loop.close()
 
     async def _beat(self, create: bool = False) -> None:
         expires = time.time() + self.timeout
@@ -330,6 +355,14 @@ class LeaseSession(Session):
         if not self._alive and self._task is None:
             return
         self._alive = False
+        if self._thread is not None:
+            task, loop, thread = self._task, self._thread_loop, self._thread
+            if task is not None and loop is not None:
+                with contextlib.suppress(RuntimeError):    # its loop already closed: the heartbeat ended
+                    loop.call_soon_threadsafe(task.cancel)
+            await asyncio.to_thread(thread.join, 10.0)
+            self._thread = self._thread_loop = None
+            self._task = None
         if self._task is not None:
             self._task.cancel()
             self._task = None
@@ -358,6 +391,11 @@ class LeaseBackedMetaStore(MetaStore):
     table_class: type[LeasedTable] = LeasedTable
     """Wrappers for plain and scannable tables; a backend may subclass them for fast paths."""
     scannable_table_class: type[LeasedScannableTable] = LeasedScannableTable
+    renew_in_thread = False
+    """Heart-beat each session from a thread and event loop of its own, not the caller's loop: a renewal
+    then comes on time however long the application's loop is busy (as a ZooKeeper client's pings do).
+    Only for a backend whose writes may run from any event loop (``lmdb``'s writer thread settles each
+    write on the loop that queued it)."""
 
     def __init__(self, options: LeaseOptions | None = None) -> None:
         if options is not None:

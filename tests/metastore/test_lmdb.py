@@ -13,6 +13,7 @@ import pytest
 
 from metastore import Value, Version, open_metastore
 from metastore.errors import BadVersionError, IllegalOpError, NoKeyError, ServiceDownError
+from metastore.proto.metastore_pb2 import LeaseRecord
 
 
 def _in_child(path: Path, body: str) -> list[str]:
@@ -415,3 +416,25 @@ async def test_session_renews_while_a_write_backlog_drains(tmp_path: Path) -> No
         await asyncio.wait_for(asyncio.gather(*backlog), 30)
         await sess.close()
         await ms.close()
+
+
+async def test_session_renews_while_the_event_loop_is_blocked(tmp_path: Path) -> None:
+    """Issue 34: the lease is renewed from a thread of its own, so an event loop busy for longer than the
+    lease (a hub acquiring thousands of topics at once) does not lose it. On a loop-driven heartbeat the
+    session had expired when the loop came back. ``close`` stops the thread and removes the lease."""
+    from metastore.lease import SESSIONS_TABLE
+
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    sess = await ms.session(timeout=0.6)
+    try:
+        time.sleep(2.0)                 # the loop blocked: 3 leases, about 10 renewals due meanwhile
+        assert sess.alive, "the session expired while the event loop was blocked"
+        raw = await ms._open_raw_table(SESSIONS_TABLE, False)  # type: ignore[attr-defined]
+        renewed = LeaseRecord.FromString((await raw.get(sess.session_id)).value["lease"])
+        assert renewed.expires_ms / 1000 > time.time()          # the stored lease is current too
+    finally:
+        await sess.close()
+    assert not sess.alive and not any(t.name.startswith("lease-") for t in threading.enumerate())
+    with pytest.raises(NoKeyError):
+        await raw.get(sess.session_id)
+    await ms.close()
