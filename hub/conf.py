@@ -114,7 +114,7 @@ class HubConf:
                                                           "it sheds topics (percent)", min=0)
     rebalance_max_shed: int = setting(50, "most topics one rebalance releases", min=1)
     max_concurrent_topic_loads: int = setting(
-        64, "topics a hub acquires at once (claim, ranges and subscriptions read, recovery of the last ledger) "
+        512, "topics a hub acquires at once (claim, ranges and subscriptions read, recovery of the last ledger) "
             "and, separately, first ledgers it starts at once; more wait their turn, none fails (Pulsar's "
             "maxConcurrentTopicLoadRequest)", min=1)
     messages_consumed_thread_run_interval: int = setting(
