@@ -54,6 +54,7 @@ from metastore.api import (
 from metastore.conf import setting
 from metastore.errors import BadVersionError, IllegalOpError, KeyExistsError, MetastoreError, NoKeyError
 from metastore.proto.metastore_pb2 import LeaseRecord
+from metastore.tasks import spawn
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,8 @@ class LeasedTable(MetastoreTable):
         self.raw = raw
         self._leases = leases
         self._watches = watches
+        self._sweeps: set[asyncio.Task[None]] = set()
+        """Sweeps a read started and did not wait for (``_live(..., wait=False)``)."""
 
     @property
     def closed(self) -> bool:
@@ -133,17 +136,33 @@ class LeasedTable(MetastoreTable):
         if self._closed:
             raise IllegalOpError("table is closed")
 
-    async def _live(self, key: str, got: Versioned) -> bool:
-        """False (after sweeping it) when ``got`` is an ephemeral record of an expired session."""
+    async def _live(self, key: str, got: Versioned, wait: bool = True) -> bool:
+        """False when ``got`` is an ephemeral record of an expired session, which is swept: before this
+        returns, or (``wait=False``, a read) meanwhile.
+
+        A read need not wait: the record is absent for every reader either way, the sweep is a CAS on
+        the expired record's version (it never removes a record written since), and a create that meets
+        the record before the sweep lands sweeps it itself (``_put``). A takeover's claim reads each
+        topic's dead owner record and then creates its own: on LMDB the two writes now share a group
+        commit instead of waiting for one each (issue 34).
+        """
         owner = got.value.get(LEASE_FIELD)
         if owner is None or not await self._leases.expired(owner.decode()):
             return True
+        if wait:
+            await self._sweep(key, got.version, owner.decode())
+        else:
+            spawn(self._sweeps, self._sweep(key, got.version, owner.decode()), name="sweep")
+        return False
+
+    async def _sweep(self, key: str, version: Version, owner: str) -> None:
         try:
-            await self.raw.remove(key, got.version)
-            log.info("swept expired ephemeral key %s/%s (session %s)", self.name, key, owner.decode())
+            await self.raw.remove(key, version)
+            log.debug("swept expired ephemeral key %s/%s (session %s)", self.name, key, owner)
         except (NoKeyError, BadVersionError):
             pass
-        return False
+        except MetastoreError as exc:   # the record stays expired: the next reader sweeps it
+            log.info("sweep of expired ephemeral key %s/%s failed: %s", self.name, key, exc)
 
     @staticmethod
     def _with_lease(fields: Fields) -> Fields:
@@ -165,7 +184,7 @@ class LeasedTable(MetastoreTable):
         if fields is not ALL_FIELDS:
             fields = check_fields(fields)
         got = await self.raw.get(key, self._with_lease(fields))
-        if LEASE_FIELD in got.value and not await self._live(key, got):
+        if LEASE_FIELD in got.value and not await self._live(key, got, wait=False):
             raise NoKeyError(f"{self.name}/{key}")
         if watcher is not None:
             if self._watches is None:
@@ -208,6 +227,8 @@ class LeasedTable(MetastoreTable):
 
     async def close(self) -> None:
         self._closed = True
+        for task in list(self._sweeps):
+            task.cancel()
 
 
 class LeasedScannableTable(LeasedTable, MetastoreScannableTable):
