@@ -438,3 +438,44 @@ async def test_session_renews_while_the_event_loop_is_blocked(tmp_path: Path) ->
     with pytest.raises(NoKeyError):
         await raw.get(sess.session_id)
     await ms.close()
+
+
+async def test_a_read_answers_an_expired_ephemeral_key_absent_and_a_create_right_after_wins(tmp_path: Path) -> None:
+    """Issue 34: a read that meets an expired session's ephemeral key answers ``NoKeyError`` without
+    waiting for the sweep (it answers while no write can commit; it used to wait for the sweep's commit).
+    The sweep (a CAS on the dead record's version) and a create queued right behind it both land, in
+    that order, and the created record is the one that stays (a takeover's read-then-claim)."""
+    from metastore.lease import LEASE_FIELD
+
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    try:
+        owners = await ms.create_table("owners")
+        raw = owners.raw  # type: ignore[attr-defined]
+        for i in range(50):   # records of a session that never renewed (no lease record: expired)
+            await raw.put(f"t{i}", Value({"o": b"dead", LEASE_FIELD: b"gone:1:0"}), Version.NEW)
+        writer = ms.shared.writer  # type: ignore[attr-defined]
+        gate, inside = threading.Event(), threading.Event()
+
+        def hold(txn: object) -> None:
+            inside.set()
+            assert gate.wait(timeout=30)
+
+        held = writer.submit(hold, ())       # no write commits meanwhile: a read that waited would hang
+        assert await asyncio.to_thread(inside.wait, 30)
+        try:
+            with pytest.raises(NoKeyError):
+                await asyncio.wait_for(owners.get("t0"), 5)
+        finally:
+            gate.set()
+            await held
+        sess = await ms.session(timeout=5.0)
+        for i in range(50):
+            with pytest.raises(NoKeyError):
+                await owners.get(f"t{i}")
+            await sess.put_ephemeral(owners, f"t{i}", Value({"o": b"me"}))   # no KeyExistsError
+        for i in range(50):
+            assert (await owners.get(f"t{i}")).value == Value({"o": b"me"})
+            assert (await raw.get(f"t{i}")).value[LEASE_FIELD] == sess.session_id.encode()
+        await sess.close()
+    finally:
+        await ms.close()
