@@ -23,11 +23,15 @@ So:
   takeover, each walk longer than the last. The young generations are still
   collected (the garbage an acquisition makes is mostly young);
 * once no acquisition started or ended for ``QUIET_SECONDS`` (or after
-  ``MAX_DEFER_SECONDS`` of acquisitions without such a pause) the young
-  generations are collected and everything that survived is frozen too,
-  instead of the one full collection that used to follow: that walk of a
-  heap holding 10 000 topics took 2-3 s on a loaded 2-core machine, longer
-  than a 2 s lease (``gc_freezes``: ``hub_events_total{event="gc_freezes"}``).
+  ``MAX_DEFER_SECONDS`` of acquisitions without such a pause), after a run
+  of at least ``FREEZE_AFTER`` acquisitions (a failover, a cold start, a
+  burst), the young generations are collected and everything that survived
+  is frozen too, instead of the one full collection that used to follow:
+  that walk of a heap holding 10 000 topics took 2-3 s on a loaded 2-core
+  machine, longer than a 2 s lease (``gc_freezes``:
+  ``hub_events_total{event="gc_freezes"}``). A shorter run is followed by
+  the full collection as before (its walk is short: what earlier freezes
+  hold is not walked), so what a freeze holds is what bursts built.
   Frozen objects are still freed by reference counting; only a reference
   cycle among them would never be collected (until ``stop``). An acquisition
   leaves no cyclic garbage, and a topic given up breaks its own cycles
@@ -57,7 +61,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_DEFER_SECONDS", "QUIET_SECONDS", "GcWatch"]
+__all__ = ["FREEZE_AFTER", "MAX_DEFER_SECONDS", "QUIET_SECONDS", "GcWatch"]
+
+FREEZE_AFTER = 500
+"""Acquisitions in one run after which what the run built is frozen rather than walked (see the module docstring)."""
 
 QUIET_SECONDS = 1.0
 """Full collections start again once no acquisition started or ended for this long."""
@@ -80,6 +87,7 @@ class GcWatch:
         self._deferred_since = 0.0       # when the current run of acquisitions began
         self._last_change = 0.0          # when an acquisition last started or ended
         self._threshold2: int | None = None   # the full-collection threshold while deferred (restored after)
+        self._run_acquisitions = 0       # acquisitions started in the current run
 
     def start(self) -> None:
         gc.collect()
@@ -100,7 +108,9 @@ class GcWatch:
         now = time.monotonic()
         if self._threshold2 is None and now - self._last_change >= QUIET_SECONDS:
             self._deferred_since = now   # a new run of acquisitions
+            self._run_acquisitions = 0
         self._deferring += 1
+        self._run_acquisitions += 1
         self._last_change = now
         if self._threshold2 is None and now - self._deferred_since < MAX_DEFER_SECONDS:
             t0, t1, self._threshold2 = gc.get_threshold()
@@ -128,7 +138,7 @@ class GcWatch:
 
     def _resume(self, freeze: bool = True) -> None:
         if self._threshold2 is not None:
-            if freeze:   # what the acquisitions built, out of every later walk (see the module docstring)
+            if freeze and self._run_acquisitions >= FREEZE_AFTER:   # a burst's objects: walked by no collection
                 gc.collect(1)
                 gc.freeze()
                 self.stats.incr("gc_freezes")

@@ -43,8 +43,10 @@ def test_what_the_acquisitions_built_is_frozen_once_quiet_not_walked(monkeypatch
     watch = GcWatch(stats)
     gc.unfreeze()
     try:
-        with watch.deferring():
-            built = [_Built() for _ in range(1000)]
+        monkeypatch.setattr(hub.gcwatch, "FREEZE_AFTER", 3)
+        for _ in range(3):                    # a burst (three acquisitions here)
+            with watch.deferring():
+                built = [_Built() for _ in range(1000)]
         assert gc.get_freeze_count() == 0 and not stats.counters["gc_freezes"]   # not yet quiet
         monkeypatch.setattr(hub.gcwatch, "QUIET_SECONDS", 0.0)
         watch.check()
@@ -53,6 +55,10 @@ def test_what_the_acquisitions_built_is_frozen_once_quiet_not_walked(monkeypatch
         assert not any(o is built for o in gc.get_objects(2))
         watch.check()
         assert stats.counters["gc_freezes"] == 1             # once per run of acquisitions
+        with watch.deferring():               # a short run: the full collection follows as before
+            pass
+        watch.check()
+        assert stats.counters["gc_freezes"] == 1 and gc.get_threshold()[2] < 1_000_000
     finally:
         watch.stop()
     assert gc.get_freeze_count() == 0                         # the hub stopped: unfrozen
