@@ -95,3 +95,31 @@ def test_a_long_collection_is_counted_and_logged(caplog: pytest.LogCaptureFixtur
     n = stats.counters["gc_slow_pauses"]
     gc.collect()
     assert stats.counters["gc_slow_pauses"] == n  # stopped: no longer timed
+
+
+def test_in_a_burst_young_collections_are_rarer_and_what_survives_them_is_frozen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = HubStats()
+    watch = GcWatch(stats)
+    before = gc.get_threshold()
+    monkeypatch.setattr(hub.gcwatch, "FREEZE_AFTER", 3)
+    watch.start()
+    gc.unfreeze()
+    try:
+        with watch.deferring(), watch.deferring():
+            assert gc.get_threshold()[0] == before[0]            # two acquisitions: not a burst yet
+            with watch.deferring():                            # the third: a burst
+                assert gc.get_threshold()[0] == hub.gcwatch.BURST_YOUNG_THRESHOLD
+                built = [_Built() for _ in range(1000)]
+                gc.collect(0)                                  # a young collection, as the allocations start one
+                assert stats.counters["gc_freezes"] == 1
+                assert gc.get_freeze_count() >= 3 * len(built)   # its survivors: no later walk sees them
+        monkeypatch.setattr(hub.gcwatch, "QUIET_SECONDS", 0.0)
+        watch.check()
+        assert gc.get_threshold() == before                    # the burst is over: CPython's thresholds again
+        n = stats.counters["gc_freezes"]
+        gc.collect(0)
+        assert stats.counters["gc_freezes"] == n               # young collections no longer freeze
+    finally:
+        watch.stop()
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == before
