@@ -117,6 +117,7 @@ class HubHousekeeping:
                     next_rebalance = now + rebalance_every
                     await self.shed_load()
                 if self.session is not None and not self.session.alive:
+                    self.stats.incr("sessions_lost")   # hub_events_total{event="sessions_lost"}
                     log.warning("metastore session lost: releasing every topic")
                     for topic in list(self.topics):
                         await self.release_topic(topic)

@@ -21,7 +21,9 @@ prints one JSON line per case:
   ``--takeover-topics`` topics hub 0 had acquired last through hub 1, 512
   in flight: hub 1 claims each, recovery-opens its ledger (fencing), reads its
   last entry and starts a new ledger. ``seconds`` counts from the lease
-  expiry to the last publish answered. With ``--takeover-topics`` above what
+  expiry to the last publish answered; ``hub_sessions_lost`` (0 expected: a
+  hub that loses its lease loses every topic), ``hub_gc_slow_pauses`` and
+  ``hub_gc_freezes`` are hub 1's counts. With ``--takeover-topics`` above what
   the acquisitions made, more topics are acquired first (untimed).
 * ``spread_publish``: ``--spread-topics`` (2000) topics owned by hub 1, one
   client with ``--depth`` publishes in flight, ``--messages`` messages
@@ -120,6 +122,28 @@ async def wait_owner_gone(uri: str, topic: bytes, timeout: float = 120.0) -> flo
     return time.perf_counter() - t0
 
 
+HUB_EVENTS = ("sessions_lost", "gc_slow_pauses", "gc_freezes")
+"""What the takeover line reports of the hub taking over: a lost session (its lease) loses every topic it
+took over; long collection pauses are what used to lose it (hub.gcwatch)."""
+
+
+async def hub_events(stats_url: str) -> dict[str, int]:
+    """``HUB_EVENTS`` counted by a hub so far, from its ``/metrics`` (``hub_events_total{event}``)."""
+    import urllib.request
+
+    def fetch() -> str:
+        with urllib.request.urlopen(stats_url, timeout=10) as resp:
+            return str(resp.read().decode())
+
+    text = await asyncio.to_thread(fetch)
+    counts = dict.fromkeys(HUB_EVENTS, 0)
+    for line in text.splitlines():
+        for event in HUB_EVENTS:
+            if line.startswith(f'hub_events_total{{event="{event}"}}'):
+                counts[event] = int(float(line.rsplit(" ", 1)[1]))
+    return {f"hub_{k}": v for k, v in counts.items()}
+
+
 def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> dict[str, Any]:
     ok = len(out.latencies) - out.errors
     line: dict[str, Any] = {"bench": "topics", "case": case, "metastore": args.metastore, **extra,
@@ -172,7 +196,8 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             loop.run(cluster.kill_hub(0))
             lease = loop.run(wait_owner_gone(cluster.metastore_uri, takeover[-1]))
             out = loop.run(publish_each(hub1, takeover, 512))
-            yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2))
+            yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2),
+                        **loop.run(hub_events(cluster.stats_urls[1])))
 
             spread = names("spread", args.spread_topics)
             loop.run(publish_each(hub1, spread, 512))     # acquired, first ledgers open: not timed
