@@ -44,23 +44,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
-__all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd"]
+__all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd", "Persisted"]
 
 
 Done = Callable[[int, BaseException | None], None]
 """A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
 Batch = list[tuple[pb.Message, Done]]
+Persisted = Callable[[bytes, int, list[pb.Message], list[bytes]], None]
+"""``on_persisted(topic, first, messages, wires)``: an acknowledged entry's messages (seq ids ``first``,
+``first + 1``, ...; their ``msgId`` is not set) and each one's serialization as stored."""
 
 
 class InflightAdd:
     """One entry sent to the ledger: its batch and, once the add's callback ran, the outcome."""
 
-    __slots__ = ("batch", "error", "first", "lh", "settled")
+    __slots__ = ("batch", "error", "first", "lh", "settled", "wires")
 
-    def __init__(self, lh: LedgerHandle, first: int, batch: Batch) -> None:
+    def __init__(self, lh: LedgerHandle, first: int, batch: Batch, wires: list[bytes]) -> None:
         self.lh = lh
         self.first = first
         self.batch = batch
+        self.wires = wires              # each message serialized, as in the entry
         self.settled = False
         self.error: BaseException | None = None
 
@@ -94,7 +98,7 @@ class EntryBatcher:
     last_write_ms: int
     lh: LedgerHandle | None
     entries_in_ledger: int
-    on_persisted: Callable[[bytes, list[pb.Message]], None] | None
+    on_persisted: Persisted | None
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
     _index: dict[int, EntryIndex]
@@ -282,10 +286,11 @@ class EntryBatcher:
 
     def _send(self, batch: Batch) -> None:
         first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
-        entry = message_batch(first, [m for m, _ in batch])
+        wires: list[bytes] = []
+        entry = message_batch(first, [m for m, _ in batch], wires)
         lh = self.lh
         assert lh is not None          # _pump sends only into an open ledger
-        add = InflightAdd(lh, first, batch)
+        add = InflightAdd(lh, first, batch, wires)
         self._inflight.append(add)
         self.entries_in_ledger += 1
         if tracing.MESSAGES:   # a sampled publish is in it (hub.tracing): watched before its frames are made
@@ -398,11 +403,8 @@ class EntryBatcher:
         idx.append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
-        msgs = []
-        for seq, (m, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
-            m.msgId.localComponent = seq
-            msgs.append(m)
+        for seq, (_, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
             _call(done, seq, None)
         self._snapshot_soon(len(batch))
         if self.on_persisted is not None:
-            self.on_persisted(self.topic, msgs)
+            self.on_persisted(self.topic, first, [m for m, _ in batch], add.wires)

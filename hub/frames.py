@@ -172,17 +172,21 @@ def _published_tail(topic: bytes) -> bytes:
     return (_field(b"\x2a", topic) if topic else b"") + _PUBLISH_RESPONSE_TAG
 
 
-def message_batch(first: int, messages: Iterable[pb.Message]) -> bytes:
+def message_batch(first: int, messages: Iterable[pb.Message], wires: list[bytes] | None = None) -> bytes:
     """A ledger entry: the serialized ``MessageBatch(first_local_seq_id=first, messages=messages)``.
 
     Put together from each message's own serialization (the hub's publish
     path, one per entry): byte for byte what protobuf serializes (tested),
     without building and copying into a ``MessageBatch``, which cost about
-    twice as much.
+    twice as much. ``wires``: a list that also gets each message's
+    serialization, in order (the owner builds its deliveries from them,
+    ``hub.message.Message.persisted``).
     """
     parts = [b"\x08" + _varint(first)] if first else []   # first_local_seq_id (varint 1)
     for message in messages:
         wire = message.SerializeToString()
+        if wires is not None:
+            wires.append(wire)
         parts.append(_BATCH_MESSAGES_TAG + _varint(len(wire)))   # messages (2), length-delimited
         parts.append(wire)
     return b"".join(parts)

@@ -26,6 +26,7 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from bookie.wire.framing import varint
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["EMPTY", "Message", "MessageId", "ReadOnlyDict", "SubscriptionPreferences"]
@@ -170,6 +171,60 @@ class Message:
         out = pb.Message.FromString(self.wire)
         out.redeliveryCount = count
         return out.SerializeToString()
+
+    @classmethod
+    def persisted(cls, msg: pb.Message, seq: int, wire: bytes) -> Message:
+        """``from_proto(msg, keep_wire=True)`` of ``msg`` with its local seq id set to ``seq``; ``msg`` itself
+        is left as it is. ``wire`` is ``msg`` serialized (as the owner stored it, without a seq id).
+
+        The owner's publish path, once per stored message (the read-ahead
+        cache): ``wire`` gets the msg id where protobuf puts it (field 3,
+        after ``body`` and ``srcRegion``), byte for byte what protobuf
+        serializes (tested), without reading or writing ``msg``'s
+        sub-messages, which is what costs most in ``from_proto``. A message
+        that carries a msg id already (a region's) takes the plain way.
+        """
+        if msg.HasField("msgId"):
+            copy = pb.Message()
+            copy.CopyFrom(msg)
+            copy.msgId.localComponent = seq
+            return cls.from_proto(copy, keep_wire=True)
+        out = _new(cls)
+        fields = out.__dict__
+        body = msg.body
+        region = msg.srcRegion
+        fields["body"] = body
+        if msg.HasField("header"):
+            header = msg.header
+            fields["properties"] = {e.key: e.value for e in header.properties.entries}
+            fields["message_type"] = header.messageType
+        else:
+            fields["properties"] = {}
+            fields["message_type"] = ""
+        msg_id = _new(MessageId)
+        msg_id.__dict__.update(local=seq, remote={})
+        fields["msg_id"] = msg_id
+        name = _REGION_NAMES.get(region)
+        if name is None:
+            name = region.decode("utf-8", "replace")
+            if len(_REGION_NAMES) < 64:
+                _REGION_NAMES[region] = name
+        fields["src_region"] = name
+        fields["key"] = msg.key if msg.HasField("key") else None
+        fields["publish_time_ms"] = msg.publishTimeMs
+        fields["redelivery_count"] = msg.redeliveryCount
+        fields["deliver_at_ms"] = msg.deliverAtMs
+        # body (1) and srcRegion (2) come first, each as tag, length, bytes; an empty one is not written
+        at = (len(body) + 1 + len(varint(len(body))) if body else 0) + \
+            (len(region) + 1 + len(varint(len(region))) if region else 0)
+        local = varint(seq)   # msgId (3) { localComponent (1) }: under 128 bytes, so one-byte lengths
+        fields["wire"] = b"".join((wire[:at], b"\x1a", _ONE_BYTE[len(local) + 1], b"\x08", local, wire[at:]))
+        return out
+
+
+_REGION_NAMES: dict[bytes, str] = {}
+"""``Message.persisted``'s decoded region names (a hub stores messages of a handful of regions)."""
+_ONE_BYTE = [bytes([i]) for i in range(128)]
 
 
 @dataclass(frozen=True)

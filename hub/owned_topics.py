@@ -187,14 +187,16 @@ class OwnedTopics:
     def _quota_refused(self, which: str) -> None:
         self.stats.incr(f"backlog_quota_{which}")
 
-    def _persisted(self, topic: bytes, msgs: list[pb.Message]) -> None:
+    def _persisted(self, topic: bytes, first: int, msgs: list[pb.Message], wires: list[bytes]) -> None:
         self.flush()   # the publish answers of this batch leave before the deliveries are built
         t = self.topics.get(topic)
         if t is not None and t.quota is not None:
             t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
         if t is not None and t.subs.delivering():
             # a hint for the cache: only worth building messages someone may read soon
-            self.cache.on_published_many(topic, [Message.from_proto(m, keep_wire=True) for m in msgs])
+            persisted = Message.persisted
+            self.cache.on_published_many(topic, [persisted(m, seq, w) for seq, m, w in
+                                                 zip(range(first, first + len(msgs)), msgs, wires, strict=True)])
             t.subs.wake_all()
 
     def _consumed(self, topic: bytes) -> None:

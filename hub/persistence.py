@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Any
 
 from bookie.errors import BKError
 from hub import errors
-from hub.batcher import Batch, Done, EntryBatcher, InflightAdd
+from hub.batcher import Batch, Done, EntryBatcher, InflightAdd, Persisted
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -126,7 +126,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                  "owned", "pm", "ranges", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
-                 on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
+                 on_persisted: Persisted | None = None,
                  dedup_store: TopicDedupManager | None = None, owned: Callable[[], bool] | None = None,
                  ledger_slots: asyncio.Semaphore | None = None) -> None:
         self.topic = topic
@@ -182,7 +182,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     # --- acquisition ----------------------------------------------------------------------------
     @classmethod
     async def acquire(cls, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
-                      on_persisted: Callable[[bytes, list[pb.Message]], None] | None = None,
+                      on_persisted: Persisted | None = None,
                       dedup_store: TopicDedupManager | None = None,
                       owned: Callable[[], bool] | None = None,
                       ledger_slots: asyncio.Semaphore | None = None) -> TopicLog:

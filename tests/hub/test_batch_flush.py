@@ -175,7 +175,8 @@ async def test_a_read_of_publishes_goes_out_when_the_server_says_so_not_at_the_e
 async def test_an_acknowledged_batch_is_answered_before_it_is_handed_on_for_delivery() -> None:
     order: list[str] = []
     log, lh = held_log()
-    log.on_persisted = lambda topic, msgs: order.append(f"persisted {[m.msgId.localComponent for m in msgs]}")
+    log.on_persisted = lambda topic, first, msgs, wires: order.append(
+        f"persisted {list(range(first, first + len(msgs)))}")
     for _ in range(2):
         log.submit(body(10), lambda seq, exc: order.append(f"answer {seq}"))
     log.send_queued()

@@ -83,7 +83,7 @@ def test_oversized_frame_breaks_the_connection_after_earlier_frames() -> None:
     assert conn.receive_data(encode(publish())) == []
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=600), st.integers(min_value=1, max_value=50))
 def test_fuzzed_bytes_never_raise(data: bytes, chunk: int) -> None:
     conn = server()
@@ -329,3 +329,47 @@ def test_a_run_built_once_gives_every_subscription_delivery_batch_s_frame(
         assert delivery_run(b"topic", sub, msgs) == delivery_batch(b"topic", sub, [m.wire for m in msgs])
         assert delivery_run(b"topic", sub, other) == delivery_batch(b"topic", sub, [m.wire for m in other])
         assert delivery_run(b"topic", sub, msgs[1:]) == delivery_batch(b"topic", sub, [m.wire for m in msgs[1:]])
+
+
+_UNKNOWN_FIELD = b"\x7a\x03abc"   # field 15, length-delimited: a field of a newer client
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(min_value=1, max_value=2**64 - 1), st.binary(max_size=300), st.binary(max_size=20),
+       st.one_of(st.none(), st.tuples(st.dictionaries(st.text(max_size=5), st.binary(max_size=5), max_size=2),
+                                      st.text(max_size=5))),
+       st.one_of(st.none(), st.binary(max_size=5)), st.integers(min_value=0, max_value=2**63 - 1),
+       st.one_of(st.none(), st.integers(min_value=0, max_value=2**62)), st.binary(max_size=5),
+       st.one_of(st.none(), st.dictionaries(st.sampled_from([b"east", b"west"]), st.integers(0, 2**40))),
+       st.booleans())
+def test_a_persisted_message_is_from_proto_of_the_message_with_its_seq_id(
+        seq: int, body: bytes, region: bytes, header: tuple[dict[str, bytes], str] | None, key: bytes | None,
+        publish_ms: int, deliver_at: int | None, producer: bytes, remote: dict[bytes, int] | None,
+        unknown: bool) -> None:
+    from hub.message import Message
+
+    m = pb.Message(body=body, srcRegion=region, publishTimeMs=publish_ms, producer=producer)
+    if header is not None:
+        m.header.messageType = header[1]
+        for k, v in header[0].items():
+            m.header.properties.entries.add(key=k, value=v)
+    if key is not None:
+        m.key = key
+    if deliver_at is not None:
+        m.deliverAtMs = deliver_at
+    if remote is not None:          # a region's message: it carries a msg id already
+        for r, s in sorted(remote.items()):
+            m.msgId.remoteComponents.add(region=r, seqId=s)
+    if unknown:
+        m = pb.Message.FromString(m.SerializeToString() + _UNKNOWN_FIELD)
+    wires: list[bytes] = []
+    message_batch(seq, [m], wires)
+    (stored,) = wires
+    assert stored == m.SerializeToString()
+    expected = pb.Message()
+    expected.CopyFrom(m)
+    expected.msgId.localComponent = seq
+    got = Message.persisted(m, seq, stored)
+    assert got == Message.from_proto(expected)
+    assert got.wire == expected.SerializeToString()       # byte for byte what protobuf serializes
+    assert m.SerializeToString() == stored                # the stored message is left as it was

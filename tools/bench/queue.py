@@ -52,9 +52,11 @@ from tools.bench.publish import (
     conf_overrides,
     quire_cluster,
     quire_pids,
+    quire_processes,
     ratio_lines,
     with_cpu,
 )
+from tools.bench.stages import cpu_rows, process_cpu
 
 STAMP = struct.Struct("<d")
 TARGET_QUEUE_RATIO = 1.5
@@ -255,10 +257,15 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         try:
             for _ in range(args.rounds):
                 for n in counts:   # interleaved: every system sees the same background load
+                    named = quire_processes(cluster)
+                    before = process_cpu(named)
                     measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, args.messages, args))
+                    after = process_cpu(named)
                     lines.append(_line("quire", n, args.messages, measured, args, config="E3W2A2",
                                        **conf_fields(overrides), **cpu))
                     yield lines[-1]
+                    for row in cpu_rows(before, after, measured[1].total, system="quire", consumers=n):
+                        yield {**row, "bench": "queue"}
                     for peer in peers:
                         case = redis_case if isinstance(peer, RedisPeer) else nats_case
                         measured, cpu = with_cpu([peer.pid or 0], loop, case(peer.url, n, args.messages, args))
