@@ -65,8 +65,11 @@ class AckCursor:
     def is_acked(self, seq: int) -> bool:
         if seq <= self.mark_delete:
             return True
+        ends = self._ends
+        if not ends or seq > ends[-1]:      # past every range: a message not read yet, the usual question
+            return False
         i = bisect.bisect_right(self._starts, seq) - 1
-        return i >= 0 and self._ends[i] >= seq
+        return i >= 0 and ends[i] >= seq
 
     def ack(self, seq: int) -> bool:
         """Acknowledge ``seq``; True when it was not acknowledged before."""
@@ -88,7 +91,9 @@ class AckCursor:
         else:
             starts.insert(i + 1, seq)
             ends.insert(i + 1, seq)
-        self._advance()
+        if starts[0] <= self.mark_delete + 1:    # _advance, inline: once per ack
+            self.mark_delete = max(self.mark_delete, ends[0])
+            del starts[0], ends[0]
         return True
 
     def ack_through(self, seq: int) -> bool:

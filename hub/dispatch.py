@@ -122,6 +122,10 @@ class Dispatcher:
     """See the module docstring. Subclasses implement ``choose``."""
 
     kind = "SHARED"
+    wake_on_ack = True
+    """Whether an individual ack can let a message go that ``choose`` held back (a key-shared hash that was
+    busy); without it an ack wakes the dispatch task only when it shrinks the replay (the pass stops at a
+    limit on it). Permits come back with flow requests, which always wake it."""
 
     def __init__(self, topic: bytes, subscriber: bytes, cursor: AckCursor, *, cache: ReadAheadCache,
                  last_seq: Callable[[], int], on_acked: Callable[[bool, int], None] | None = None,
@@ -192,22 +196,26 @@ class Dispatcher:
 
     def ack(self, seqs: Iterable[int]) -> int:
         """Acknowledge ``seqs`` individually (whoever holds them); how many were outstanding."""
-        before = self.cursor.mark_delete
+        cursor, pending, replay, counts = self.cursor, self.pending, self.replay, self.counts
+        before = cursor.mark_delete
         n = 0
+        freed = False
         for seq in seqs:
-            holder = self.pending.pop(seq, None)
+            holder = pending.pop(seq, None)
             if holder is not None:
                 holder.unacked.discard(seq)
                 self._released(holder, seq)
-            elif seq in self.replay:
-                self.replay.discard(seq)
+            elif seq in replay:
+                replay.discard(seq)
+                freed = True
             else:
                 continue
-            self.counts.pop(seq, None)
-            if self.cursor.ack(seq):
+            if counts:
+                counts.pop(seq, None)
+            if cursor.ack(seq):
                 n += 1
         if n:
-            self._acked(before, n)
+            self._acked(before, n, freed or self.wake_on_ack)
         return n
 
     def ack_cumulative(self, slot: ConsumerSlot | None, upto: int) -> int:
@@ -244,8 +252,9 @@ class Dispatcher:
             self._acked(before, max(n, 1))
         return n
 
-    def _acked(self, before: int, n: int) -> None:
-        self.wake()     # a key-shared hash may be free now
+    def _acked(self, before: int, n: int, wake: bool = True) -> None:
+        if wake:
+            self.wake()     # a key-shared hash may be free now, or the replay under its limit
         if self.on_acked is not None:
             self.on_acked(self.cursor.mark_delete != before, n)
 
@@ -407,32 +416,63 @@ class Dispatcher:
                     self.replay.discard(seq)
                     self._give(slot, seq, msg, out)
                     handed += 1
-            limit = max(1000, sum(s.permits for s in self.consumers))
-            while self.next_read <= self.last_seq() and self.has_permits() and len(self.replay) < limit:
-                seq = self.next_read
-                if self.cursor.is_acked(seq):
-                    self.next_read = seq + 1
-                    continue
-                msg = self.cache.cached(self.topic, seq) or await self._fetch(seq, out)
-                self.next_read = max(self.next_read, seq + 1)
-                if msg is None:
-                    continue
-                if delays is not None and msg.deliver_at_ms and msg.deliver_at_ms > now_ms():
-                    delays.defer(seq, msg.deliver_at_ms)   # held back (or left to the log: found again)
-                else:
-                    slot = self.choose(seq, msg, blocked)
-                    if slot is None:
-                        self.replay.add(seq)
-                        continue
-                    self._give(slot, seq, msg, out)
-                handed += 1
-                if handed % _YIELD_EVERY == 0:
-                    self._flush(out)
-                    await asyncio.sleep(0)
+            await self._pass_new(out, blocked, handed)
         finally:
             self._flush(out)
             if delays is not None:
                 self._arm_delay_timer(delays)
+
+    async def _pass_new(self, out: dict[ConsumerSlot, list[bytes]], blocked: set[int], handed: int) -> None:
+        """``_pass``'s second half: new messages in seq order while a consumer has permits.
+
+        Cached messages are taken in runs (``ReadAheadCache.cached_run``),
+        without a call or an await per message; whether any consumer has
+        permits is asked again only when the one just given to has none left
+        (or after an await), and ``last_seq`` only after an await (it moves
+        only between loop turns). A miss is read on its own (``_fetch``).
+        """
+        cursor, replay, cache, topic, delays = self.cursor, self.replay, self.cache, self.topic, self.delays
+        limit = max(1000, sum(s.permits for s in self.consumers))
+        last, permitted = self.last_seq(), self.has_permits()
+        yielded = handed
+        while permitted and self.next_read <= last and len(replay) < limit:
+            seq = self.next_read
+            if cursor.is_acked(seq):
+                self.next_read = seq + 1
+                continue
+            run = cache.cached_run(topic, seq, min(last - seq + 1, _YIELD_EVERY))
+            if not run:
+                msg = await self._fetch(seq, out)
+                last, permitted = self.last_seq(), self.has_permits()
+                self.next_read = max(self.next_read, seq + 1)
+                if msg is None:
+                    continue
+                run = [msg]          # handed out below even without permits now: choose() decides
+            for msg in run:
+                if self.next_read <= seq:
+                    self.next_read = seq + 1
+                if cursor.is_acked(seq):
+                    pass
+                elif delays is not None and msg.deliver_at_ms and msg.deliver_at_ms > now_ms():
+                    delays.defer(seq, msg.deliver_at_ms)   # held back (or left to the log: found again)
+                    handed += 1
+                else:
+                    slot = self.choose(seq, msg, blocked)
+                    if slot is None:
+                        replay.add(seq)
+                    else:
+                        self._give(slot, seq, msg, out)
+                        handed += 1
+                        if slot.permits <= 0:
+                            permitted = self.has_permits()
+                seq += 1
+                if not permitted or len(replay) >= limit:
+                    break
+            if handed - yielded >= _YIELD_EVERY:
+                yielded = handed
+                self._flush(out)
+                await asyncio.sleep(0)
+                last, permitted = self.last_seq(), self.has_permits()
 
     # --- delayed delivery (hub.delayed) ---------------------------------------------------------------
     async def _due(self, delays: DelayIndex, out: dict[ConsumerSlot, list[bytes]]) -> None:

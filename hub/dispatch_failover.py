@@ -20,6 +20,7 @@ __all__ = ["FailoverDispatcher"]
 
 class FailoverDispatcher(Dispatcher):
     kind = "FAILOVER"
+    wake_on_ack = False      # its choice depends on permits alone
 
     @property
     def active(self) -> ConsumerSlot | None:

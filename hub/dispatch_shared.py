@@ -23,6 +23,7 @@ __all__ = ["SharedDispatcher"]
 
 class SharedDispatcher(Dispatcher):
     kind = "SHARED"
+    wake_on_ack = False      # its choice depends on permits alone
 
     def choose(self, seq: int, msg: Message, blocked: set[int]) -> ConsumerSlot | None:
         return self._round_robin()

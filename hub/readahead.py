@@ -250,6 +250,30 @@ class ReadAheadCache:
             t.max_read = seq_id
         return self._hit(t, seq_id)
 
+    def cached_run(self, topic: bytes, seq_id: int, count: int) -> list[Message]:
+        """The cached messages ``seq_id``, ``seq_id + 1``, ... (at most ``count``), up to the first one not
+        cached: ``cached`` of each, without a call per message (a dispatcher's run of new messages). The
+        hits are counted; the read-ahead is kept going from the run's last message, whose look-ahead
+        covers every earlier one's."""
+        t = self._topics.get(topic)
+        if t is None or self._closed:
+            return []
+        get = t.messages.get
+        run = []
+        for seq in range(seq_id, seq_id + count):
+            msg = get(seq)
+            if msg is None:
+                break
+            run.append(msg)
+        if run:
+            last = seq_id + len(run) - 1
+            if last > t.max_read:
+                t.max_read = last
+            self._counters["hits"] += len(run)
+            if last + self._half not in t.messages:
+                self._refill(t, last)
+        return run
+
     def _hit(self, t: _Topic, seq_id: int) -> Message | None:
         """The cached message ``seq_id`` (counted, read-ahead kept going), else None."""
         messages = t.messages

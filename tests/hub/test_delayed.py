@@ -140,6 +140,11 @@ class Log:
         self.reads += 1
         return self.msgs[seq - 1]
 
+    def cached_run(self, topic: bytes, seq: int, count: int) -> list[Message]:
+        run = self.msgs[seq - 1:seq - 1 + count]
+        self.reads += len(run)
+        return run
+
     async def scan_single(self, topic: bytes, seq: int) -> Message:
         return self.msgs[seq - 1]
 

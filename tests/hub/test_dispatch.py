@@ -18,7 +18,7 @@ pytestmark = pytest.mark.asyncio
 
 
 class Log:
-    """The cache's two calls, over a list of messages (seq ids 1..n)."""
+    """The cache's three calls, over a list of messages (seq ids 1..n)."""
 
     def __init__(self) -> None:
         self.msgs: list[Message] = []
@@ -28,6 +28,9 @@ class Log:
 
     def cached(self, topic: bytes, seq: int) -> Message | None:
         return self.msgs[seq - 1]
+
+    def cached_run(self, topic: bytes, seq: int, count: int) -> list[Message]:
+        return self.msgs[seq - 1:seq - 1 + count]
 
     async def scan_single(self, topic: bytes, seq: int) -> Message:
         return self.msgs[seq - 1]

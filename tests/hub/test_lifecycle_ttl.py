@@ -111,6 +111,9 @@ class Cache:
     def cached(self, topic: bytes, seq: int) -> Message:
         return Message(b"%d" % seq, msg_id=MessageId(seq), key=self.key)
 
+    def cached_run(self, topic: bytes, seq: int, count: int) -> list[Message]:
+        return [self.cached(topic, s) for s in range(seq, seq + count)]
+
     async def scan_single(self, topic: bytes, seq: int) -> Message:
         return self.cached(topic, seq)
 

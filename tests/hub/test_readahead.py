@@ -309,6 +309,32 @@ async def test_on_published_fills_a_stub_and_caches_every_message_of_a_read_topi
     await cache.close()
 
 
+async def test_a_run_of_cached_messages_is_each_one_cached_up_to_the_first_not_cached() -> None:
+    ledgers = FakeLedgers({b"t": 40})
+    persisted = [30]
+    cache = ReadAheadCache(Conf(readahead_count=4), ledgers, last_seq=lambda topic: persisted[0])
+    assert (await read(cache, b"t", 1)).seq_id == 1      # the topic is read: what is published gets cached
+    await settle(cache)
+    for seq in range(11, 31):
+        cache.on_published(b"t", msg(seq))
+    hits = cache.stats()["hits"]
+    calls = len(ledgers.calls)
+    run = cache.cached_run(b"t", 11, 8)
+    assert [m.seq_id for m in run] == list(range(11, 19))  # at most the count asked for
+    assert cache.stats()["hits"] == hits + 8
+    run = cache.cached_run(b"t", 19, 100)
+    assert [m.seq_id for m in run] == list(range(19, 31))  # up to the last cached one
+    assert [m.seq_id for m in cache.cached_run(b"t", 30, 5)] == [30]    # 31 is not cached: the run stops
+    assert cache.cached_run(b"t", 31, 5) == []
+    assert cache.cached_run(b"unread", 1, 5) == []
+    assert len(ledgers.calls) == calls                     # at the persisted tail: nothing to read ahead
+    persisted[0] = 40                                      # more persisted, not cached: the run's read-ahead
+    assert [m.seq_id for m in cache.cached_run(b"t", 29, 2)] == [29, 30]
+    await ledgers.wait_calls(calls + 1)
+    assert ledgers.calls[-1][1] == 31                      # ... goes on from its last message
+    await cache.close()
+
+
 async def test_a_reader_trailing_a_burst_of_publishes_reads_it_from_memory() -> None:
     """A reader 100 behind the tail when a burst is persisted (batched publishes): the burst is not scanned."""
     ledgers = FakeLedgers({b"t": 400})            # 1..100 persisted before the reader came

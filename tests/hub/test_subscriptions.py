@@ -226,6 +226,12 @@ class Cache:
     def cached(self, topic: bytes, seq: int) -> Message | None:
         return self.msgs.get(seq)
 
+    def cached_run(self, topic: bytes, seq: int, count: int) -> list[Message]:
+        run = []
+        while len(run) < count and seq + len(run) in self.msgs:
+            run.append(self.msgs[seq + len(run)])
+        return run
+
     async def scan_single(self, topic: bytes, seq: int) -> Message:
         return self.msgs[seq]
 
