@@ -106,7 +106,12 @@ class SubscriptionConsumers:
         state.consumes_since_persist += n
         if state.consumes_since_persist >= self.conf.consume_interval:
             self._persist_tracked(state.subscriber)
-        elif state.ack_timer is None:
+        else:
+            self._arm_ack_timer(state)
+
+    def _arm_ack_timer(self, state: SubState) -> None:
+        """Persist ``state``'s acks within ``ack_persist_interval_ms`` (a timer already set stays)."""
+        if state.ack_timer is None:
             state.ack_timer = asyncio.get_running_loop().call_later(
                 self.conf.ack_persist_interval_ms / 1000.0, self._ack_timer_due, state)
 

@@ -43,7 +43,9 @@ Hedwig attach is). Its acks, redelivery requests and flow permits come as
 consume pointer (``consumed``, which retention and the backlog use); the
 acknowledged ranges after it are persisted with it at least every
 ``consume_interval`` acks and within ``ack_persist_interval_ms``
-(``hub.cursor`` bounds them). Server filters and ``messageBound`` apply to
+(``hub.cursor`` bounds them): a write follows the one before it at once
+only when ``consume_interval`` more acks came meanwhile, else within that
+interval. Server filters and ``messageBound`` apply to
 Hedwig deliveries only.
 
 Readers' temporary subscriptions (``SubscriptionPreferences.temporary``,
@@ -445,8 +447,21 @@ class TopicSubscriptions(SubscriptionConsumers):
         return task
 
     async def _persist_loop(self, state: SubState) -> None:
-        """Write the newest pointer until the stored one has caught up with ``state.consumed``."""
+        """Write the newest pointer until the stored one has caught up with ``state.consumed``.
+
+        A subscription with consumers writes again right after a write only
+        when ``consume_interval`` more acks came meanwhile; fewer are left to
+        the ack timer (``ack_persist_interval_ms``), so a steady stream of
+        acks costs a write per ``consume_interval`` acks, not one per commit
+        (``persist`` still writes everything: it asks again until clean).
+        """
+        first = True
         while state.consumed > state.persisted or state.acks_dirty:
+            if not first and state.dispatcher is not None \
+                    and state.consumes_since_persist < self.conf.consume_interval:
+                self._arm_ack_timer(state)
+                return
+            first = False
             target = state.consumed
             state.consumes_since_persist = 0
             state.acks_dirty = False

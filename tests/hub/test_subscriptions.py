@@ -35,6 +35,7 @@ class GatedManager(SubscriptionDataManager):
         self.in_flight = 0
         self.most_in_flight = 0
         self.written: list[int] = []
+        self.wrote = asyncio.Event()      # set at each write
         self.fail: Exception | None = None
 
     async def update_subscription_data(self, topic: bytes, subscriber: bytes, data: pb.SubscriptionData,
@@ -50,6 +51,7 @@ class GatedManager(SubscriptionDataManager):
             got = await super().update_subscription_data(topic, subscriber, data, version)
             if data.HasField("state"):
                 self.written.append(data.state.msgId.localComponent)
+                self.wrote.set()
             return got
         finally:
             self.in_flight -= 1
@@ -200,6 +202,79 @@ async def test_a_failed_background_persist_is_logged_and_retried(
         assert await stored(mgr) == 20
     finally:
         loop.set_exception_handler(None)
+
+
+class ConsumerConn(Conn):
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived = asyncio.Event()
+
+    def send_consumer_delivery(self, topic: bytes, subscriber: bytes, consumer_id: int, wires: list[bytes]) -> None:
+        self.sent.extend(pb.Message.FromString(w).msgId.localComponent for w in wires)
+        self.arrived.set()
+
+    def send_event(self, topic: bytes, subscriber: bytes, event: int, consumer_id: int = 0) -> None: ...
+
+
+async def until(cond: Any, changed: asyncio.Event) -> None:
+    """Wait (bounded) until ``cond()``, checking it each time ``changed`` is set."""
+    async def wait() -> None:
+        while not cond():
+            changed.clear()
+            await changed.wait()
+    await asyncio.wait_for(wait(), TIMEOUT)
+
+
+async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_rest_within_the_interval(
+        tmp_path: Path) -> None:
+    """A consumer subscription does not write back to back: after a write, fewer than consume_interval acks
+    wait for the ack timer, as many or more go at once."""
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    try:
+        mgr = GatedManager(store)
+        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 300})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
+        req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
+                                  receiverQueueSize=100, startSeqId=1)
+        req.preferences.subscriptionType = pb.SHARED
+        conn = ConsumerConn()
+        await s.subscribe(conn, SUB, req)
+        await until(lambda: len(conn.sent) == 100, conn.arrived)
+        state = s.subs[SUB]
+        mgr.written.clear()
+
+        def ack(first: int, last: int) -> None:
+            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
+            creq.seqIds.extend(range(first, last + 1))
+            s.ack(conn, SUB, creq)
+
+        mgr.gate = asyncio.Event()
+        ack(1, 10)                                   # consume_interval acks: a write of 10 starts (held)
+        task = state.persisting
+        assert task is not None
+        await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
+        ack(11, 13)                                  # 3 more meanwhile
+        mgr.gate.set()
+        await asyncio.wait_for(task, TIMEOUT)
+        assert mgr.written == [10]                   # old code: wrote 13 right after, one write per commit
+        assert state.ack_timer is not None           # ... they go within ack_persist_interval_ms
+        await until(lambda: mgr.written == [10, 13], mgr.wrote)
+        mgr.gate = asyncio.Event()
+        mgr.entered.clear()
+        ack(14, 23)                                  # a write of 23 starts (held)
+        task = state.persisting
+        assert task is not None
+        await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
+        ack(24, 35)                                  # consume_interval or more meanwhile: written at once
+        mgr.gate.set()
+        await asyncio.wait_for(task, TIMEOUT)
+        assert mgr.written == [10, 13, 23, 35]
+        ack(36, 36)
+        await asyncio.wait_for(s.persist(SUB), TIMEOUT)   # a detach's persist writes whatever is left
+        assert await stored(mgr) == 36
+        await s.release()
+    finally:
+        await store.close()
 
 
 async def test_a_server_filter_is_initialized_with_the_hubs_conf(
