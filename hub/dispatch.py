@@ -384,8 +384,11 @@ class Dispatcher:
         slot.delivered += 1
         self.pending[seq] = slot
         self._given(slot, seq, msg)
-        wires = out.setdefault(slot, [])
-        wires.append(msg.redelivered_wire(self.counts.get(seq, 0)))
+        wires = out.get(slot)
+        if wires is None:
+            wires = out[slot] = []
+        counts = self.counts
+        wires.append(msg.redelivered_wire(counts[seq]) if counts and seq in counts else msg.wire)
         if len(wires) >= 256:
             self._flush(out)
 

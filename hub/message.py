@@ -202,7 +202,9 @@ class Message:
             fields["properties"] = {}
             fields["message_type"] = ""
         msg_id = _new(MessageId)
-        msg_id.__dict__.update(local=seq, remote={})
+        ids = msg_id.__dict__
+        ids["local"] = seq
+        ids["remote"] = {}
         fields["msg_id"] = msg_id
         name = _REGION_NAMES.get(region)
         if name is None:
@@ -215,11 +217,18 @@ class Message:
         fields["redelivery_count"] = msg.redeliveryCount
         fields["deliver_at_ms"] = msg.deliverAtMs
         # body (1) and srcRegion (2) come first, each as tag, length, bytes; an empty one is not written
-        at = (len(body) + 1 + len(varint(len(body))) if body else 0) + \
-            (len(region) + 1 + len(varint(len(region))) if region else 0)
+        at = _field_size(len(body)) + _field_size(len(region))
         local = varint(seq)   # msgId (3) { localComponent (1) }: under 128 bytes, so one-byte lengths
         fields["wire"] = b"".join((wire[:at], b"\x1a", _ONE_BYTE[len(local) + 1], b"\x08", local, wire[at:]))
         return out
+
+
+def _field_size(n: int) -> int:
+    """The bytes of a length-delimited field of ``n`` bytes with a one-byte tag (0 for an empty one:
+    proto3 does not write it)."""
+    if not n:
+        return 0
+    return n + (2 if n < 0x80 else 3 if n < 0x4000 else 1 + len(varint(n)))
 
 
 _REGION_NAMES: dict[bytes, str] = {}
