@@ -11,7 +11,7 @@ import pytest
 from tests.tools.test_bench_peers import _gone
 from tools.bench.floor import KEY, TRACE_BIT, FloorPeer, floor_publishers, frame, split_acks, split_frames, traced_ack
 from tools.bench.peers import PeerStartError
-from tools.bench.publish import FLOOR, PEERS, Runner, closed_loop, ratio_lines
+from tools.bench.publish import FLOOR, PEERS, Runner, closed_loop, ratio_lines, throughput_target
 from tools.bench.stages import StageSampler, stage_rows
 
 
@@ -62,17 +62,18 @@ def test_a_sink_that_cannot_open_its_file_is_reported_with_its_log(tmp_path: Pat
     assert peer.pids == []
 
 
-def test_the_floor_is_a_default_peer_and_its_ratio_line_has_no_target() -> None:
+def test_the_floor_is_a_default_peer_and_the_yardstick_of_the_throughput_target() -> None:
     assert "floor" in PEERS
     lines = [
-        {"system": "quire", "case": "quire E3W2A2", "mode": "throughput", "size": 100, "ops_per_sec": 300.0},
+        {"system": "quire", "case": "quire E3W2A2", "config": "E3W2A2", "mode": "throughput", "size": 100,
+         "ops_per_sec": 300.0},
         {"system": FLOOR, "case": FLOOR, "mode": "throughput", "size": 100, "ops_per_sec": 600.0},
         {"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "ops_per_sec": 200.0},
     ]
-    floor, redis = sorted(ratio_lines("publish", lines, ("size",)), key=lambda x: x["vs"])
+    floor, redis = sorted(ratio_lines("publish", lines, ("size",), target=throughput_target), key=lambda x: x["vs"])
     assert floor["vs"] == FLOOR and floor["ratio"] == 0.5
-    assert "target" not in floor and "meets_target" not in floor
-    assert redis["vs"] == "redis" and redis["meets_target"]
+    assert floor["target"] == 1.0 and not floor["meets_target"]        # issue 32: at least the floor's
+    assert redis["vs"] == "redis" and redis["ratio"] == 1.5 and "target" not in redis   # issue 32 sets none
 
 
 def test_split_acks_reads_bare_and_traced_acks_and_keeps_a_partial_one() -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench.peers import NatsPeer, PeerNotInstalled, PeerStartError, RedisPeer, redis_capacity
-from tools.bench.publish import Runner, closed_loop, p99_lines, ratio_lines, redis_publishers
+from tools.bench.publish import Runner, closed_loop, cpu_ratio_lines, p99_lines, ratio_lines, redis_publishers
 
 needs_redis = pytest.mark.skipif(shutil.which("redis-server") is None,
                                  reason="redis-server is not installed (make bench-deps installs it)")
@@ -147,32 +147,59 @@ def test_ratio_lines_divide_quire_by_each_peer() -> None:
         {"system": "redis", "case": "redis", "mode": "throughput", "size": 1024, "ops_per_sec": 100.0},
         {"system": "redis", "case": "redis", "mode": "fixed_rate", "size": 100, "ops_per_sec": 5.0},
     ]
-    (ratio,) = ratio_lines("publish", lines, ("size",))
+    (ratio,) = ratio_lines("publish", lines, ("size",), target=1.5)
     assert ratio["ratio"] == 1.5 and ratio["vs"] == "redis" and ratio["size"] == 100 and ratio["meets_target"]
     # a second round: each side counts with its best one, and a run with errors never counts
     lines += [{"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "ops_per_sec": 400.0},
               {"system": "quire", "case": "quire E3W2A2", "mode": "throughput", "size": 100, "ops_per_sec": 9e9,
                "errors": 3}]
-    (ratio,) = ratio_lines("publish", lines, ("size",))
+    (ratio,) = ratio_lines("publish", lines, ("size",), target=1.5)
     assert ratio["ratio"] == 0.75 and not ratio["meets_target"]
+    (ratio,) = ratio_lines("publish", lines, ("size",))
+    assert ratio["ratio"] == 0.75 and "target" not in ratio     # no target given: the ratio alone
+
+
+def rated(system: str, p99: float, errors: int = 0, size: int = 100, cpu: float = 0.0,
+          config: str = "E3W2A2") -> dict[str, object]:
+    line: dict[str, object] = {"system": system, "case": system if system != "quire" else f"quire {config}",
+                               "mode": "fixed_rate", "size": size, "target_rate": 5000, "p99_ms": p99,
+                               "errors": errors, "server_cpu_us_per_msg": cpu}
+    if system == "quire":
+        line["config"] = config
+    return line
 
 
 def test_p99_lines_compare_fixed_rate_p99_with_each_peer_of_the_same_size() -> None:
-    def rated(system: str, p99: float, errors: int = 0, size: int = 100) -> dict[str, object]:
-        return {"system": system, "case": system if system != "quire" else "quire E3W2A2", "mode": "fixed_rate",
-                "size": size, "target_rate": 5000, "p99_ms": p99, "errors": errors}
-
-    lines = [rated("quire", 4.0), rated("redis", 5.0), rated("python floor", 2.0), rated("redis", 1.0, size=1024),
-             {"system": "redis", "case": "redis", "mode": "throughput", "size": 100, "p99_ms": 1.0}]
-    redis, floor = p99_lines("publish", lines)
+    lines = [rated("quire", 4.0), rated("redis", 5.0), rated("python floor", 2.0), rated("nats", 2.0),
+             rated("redis", 1.0, size=1024), {"system": "redis", "case": "redis", "mode": "throughput", "size": 100,
+                                               "p99_ms": 1.0}]
+    redis, floor, nats = p99_lines("publish", lines)
     assert redis == {"bench": "publish", "case": "p99 ratio", "quire": "quire E3W2A2", "vs": "redis", "size": 100,
-                     "rate": 5000, "quire_p99_ms": 4.0, "peer_p99_ms": 5.0, "ratio": 0.8, "target": 1.0,
+                     "rate": 5000, "quire_p99_ms": 4.0, "peer_p99_ms": 5.0, "ratio": 0.8, "target": 1.3,
                      "meets_target": True}
-    assert floor["ratio"] == 2.0 and "target" not in floor    # a reference: no target
-    (slow,) = p99_lines("publish", [rated("quire", 6.0), rated("redis", 5.0)])
-    assert slow["ratio"] == 1.2 and not slow["meets_target"]
+    assert floor["ratio"] == 2.0 and floor["target"] == 1.3 and not floor["meets_target"]   # issue 32: both
+    assert nats["ratio"] == 2.0 and "target" not in nats      # issue 32 sets none against NATS
+    (slow,) = p99_lines("publish", [rated("quire", 6.9), rated("redis", 5.0)])
+    assert slow["ratio"] == 1.38 and not slow["meets_target"]
+    (near,) = p99_lines("publish", [rated("quire", 6.0), rated("redis", 5.0)])
+    assert near["ratio"] == 1.2 and near["meets_target"]
     (failed,) = p99_lines("publish", [rated("quire", 1.0, errors=2), rated("redis", 5.0)])
     assert not failed["meets_target"]                         # a run with errors meets no target
+    (e1,) = p99_lines("publish", [rated("quire", 9.0, config="E1W1A1"), rated("redis", 5.0)])
+    assert "target" not in e1                                 # the targets are E3 W2 A2's
+
+
+def test_cpu_ratio_lines_hold_quire_to_1_3_times_the_floors_server_cpu() -> None:
+    lines = [rated("quire", 4.0, cpu=240.0), rated("python floor", 2.0, cpu=200.0), rated("redis", 2.0, cpu=50.0),
+             rated("quire", 4.0, cpu=100.0, config="E1W1A1")]
+    floor, redis, e1_floor, e1_redis = cpu_ratio_lines("publish", lines)
+    assert floor == {"bench": "publish", "case": "cpu ratio", "quire": "quire E3W2A2", "vs": "python floor",
+                     "size": 100, "rate": 5000, "quire_server_cpu_us_per_msg": 240.0,
+                     "peer_server_cpu_us_per_msg": 200.0, "ratio": 1.2, "target": 1.3, "meets_target": True}
+    assert redis["ratio"] == 4.8 and "target" not in redis
+    assert e1_floor["ratio"] == 0.5 and "target" not in e1_floor and "target" not in e1_redis
+    (over,) = cpu_ratio_lines("publish", [rated("quire", 4.0, cpu=280.0), rated("python floor", 2.0, cpu=200.0)])
+    assert over["ratio"] == 1.4 and not over["meets_target"]
 
 
 def _hub_built() -> bool:
@@ -213,10 +240,9 @@ def test_publish_bench_prints_json_lines(tmp_path: Path) -> None:
     assert sum(x["count"] for x in throughput) == 400
     rate_lines = [x for x in lines if x["mode"] == "fixed_rate"]
     assert [x["config"] for x in rate_lines] == ["E1W1A1", "E3W2A2"]
-    e1, e3 = rate_lines   # the server CPU target (issue 16) is E3 W2 A2's
-    assert "target_server_cpu_us_per_msg" not in e1
-    assert e3["target_server_cpu_us_per_msg"] == 60.0 and e3["server_cpu_us_per_msg"] > 0
-    assert e3["meets_target"] == (e3["server_cpu_us_per_msg"] <= 60.0)
+    e1, e3 = rate_lines   # issue 32's CPU target is a ratio to the floor (cpu ratio lines), not on these
+    assert "target_server_cpu_us_per_msg" not in e1 and "target_server_cpu_us_per_msg" not in e3
+    assert e3["server_cpu_us_per_msg"] > 0 and "meets_target" not in e3
     assert all(x["conf"] == {"journal_max_group_wait_ms": "1", "batching_max_messages": "7"} for x in lines)
 
 
@@ -245,3 +271,22 @@ def test_a_bad_conf_is_refused_before_anything_starts(tmp_path: Path, conf: str,
          "--data", str(tmp_path), "--conf", conf], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and said in out.stderr
     assert out.stdout == "" and not any(tmp_path.iterdir())   # no line printed, no cluster started
+
+
+def test_queue_and_fanout_ratio_lines_carry_their_issues_targets() -> None:
+    from tools.bench.fanout import fanout_target
+    from tools.bench.queue import queue_target
+
+    def thr(system: str, ops: float, **key: int) -> dict[str, object]:
+        return {"system": system, "case": f"{system} case", "mode": "throughput", "ops_per_sec": ops, **key}
+
+    queue = [thr("quire", 300.0, consumers=n) for n in (1, 4)] + \
+        [thr(p, 200.0, consumers=n) for p in ("redis", "nats") for n in (1, 4)]
+    got = {(x["vs"], x["consumers"]): x for x in ratio_lines("queue", queue, ("consumers",), target=queue_target)}
+    assert got[("redis", 4)]["target"] == 1.5 and got[("redis", 4)]["meets_target"]   # issue 29's target
+    assert all("target" not in x for k, x in got.items() if k != ("redis", 4))
+    fanout = [thr("quire", 250.0, subscribers=n) for n in (1, 10, 100)] + \
+        [thr("redis", 200.0, subscribers=n) for n in (1, 10, 100)]
+    got = {x["subscribers"]: x for x in ratio_lines("fanout", fanout, ("subscribers",), target=fanout_target)}
+    assert got[1]["target"] == 1.0 and got[1]["meets_target"]                # issue 32: keep the lead ...
+    assert got[10]["target"] == got[100]["target"] == 1.3 and not got[10]["meets_target"]   # ... and 1.3x

@@ -43,7 +43,7 @@ __all__ = ["HELP", "PlotUnavailable", "add_arguments", "draw", "label", "latency
 
 HELP = "draw saved results (JSON lines) as latency CDFs and throughput bars into a PNG"
 LABEL_FIELDS = ("system", "case", "config", "mode", "size", "subscribers", "publishers")
-RATIO_CASES = ("ratio", "p99 ratio")
+RATIO_CASES = ("ratio", "p99 ratio", "cpu ratio")
 LADDER_TICKS = (0.01, 0.1, 0.5, 0.9, 0.99, 0.999, 0.9999)
 DISK_FIELDS = ("disk_bytes", "lmdb_file_bytes", "lmdb_allocated_bytes", "journal_bytes")
 

@@ -30,13 +30,18 @@ of a shared machine; ``--rounds`` repeats the set):
   (each message to 2 of 3 sinks, each sink read one ``O_DSYNC`` append
   before its acks). It is a calibration, not a competitor: it says what a
   Python pipeline of this shape costs at least on this machine, so its lines
-  carry a ``note`` saying so, and its ratio line carries no target. Its
+  carry a ``note`` saying so; it is the yardstick of issue 32's targets. Its
   server CPU is the sum over all four processes.
 
 Ratio lines (``"case": "ratio"``) divide Quire's throughput by each peer's
-for each configuration and size (each side's best round); those against a
-reference rather than a competitor (``NO_TARGET``: redis-benchmark's
-capacity, the python floor) have no ``target``. Every line carries
+for each configuration and size (each side's best round); ``"p99 ratio"``
+lines divide the fixed-rate p99s and ``"cpu ratio"`` lines the fixed-rate
+server CPU per message. The lines of issue 32's targets carry ``target``
+and ``meets_target``: E3 W2 A2 at 100 B, throughput at least the floor's
+(``TARGET_FLOOR_RATIO``), and at the fixed rate server CPU at most 1.3x the
+floor's (``TARGET_CPU_RATIO``) and p99 at most 1.3x the floor's and 1.3x
+Redis's (``TARGET_P99_RATIO``); the other ratios are reported without one
+(``NO_TARGET``: redis-benchmark's capacity is a ceiling). Every line carries
 ``server_cpu_s`` (the hub and bookie processes, or the peer's processes) and
 ``client_cpu_s`` (this process), since all of them share the machine's cores. A peer that is not installed gives one
 ``"skipped"`` line naming the reason; ``--quire-only`` runs Quire alone.
@@ -53,7 +58,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 from tools.bench import percentiles, rate
@@ -71,20 +76,41 @@ from tools.bench.stages import StageSampler, cpu_rows, process_cpu, stage_rows
 
 CONFIGS = ((1, 1, 1), (3, 2, 2))
 PEERS = ("redis", "nats", "floor")
-TARGET_RATIO = 1.5
-"""Quire E3 W2 A2 over Redis Streams driven by redis-py with hiredis (issue 16)."""
+TARGET_FLOOR_RATIO = 1.0
+"""Quire E3 W2 A2's throughput at 100 B over the python floor's: at least equal (issue 32)."""
 CAPACITY = "redis-server capacity"
 """The system name of the ``redis-benchmark`` rows: reported with Quire's ratio to it, no target."""
 FLOOR = "python floor"
 """The system name of the ``tools.bench.floor`` rows (the peer named ``floor`` in ``--peers``)."""
 FLOOR_NOTE = ("the thinnest Python pipeline with Quire E3 W2 A2's processes, hops and syncs: "
               "a calibration, not a product")
-NO_TARGET = frozenset({CAPACITY, FLOOR})
-"""Systems that are references, not competitors: Quire's ratio to them is reported without a target."""
-TARGET_CPU_US_PER_MSG = 60.0
-"""Server CPU per message of Quire E3 W2 A2 at the fixed rate, all hub and bookie processes (issue 16)."""
-TARGET_P99_RATIO = 1.0
-"""Quire's fixed-rate p99 over each competitor's in the same run: at most equal (issue 16)."""
+NO_TARGET = frozenset({CAPACITY})
+"""Systems that are references only: Quire's ratios to them never carry a target."""
+TARGET_CPU_RATIO = 1.3
+"""Server CPU per message of Quire E3 W2 A2 (hub and bookies) at the fixed rate over the floor's (its four
+processes), 100 B: at most 1.3x (issue 32, which withdrew issue 16's absolute 60 µs/msg)."""
+TARGET_P99_RATIO = 1.3
+"""Quire E3 W2 A2's fixed-rate p99 at 100 B over the floor's and over Redis's: at most 1.3x each (issue 32)."""
+TARGET_SIZE = 100
+"""The message size issue 32's targets are set at."""
+
+Target = Callable[[dict[str, Any], dict[str, Any]], float | None]
+"""The target of one ratio line from its Quire line and its peer line (None: no target)."""
+
+
+def _issue_case(q: dict[str, Any]) -> bool:
+    """Whether a Quire line is the case issue 32's targets are about: E3 W2 A2 at 100 B."""
+    return q.get("config") == "E3W2A2" and q.get("size") == TARGET_SIZE
+
+
+def throughput_target(q: dict[str, Any], p: dict[str, Any]) -> float | None:
+    """Issue 32: E3 W2 A2 at 100 B at least as fast as the floor; no other throughput ratio has a target."""
+    return TARGET_FLOOR_RATIO if p["system"] == FLOOR and _issue_case(q) else None
+
+
+def p99_target(q: dict[str, Any], p: dict[str, Any]) -> float | None:
+    """Issue 32: the fixed-rate p99 of E3 W2 A2 at 100 B at most 1.3x the floor's and 1.3x Redis's."""
+    return TARGET_P99_RATIO if p["system"] in (FLOOR, "redis") and _issue_case(q) else None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -367,11 +393,13 @@ def result(system: str, case: str, size: int, args: argparse.Namespace, out: Out
 
 
 def ratio_lines(bench: str, lines: list[dict[str, Any]], key: tuple[str, ...],
-                target: float = TARGET_RATIO) -> Iterator[dict[str, Any]]:
+                target: float | Target | None = None) -> Iterator[dict[str, Any]]:
     """Quire's ``ops_per_sec`` over each peer's, per matching ``key`` fields and per Quire configuration.
 
     With several rounds each side counts with its best round (the one least
-    disturbed by whatever else the machine was doing).
+    disturbed by whatever else the machine was doing). ``target``: the
+    least ratio wanted against every peer (not those in ``NO_TARGET``), or
+    a function of the Quire line and the peer line giving it (None: none).
     """
     best: dict[tuple[Any, ...], dict[str, Any]] = {}
     for x in lines:
@@ -387,8 +415,9 @@ def ratio_lines(bench: str, lines: list[dict[str, Any]], key: tuple[str, ...],
                 r = round(q["ops_per_sec"] / p["ops_per_sec"], 3)
                 line = {"bench": bench, "case": "ratio", "quire": q["case"], "vs": p["system"],
                         **{k: q.get(k) for k in key}, "ratio": r}
-                if p["system"] not in NO_TARGET:  # a ceiling or a floor is reported, not a target
-                    line.update(target=target, meets_target=r >= target)
+                want = target(q, p) if callable(target) else target
+                if want is not None and p["system"] not in NO_TARGET:  # a ceiling is reported, not a target
+                    line.update(target=want, meets_target=r >= want)
                 yield line
 
 
@@ -470,8 +499,9 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                                             rate=args.rate)
             finally:
                 loop.run(cluster.stop())
-    yield from ratio_lines("publish", lines, ("size",))
+    yield from ratio_lines("publish", lines, ("size",), target=throughput_target)
     yield from p99_lines("publish", lines)
+    yield from cpu_ratio_lines("publish", lines)
 
 
 def _system(peer: str) -> str:
@@ -511,20 +541,33 @@ def _capacity_line(peer: RedisPeer, loop: asyncio.Runner, args: argparse.Namespa
 
 def _rate_line(system: str, case: str, size: int, args: argparse.Namespace, out: Outcome,
                **extra: Any) -> dict[str, Any]:
-    """A fixed-rate result; Quire E3 W2 A2's carries the server CPU target (its p99 target is relative:
-    ``p99_lines``)."""
-    line = result(system, case, size, args, out, "fixed_rate", target_rate=args.rate, **extra)
-    if extra.get("config") == "E3W2A2" and "server_cpu_us_per_msg" in line:
-        line["target_server_cpu_us_per_msg"] = TARGET_CPU_US_PER_MSG
-        line["meets_target"] = out.errors == 0 and line["server_cpu_us_per_msg"] <= TARGET_CPU_US_PER_MSG
-    return line
+    """A fixed-rate result (its targets are ratios to the peers: ``p99_lines``, ``cpu_ratio_lines``)."""
+    return result(system, case, size, args, out, "fixed_rate", target_rate=args.rate, **extra)
+
+
+def cpu_ratio_lines(bench: str, lines: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """Quire's fixed-rate server CPU per message over each peer's of the same run and size (``"case": "cpu
+    ratio"``): issue 32's target, at most ``TARGET_CPU_RATIO`` of the floor's, is on E3 W2 A2 at 100 B; the
+    others are reported without one. A side with errors meets no target."""
+    rated = [x for x in lines if x.get("mode") == "fixed_rate" and x.get("server_cpu_us_per_msg")]
+    for q in (x for x in rated if x["system"] == "quire"):
+        for p in (x for x in rated if x["system"] != "quire" and x.get("size") == q.get("size")):
+            r = round(q["server_cpu_us_per_msg"] / p["server_cpu_us_per_msg"], 3)
+            line = {"bench": bench, "case": "cpu ratio", "quire": q["case"], "vs": p["system"], "size": q["size"],
+                    "rate": q.get("target_rate"), "quire_server_cpu_us_per_msg": q["server_cpu_us_per_msg"],
+                    "peer_server_cpu_us_per_msg": p["server_cpu_us_per_msg"], "ratio": r}
+            if p["system"] == FLOOR and _issue_case(q):
+                line.update(target=TARGET_CPU_RATIO,
+                            meets_target=r <= TARGET_CPU_RATIO and not q["errors"] and not p["errors"])
+            yield line
 
 
 def p99_lines(bench: str, lines: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-    """Quire's fixed-rate p99 over each competitor's of the same run and size (``"case": "p99 ratio"``).
+    """Quire's fixed-rate p99 over each peer's of the same run and size (``"case": "p99 ratio"``).
 
-    The target is ``TARGET_P99_RATIO`` (Quire's p99 at most the peer's); the python floor, a reference,
-    gets the ratio without one. A side with errors meets no target.
+    Issue 32's target, at most ``TARGET_P99_RATIO`` of the floor's and of
+    Redis's (``p99_target``), is on E3 W2 A2 at 100 B; the other ratios are
+    reported without one. A side with errors meets no target.
     """
     rated = [x for x in lines if x.get("mode") == "fixed_rate"]
     for q in (x for x in rated if x["system"] == "quire"):
@@ -535,9 +578,9 @@ def p99_lines(bench: str, lines: list[dict[str, Any]]) -> Iterator[dict[str, Any
             line = {"bench": bench, "case": "p99 ratio", "quire": q["case"], "vs": p["system"], "size": q["size"],
                     "rate": q.get("target_rate"), "quire_p99_ms": q["p99_ms"], "peer_p99_ms": p["p99_ms"],
                     "ratio": r}
-            if p["system"] not in NO_TARGET:
-                line.update(target=TARGET_P99_RATIO,
-                            meets_target=r <= TARGET_P99_RATIO and not q["errors"] and not p["errors"])
+            want = p99_target(q, p)
+            if want is not None:
+                line.update(target=want, meets_target=r <= want and not q["errors"] and not p["errors"])
             yield line
 
 
