@@ -167,7 +167,8 @@ class EntryBatcher:
         queue.append((message, done))
         self._queued_bytes += len(message.body)
         if (not self._pump_soon and self._slow is None
-                and (not self._inflight or self._queued_bytes >= self.conf.batch_flush_bytes)):
+                and (len(self._inflight) < self.conf.batch_hold_after_adds
+                     or self._queued_bytes >= self.conf.batch_flush_bytes)):
             # at the end of this loop turn, so the publishes of one read share an entry
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
@@ -254,7 +255,8 @@ class EntryBatcher:
                 inflight.popleft()
                 self._acked(head)
             if not (self._queue and len(inflight) < conf.max_outstanding_adds
-                    and (not inflight or self._queued_bytes >= conf.batch_flush_bytes)):
+                    and (len(inflight) < conf.batch_hold_after_adds
+                         or self._queued_bytes >= conf.batch_flush_bytes)):
                 break
             if self._needs_arm:
                 self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())

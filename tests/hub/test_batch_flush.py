@@ -110,6 +110,28 @@ async def test_no_more_than_max_outstanding_adds_in_flight() -> None:
     assert [f.result() for f in futs] == [1, 2, 3]
 
 
+async def test_publishes_go_at_once_until_batch_hold_after_adds_are_in_flight() -> None:
+    log, lh = held_log(batch_hold_after_adds=2, batch_flush_bytes=1000, max_outstanding_adds=4)
+    futs = [log.enqueue(body(10))]
+    await turns()
+    futs.append(log.enqueue(body(10)))
+    await turns()
+    assert lh.entries() == [[1], [2]]                  # one add in flight: the next publish still goes at once
+    futs += [log.enqueue(body(10)), log.enqueue(body(10))]
+    await turns()
+    assert lh.entries() == [[1], [2]]                  # two in flight: these queue (20 bytes < 1000)
+    lh.settle(0)
+    await turns()
+    assert lh.entries() == [[1], [2], [3, 4]]          # one settled: the queue goes as one entry
+    assert futs[0].result() == 1 and not any(f.done() for f in futs[1:])
+    lh.settle(2)
+    await turns()
+    assert not any(f.done() for f in futs[1:])         # completed in order only
+    lh.settle(1)
+    await turns()
+    assert [f.result() for f in futs] == [1, 2, 3, 4]  # in order, dense
+
+
 class RefusingLedger(HeldLedger):
     """Fails its second add from inside ``async_add_entry``, as a writer that already failed does."""
 
