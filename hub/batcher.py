@@ -107,6 +107,8 @@ class EntryBatcher:
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
     _pump_soon: bool
+    _hold_timer: asyncio.TimerHandle | None
+    _hold_over: bool
     _pumping: bool
     _slow: asyncio.Task[None] | None
     _drain: asyncio.Future[None] | None
@@ -172,6 +174,16 @@ class EntryBatcher:
             # at the end of this loop turn, so the publishes of one read share an entry
             self._pump_soon = True
             asyncio.get_running_loop().call_soon(self._pump)
+        elif self._hold_timer is None and self.conf.batch_flush_delay_ms and self._inflight:
+            self._hold_timer = asyncio.get_running_loop().call_later(
+                self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
+
+    def _hold_expired(self) -> None:
+        """``batch_flush_delay_ms`` passed since a publish queued behind the adds in flight: send the queue."""
+        self._hold_timer = None
+        if self._queue and not self._pump_soon and self._slow is None:
+            self._hold_over = True
+            self._pump()
 
     def _dedup_settled(self, producer: bytes, sequence_id: int, done: Done, seq: int,
                        error: BaseException | None) -> None:
@@ -255,7 +267,7 @@ class EntryBatcher:
                 inflight.popleft()
                 self._acked(head)
             if not (self._queue and len(inflight) < conf.max_outstanding_adds
-                    and (len(inflight) < conf.batch_hold_after_adds
+                    and (len(inflight) < conf.batch_hold_after_adds or self._hold_over
                          or self._queued_bytes >= conf.batch_flush_bytes)):
                 break
             if self._needs_arm:
@@ -279,6 +291,10 @@ class EntryBatcher:
                 self._fail_queue(exc)
                 break
             self._send(self._take_batch())
+        self._hold_over = False
+        if not self._queue and self._hold_timer is not None:   # sent before its bound
+            self._hold_timer.cancel()
+            self._hold_timer = None
         if not inflight and not self._queue:
             self._queue = self._inflight = IDLE    # nothing held while idle
             idle, self._idle = self._idle, []

@@ -14,7 +14,8 @@ Times are milliseconds and sizes bytes, as in Hedwig's ``hw_server.conf``,
 except where the key says ``_secs``. Quire-only keys: ``metastore_uri``,
 ``http_server_port``, ``http_server_host``, ``http_admin_token``,
 ``http_admin_token_file``, ``stats_http_port``, ``http_ui_base_path``, ``max_batch_bytes``, ``max_batch_messages``,
-``batch_flush_bytes``, ``batch_hold_after_adds``, ``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
+``batch_flush_bytes``, ``batch_hold_after_adds``, ``batch_flush_delay_ms``,
+``filter_class_path``, ``server_filter_allowlist``, ``server_host``,
 ``max_outbound_buffer``, ``max_outstanding_adds``, ``max_requests_per_turn``, ``max_pending_requests``,
 ``max_partial_frame_bytes``, ``incomplete_frame_timeout``, ``client_liveness_timeout``, ``ssl_only``,
 ``bk_client_conf``,
@@ -144,6 +145,8 @@ class HubConf:
     max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)
     batch_hold_after_adds: int = setting(1, "adds in flight from which publishes queue for a batch instead "
                                          "of going out as an entry at once (1: queue behind any add)", min=1)
+    batch_flush_delay_ms: float = setting(0.0, "with adds in flight, queued publishes go out as another entry "
+                                          "at most this long after the first queued (0: no time bound)", min=0)
     batch_flush_bytes: int = setting(8192, "with adds in flight, queued publishes go out as another entry once "
                                      "they hold this many bytes (0: at once)", min=0)
     dedup_window: int = setting(10000, "publishes per producer whose duplicates are answered with the original's "

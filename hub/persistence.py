@@ -119,7 +119,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     """
 
     __slots__ = ("_broken", "_closing", "_ctimes", "_decoded", "_dedup", "_dedup_armed", "_dedup_store", "_drain",
-                 "_first_times", "_idle", "_index", "_inflight", "_known", "_ledger_slots", "_lock", "_needs_arm",
+                 "_first_times", "_hold_over", "_hold_timer", "_idle",
+                 "_index", "_inflight", "_known", "_ledger_slots", "_lock", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
                  "entries_in_ledger", "gate", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
@@ -149,6 +150,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._queued_bytes = 0
         self._inflight: collections.deque[InflightAdd] = IDLE   # sent, in entry order
         self._pump_soon = False           # a _pump is scheduled for the end of this loop turn
+        self._hold_timer: asyncio.TimerHandle | None = None   # batch_flush_delay_ms bound on the queue's hold
+        self._hold_over = False           # the bound passed: what queued goes out without waiting for an add
         self._pumping = False             # a _pump is running (an add settled inside it waits for it)
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight

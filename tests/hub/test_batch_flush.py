@@ -132,6 +132,56 @@ async def test_publishes_go_at_once_until_batch_hold_after_adds_are_in_flight() 
     assert [f.result() for f in futs] == [1, 2, 3, 4]  # in order, dense
 
 
+class SignallingLedger(HeldLedger):
+    """A ``HeldLedger`` that sets ``added`` on each add."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.added = asyncio.Event()
+
+    def async_add_entry(self, data: bytes, cb: Callable[[int, BaseException | None], None]) -> None:
+        super().async_add_entry(data, cb)
+        self.added.set()
+
+
+async def test_queued_publishes_go_once_batch_flush_delay_ms_passed() -> None:
+    log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_flush_delay_ms": 5, "batch_flush_bytes": 1000}))
+    lh = SignallingLedger()
+    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
+    loop = asyncio.get_running_loop()
+    futs = [log.enqueue(body(10))]
+    await asyncio.wait_for(lh.added.wait(), 5)
+    lh.added.clear()
+    queued_at = loop.time()
+    futs += [log.enqueue(body(10)), log.enqueue(body(10))]
+    await turns()
+    assert lh.entries() == [[1]]                       # held behind the add in flight ...
+    await asyncio.wait_for(lh.added.wait(), 5)
+    assert loop.time() - queued_at >= 0.004            # ... until the bound, not before
+    assert lh.entries() == [[1], [2, 3]]               # then one entry, with the first still in flight
+    lh.settle(1)
+    lh.settle(0)
+    await turns()
+    assert [f.result() for f in futs] == [1, 2, 3]
+    assert log._hold_timer is None
+
+
+async def test_a_queue_sent_before_batch_flush_delay_ms_cancels_its_timer() -> None:
+    log, lh = held_log(batch_flush_delay_ms=60000, batch_flush_bytes=1000)
+    futs = [log.enqueue(body(10))]
+    await turns()
+    futs.append(log.enqueue(body(10)))
+    await turns()
+    assert log._hold_timer is not None
+    lh.settle(0)
+    await turns()
+    assert lh.entries() == [[1], [2]]                  # the add settled: the queue went, its timer is gone
+    assert log._hold_timer is None
+    lh.settle(1)
+    await turns()
+    assert [f.result() for f in futs] == [1, 2]
+
+
 class RefusingLedger(HeldLedger):
     """Fails its second add from inside ``async_add_entry``, as a writer that already failed does."""
 
