@@ -65,6 +65,26 @@ async def test_concurrent_publishes_share_entries_within_bounds(env: tuple[Any, 
     assert len(entries) < 101 and max(len(e) for e in entries) <= 8      # batched, bounded
 
 
+async def test_pipelined_and_time_bounded_entries_stay_dense_and_in_order_across_rolls(env: tuple[Any, Any]) -> None:
+    bk, pm = env
+    conf = load_hub_conf(None, {"bk_ensemble_size": 2, "batch_hold_after_adds": 3, "batch_flush_delay_ms": 0.2,
+                                "max_outstanding_adds": 4, "max_entries_per_ledger": 8})
+    log = await TopicLog.acquire(b"pipelined", bk, pm, conf)
+    futs: list[asyncio.Future[int]] = []
+    for wave in range(20):      # each wave starts while the last one's later entries are in flight
+        for i in range(wave * 10, wave * 10 + 10):
+            futs.append(log.enqueue(msg(i)))
+            await asyncio.sleep(0)     # one publish a loop turn: the first three go as entries at once
+        await asyncio.wait_for(asyncio.shield(futs[-10]), 10)
+    seqs = await asyncio.wait_for(asyncio.gather(*futs), 30)
+    assert seqs == list(range(1, 201))
+    ledgers = [r.ledgerId for r in log.ranges.ranges]
+    await log.release()
+    stored = [s for lid in ledgers for e in await entries_of(bk, lid) for s in e]
+    assert stored == list(range(1, 201))                               # dense, in order, across ledgers
+    assert len(ledgers) > 1
+
+
 async def test_new_owner_recovers_and_reads_back_across_ledgers(env: tuple[Any, Any]) -> None:
     bk, pm = env
     conf = load_hub_conf(None, {"bk_ensemble_size": 2, "max_entries_per_ledger": 7})
