@@ -1,9 +1,9 @@
-"""tools.scan on a real Spark (``local[2]``, one session for the module) against lmdb."""
+"""tools.scan on a real Spark (``local[2]``, one session for the module, quick JVM options:
+``tests.fixtures.spark``) against lmdb; ``quire scan`` runs in this process on that session."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.fixtures.spark import quick_spark_session
 from tests.tools.scan_data import (
     ADDRESSES,
     BAD_LEDGER_KEY,
@@ -23,15 +24,15 @@ from tests.tools.scan_data import (
     ensembles_of,
     populate,
 )
+from tools.cli import LIBRARY_LOGGERS, main
 from tools.scan.reports import run_report
-from tools.scan.session import spark_session
 
 pytestmark = pytest.mark.timeout(600)
 
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[SparkSession]:
-    session = spark_session("local[2]")
+    session = quick_spark_session("local[2]")
     yield session
     session.stop()
 
@@ -111,17 +112,34 @@ def test_reports_exact_values(spark: SparkSession, store: tuple[str, Dataset]) -
     assert {r.age_s for r in orphans} == {7200}
 
 
-def test_cli_prints_the_table_and_writes_parquet(store: tuple[str, Dataset], tmp_path: Path) -> None:
+def quire_in_process(*argv: str) -> int:
+    """``quire ARGV`` in this process (``tools.cli.main``), leaving the logging setup as it was."""
+    loggers = [logging.getLogger(), *map(logging.getLogger, LIBRARY_LOGGERS)]
+    saved = [(lg, lg.level, lg.handlers[:]) for lg in loggers]
+    try:
+        return main(list(argv))
+    finally:
+        for lg, level, handlers in saved:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+
+
+def test_cli_prints_the_table_and_writes_parquet(spark: SparkSession, store: tuple[str, Dataset], tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """``quire scan`` on the module's session (its ``getOrCreate`` finds it; the CLI stops only a session it
+    started, so the session serves on). A ``quire scan`` process of its own starting Spark is
+    ``test_scan_standalone.py``'s ``test_executor_that_cannot_see_the_lmdb_path``."""
     uri, data = store
     out = tmp_path / "under.parquet"
-    done = subprocess.run([sys.executable, "-m", "tools.cli", "scan", "under-replicated", "--metastore", uri,
-                           "--master", "local[1]", "--out", str(out), "--limit", "3"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    status = quire_in_process("scan", "under-replicated", "--metastore", uri, "--master", "local[2]",
+                              "--out", str(out), "--limit", "3")
+    stdout, stderr = capsys.readouterr()
+    assert status == 0, stderr[-2000:]
     under = expected_reports(data)["under"]
-    lines = done.stdout.splitlines()
+    lines = stdout.splitlines()
     assert lines[0].split() == ["ledger_id", "state", "missing_bookies", "fragments"]
     assert lines[2].split()[0] == str(under[0][0])
-    assert f"... {len(under) - 3} more rows" in done.stdout and f"({len(under)} rows)" in done.stdout
+    assert f"... {len(under) - 3} more rows" in stdout and f"({len(under)} rows)" in stdout
     table = pq.read_table(out)
     assert [(r["ledger_id"], r["fragments"]) for r in table.to_pylist()] == under
+    assert spark.range(3).count() == 3          # not stopped by the CLI

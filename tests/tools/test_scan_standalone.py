@@ -2,7 +2,8 @@
 
 One master, one worker and one driver session for the whole module; the
 "executor cannot see the lmdb path" case runs ``quire scan`` as its own
-Spark application against the same master.
+Spark application against the same master. Every JVM runs with the quick
+options of ``tests.fixtures.spark``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from tests.fixtures.spark import SparkStandalone
+from tests.fixtures.spark import SparkStandalone, quick_env, quick_spark_session
 from tests.tools.scan_data import Dataset, cursor_rows, populate
 from tests.tools.test_scan_spark import expected_reports
 from tools.scan.reports import run_report
-from tools.scan.session import spark_session
 from tools.zookeeper import ZooKeeperServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -36,7 +36,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalon
 @pytest.fixture(scope="module")
 def spark(cluster: SparkStandalone) -> Iterator[SparkSession]:
     # one core for this session, so the CLI's own application (below) gets the other
-    session = spark_session(cluster.master_url, conf={**cluster.driver_conf, "spark.cores.max": "1"})
+    session = quick_spark_session(cluster.master_url, conf={**cluster.driver_conf, "spark.cores.max": "1"})
     try:
         assert session.sparkContext.master == cluster.master_url
         yield session
@@ -84,7 +84,7 @@ def test_executor_that_cannot_see_the_lmdb_path(spark: SparkSession, cluster: Sp
     # run in tmp_path, where the store is; the executors run in the worker's directory, where it is not.
     uri = "lmdb://relative-store/meta"
     populate(f"lmdb://{tmp_path}/relative-store/meta", ledgers=5)
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])}
+    env = {**os.environ, **quick_env(), "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(Path(__file__).parents[2])}
     done = subprocess.run([sys.executable, "-m", "tools.cli", "--log-level", "WARNING", "scan", "ledgers-per-bookie",
                            "--metastore", uri, "--master", cluster.master_url], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)

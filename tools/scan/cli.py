@@ -170,9 +170,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_spark(master: str, report: str, uri: str, kwargs: dict[str, Any]) -> Any:
+    """The report as an Arrow table, on a session for ``master``: a new one, stopped at the end; or, when this
+    process already has an active session (``quire scan`` called in a process that uses Spark), that one,
+    which is left running for its owner."""
+    from pyspark.sql import SparkSession
+
     from tools.scan.reports import run_report
     from tools.scan.session import spark_session
 
+    started_here = SparkSession.getActiveSession() is None
     try:
         spark = spark_session(master)
     except Exception as exc:  # Spark start-up fails in many ways (bad master URL, no Java)
@@ -188,4 +194,5 @@ def _run_spark(master: str, report: str, uri: str, kwargs: dict[str, Any]) -> An
     except Exception as exc:  # a failed job arrives as a Py4J/pyspark error wrapping the Python one
         raise ScanError(one_line(exc)) from None
     finally:
-        spark.stop()
+        if started_here:
+            spark.stop()
