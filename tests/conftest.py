@@ -21,7 +21,7 @@ ZooKeeper (``zk_server``), HBase emulator and ``tmp_path_factory`` base
 directory; ports are picked free (``tools.zookeeper.free_port``) or bound to 0.
 With ``--dist loadgroup`` (``make test``) the tests of one module-scoped
 cluster form one group (one worker, one cluster), and so do the partition
-tests (one network test bed at a time); see ``pytest_collection_modifyitems``.
+tests (two groups: at most two network test beds at once); see ``pytest_collection_modifyitems``.
 Hypothesis runs without per-example deadlines (the ``quire`` profile).
 """
 
@@ -173,15 +173,24 @@ def _shared_process_fixture(item: pytest.Item, cache: dict[Any, bool]) -> bool:
     return False
 
 
+PARTITION_GROUPS = 2
+"""The partition tests run in this many xdist groups, ``partition-0`` and ``partition-1`` (each
+scenario's run 0 in one, its run 1 and the test bed's own tests in the other: about 230 and 210 s): at most
+two network test beds at once. A partition test mostly waits (a nemesis hold, a session timeout: 6-10 s of
+CPU in 20-45 s), so two at once leave its timing the CPU it needs, where one group made them a 7-minute
+queue on one worker, longer than the rest of the suite."""
+
+
 def _xdist_group(item: pytest.Item, cache: dict[Any, bool]) -> str | None:
-    """The xdist group of a test: its ``xdist_group`` mark, ``partition`` for the partition tests (one
-    netbed at a time: they take the CPU a nemesis' timing needs), else its module when it uses a shared
-    (module-scoped) cluster."""
+    """The xdist group of a test: its ``xdist_group`` mark, ``partition-K`` for the partition tests (at most
+    ``PARTITION_GROUPS`` netbeds at once), else its module when it uses a shared (module-scoped) cluster."""
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
     if item.get_closest_marker("partition"):
-        return "partition"
+        callspec = getattr(item, "callspec", None)
+        run = callspec.params.get("run") if callspec is not None else None
+        return f"partition-{run % PARTITION_GROUPS if isinstance(run, int) else PARTITION_GROUPS - 1}"
     if _shared_process_fixture(item, cache):
         return item.nodeid.split("::", 1)[0]
     return None

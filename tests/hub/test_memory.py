@@ -131,6 +131,7 @@ LEAK_BYTES_PER_MSG = 50
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("rss-soak")   # one case at a time: each takes about a core, and must reach its messages
 @pytest.mark.parametrize("subscribers", [0, 1])
 def test_rss_stays_flat_under_steady_publishing(tmp_path: Path, subscribers: int) -> None:
     """About 2 500 msg/s of 200-byte messages to 4 topics for 50 s, E3 W2 A2 (and then with one subscriber).
