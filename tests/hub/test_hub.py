@@ -7,13 +7,17 @@ import struct
 import uuid
 from collections.abc import Callable
 
+import aiohttp
 import pytest
 
 from hub import errors
 from hub.client import HedwigClient, Message
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import encode
+from tests.fixtures.polling import eventually
 from tools.cluster import LocalCluster
+
+from .conftest import hub_url
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -371,7 +375,8 @@ async def test_silent_hub_gives_response_timeout_and_closed_port_could_not_conne
         await HedwigClient.connect(f"127.0.0.1:{port}")
 
 
-async def test_consume_pointer_persisted_when_the_connection_drops(cluster: LocalCluster) -> None:
+async def test_consume_pointer_persisted_when_the_connection_drops(cluster: LocalCluster,
+                                                                   http: aiohttp.ClientSession) -> None:
     from hub.metadata import SubscriptionDataManager
     from metastore import open_metastore
 
@@ -381,9 +386,6 @@ async def test_consume_pointer_persisted_when_the_connection_drops(cluster: Loca
     await c.subscribe(topic, b"s")
     col = Collector()
     await c.start_delivery(topic, b"s", col)
-    for i in range(3):
-        await c.publish(topic, b"%d" % i)
-    await col.wait(lambda g: len(g) == 3)      # consumes 1, 2, 3 sent; consume_interval=2 persisted 2
     ms = await open_metastore(cluster.metastore_uri)
     try:
         mgr = SubscriptionDataManager(ms)
@@ -394,15 +396,29 @@ async def test_consume_pointer_persisted_when_the_connection_drops(cluster: Loca
             assert got is not None
             return int(got[0].state.msgId.localComponent)
 
-        assert await stored() < 3                    # not yet: the third consume is below consume_interval
+        async def stored_is(seq: int) -> bool:
+            return await stored() == seq
+
+        async def consumed_is(seq: int) -> bool:     # the owner's pointer, persisted or not
+            url = f"{hub_url(cluster, 0)}/admin/v1/topics/{topic.decode()}/stats"
+            async with http.get(url) as resp:
+                assert resp.status == 200, await resp.text()
+                return int((await resp.json())["subscriptions"]["s"]["consumed_seq_id"]) == seq
+
+        for i in range(2):
+            await c.publish(topic, b"%d" % i)
+        await col.wait(lambda g: len(g) == 2)  # consumes 1, 2 sent: consume_interval=2 persists 2
+        # (its write, in the background, takes the pointer as it is then: wait for it, or a third consume
+        # arriving meanwhile would be written with it)
+        await eventually(lambda: stored_is(2))
+        await c.publish(topic, b"2")
+        await col.wait(lambda g: len(g) == 3)  # consume 3 sent: one-way, so wait until the hub has it
+        await eventually(lambda: consumed_is(3))
+        assert await stored() == 2                   # not yet: the third consume is below consume_interval
         for conn in list(c.conns.values()):
             assert conn.transport is not None
             conn.transport.abort()                   # no close_subscription: the hub sees a dropped connection
-        for _ in range(100):
-            if await stored() == 3:
-                break
-            await asyncio.sleep(0.05)               # another process's write: poll the metastore
-        assert await stored() == 3
+        await eventually(lambda: stored_is(3))       # another process's write: poll the metastore
     finally:
         await ms.close()
         await c.close()
