@@ -113,7 +113,10 @@ async def test_kill_a_bookie_during_publishes(tmp_path: Path) -> None:
 
 
 async def test_ten_thousand_subscriptions_on_one_connection(tmp_path: Path) -> None:
-    async with LocalCluster(bookies=3, hubs=1, data_dir=tmp_path, conf_overrides=HUB_CONF) as cluster:
+    # a 5 s metastore session (not 1 s): 10 000 subscribes keep the hub's loop busy, and on a loaded machine
+    # (a full suite on 2 shared cores) its lease heartbeat starved past 1 s: "session is lost; retry"
+    conf = dict(HUB_CONF, zk_timeout="5000")
+    async with LocalCluster(bookies=3, hubs=1, data_dir=tmp_path, conf_overrides=conf) as cluster:
         async with await HedwigClient.connect(cluster.hub_addresses[0]) as c:
             topics = [b"many-%d" % (i % 10) for i in range(10)]
             for t in topics:
