@@ -98,14 +98,15 @@ proto-check: setup
 		done; done; rm -rf $$tmp; exit $$status
 
 # The whole suite on pytest-xdist workers. Most of its time waits on bookie, hub, ZooKeeper and Spark processes
-# (a partition test uses a fifth of a core, a hub test's cluster less), so twice as many workers as this
-# machine's 2 cores; each worker has its own ZooKeeper, ports and tmp dirs, and the
+# (a partition test uses a fifth of a core, a hub test's cluster less), so more workers than this machine's
+# 2 cores (4 starved the RSS soak and the test bed's timing on a clean clone); each worker has its own
+# ZooKeeper, ports and tmp dirs, and the
 # tests of one module-scoped cluster stay on one worker (--dist loadgroup, tests/conftest.py). pytest exits
 # non-zero on any failure and with 5 when no test ran. Extra options: make test PYTEST_ARGS='-x'.
 # Byte code is cached even where the environment sets PYTHONDONTWRITEBYTECODE: the suite starts well over a
 # thousand bookie, hub and `quire` processes, and each would compile Quire's modules again (and every pytest
 # worker would rewrite every test module's asserts again); __pycache__ is git-ignored.
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 PYTEST := env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest
 pytest: setup system-deps bench-deps

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.netbed import PREFIX, LinkFaults, NetBed, Relay, _NetNs, clean_leftovers, require_netbed
+from tests.fixtures.polling import eventually
 
 pytestmark = [pytest.mark.partition]
 
@@ -71,7 +72,10 @@ async def test_cuts_and_heal(netbed: NetBed) -> None:
         netbed.isolate("a")
         assert not await reaches(netbed, "c", a) and not await reaches(netbed, None, a)
         netbed.heal()
-        assert await reaches(netbed, "c", a) and await reaches(netbed, None, a)
+        # a veth set up again takes a moment to forward (link state, the neighbour entry the isolation left
+        # failed): heal must restore both paths, within a few seconds, not at the first SYN
+        assert await eventually(lambda: reaches(netbed, "c", a), timeout=10)
+        assert await eventually(lambda: reaches(netbed, None, a), timeout=10)
     finally:
         server.close()
 
