@@ -20,6 +20,7 @@ import pytest
 from hub.client import HedwigClient
 from hub.metadata import TopicPersistenceManager
 from metastore import open_metastore
+from tests.fixtures.cycles import cyclic_garbage
 from tests.hub.test_stats import scrape
 from tools.bench.topics import wait_owner_gone
 from tools.cluster import LocalCluster
@@ -130,15 +131,8 @@ async def test_topic_loads_beyond_the_bound_wait_their_turn(tmp_path: Path) -> N
 def _cyclic_garbage_of_the_server() -> collections.Counter[str]:
     """The objects of the server's own packages that only a full collection would free, by type."""
     gc.unfreeze()                                     # the hub froze what it acquired (hub.gcwatch)
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage
-                                    if type(o).__module__.startswith(("hub.", "bookie.", "metastore.")))
-    finally:
-        gc.set_debug(0)
-        gc.garbage.clear()
-    return found
+    return collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in cyclic_garbage()
+                               if type(o).__module__.startswith(("hub.", "bookie.", "metastore.")))
 
 
 async def test_acquired_and_released_topics_leave_no_cyclic_garbage(tmp_path: Path) -> None:

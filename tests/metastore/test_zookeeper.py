@@ -33,6 +33,7 @@ from metastore.errors import (
     ServiceDownError,
 )
 from metastore.proto.metastore_pb2 import Record
+from tests.fixtures.cycles import cyclic_garbage
 from tools.zookeeper import ZooKeeperServer, free_port
 
 pytestmark = [pytest.mark.zookeeper, pytest.mark.timeout(60)]
@@ -127,12 +128,8 @@ async def test_a_refused_create_leaves_no_frames_in_cycles(zk_uri: str) -> None:
             for _ in range(10):
                 with pytest.raises(KeyExistsError):
                     await t.put("k", Value({"v": b"2"}), Version.NEW)
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            gc.collect()
-            frames = [o for o in gc.garbage if type(o).__name__ in ("frame", "traceback")]
+            frames = [o for o in cyclic_garbage() if type(o).__name__ in ("frame", "traceback")]
         finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
             gc.enable()
         assert frames == [], f"{len(frames)} frames and tracebacks in cycles after 10 refused creates"
         assert (await t.get("k")).value == {"v": b"1"}
