@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,5 +108,8 @@ def test_the_executor_probe_answers_without_task_retries(spark: SparkSession, lm
     with pytest.raises(MetastoreNotVisibleError, match=r"lmdb://nowhere-\w+/meta is not visible on executor host"):
         probe_executors(spark, f"lmdb://nowhere-{uuid.uuid4().hex}/meta")   # relative: not in the worker's cwd
     (job,) = set(tracker.getJobIdsForGroup()) - before
-    info = tracker.getJobInfo(job)
+    # the tracker learns a job's end from Spark's listener bus, after collect() has returned: wait for it
+    deadline = time.monotonic() + 30
+    while (info := tracker.getJobInfo(job)) is not None and info.status == "RUNNING" and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert info is not None and info.status == "SUCCEEDED"   # the job itself did not fail, nothing was retried
