@@ -82,8 +82,12 @@ def delivery_run(topic: bytes, subscriber: bytes, messages: Sequence[Message]) -
         _add_messages(parts, [m.wire for m in messages])
         got = _runs[key] = (tuple(messages), b"".join(parts))
         _runs_order.append(key)
-        if len(_runs_order) > _RUNS_KEPT:
-            _runs.pop(_runs_order.popleft(), None)
+        global _runs_bytes
+        _runs_bytes += len(got[1])
+        while len(_runs_order) > _RUNS_KEPT or (_runs_bytes > _RUNS_KEPT_BYTES and len(_runs_order) > 1):
+            gone = _runs.pop(_runs_order.popleft(), None)
+            if gone is not None:
+                _runs_bytes -= len(gone[1])
     body = got[1]
     head, inner = _delivery_head(topic, subscriber)
     size = len(inner) + len(body)
@@ -92,6 +96,11 @@ def delivery_run(topic: bytes, subscriber: bytes, messages: Sequence[Message]) -
 
 
 _RUNS_KEPT = 32
+_RUNS_KEPT_BYTES = 64 * 1024
+"""Also at most this many bytes of runs (the newest run always stays): the subscribers at a topic's tail take
+a run together, so a small window serves them, and a lagging hub's larger runs add no memory that follows
+its load (they also hold their ``Message`` objects)."""
+_runs_bytes = 0
 _runs: dict[tuple[int, ...], tuple[tuple[Message, ...], bytes]] = {}
 _runs_order: collections.deque[tuple[int, ...]] = collections.deque()
 
