@@ -49,7 +49,7 @@ from bookie.errors import BKError, NotEnoughBookiesError
 from bookie.failures import FailureHistory
 from bookie.ledger import LedgerEntry, LedgerHandle
 from bookie.metadata import LedgerMetadata, LedgerMetadataManager, check_password, password_digest
-from bookie.recovery import recover_ledger
+from bookie.recovery import recover
 from bookie.registration import BOOKIES_TABLE
 from bookie.watcher import BookieWatcher
 from metastore import MetaStore, Version, open_existing_metastore
@@ -181,9 +181,13 @@ class BookKeeper:
         (too few bookies to fence or to decide the end; retry later).
         """
         self._check_open()
-        md, version = await recover_ledger(self._ctx, ledger_id, password)
-        lh = self._handle(ledger_id, md, version, password, writable=False)
+        got = await recover(self._ctx, ledger_id, password)
+        md = got.metadata
+        lh = self._handle(ledger_id, md, got.version, password, writable=False)
         lh.last_add_confirmed = md.last_entry_id
+        last = got.last_entry
+        if last is not None and last.entry_id == md.last_entry_id:   # ``read_last_entry`` reads nothing
+            lh._recovered_last = LedgerEntry(ledger_id, last.entry_id, last.body, last.length)
         return lh
 
     async def open_ledger_no_recovery(self, ledger_id: int, password: bytes = b"") -> LedgerHandle:

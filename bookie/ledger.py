@@ -52,6 +52,8 @@ class LedgerHandle:
         self._lac = -1
         self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password) if writable else None
         self._lazy_reader: LedgerReader | None = None
+        self._recovered_last: LedgerEntry | None = None
+        """The last entry as recovery met it (``BookKeeper.open_ledger``): ``read_last_entry`` needs no read."""
 
     @property
     def _reader(self) -> LedgerReader:
@@ -211,6 +213,16 @@ class LedgerHandle:
         async with contextlib.aclosing(self._reader.read_range(first, last)) as entries:   # its reads end with us
             async for entry in entries:
                 yield entry
+
+    async def read_last_entry(self) -> LedgerEntry | None:
+        """The last confirmed entry (None: there is none): recovery's copy after ``open_ledger``, else read."""
+        last = self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
+        if last < 0:
+            return None
+        got = self._recovered_last
+        if got is not None and got.entry_id == last:
+            return got
+        return await self._reader.read_entry(last)
 
     async def read_entry(self, entry_id: int) -> LedgerEntry:
         """Read one entry from its write set, speculatively asking the next replica after a delay."""

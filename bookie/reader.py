@@ -51,7 +51,7 @@ from bookie.metadata import LedgerMetadata
 
 log = logging.getLogger(__name__)
 
-__all__ = ["LedgerEntry", "LedgerReader", "best_error"]
+__all__ = ["BAD_LAST_ENTRY", "LedgerEntry", "LedgerReader", "best_error"]
 
 
 class LedgerEntry(NamedTuple):
@@ -234,24 +234,38 @@ class LedgerReader:
         Returns, per ensemble index, the LAC piggybacked on that bookie's last
         entry (-1 when it has none or a bad one) or the error it gave.
         """
+        return [r if isinstance(r, BaseException) else (r.lac if isinstance(r, digests.Entry) else -1)
+                for r in await self.fence_entries(master_key)]
+
+    async def fence_entries(self, master_key: bytes) -> list[digests.Entry | BaseException | None]:
+        """``fence``, keeping what each bookie answered: per ensemble index, its last entry (verified),
+        None when it has none, ``BAD_LAST_ENTRY`` when its last entry failed its digest, or its error.
+
+        A fenced bookie accepts no more adds but recovery's, so an entry past
+        the last one it answered with is not there (``bookie.recovery`` decides
+        the ledger's end from that without reading again).
+        """
         ensemble = self._metadata_of().current_ensemble
         return list(await asyncio.gather(*(self._fence_one(a, master_key) for a in ensemble),
                                          return_exceptions=True))
 
-    async def _fence_one(self, addr: str, master_key: bytes) -> int:
+    async def _fence_one(self, addr: str, master_key: bytes) -> digests.Entry | None:
         conn = await self._ctx.pool.get(addr)
         req = protocol.read_request(conn.next_txn_id(), self.ledger_id, protocol.LAST_ENTRY, fence=True,
                                     master_key=master_key)
         resp = await conn.request(req, self._ctx.conf.read_entry_timeout)
         if resp.status in (protocol.NO_ENTRY, protocol.NO_LEDGER):
-            return -1
+            return None
         protocol.raise_for_status(resp)
         try:
-            entry = self.decode(resp.body)
+            return self.decode(resp.body)
         except DigestMismatchError as exc:
             log.warning("fencing ledger %d: bad last entry on %s: %s", self.ledger_id, addr, exc)
-            return -1
-        return max(entry.lac, -1)
+            return BAD_LAST_ENTRY
+
+
+BAD_LAST_ENTRY = digests.Entry(-1, -1, -1, 0, b"")
+"""What ``LedgerReader.fence_entries`` gives for a fenced bookie whose last entry failed its digest."""
 
 
 _RETRY_BACKOFF = 0.05

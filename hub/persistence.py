@@ -257,10 +257,10 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         rh = await self.bk.open_ledger(r.ledgerId)
         end = r.startSeqIdIncluded - 1
         try:
-            if rh.last_add_confirmed >= 0:
-                async for e in rh.read(rh.last_add_confirmed, rh.last_add_confirmed):
-                    batch = pb.MessageBatch.FromString(e.data)
-                    end = batch.first_local_seq_id + len(batch.messages) - 1
+            e = await rh.read_last_entry()   # recovery's copy: no second read
+            if e is not None:
+                batch = pb.MessageBatch.FromString(e.data)
+                end = batch.first_local_seq_id + len(batch.messages) - 1
         finally:
             await rh.close()
         return end

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from bookie import digest as digests
+from bookie import protocol
 from bookie.client import BookKeeper
 from bookie.errors import BookieUnavailableError, LedgerFencedError
+from bookie.ledger import LedgerHandle
 from bookie.metadata import LedgerState
 from tests.bookie.clusterutil import FAST_CLIENT, cluster_and_client
 
@@ -75,6 +78,72 @@ async def test_recovery_replaces_a_dead_bookie_and_needs_enough_fenced(tmp_path:
         assert (await bk.ledgers.read(lh2.ledger_id))[0].state is LedgerState.IN_RECOVERY
 
 
+async def _add_to_one_bookie(bk: BookKeeper, lh: LedgerHandle, addr: str, entry_id: int, lac: int, length: int,
+                             body: bytes, password: bytes = b"") -> None:
+    """An add that reached one bookie only (its writer died before the others): never acknowledged."""
+    payload = digests.encode_entry(lh.ledger_id, entry_id, lac, length, body, lh.metadata.digest, password)
+    conn = await bk._ctx.pool.get(addr)
+    resp = await conn.request(protocol.add_request(conn.next_txn_id(), lh.ledger_id, entry_id,
+                                                   digests.master_key(password), payload), 5.0)
+    protocol.raise_for_status(resp)
+
+
+async def test_recovery_keeps_the_last_entry_it_met_and_rewrites_entries_found_on_one_bookie(tmp_path: Path) -> None:
+    """Entries past the LAC that only one bookie has (answered by the fence or read) are recovered to the
+    full write set; ``read_last_entry`` then gives recovery's copy with no read (every bookie is gone)."""
+    async with cluster_and_client(tmp_path) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        for i in range(5):   # one at a time: entry 4 carries LAC 3
+            await lh.add_entry(b"e%d" % i)
+        ens = lh.metadata.current_ensemble
+        length = lh.length
+        # entry 5 (write set 2, 0) only on ens[2]; entry 6 (write set 0, 1) only on ens[0]: a hole on each
+        await _add_to_one_bookie(bk, lh, ens[2], 5, 3, length + 2, b"e5")
+        await _add_to_one_bookie(bk, lh, ens[0], 6, 3, length + 4, b"e6")
+        recoverer = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
+        try:
+            rh = await recoverer.open_ledger(lh.ledger_id)
+            assert rh.metadata.last_entry_id == 6
+            assert rh.metadata.length == length + 4
+            reader = rh._reader
+            for eid in (4, 5, 6):   # every member of each write set has it now
+                for i in rh.metadata.write_set(eid):
+                    got = reader.decode(await reader.read_from(ens[i], eid), eid)
+                    assert got.body == b"e%d" % eid
+            for i in range(3):
+                await cluster.kill_bookie(i)
+            last = await rh.read_last_entry()
+            assert last is not None and (last.entry_id, last.data, last.ledger_length) == (6, b"e6", length + 4)
+        finally:
+            await recoverer.close()
+
+
+async def test_recovery_of_a_cleanly_stopped_writer_and_of_an_empty_ledger(tmp_path: Path) -> None:
+    """Every entry on its whole write set: the end is the last entry, nothing lost; an empty ledger ends at -1."""
+    async with cluster_and_client(tmp_path) as (cluster, bk):
+        lh = await bk.create_ledger(3, 2, 2)
+        for i in range(7):
+            await lh.add_entry(b"c%d" % i)
+        empty = await bk.create_ledger(3, 2, 2)
+        recoverer = await BookKeeper.connect(cluster.metastore_uri, conf=FAST_CLIENT)
+        try:
+            rh = await recoverer.open_ledger(lh.ledger_id)
+            assert rh.metadata.last_entry_id == 6 and rh.metadata.length == lh.length
+            assert [e.data async for e in rh.read(0, 6)] == [b"c%d" % i for i in range(7)]
+            last = await rh.read_last_entry()
+            assert last is not None and (last.entry_id, last.data) == (6, b"c6")
+            with pytest.raises(LedgerFencedError):
+                await lh.add_entry(b"too late")
+            rempty = await recoverer.open_ledger(empty.ledger_id)
+            assert rempty.metadata.last_entry_id == -1 and await rempty.read_last_entry() is None
+            # a ledger another recoverer closed: read_last_entry reads it
+            again = await bk.open_ledger(lh.ledger_id)
+            last = await again.read_last_entry()
+            assert last is not None and (last.entry_id, last.data) == (6, b"c6")
+        finally:
+            await recoverer.close()
+
+
 @pytest.mark.slow
 async def test_ten_thousand_adds_survive_a_bookie_kill(tmp_path: Path) -> None:
     async with cluster_and_client(tmp_path, bookies=4) as (cluster, bk):
@@ -107,7 +176,9 @@ async def test_ten_thousand_adds_survive_a_bookie_kill(tmp_path: Path) -> None:
 
 WRITER = textwrap.dedent("""
     import asyncio, sys
-    from bookie.client import BookKeeper
+    from bookie import digest as digests
+from bookie import protocol
+from bookie.client import BookKeeper
     async def main():
         bk = await BookKeeper.connect(sys.argv[1], conf={"add_entry_timeout": "3"})
         lh = await bk.create_ledger(3, 2, 2, password=b"crash")
