@@ -118,8 +118,8 @@ class EntryBatcher:
     _pumping: bool
     _slow: asyncio.Task[None] | None
     _drain: asyncio.Future[None] | None
-    _idle: list[asyncio.Future[None]]
-    _lock: asyncio.Lock
+    _idle: list[asyncio.Future[None]] | None
+    _lock_: asyncio.Lock | None
     _start_failures: int
     _start_not_before: float
     _start_error: BaseException | None
@@ -139,7 +139,16 @@ class EntryBatcher:
 
         def _may_write(self) -> None: ...
 
+    @property
+    def _lock(self) -> asyncio.Lock:
+        """Ledger changes (roll, delete) vs. each other; built by the first (an idle topic holds none)."""
+        lock = self._lock_
+        if lock is None:
+            lock = self._lock_ = asyncio.Lock()
+        return lock
+
     # --- publishing -----------------------------------------------------------------------------
+
     async def publish(self, message: pb.Message) -> int:
         """Persist ``message``; its seq id once acknowledged. ``ServiceDownError`` when not durable."""
         return await self.enqueue(message)
@@ -303,8 +312,8 @@ class EntryBatcher:
             self._hold_timer = None
         if not inflight and not self._queue:
             self._queue = self._inflight = IDLE    # nothing held while idle
-            idle, self._idle = self._idle, []
-            for w in idle:
+            idle, self._idle = self._idle, None
+            for w in idle or ():
                 if not w.done():
                     w.set_result(None)
 
@@ -370,6 +379,8 @@ class EntryBatcher:
                 await asyncio.gather(self._slow, return_exceptions=True)
                 continue
             idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            if self._idle is None:
+                self._idle = []
             self._idle.append(idle)
             if not self._pump_soon:
                 self._pump()

@@ -62,6 +62,7 @@ from bookie.errors import BKError, NoSuchLedgerError
 from hub import errors
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
+from metastore.idle import IDLE_DICT
 
 if TYPE_CHECKING:
     from bookie.ledger import LedgerHandle
@@ -394,10 +395,12 @@ class TopicCompaction:
 
     async def _handle(self, ledger_id: int) -> LedgerHandle:
         """A read handle on the compacted ledger, kept with the log's (``TopicLog.release`` closes them)."""
-        readers = self.log._readers
-        rh = readers.get(ledger_id)
+        rh = self.log._readers.get(ledger_id)
         if rh is None:
             rh = await self.log.bk.open_ledger_no_recovery(ledger_id)
+            if self.log._readers is IDLE_DICT:
+                self.log._readers = {}
+            readers = self.log._readers
             if ledger_id in readers:      # another read opened it meanwhile: keep one
                 await _close_quietly(rh)
                 return readers[ledger_id]

@@ -30,6 +30,7 @@ from hub.conf import HubConf
 from hub.entry_index import EntryIndex
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
+from metastore.idle import IDLE_DICT
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -119,6 +120,8 @@ class LogReader:
             if self._readers.get(lid) is not None:   # another scan opened it meanwhile: keep one
                 await self._close_quietly(rh)
                 return self._readers[lid]
+            if self._readers is IDLE_DICT:
+                self._readers = {}
             self._readers[lid] = rh
         return rh
 
@@ -136,6 +139,8 @@ class LogReader:
         """
         if ledger_id in self._index:
             return
+        if self._known is IDLE_DICT:
+            self._known = {}
         known = self._known.setdefault(ledger_id, [])
         i = bisect.bisect_left(known, (first_seq, entry_id))
         if i == len(known) or known[i] != (first_seq, entry_id):

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hub.proto import pubsub_pb2 as pb
+from metastore.idle import IDLE_DICT
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -86,19 +87,31 @@ class LogUsage:
     _closing: LedgerHandle | None
 
     def _init_usage(self) -> None:
-        self._sizes: dict[int, int] = {}       # closed ledgers: length in bytes
-        self._ctimes: dict[int, int] = {}      # ledgers: created, epoch ms
+        # a dict of their own from the first ledger closed or learnt (an idle topic with one ledger holds none)
+        self._sizes: dict[int, int] = IDLE_DICT    # closed ledgers: length in bytes
+        self._ctimes: dict[int, int] = IDLE_DICT   # ledgers but the writer's: created, epoch ms (``_ctime``)
         self.last_write_ms = _now_ms()         # the last acknowledged add (or the acquisition)
 
     def _ledger_started(self, lh: LedgerHandle) -> None:
-        metadata = getattr(lh, "metadata", None)     # (a stand-in handle of a white-box test may have none)
+        """Nothing to remember yet: the writer's creation time is its metadata's (``_ctime``)."""
+
+    def _ledger_closed(self, lh: LedgerHandle) -> None:
+        length = getattr(lh, "length", None)         # (a stand-in handle of a white-box test may have none;
+        metadata = getattr(lh, "metadata", None)     # learn_usage reads them from the metadata then)
+        if self._sizes is IDLE_DICT:
+            self._sizes, self._ctimes = {}, dict(self._ctimes)
+        if length is not None:
+            self._sizes[lh.ledger_id] = int(length)
         if metadata is not None:
             self._ctimes[lh.ledger_id] = metadata.ctime_ms
 
-    def _ledger_closed(self, lh: LedgerHandle) -> None:
-        length = getattr(lh, "length", None)         # (likewise; learn_usage reads it from the metadata then)
-        if length is not None:
-            self._sizes[lh.ledger_id] = int(length)
+    def _ctime(self, ledger_id: int) -> int | None:
+        """When ``ledger_id`` was created (epoch ms), if known."""
+        writer = self._writer_of(ledger_id)
+        metadata = getattr(writer, "metadata", None) if writer is not None else None
+        if metadata is not None:
+            return int(metadata.ctime_ms)
+        return self._ctimes.get(ledger_id)
 
     def _forget_usage(self, ledger_id: int) -> None:
         self._sizes.pop(ledger_id, None)
@@ -108,13 +121,15 @@ class LogUsage:
         """Read the metadata of the kept ledgers whose size or creation time is not known yet."""
         for r in list(self.ranges.ranges):
             lid = r.ledgerId
-            if lid in self._ctimes and (lid in self._sizes or self._writer_of(lid) is not None):
+            if self._ctime(lid) is not None and (lid in self._sizes or self._writer_of(lid) is not None):
                 continue
             try:
                 md, _ = await self.bk.ledgers.read(lid)
             except Exception as exc:   # a bookie or metastore failure: retried at the next round
                 log.info("topic %r: cannot read the metadata of ledger %d: %s", self.topic, lid, exc)
                 continue
+            if self._sizes is IDLE_DICT:
+                self._sizes, self._ctimes = {}, dict(self._ctimes)
             self._ctimes.setdefault(lid, md.ctime_ms)
             if md.is_closed and self._writer_of(lid) is None:
                 self._sizes[lid] = md.length
@@ -153,7 +168,7 @@ class LogUsage:
         for i, r in enumerate(rs[:-1]):
             if not r.HasField("endSeqIdIncluded") or r.endSeqIdIncluded.localComponent > consumed:
                 break
-            closed = self._ctimes.get(rs[i + 1].ledgerId)
+            closed = self._ctime(rs[i + 1].ledgerId)
             if r.ledgerId not in self._sizes or closed is None:
                 break
             out.append(LedgerUsage(r.ledgerId, self._sizes[r.ledgerId], closed))
@@ -170,7 +185,7 @@ class LogUsage:
             if end < r.startSeqIdIncluded:
                 continue
             if i + 1 < len(rs):
-                when = self._ctimes.get(rs[i + 1].ledgerId)
+                when = self._ctime(rs[i + 1].ledgerId)
                 if when is None:
                     continue
             else:

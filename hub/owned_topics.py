@@ -168,7 +168,7 @@ class OwnedTopics:
             self.spawn(self.regions.topic_acquired(topic))
         self.ownership.num_topics = len(self.topics)
         self.stats.incr("topics_acquired")
-        log.info("acquired topic %r at seq %d", topic, tlog.last_seq)
+        log.debug("acquired topic %r at seq %d", topic, tlog.last_seq)   # thousands at once: see topics_acquired
         return t
 
     def _alive_check(self, session: Session | None) -> Callable[[], bool] | None:

@@ -93,7 +93,7 @@ from hub.log_reader import NOTHING_DECODED, LogReader, decode_batch
 from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
-from metastore.idle import IDLE
+from metastore.idle import IDLE, IDLE_DICT
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -120,7 +120,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
 
     __slots__ = ("_broken", "_closing", "_ctimes", "_decoded", "_dedup", "_dedup_armed", "_dedup_store", "_drain",
                  "_first_times", "_hold_over", "_hold_timer", "_idle",
-                 "_index", "_inflight", "_known", "_ledger_slots", "_lock", "_needs_arm",
+                 "_index", "_inflight", "_known", "_ledger_slots", "_lock_", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
                  "entries_in_ledger", "gate", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
@@ -143,8 +143,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._first_times: dict[int, int] = {}      # ledgers we wrote: their first message's publish time
         self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = NOTHING_DECODED  # last entry read, decoded
-        self._known: dict[int, list[tuple[int, int]]] = {}  # other ledgers: sorted (first seq id, entry id) read
-        self._readers: dict[int, LedgerHandle] = {}  # read-only handles on ledgers that are not current
+        self._known: dict[int, list[tuple[int, int]]] = IDLE_DICT  # other ledgers: sorted (first seq id, entry id) read
+        self._readers: dict[int, LedgerHandle] = IDLE_DICT  # read-only handles on ledgers that are not current
         self._closing: LedgerHandle | None = None   # the writer handle being closed (reads go through it meanwhile)
         self._queue: collections.deque[tuple[pb.Message, Done]] = IDLE   # a deque of its own once used
         self._queued_bytes = 0
@@ -155,8 +155,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._pumping = False             # a _pump is running (an add settled inside it waits for it)
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
-        self._idle: list[asyncio.Future[None]] = []       # _drained waits for the queue to empty
-        self._lock = asyncio.Lock()       # ledger changes (roll, delete) vs. each other
+        self._idle: list[asyncio.Future[None]] | None = None   # _drained waits for the queue to empty
+        self._lock_: asyncio.Lock | None = None   # ledger changes (roll, delete) vs. each other (``_lock``)
         self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
         self._start_not_before = 0.0      # loop time before which no new ledger is tried
         self._start_error: BaseException | None = None

@@ -73,6 +73,7 @@ from hub.subscription_consumers import SubscriptionConsumers, type_name
 from hub.substate import Attachment, SubState
 from metastore import Version
 from metastore.cas import cas_retry
+from metastore.idle import IDLE_DICT
 
 if TYPE_CHECKING:
     from hub.metadata import SubscriptionDataManager
@@ -110,8 +111,8 @@ class TopicSubscriptions(SubscriptionConsumers):
         self.conf = conf
         self.last_seq = last_seq
         self.on_consumed = on_consumed
-        self.subs: dict[bytes, SubState] = {}
-        self._subscribing: dict[bytes, asyncio.Lock] = {}
+        self.subs: dict[bytes, SubState] = IDLE_DICT   # a dict of its own from the first subscription
+        self._subscribing: dict[bytes, asyncio.Lock] = IDLE_DICT
         # retained_after's running minimum of the unbounded subscribers' pointers: ``_at_min`` of them are at
         # ``_min``; ``_bounded`` subscribers have a messageBound; ``_min_n`` is len(subs) when it was built
         # (-1 or another count: stale, rebuilt when next asked)
@@ -119,6 +120,16 @@ class TopicSubscriptions(SubscriptionConsumers):
         self._at_min = 0
         self._bounded = 0
         self._min_n = -1
+
+    def _subscriber_lock(self, sub: bytes) -> asyncio.Lock:
+        """The lock of ``sub``'s (un)subscriptions: kept, one per subscriber, as ``subs``."""
+        locks = self._subscribing
+        lock = locks.get(sub)
+        if lock is None:
+            if locks is IDLE_DICT:
+                locks = self._subscribing = {}
+            lock = locks[sub] = asyncio.Lock()
+        return lock
 
     async def load(self) -> None:
         """Every stored subscription of the topic; readers' temporary ones left by a previous owner are deleted
@@ -131,6 +142,8 @@ class TopicSubscriptions(SubscriptionConsumers):
                     continue
                 except errors.PubSubError as exc:   # kept this time (it holds the ledgers as any subscription)
                     log.warning("could not delete temporary subscription %r/%r: %s", self.topic, sub, exc)
+            if self.subs is IDLE_DICT:
+                self.subs = {}
             self.subs[sub] = SubState(sub, data, version)
         self._min_stale()
 
@@ -214,7 +227,7 @@ class TopicSubscriptions(SubscriptionConsumers):
     async def subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
         """One subscribe at a time per subscriber, whatever connection it comes from: two consumers of a new
         SHARED subscription attaching at once must not both try to create it."""
-        async with self._subscribing.setdefault(sub, asyncio.Lock()):   # kept: one per subscriber, as subs
+        async with self._subscriber_lock(sub):   # kept: one per subscriber, as subs
             return await self._subscribe(conn, sub, req)
 
     async def _subscribe(self, conn: Attachment, sub: bytes, req: pb.SubscribeRequest) -> pb.SubscriptionPreferences:
@@ -253,6 +266,8 @@ class TopicSubscriptions(SubscriptionConsumers):
             data.preferences.CopyFrom(req.preferences)
             version = await self.mgr.create_subscription_data(self.topic, sub, data)
             state = SubState(sub, data, version)
+            if self.subs is IDLE_DICT:
+                self.subs = {}
             self.subs[sub] = state
             self._min_stale()
         else:
@@ -510,7 +525,7 @@ class TopicSubscriptions(SubscriptionConsumers):
         if not state.prefs.temporary or state.attached:
             return False
         sub = state.subscriber
-        async with self._subscribing.setdefault(sub, asyncio.Lock()):
+        async with self._subscriber_lock(sub):
             if self.subs.get(sub) is not state:
                 return True
             if state.attached:

@@ -14,6 +14,12 @@ A ``collections.deque`` holds about 700 bytes even when empty (a block of
 by a length check and ``clear`` work on ``IDLE`` as on any empty deque.
 Appending to ``IDLE`` itself raises ``AssertionError`` (a missed check would
 otherwise share one queue between every idle owner).
+
+``IDLE_DICT`` is the same for a table that is mostly empty (an empty dict
+holds 64 bytes, one with an entry 180): reading, ``pop`` with a default and
+``clear`` work on it; storing into it raises ``AssertionError``, so an owner
+checks ``if self._table is IDLE_DICT: self._table = {}`` before its first
+store.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-__all__ = ["IDLE"]
+__all__ = ["IDLE", "IDLE_DICT"]
 
 
 class _IdleDeque(collections.deque):  # type: ignore[type-arg]
@@ -35,3 +41,22 @@ class _IdleDeque(collections.deque):  # type: ignore[type-arg]
 
 IDLE: collections.deque[Any] = _IdleDeque()
 """The shared empty deque (see the module docstring)."""
+
+
+class _IdleDict(dict):  # type: ignore[type-arg]
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise AssertionError("stored into the shared idle dict (metastore.idle.IDLE_DICT)")
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        raise AssertionError("stored into the shared idle dict (metastore.idle.IDLE_DICT)")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("stored into the shared idle dict (metastore.idle.IDLE_DICT)")
+
+    __ior__ = update  # type: ignore[assignment]
+
+
+IDLE_DICT: dict[Any, Any] = _IdleDict()
+"""The shared empty dict (see the module docstring)."""

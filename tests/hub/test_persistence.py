@@ -161,7 +161,8 @@ async def test_a_reader_cached_before_its_ledger_closed_is_not_kept(env: tuple[A
     stale = await bk.open_ledger_no_recovery(lid)     # the ledger is still open: its last entry's LAC is unknown
     assert stale.last_add_confirmed == 1
     assert await log.publish(msg(3)) == 4             # the roll closes the ledger at entry 2
-    log._readers[lid] = stale                         # as if a scan had opened it while the close ran
+    log._readers = {**log._readers, lid: stale}        # as if a scan had opened it while the close ran (a dict
+    #                                                   of its own: an idle log shares metastore.idle.IDLE_DICT)
     assert [m.seq_id for m in await log.scan(1, 10, 1 << 20)] == [1, 2, 3, 4]
     assert [m.seq_id for m in await log.scan(3, 10, 1 << 20)] == [3, 4]
     assert log._readers[lid] is not stale and log._readers[lid].is_closed
