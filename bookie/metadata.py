@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import enum
+import functools
 import hashlib
 import logging
 import time
@@ -68,6 +69,12 @@ def ledger_record_key(ledger_id: int) -> str:
 
 
 def password_digest(password: bytes) -> bytes:
+    return _password_digest(bytes(password))
+
+
+@functools.lru_cache(maxsize=64)
+def _password_digest(password: bytes) -> bytes:
+    """Shared by a client's ledgers of one password (each kept its own copy: 65 bytes a ledger)."""
     return hashlib.sha256(b"quire-ledger-password:" + password).digest()
 
 

@@ -82,7 +82,7 @@ from bookie.errors import (
 )
 from bookie.metadata import LedgerMetadata, close_ledger
 from metastore import Version
-from metastore.idle import IDLE
+from metastore.idle import IDLE, IDLE_DICT
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,12 @@ _NO_BOOKIES: frozenset[str] = frozenset()
 # a client's ledgers mostly share their shape and password: their writers share what derives from them
 _master_key = functools.lru_cache(maxsize=64)(digests.master_key)
 _encoder = functools.lru_cache(maxsize=64)(digests.entry_encoder)
+
+
+@functools.lru_cache(maxsize=256)
+def _ensemble_index(ensemble: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
+    """An ensemble and each bookie's index in it: shared by the writers of that ensemble (never changed)."""
+    return ensemble, {addr: i for i, addr in enumerate(ensemble)}
 
 
 @functools.lru_cache(maxsize=64)
@@ -175,7 +181,7 @@ class LedgerWriter:
         self._retry_timer: asyncio.TimerHandle | None = None
         self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
         self._change_task: asyncio.Task[None] | None = None
-        self._connecting: dict[str, asyncio.Task[None]] = {}
+        self._connecting: dict[str, asyncio.Task[None]] = IDLE_DICT   # a dict of its own while connecting
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
         self._lag_rechecked = False
@@ -206,8 +212,7 @@ class LedgerWriter:
     def _use_ensemble(self) -> None:
         ensemble = self.metadata.current_ensemble
         size = self.metadata.ensemble_size
-        self._ensemble = list(ensemble)
-        self._index_of = {addr: i for i, addr in enumerate(ensemble)}
+        self._ensemble, self._index_of = _ensemble_index(tuple(ensemble))
         self._write_sets = _write_sets(size, self.metadata.write_quorum)
         self._conns: list[BookieConnection | None] = [None] * size
         self._callbacks: list[Callable[[protocol.Response | BKError], None]] | None = None   # built by _send
@@ -333,6 +338,8 @@ class LedgerWriter:
         if addr in self._connecting:
             return
         task = self._loop.create_task(self._connect_and_resend(addr))
+        if self._connecting is IDLE_DICT:
+            self._connecting = {}
         self._connecting[addr] = task
         task.add_done_callback(lambda _: self._connecting.pop(addr, None))
 

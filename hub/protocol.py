@@ -187,10 +187,11 @@ def name_problem(name: bytes, what: str, limit: int) -> str | None:
 
 _VALID_NAMES: dict[bytes, None] = {}
 """Names ``name_problem`` found valid (non-empty UTF-8 without NUL; the length is checked each time)."""
-_MAX_VALID_NAMES = 1 << 16
+_MAX_VALID_NAMES = 1 << 12
+"""The names remembered (emptied when full): the busy ones, not every topic of a hub that owns thousands."""
 
 
-@functools.lru_cache(maxsize=1 << 16)
+@functools.lru_cache(maxsize=1 << 12)
 def _short_name_problem(name: bytes, what: str, limit: int) -> str | None:
     if not name:
         return f"{what} must be non-empty UTF-8 of at most {limit} bytes"

@@ -119,14 +119,16 @@ DEFAULT_MAP_SIZE = 8 << 30
 DEFAULT_MAX_VALUE_SIZE = 16 << 20
 DEFAULT_MAX_TABLES = 128
 """LMDB sizes every transaction's table array by this, so a small bound keeps reads fast."""
-CACHE_ENTRIES = 4096
+CACHE_ENTRIES = 1024
 """Decoded records kept per table (records up to ``CACHE_RECORD_BYTES``); the oldest quarter goes when full.
 
 The cache saves decoding the records read again and again (sessions, a
 busy topic's owner and ranges, ledgers being opened); a hub's idle topics
 are read once when acquired and not again. At 65 536 entries a hub of 10 000
 idle topics kept some 1.7 KB per topic of records nobody read (issue 34:
-at most 5 KB per idle topic); 4 096 bound each table's cache to about 1.5 MB."""
+at most 5 KB per idle topic); 1 024 bound each table's cache to about 0.4 MB,
+still more than the records ``max_concurrent_topic_loads`` (512) acquisitions
+read and write back at once."""
 CACHE_RECORD_BYTES = 4096
 
 
