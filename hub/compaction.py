@@ -101,7 +101,12 @@ def compaction_ledgers(ranges: pb.LedgerRanges) -> list[int]:
 
 
 class TopicCompaction:
-    """One owned topic's compaction: runs, their status, the compacted ledger's reads (module docstring)."""
+    """One owned topic's compaction: runs, their status, the compacted ledger's reads (module docstring).
+
+    Slots: every owned topic has one (issue 34)."""
+
+    __slots__ = ("_reading_from", "_resume", "_upto", "entries_written", "last_error", "log", "on_done", "paused",
+                 "task", "threshold")
 
     def __init__(self, topic_log: TopicLog) -> None:
         self.log = topic_log

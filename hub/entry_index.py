@@ -20,6 +20,8 @@ from __future__ import annotations
 import bisect
 from array import array
 
+from metastore.idle import IDLE_DICT
+
 __all__ = ["BLOCK", "EntryIndex"]
 
 BLOCK = 64
@@ -35,7 +37,7 @@ class EntryIndex:
     def __init__(self) -> None:
         self._starts = array("q")       # first seq id of entries 0, BLOCK, 2 * BLOCK, ...
         self._counts = bytearray()      # message count of every entry (_ESCAPE: see _big)
-        self._big: dict[int, int] = {}  # entry id -> count, for counts of _ESCAPE or more
+        self._big: dict[int, int] = IDLE_DICT  # entry id -> count, for counts of _ESCAPE or more (mostly none)
         self._next = 0                  # the first seq id the next entry must have
 
     def append(self, first_seq: int, count: int) -> None:
@@ -51,6 +53,8 @@ class EntryIndex:
         if entry % BLOCK == 0:
             self._starts.append(first_seq)
         if count >= _ESCAPE:
+            if self._big is IDLE_DICT:
+                self._big = {}
             self._big[entry] = count
             self._counts.append(_ESCAPE)
         else:
