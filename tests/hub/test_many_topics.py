@@ -164,6 +164,48 @@ async def test_acquired_and_released_topics_leave_no_cyclic_garbage(tmp_path: Pa
             await server.stop()
 
 
+async def test_idle_topics_share_their_empty_tables_and_the_hubs_callbacks(tmp_path: Path) -> None:
+    """In process: topics published to once hold no table of their own while it is empty (readers, known entry
+    starts, ledger sizes and times, subscriptions: ``metastore.idle.IDLE_DICT``) and share the hub's callbacks;
+    the first subscription, or a roll to a new ledger, gives that one topic tables of its own, with the closed
+    ledger's size and time and the writer's time known (issue 34)."""
+    from hub.conf import load_hub_conf
+    from hub.server import HubServer
+    from metastore.idle import IDLE_DICT
+
+    conf_keys = {**CONF, "bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1"}
+    async with LocalCluster(bookies=1, hubs=0, data_dir=tmp_path / "c", conf_overrides=conf_keys) as cluster:
+        hub_keys = {k: v for k, v in conf_keys.items() if k != "session_timeout"}     # a bookie key
+        server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0", "max_entries_per_ledger": "2",
+                                                "metastore_uri": cluster.metastore_uri}))
+        await server.start()
+        try:
+            topics = [f"tables-{i}".encode() for i in range(10)]
+            assert await _publish_all(server.address, topics, b"m") == [1] * 10
+            owned = [server.topics[t] for t in topics]
+            for t in owned:
+                log = t.log
+                assert log._readers is IDLE_DICT and log._known is IDLE_DICT and t.subs.subs is IDLE_DICT
+                assert log._sizes is IDLE_DICT and log._ctimes is IDLE_DICT and t.subs._subscribing is IDLE_DICT
+                assert log.lh is not None and log._ctime(log.lh.ledger_id) == log.lh.metadata.ctime_ms
+            assert len({id(t.log.on_persisted) for t in owned}) == 1       # bound once by the hub
+            assert len({id(t.subs.track) for t in owned}) == 1
+            async with await HedwigClient.connect(server.address) as c:
+                await c.subscribe(topics[0], b"sub")
+                first = owned[1].log.lh
+                assert first is not None
+                assert [await c.publish(topics[1], b"m") for _ in range(2)] == [2, 3]   # entry 2 rolls
+            assert owned[0].subs.subs is not IDLE_DICT and list(owned[0].subs.subs) == [b"sub"]
+            rolled = owned[1].log
+            assert rolled.lh is not None and rolled.lh.ledger_id != first.ledger_id
+            assert rolled._sizes == {first.ledger_id: first.length} and first.length > 0
+            assert rolled._ctimes == {first.ledger_id: first.metadata.ctime_ms}
+            assert [u.ledger_id for u in rolled.consumed_ledgers(3)] == [first.ledger_id]
+            assert all(t.subs.subs is IDLE_DICT and t.log._sizes is IDLE_DICT for t in owned[2:])
+        finally:
+            await server.stop()
+
+
 @pytest.mark.slow
 async def test_two_hubs_racing_for_the_same_1000_new_topics(tmp_path: Path) -> None:
     """Clients of both hubs publish to the same new topics at once: one owner each, dense seq ids,

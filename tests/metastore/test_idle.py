@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from metastore.idle import IDLE
+from metastore.idle import IDLE, IDLE_DICT
 
 
 def test_the_shared_idle_deque_reads_as_empty_and_refuses_appends() -> None:
@@ -27,3 +27,22 @@ def test_an_owner_takes_a_deque_of_its_own_and_gives_it_back() -> None:
     if not queue:
         queue = IDLE
     assert queue is IDLE
+
+
+def test_the_shared_idle_dict_reads_as_empty_and_refuses_stores() -> None:
+    assert not IDLE_DICT and IDLE_DICT.get(1) is None and 1 not in IDLE_DICT and list(IDLE_DICT.values()) == []
+    assert IDLE_DICT.pop(1, None) is None          # harmless, as on any empty dict
+    IDLE_DICT.clear()
+
+    def store(key: int) -> None:
+        IDLE_DICT[key] = 1
+
+    for add in (store, lambda k: IDLE_DICT.setdefault(k, 1), lambda k: IDLE_DICT.update({k: 1})):
+        with pytest.raises(AssertionError, match="shared idle dict"):
+            add(1)
+    assert not IDLE_DICT
+    table: dict[int, int] = IDLE_DICT
+    if table is IDLE_DICT:                         # an owner's first store takes a dict of its own
+        table = {}
+    table[1] = 2
+    assert table == {1: 2} and not IDLE_DICT
