@@ -176,9 +176,7 @@ async def test_ten_thousand_adds_survive_a_bookie_kill(tmp_path: Path) -> None:
 
 WRITER = textwrap.dedent("""
     import asyncio, sys
-    from bookie import digest as digests
-from bookie import protocol
-from bookie.client import BookKeeper
+    from bookie.client import BookKeeper
     async def main():
         bk = await BookKeeper.connect(sys.argv[1], conf={"add_entry_timeout": "3"})
         lh = await bk.create_ledger(3, 2, 2, password=b"crash")
