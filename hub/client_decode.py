@@ -11,6 +11,13 @@ subscription that gets the same bytes. The key is the message's serialization,
 so two deliveries share an object only when every field is the same (a
 redelivery with another ``redelivery_count`` is a message of its own).
 
+A consumer's deliveries (``Delivery.consumerId`` set: ``hub.consumer``) skip
+the table: a SHARED, FAILOVER or KEY_SHARED subscription hands each message
+to one of its consumers, so in a work queue nothing else in the process gets
+the same bytes and keeping them would only cost (about a third of decoding a
+message, measured). A process with several subscriptions of one topic that
+should share decodes uses Hedwig subscriptions (``subscribe``/``start_delivery``).
+
 Shared messages are immutable: ``Message`` is a frozen dataclass and
 ``properties`` and ``msg_id.remote`` are ``hub.message.ReadOnlyDict``\\ s.
 
@@ -41,9 +48,14 @@ _decoded: dict[bytes, Message] = {}
 _order: deque[bytes] = deque()          # _decoded's keys, oldest first (a dict's own first key is slow to find)
 
 
-def decode_wires(wires: Sequence[bytes]) -> list[Message]:
+def decode_wires(wires: Sequence[bytes], shared: bool = True) -> list[Message]:
     """The ``Message`` of each serialized ``pubsub_pb2.Message`` in ``wires`` (in order), read-only and shared
-    with other deliveries of the same bytes; ``google.protobuf.message.DecodeError`` for bytes that are not one."""
+    with other deliveries of the same bytes; ``google.protobuf.message.DecodeError`` for bytes that are not one.
+
+    ``shared=False``: decoded without the table (read-only still), for deliveries no other subscription of
+    the process is likely to get (a consumer's share of a work queue)."""
+    if not shared:
+        return [Message.from_proto(pb.Message.FromString(wire), keep_wire=wire, read_only=True) for wire in wires]
     table = _decoded
     get = table.get
     out = []
@@ -61,6 +73,6 @@ def decode_wires(wires: Sequence[bytes]) -> list[Message]:
     return out
 
 
-def decode_delivered(protos: Sequence[pb.Message]) -> list[Message]:
+def decode_delivered(protos: Sequence[pb.Message], shared: bool = True) -> list[Message]:
     """``decode_wires`` of parsed messages (a delivery frame protobuf parsed as a whole)."""
-    return decode_wires([proto.SerializeToString() for proto in protos])
+    return decode_wires([proto.SerializeToString() for proto in protos], shared)

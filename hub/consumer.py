@@ -98,6 +98,7 @@ class Consumer:
         self.subscriber = subscriber
         self.consumer_id = consumer_id
         self.subscription_type = subscription_type
+        self._flow_at = 1                            # permits go back once this many were received
         self.receiver_queue_size = receiver_queue_size
         self.ack_timeout_ms = ack_timeout_ms
         self.negative_ack_redelivery_delay_ms = negative_ack_redelivery_delay_ms
@@ -117,6 +118,16 @@ class Consumer:
         self._timer: asyncio.TimerHandle | None = None
         self._flush_handle: asyncio.Handle | None = None
         self._reattaching: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()     # made by the client's consumer() (per message: no lookup)
+
+    @property
+    def receiver_queue_size(self) -> int:
+        return self._receiver_queue_size
+
+    @receiver_queue_size.setter
+    def receiver_queue_size(self, size: int) -> None:
+        self._receiver_queue_size = size
+        self._flow_at = max(1, size // 2)
 
     # --- attach -----------------------------------------------------------------------------------
     def _request(self, op: int, field: str) -> pb.PubSubRequest:
@@ -207,7 +218,7 @@ class Consumer:
         """The next message; ``TimeoutError`` (``asyncio.TimeoutError``) when none comes within ``timeout``
         seconds (None: wait), ``ConsumerClosedError`` once the consumer is closed."""
         self._check_open()
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             while not self._queue:
@@ -222,14 +233,19 @@ class Consumer:
             if self.max_redeliver_count and msg.redelivery_count > self.max_redeliver_count \
                     and await self._dead_letter(msg):
                 continue
-            self._held[msg.seq_id] = loop.time()
-            if self.ack_timeout_ms:
-                self._arm(loop.time() + self.ack_timeout_ms / 1000.0)
-            return msg
+            return self._hand_out(msg)
+
+    def _hand_out(self, msg: Message) -> Message:
+        """``msg`` goes to the application: held (unacknowledged) from now, its ack timeout running."""
+        now = self._loop.time()
+        self._held[msg.msg_id.local] = now
+        if self.ack_timeout_ms:
+            self._arm(now + self.ack_timeout_ms / 1000.0)
+        return msg
 
     def _received_one(self) -> None:
         self._taken += 1
-        if self._taken >= max(1, self.receiver_queue_size // 2):
+        if self._taken >= self._flow_at:
             self.flow(self._taken)
 
     def flow(self, permits: int) -> None:
@@ -267,14 +283,19 @@ class Consumer:
 
     async def ack(self, msg: Message) -> None:
         """Acknowledge ``msg`` (individually; any order). See the module docstring for the errors."""
-        seq = self._outstanding(msg)
-        del self._held[seq]
-        self._queue_ack(seq)
+        seq = msg.msg_id.local
+        held = self._held
+        if self.closed or seq not in held:
+            self._outstanding(msg)     # raises the error that applies
+        del held[seq]
+        self._acks.append(seq)
+        if self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush_acks)
 
     def _queue_ack(self, seq: int) -> None:
         self._acks.append(seq)
         if self._flush_handle is None:
-            self._flush_handle = asyncio.get_running_loop().call_soon(self._flush_acks)
+            self._flush_handle = self._loop.call_soon(self._flush_acks)
 
     def _flush_acks(self) -> None:
         self._flush_handle = None
@@ -393,6 +414,14 @@ class Consumer:
         return self
 
     async def __anext__(self) -> Message:
+        queue = self._queue
+        if queue and not self.closed and not self.max_redeliver_count:
+            # receive()'s path for a message already queued, without a second coroutine per message
+            msg = queue.popleft()
+            self._taken += 1
+            if self._taken >= self._flow_at:
+                self.flow(self._taken)
+            return self._hand_out(msg)
         try:
             return await self.receive()
         except errors.ConsumerClosedError:

@@ -538,14 +538,15 @@ class ClientConnection(Generic[T]):
         for frame in frames:
             split = split_delivery(frame)   # a delivery's messages as bytes, each decoded once per process
             try:
-                if split is not None:
-                    out.append(DeliveryReceived(split[0], split[1], decode_wires(split[2]), split[3]))
+                if split is not None:   # a consumer's share is decoded apart (hub.client_decode)
+                    out.append(DeliveryReceived(split[0], split[1], decode_wires(split[2], not split[3]), split[3]))
                     continue
                 resp = parse(frame)
                 which = None if resp.txnId else resp.WhichOneof("body")   # txn 0: a delivery or an event
                 if which == "delivery":
                     d = resp.delivery
-                    out.append(DeliveryReceived(d.topic, d.subscriberId, decode_delivered(d.messages or (d.message,)),
+                    out.append(DeliveryReceived(d.topic, d.subscriberId,
+                                                decode_delivered(d.messages or (d.message,), not d.consumerId),
                                                 d.consumerId))
                     continue
             except (DecodeError, ValueError, RuntimeError) as exc:

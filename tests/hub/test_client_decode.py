@@ -45,6 +45,28 @@ def test_two_subscriptions_get_the_same_equal_message_object() -> None:
     assert all(a is b for a, b in zip(first[2:], second, strict=True))   # decoded once, shared
 
 
+def test_a_consumers_deliveries_are_decoded_apart_equal_and_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(client_decode, "_decoded", {})
+    monkeypatch.setattr(client_decode, "_order", collections.deque())
+    sent = _sample(3)
+    client: ClientConnection[str] = ClientConnection(max_frame_size=1 << 20)
+    frame = delivery_batch(b"t", b"workers", [m.wire for m in sent], 7)   # consumer 7's share of a work queue
+    first, again = (client.receive_data(frame)[0], client.receive_data(frame)[0])
+    assert isinstance(first, DeliveryReceived) and isinstance(again, DeliveryReceived) and first.consumer == 7
+    assert list(first.decoded) == list(again.decoded) == sent
+    assert all(a is not b for a, b in zip(first.decoded, again.decoded, strict=True))   # not kept: no table cost
+    assert client_decode._decoded == {} and not client_decode._order
+    with pytest.raises(TypeError):
+        first.decoded[0].properties["x"] = b"y"                          # still read-only, as shared ones are
+    resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, statusCode=pb.SUCCESS, txnId=0, topic=b"t",
+                             statusMsg="parsed by protobuf")
+    resp.delivery.topic, resp.delivery.subscriberId, resp.delivery.consumerId = b"t", b"workers", 7
+    for m in sent:
+        resp.delivery.messages.append(m.to_proto())
+    parsed, = client.receive_data(encode(resp))
+    assert isinstance(parsed, DeliveryReceived) and list(parsed.decoded) == sent and client_decode._decoded == {}
+
+
 def test_a_different_redelivery_count_is_a_message_of_its_own() -> None:
     plain, = (_received(b"t", b"s", _sample(1)))
     again, = (_received(b"t", b"s", _sample(1, redelivery_count=2)))
