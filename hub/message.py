@@ -131,8 +131,18 @@ class Message:
         else:
             fields["properties"] = EMPTY if read_only else {}
             fields["message_type"] = ""
-        fields["msg_id"] = MessageId.from_proto(msg.msgId, read_only=read_only)
-        fields["src_region"] = msg.srcRegion.decode("utf-8", "replace")
+        seq = msg.msgId        # MessageId.from_proto, inline: a client decodes each delivered message
+        ids = _new(MessageId)
+        id_fields = ids.__dict__
+        id_fields["local"] = seq.localComponent
+        remote = seq.remoteComponents
+        if remote:
+            components = {r.region.decode("utf-8", "replace"): r.seqId for r in remote}
+            id_fields["remote"] = ReadOnlyDict(components) if read_only else components
+        else:
+            id_fields["remote"] = EMPTY if read_only else {}
+        fields["msg_id"] = ids
+        fields["src_region"] = _region_name(msg.srcRegion)
         fields["key"] = msg.key if msg.HasField("key") else None
         fields["publish_time_ms"] = msg.publishTimeMs
         fields["redelivery_count"] = msg.redeliveryCount
@@ -206,12 +216,7 @@ class Message:
         ids["local"] = seq
         ids["remote"] = {}
         fields["msg_id"] = msg_id
-        name = _REGION_NAMES.get(region)
-        if name is None:
-            name = region.decode("utf-8", "replace")
-            if len(_REGION_NAMES) < 64:
-                _REGION_NAMES[region] = name
-        fields["src_region"] = name
+        fields["src_region"] = _region_name(region)
         fields["key"] = msg.key if msg.HasField("key") else None
         fields["publish_time_ms"] = msg.publishTimeMs
         fields["redelivery_count"] = msg.redeliveryCount
@@ -232,7 +237,18 @@ def _field_size(n: int) -> int:
 
 
 _REGION_NAMES: dict[bytes, str] = {}
-"""``Message.persisted``'s decoded region names (a hub stores messages of a handful of regions)."""
+"""Decoded region names (``persisted``, ``from_proto``): a hub stores, and a client receives, messages of a
+handful of regions."""
+
+
+def _region_name(region: bytes) -> str:
+    """``region`` decoded (kept for the first 64 names seen)."""
+    name = _REGION_NAMES.get(region)
+    if name is None:
+        name = region.decode("utf-8", "replace")
+        if len(_REGION_NAMES) < 64:
+            _REGION_NAMES[region] = name
+    return name
 _ONE_BYTE = [bytes([i]) for i in range(128)]
 
 
