@@ -4,9 +4,10 @@
 
 Pulsar's ``PersistentDispatcherMultipleConsumers``: each message goes to the
 next attached consumer (in attach order, round-robin) that has a free
-permit, up to ``hub.dispatch.ROUND_ROBIN_BATCH`` (20, as Pulsar's
-``dispatcherMaxRoundRobinBatchSize``) in a row while it has permits, so
-frames and acks carry runs; a consumer without permits is passed over, so one that stops
+permit, up to ``hub.dispatch.ROUND_ROBIN_BATCH`` (50; Pulsar's
+``dispatcherMaxRoundRobinBatchSize`` is 20) in a row while it has permits within
+one dispatch pass (the next pass starts with the next consumer), so frames and
+acks carry runs; a consumer without permits is passed over, so one that stops
 receiving stops getting messages while the others keep going. Messages
 waiting for redelivery go first, in seq order. An EXCLUSIVE subscription
 used through ``HedwigClient.consumer`` is this dispatcher with its one

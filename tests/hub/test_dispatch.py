@@ -8,7 +8,7 @@ import collections
 import pytest
 
 from hub.cursor import AckCursor
-from hub.dispatch import Dispatcher
+from hub.dispatch import ROUND_ROBIN_BATCH, Dispatcher
 from hub.dispatch_failover import FailoverDispatcher
 from hub.dispatch_key_shared import KeySharedDispatcher
 from hub.dispatch_shared import SharedDispatcher
@@ -74,6 +74,26 @@ async def test_shared_round_robin_respects_permits_and_redelivers_a_leavers_mess
     assert d.counts == {s: 1 for s in a.got[1:]} and d.redelivered_total == 2
     d.ack(range(1, 11))
     assert d.cursor.mark_delete == 10 and not sb.unacked
+    await d.stop()
+
+
+async def test_shared_hands_a_pass_out_in_runs_and_rotates_between_passes() -> None:
+    log = Log()
+    d = make(SharedDispatcher, log)
+    a, b = Conn(), Conn()
+    d.add(a, 1, 1000)
+    d.add(b, 2, 1000)
+    for _ in range(4):                       # one message per pass (published one at a time): one by one
+        log.add()
+        d.wake()
+        await settle(d)
+    assert (a.got, b.got) == ([1, 3], [2, 4])
+    for _ in range(ROUND_ROBIN_BATCH + 10):  # one pass finds them all: a run, then the next consumer
+        log.add()
+    d.wake()
+    await settle(d)
+    run = list(range(5, 5 + ROUND_ROBIN_BATCH))
+    assert a.got == [1, 3, *run] and b.got == [2, 4, *range(5 + ROUND_ROBIN_BATCH, 15 + ROUND_ROBIN_BATCH)]
     await d.stop()
 
 
