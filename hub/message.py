@@ -23,7 +23,7 @@ it may change.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookie.wire.framing import varint
@@ -194,37 +194,58 @@ class Message:
         sub-messages, which is what costs most in ``from_proto``. A message
         that carries a msg id already (a region's) takes the plain way.
         """
-        if msg.HasField("msgId"):
-            copy = pb.Message()
-            copy.CopyFrom(msg)
-            copy.msgId.localComponent = seq
-            return cls.from_proto(copy, keep_wire=True)
-        out = _new(cls)
-        fields = out.__dict__
-        body = msg.body
-        region = msg.srcRegion
-        fields["body"] = body
-        if msg.HasField("header"):
-            header = msg.header
-            fields["properties"] = {e.key: e.value for e in header.properties.entries}
-            fields["message_type"] = header.messageType
-        else:
-            fields["properties"] = {}
-            fields["message_type"] = ""
-        msg_id = _new(MessageId)
-        ids = msg_id.__dict__
-        ids["local"] = seq
-        ids["remote"] = {}
-        fields["msg_id"] = msg_id
-        fields["src_region"] = _region_name(region)
-        fields["key"] = msg.key if msg.HasField("key") else None
-        fields["publish_time_ms"] = msg.publishTimeMs
-        fields["redelivery_count"] = msg.redeliveryCount
-        fields["deliver_at_ms"] = msg.deliverAtMs
-        # body (1) and srcRegion (2) come first, each as tag, length, bytes; an empty one is not written
-        at = _field_size(len(body)) + _field_size(len(region))
-        local = varint(seq)   # msgId (3) { localComponent (1) }: under 128 bytes, so one-byte lengths
-        fields["wire"] = b"".join((wire[:at], b"\x1a", _ONE_BYTE[len(local) + 1], b"\x08", local, wire[at:]))
+        return cls.persisted_run([msg], seq, [wire])[0]
+
+    @classmethod
+    def persisted_run(cls, msgs: Sequence[pb.Message], first: int, wires: Sequence[bytes]) -> list[Message]:
+        """``persisted`` of each of ``msgs`` (seq ids ``first``, ``first + 1``, ...; ``wires`` their
+        serializations), in one loop: a persisted entry's messages without a call per message."""
+        out: list[Message] = []
+        append = out.append
+        new = _new
+        names = _REGION_NAMES
+        one_byte = _ONE_BYTE
+        seq = first
+        for msg, wire in zip(msgs, wires, strict=True):
+            if msg.HasField("msgId"):
+                copy = pb.Message()
+                copy.CopyFrom(msg)
+                copy.msgId.localComponent = seq
+                append(cls.from_proto(copy, keep_wire=True))
+                seq += 1
+                continue
+            made = new(cls)
+            fields = made.__dict__
+            body = msg.body
+            region = msg.srcRegion
+            fields["body"] = body
+            if msg.HasField("header"):
+                header = msg.header
+                fields["properties"] = {e.key: e.value for e in header.properties.entries}
+                fields["message_type"] = header.messageType
+            else:
+                fields["properties"] = {}
+                fields["message_type"] = ""
+            msg_id = new(MessageId)
+            ids = msg_id.__dict__
+            ids["local"] = seq
+            ids["remote"] = {}
+            fields["msg_id"] = msg_id
+            name = names.get(region)
+            fields["src_region"] = name if name is not None else _region_name(region)
+            fields["key"] = msg.key if msg.HasField("key") else None
+            fields["publish_time_ms"] = msg.publishTimeMs
+            fields["redelivery_count"] = msg.redeliveryCount
+            fields["deliver_at_ms"] = msg.deliverAtMs
+            # body (1) and srcRegion (2) come first, each as tag, length, bytes; an empty one is not written
+            n, r = len(body), len(region)
+            at = (n + 2 if n < 0x80 else _field_size(n)) if n else 0
+            if r:
+                at += r + 2 if r < 0x80 else _field_size(r)
+            local = varint(seq)   # msgId (3) { localComponent (1) }: under 128 bytes, so one-byte lengths
+            fields["wire"] = b"".join((wire[:at], b"\x1a", one_byte[len(local) + 1], b"\x08", local, wire[at:]))
+            append(made)
+            seq += 1
         return out
 
 

@@ -211,9 +211,7 @@ class OwnedTopics:
             t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
         if t is not None and t.subs.delivering():
             # a hint for the cache: only worth building messages someone may read soon
-            persisted = Message.persisted
-            self.cache.on_published_many(topic, [persisted(m, seq, w) for seq, m, w in
-                                                 zip(range(first, first + len(msgs)), msgs, wires, strict=True)])
+            self.cache.on_published_many(topic, Message.persisted_run(msgs, first, wires))
             t.subs.wake_all()
 
     def _consumed(self, topic: bytes) -> None:

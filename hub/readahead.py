@@ -299,15 +299,16 @@ class ReadAheadCache:
             return
         stubs = t.stubs
         entries = []
+        append = entries.append
         for message in messages:
-            seq = message.seq_id
+            seq = message.msg_id.local
             if seq < 1:
                 continue
             if stubs:
                 stub = stubs.pop(seq, None)
                 if stub is not None:
                     self._fulfil(stub, message)
-            entries.append((seq, message))
+            append((seq, message))
         if entries:
             self._cache(t, entries)   # known_last moves there
 
@@ -317,13 +318,19 @@ class ReadAheadCache:
         if t is None or seq_id <= t.consumed:
             return
         previous, t.consumed = t.consumed, seq_id
-        if seq_id - previous <= len(t.messages):
+        messages = t.messages
+        if seq_id - previous <= len(messages):
             gone: Iterable[int] = range(previous + 1, seq_id + 1)
         else:
-            gone = [s for s in t.messages if s <= seq_id]
-        for s in gone:
-            if self._remove(t, s):
-                self._counters["pruned"] += 1
+            gone = [s for s in messages if s <= seq_id]
+        fifo, name, freed, pruned = self._fifo, t.name, 0, 0
+        for s in gone:                   # _remove of each, inline (a consumer's acks prune a run at a time)
+            if messages.pop(s, None) is not None:
+                freed += fifo.pop((name, s))[0]
+                pruned += 1
+        if pruned:
+            self._size -= freed
+            self._counters["pruned"] += pruned
         for s in [s for s, stub in t.stubs.items() if s <= seq_id and not stub.waiters]:
             self._drop_stub(t, s)
 
@@ -469,18 +476,23 @@ class ReadAheadCache:
         now = self._clock()
         if self._ttl > 0:
             self._evict_expired(now)
+        messages, fifo, name, consumed, added = t.messages, self._fifo, t.name, t.consumed, 0
+        known_last = t.known_last
         for seq, msg in entries:
             if from_scan:
                 stub = t.stubs.pop(seq, None)
                 if stub is not None:
                     self._fulfil(stub, msg)
-            t.known_last = max(t.known_last, seq)
-            if seq <= t.consumed or seq in t.messages:
+            if seq > known_last:
+                known_last = seq
+            if seq <= consumed or seq in messages:
                 continue
             size = held_size(msg)
-            t.messages[seq] = msg
-            self._fifo[(t.name, seq)] = (size, now)
-            self._size += size
+            messages[seq] = msg
+            fifo[(name, seq)] = (size, now)
+            added += size
+        t.known_last = known_last
+        self._size += added
         while self._size > self._cache_size and self._fifo:
             self._evict_oldest()
 

@@ -373,3 +373,33 @@ def test_a_persisted_message_is_from_proto_of_the_message_with_its_seq_id(
     assert got == Message.from_proto(expected)
     assert got.wire == expected.SerializeToString()       # byte for byte what protobuf serializes
     assert m.SerializeToString() == stored                # the stored message is left as it was
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=2**63), st.lists(
+    st.tuples(st.binary(max_size=200), st.sampled_from([b"", b"standalone", b"r" * 130]),
+              st.one_of(st.none(), st.binary(max_size=4)), st.booleans(), st.booleans()), min_size=1, max_size=8))
+def test_a_persisted_run_is_persisted_of_each_message_in_seq_order(
+        first: int, specs: list[tuple[bytes, bytes, bytes | None, bool, bool]]) -> None:
+    from hub.message import Message
+
+    msgs = []
+    for body, region, key, header, remote in specs:
+        m = pb.Message(body=body, srcRegion=region, publishTimeMs=1_700_000_000_000)
+        if key is not None:
+            m.key = key
+        if header:
+            m.header.properties.entries.add(key="type", value=b"History")
+        if remote:                          # a region's message: the plain way, inside the run
+            m.msgId.remoteComponents.add(region=b"west", seqId=3)
+        msgs.append(m)
+    wires: list[bytes] = []
+    message_batch(first, msgs, wires)
+    run = Message.persisted_run(msgs, first, wires)
+    assert [m.seq_id for m in run] == list(range(first, first + len(msgs)))
+    for i, (m, got) in enumerate(zip(msgs, run, strict=True)):
+        expected = pb.Message()
+        expected.CopyFrom(m)
+        expected.msgId.localComponent = first + i
+        assert got == Message.from_proto(expected)
+        assert got.wire == expected.SerializeToString()     # byte for byte what protobuf serializes
