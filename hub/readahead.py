@@ -298,7 +298,7 @@ class ReadAheadCache:
         if t is None or self._closed:
             return
         stubs = t.stubs
-        entries = []
+        entries: list[tuple[int, Message]] = []
         append = entries.append
         for message in messages:
             seq = message.msg_id.local
