@@ -204,11 +204,15 @@ class Dispatcher:
         before = cursor.mark_delete
         n = 0
         freed = False
+        acked = cursor.ack
+        # only dispatchers that keep per-holder state (key-shared) need the call per message
+        released = self._released if type(self)._released is not Dispatcher._released else None
         for seq in seqs:
             holder = pending.pop(seq, None)
             if holder is not None:
                 holder.unacked.discard(seq)
-                self._released(holder, seq)
+                if released is not None:
+                    released(holder, seq)
             elif seq in replay:
                 replay.discard(seq)
                 freed = True
@@ -216,7 +220,7 @@ class Dispatcher:
                 continue
             if counts:
                 counts.pop(seq, None)
-            if cursor.ack(seq):
+            if acked(seq):
                 n += 1
         if n:
             self._acked(before, n, freed or self.wake_on_ack)
