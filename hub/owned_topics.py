@@ -205,11 +205,11 @@ class OwnedTopics:
         self.stats.incr(f"backlog_quota_{which}")
 
     def _persisted(self, topic: bytes, first: int, msgs: list[pb.Message], wires: list[bytes]) -> None:
-        self.flush()   # the publish answers of this batch leave before the deliveries are built
         t = self.topics.get(topic)
         if t is not None and t.quota is not None:
             t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
         if t is not None and t.subs.delivering():
+            self.flush()   # the publish answers of this batch leave before the deliveries are built
             # a hint for the cache: only worth building messages someone may read soon
             self.cache.on_published_many(topic, Message.persisted_run(msgs, first, wires))
             t.subs.wake_all()
