@@ -66,6 +66,7 @@ __all__ = ["DEFAULT_TCP_KEEPALIVE", "DEFAULT_TCP_USER_TIMEOUT", "FLUSH_BYTES", "
 _ADD_ENTRY = protocol.ADD_ENTRY
 _ADD_ENTRIES = protocol.ADD_ENTRIES
 _ADD_ENTRIES_MULTI = protocol.ADD_ENTRIES_MULTI
+_WRITE_LAC_MULTI = protocol.WRITE_LAC_MULTI
 _OK = protocol.OK
 _add_frame_head = protocol.add_frame_head
 
@@ -128,6 +129,11 @@ class BookieConnection(asyncio.Protocol):
         self._entry_callbacks: list[ResponseCallback] = []
         self._entries_bytes = 0
         self._entries_due = False
+        self.batch_lacs = True
+        """Explicit LACs of one loop turn leave as one WRITE_LAC_MULTI per master key (False once the bookie
+        refused the op: then one WRITE_LAC each)."""
+        self._lacs: list[tuple[bytes, int, int, ResponseCallback]] = []   # ``submit_lac``s not framed yet
+        self._lacs_due = False
 
     @classmethod
     async def connect(cls: type[C], address: str, timeout: float = 10.0,
@@ -281,6 +287,57 @@ class BookieConnection(asyncio.Protocol):
             self._entries_due = True
             self._loop.call_soon(self._end_of_turn)
 
+    def submit_lac(self, ledger_id: int, master_key: bytes, lac: int, callback: ResponseCallback) -> None:
+        """Queue an explicit LAC of ``ledger_id`` (the ledger writer's WRITE_LAC); ``callback`` as ``submit``'s.
+
+        The LACs of one loop turn leave as one WRITE_LAC_MULTI frame per
+        master key (a hub's idle topics), one answer for all; one alone, or
+        every one once the bookie refused the op, as a WRITE_LAC. An OK
+        answer is one ``Response`` (op WRITE_LAC, the ledger and its LAC set)
+        reused for the LACs of a frame: read it in the callback, do not keep it.
+        """
+        if self.is_closed or self._transport is None:
+            callback(BookieUnavailableError(f"connection to bookie {self.address} is closed"))
+            return
+        if not self.batch_lacs:
+            self.submit(protocol.write_lac_request(0, ledger_id, master_key, lac), callback)
+            return
+        self._lacs.append((master_key, ledger_id, lac, callback))
+        if not self._lacs_due:
+            self._lacs_due = True
+            self._loop.call_soon(self._lacs_end_of_turn)
+
+    def _lacs_end_of_turn(self) -> None:
+        self._lacs_due = False
+        if self._lacs:
+            self._frame_lacs()
+            self._outbox.flush()
+
+    def _frame_lacs(self) -> None:
+        """Frame the LACs queued by ``submit_lac``: one WRITE_LAC_MULTI per master key (a WRITE_LAC for one)."""
+        lacs, self._lacs = self._lacs, []
+        groups: dict[bytes, list[tuple[bytes, int, int, ResponseCallback]]] = {}
+        for item in lacs:
+            groups.setdefault(item[0], []).append(item)
+        for key, items in groups.items():
+            if len(items) == 1:
+                _, ledger_id, lac, callback = items[0]
+                self.submit(protocol.write_lac_request(0, ledger_id, key, lac), callback)
+                continue
+            run = _LacsRun(self, items)
+            txn_id = self._pending.add_next(_WRITE_LAC_MULTI, run)
+            self._outbox.put(protocol.encode_frame(protocol.write_lac_multi_request(
+                txn_id, key, [i[1] for i in items], [i[2] for i in items])))
+
+    def _refused_lacs(self, run: _LacsRun) -> None:
+        """The bookie does not know WRITE_LAC_MULTI (an older version): send this frame's LACs, and all later,
+        one WRITE_LAC each."""
+        if self.batch_lacs:
+            log.info("bookie %s does not serve WRITE_LAC_MULTI: sending one WRITE_LAC per ledger", self.address)
+        self.batch_lacs = False
+        for key, ledger_id, lac, callback in run.items:
+            self.submit(protocol.write_lac_request(0, ledger_id, key, lac), callback)
+
     def _end_of_turn(self) -> None:
         self._entries_due = False
         if self._entries:
@@ -409,6 +466,8 @@ class BookieConnection(asyncio.Protocol):
         """Write what is queued now, in one ``writelines``."""
         if self._entries:
             self._frame_entries()
+        if self._lacs:
+            self._frame_lacs()
         self._outbox.flush()
 
     def _fail(self, exc: BookieUnavailableError) -> None:
@@ -419,6 +478,8 @@ class BookieConnection(asyncio.Protocol):
                 del tracing.FRAMES[key]
         self._outbox.detach()
         queued, self._entry_callbacks = self._entry_callbacks, []
+        queued += [item[3] for item in self._lacs]
+        self._lacs = []
         self._entries, self._entry_ledgers, self._entry_ids, self._entries_bytes = [], [], [], 0
         for callback in [*self._pending.drain(), *queued]:
             callback(exc)
@@ -528,6 +589,30 @@ class _AddRun(_FrameAnswer):
 
     def _refused(self) -> None:
         self.conn._refused_batches(self)
+
+
+class _LacsRun:
+    """The callback of one WRITE_LAC_MULTI frame (``BookieConnection._frame_lacs``): hands each LAC its answer."""
+
+    __slots__ = ("conn", "items")
+
+    def __init__(self, conn: BookieConnection, items: list[tuple[bytes, int, int, ResponseCallback]]) -> None:
+        self.conn = conn
+        self.items = items
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        if isinstance(result, BKError) or (result.status != _OK and result.status != protocol.UNKNOWN_OP):
+            for item in self.items:   # lost, or one of them failed: each hears it (a writer only logs it)
+                item[3](result)
+            return
+        if result.status == protocol.UNKNOWN_OP:
+            self.conn._refused_lacs(self)
+            return
+        ok = protocol.Response(op=protocol.WRITE_LAC)   # one answer object for the frame: callbacks read it at once
+        for _, ledger_id, lac, callback in self.items:
+            ok.ledger_id = ledger_id
+            ok.lac = lac
+            callback(ok)
 
 
 class BookieConnectionPool:

@@ -36,7 +36,9 @@ GET_BOOKIE_INFO = pb.GET_BOOKIE_INFO
 WRITE_LAC = pb.WRITE_LAC
 ADD_ENTRIES = pb.ADD_ENTRIES
 ADD_ENTRIES_MULTI = pb.ADD_ENTRIES_MULTI
-OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC, ADD_ENTRIES, ADD_ENTRIES_MULTI})
+WRITE_LAC_MULTI = pb.WRITE_LAC_MULTI
+OPERATIONS = frozenset({ADD_ENTRY, READ_ENTRY, READ_LAC, GET_BOOKIE_INFO, WRITE_LAC, ADD_ENTRIES, ADD_ENTRIES_MULTI,
+                        WRITE_LAC_MULTI})
 ADD_OPS = frozenset({ADD_ENTRY, ADD_ENTRIES, ADD_ENTRIES_MULTI})
 
 OK = pb.OK
@@ -125,6 +127,11 @@ def read_lac_request(txn_id: int, ledger_id: int, *, previous_lac: int = -1, tim
 def write_lac_request(txn_id: int, ledger_id: int, master_key: bytes, lac: int) -> Request:
     """WRITE_LAC: the writer tells a bookie its last-add-confirmed (explicit LAC)."""
     return Request(txn_id=txn_id, op=WRITE_LAC, ledger_id=ledger_id, master_key=master_key, lac=lac)
+
+
+def write_lac_multi_request(txn_id: int, master_key: bytes, ledger_ids: list[int], lacs: list[int]) -> Request:
+    """WRITE_LAC_MULTI: the explicit LACs of several ledgers sharing ``master_key`` (``ledger_ids[i]``: ``lacs[i]``)."""
+    return Request(txn_id=txn_id, op=WRITE_LAC_MULTI, master_key=master_key, lac_ledger_ids=ledger_ids, lacs=lacs)
 
 
 MAX_LONG_POLL_TIMEOUT_MS = 0xFFFFFFFF

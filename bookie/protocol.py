@@ -83,6 +83,7 @@ from bookie.messages import TOO_MANY_REQUESTS as TOO_MANY_REQUESTS
 from bookie.messages import UNAUTHORIZED as UNAUTHORIZED
 from bookie.messages import UNKNOWN_OP as UNKNOWN_OP
 from bookie.messages import WRITE_LAC as WRITE_LAC
+from bookie.messages import WRITE_LAC_MULTI as WRITE_LAC_MULTI
 from bookie.messages import AddAcks as AddAcks
 from bookie.messages import OperationType as OperationType
 from bookie.messages import Request as Request
@@ -106,6 +107,7 @@ from bookie.messages import read_request as read_request
 from bookie.messages import response_to as response_to
 from bookie.messages import status_name as status_name
 from bookie.messages import status_of as status_of
+from bookie.messages import write_lac_multi_request as write_lac_multi_request
 from bookie.messages import write_lac_request as write_lac_request
 from bookie.server_rules import DEFAULT_MAX_PENDING_REQUESTS as DEFAULT_MAX_PENDING_REQUESTS
 from bookie.server_rules import DEFAULT_MAX_RESPONSE_BYTES as DEFAULT_MAX_RESPONSE_BYTES

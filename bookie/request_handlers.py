@@ -164,6 +164,8 @@ class RequestHandlers:
                                                  storage.last_entry_id(req.ledger_id)))
             elif op == proto.WRITE_LAC:
                 self._write_lac(req, conn)
+            elif op == proto.WRITE_LAC_MULTI:
+                self._write_lacs(req, conn)
             elif op == proto.GET_BOOKIE_INFO:
                 conn.send(self._info(req))
             else:
@@ -288,6 +290,41 @@ class RequestHandlers:
         # UnauthorizedError, BadRequestError, BookieServerError: answered by ``handle``
         self.storage.submit_write_lac(req.ledger_id, req.master_key, req.lac, done)
         conn.started()
+
+    def _write_lacs(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """WRITE_LAC_MULTI: each (ledger, LAC) pair as a WRITE_LAC of that ledger; one answer once all are durable
+        or failed (OK, else the first failure's status). A pair refused up front (a bad id, another master key)
+        fails the answer; the others are still recorded."""
+        if self._read_only():
+            conn.send(proto.response_to(req, proto.READ_ONLY, "bookie is read-only"))
+            return
+        ledgers, lacs = req.lac_ledger_ids, req.lacs
+        if not ledgers or len(ledgers) != len(lacs):
+            raise errors.BadRequestError(f"WRITE_LAC_MULTI with {len(ledgers)} ledgers and {len(lacs)} LACs")
+        left = len(ledgers)
+        failed: list[BaseException] = []
+
+        def done(exc: BaseException | None) -> None:
+            nonlocal left
+            if exc is not None:
+                failed.append(exc)
+            left -= 1
+            if left:
+                return
+            if failed:
+                resp = proto.response_to(req, status_of(failed[0]), str(failed[0]))
+            else:
+                resp = proto.response_to(req)
+            conn.send_later(resp)
+            conn.finished()
+
+        conn.started()
+        submit = self.storage.submit_write_lac
+        for ledger_id, lac in zip(ledgers, lacs, strict=True):
+            try:
+                submit(ledger_id, req.master_key, lac, done)
+            except errors.BKError as exc:   # refused up front: counted as done, failed
+                done(exc)
 
     # --- long-poll READ_LAC ------------------------------------------------------------------
 

@@ -51,7 +51,9 @@ quorum holds (see ``bookie.ensemble_change``).
 
 Explicit LAC (BookKeeper's ``explicitLacInterval``): every add carries the
 LAC of its time, so the bookies learn of an entry's confirmation only from
-a later add. After ``explicit_lac_interval`` ms without an add, if the LAC
+a later add. After ``explicit_lac_interval`` ms without an add (checked on
+ticks of an eighth of the interval, so the LACs of many idle ledgers leave
+together: one WRITE_LAC_MULTI per bookie), if the LAC
 advanced past the last one sent (piggybacked or explicit), the writer sends
 it in a WRITE_LAC to the write set of that entry in the current ensemble, so
 tailing readers (``LedgerHandle.wait_last_add_confirmed``) see the last
@@ -66,6 +68,7 @@ import asyncio
 import collections
 import functools
 import logging
+import math
 from collections.abc import Callable, Sequence
 
 from bookie import digest as digests
@@ -254,7 +257,7 @@ class LedgerWriter:
         payload = self._encode(self.ledger_id, entry_id, lac, length, data)
         now = self._last_add_at = self._loop.time()
         if self._lac_timer is None and self._lac_interval:
-            self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
+            self._lac_timer = self._loop.call_at(self._lac_tick(now + self._lac_interval), self._on_lac_timer)
         p = _PendingAdd(entry_id, payload, length, size, now, future, callback)
         pending = self._pending
         if pending is IDLE:
@@ -459,12 +462,19 @@ class LedgerWriter:
         now = self._loop.time()
         due = self._last_add_at + self._lac_interval
         if now < due:  # an add since: the interval starts again from it
-            self._lac_timer = self._loop.call_at(due, self._on_lac_timer)
+            self._lac_timer = self._loop.call_at(self._lac_tick(due), self._on_lac_timer)
             return
         if self.last_add_confirmed > self._lac_sent:
             self.send_lac(self.last_add_confirmed)
         if self._pending:  # their acknowledgements may advance the LAC without another add
-            self._lac_timer = self._loop.call_at(now + self._lac_interval, self._on_lac_timer)
+            self._lac_timer = self._loop.call_at(self._lac_tick(now + self._lac_interval), self._on_lac_timer)
+
+    def _lac_tick(self, when: float) -> float:
+        """``when`` rounded up to the next eighth of the interval on the loop's clock: the LAC checks of the
+        writers that fall due about together run in one loop turn, so their WRITE_LACs to one bookie leave
+        in one WRITE_LAC_MULTI frame (``BookieConnection.submit_lac``)."""
+        tick = self._lac_interval / 8
+        return math.ceil(when / tick) * tick
 
     def send_lac(self, lac: int) -> None:
         """Send a WRITE_LAC of ``lac`` to the write set of entry ``lac`` in the current ensemble (no waiting).
@@ -483,8 +493,7 @@ class LedgerWriter:
                 conn = conns[idx] = self._ctx.pool.connected(addr)
                 if conn is None:
                     continue
-            conn.submit(protocol.write_lac_request(0, self.ledger_id, self._master_key, lac),
-                        functools.partial(self._on_lac_written, addr, lac))
+            conn.submit_lac(self.ledger_id, self._master_key, lac, functools.partial(self._on_lac_written, addr, lac))
 
     def _on_lac_written(self, addr: str, lac: int, result: protocol.Response | BKError) -> None:
         err = result if isinstance(result, BKError) else protocol.error_for(result)

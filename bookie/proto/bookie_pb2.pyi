@@ -17,6 +17,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     WRITE_LAC: _ClassVar[OperationType]
     ADD_ENTRIES: _ClassVar[OperationType]
     ADD_ENTRIES_MULTI: _ClassVar[OperationType]
+    WRITE_LAC_MULTI: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -39,6 +40,7 @@ GET_BOOKIE_INFO: OperationType
 WRITE_LAC: OperationType
 ADD_ENTRIES: OperationType
 ADD_ENTRIES_MULTI: OperationType
+WRITE_LAC_MULTI: OperationType
 OK: StatusCode
 NO_ENTRY: StatusCode
 NO_LEDGER: StatusCode
@@ -52,7 +54,7 @@ ERROR: StatusCode
 TOO_MANY_REQUESTS: StatusCode
 
 class Request(_message.Message):
-    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "entries", "trace")
+    __slots__ = ("txn_id", "op", "ledger_id", "entry_id", "master_key", "body", "fence", "recovery", "lac", "previous_lac", "timeout_ms", "entries", "trace", "lac_ledger_ids", "lacs")
     TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +68,8 @@ class Request(_message.Message):
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     TRACE_FIELD_NUMBER: _ClassVar[int]
+    LAC_LEDGER_IDS_FIELD_NUMBER: _ClassVar[int]
+    LACS_FIELD_NUMBER: _ClassVar[int]
     txn_id: int
     op: OperationType
     ledger_id: int
@@ -79,7 +83,9 @@ class Request(_message.Message):
     timeout_ms: int
     entries: _containers.RepeatedScalarFieldContainer[bytes]
     trace: bool
-    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., trace: _Optional[bool] = ...) -> None: ...
+    lac_ledger_ids: _containers.RepeatedScalarFieldContainer[int]
+    lacs: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, txn_id: _Optional[int] = ..., op: _Optional[_Union[OperationType, str]] = ..., ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., master_key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., fence: _Optional[bool] = ..., recovery: _Optional[bool] = ..., lac: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., entries: _Optional[_Iterable[bytes]] = ..., trace: _Optional[bool] = ..., lac_ledger_ids: _Optional[_Iterable[int]] = ..., lacs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Response(_message.Message):
     __slots__ = ("txn_id", "op", "status", "ledger_id", "entry_id", "body", "lac", "free_disk", "total_disk", "read_only", "message", "adds", "trace_ns")

@@ -170,6 +170,26 @@ async def test_an_idle_writer_sends_its_lac_once_to_the_write_set(tailing: BookK
     await lh.close()
 
 
+async def test_the_lacs_of_many_idle_ledgers_leave_together(tailing: BookKeeper, cluster: LocalCluster) -> None:
+    """Writers that went idle about together (a hub's quiet topics) send their explicit LACs on the same
+    tick: one WRITE_LAC_MULTI per bookie rather than one WRITE_LAC per ledger and bookie."""
+    n = 8
+    singles = await _answered(cluster, "WRITE_LAC", "OK")
+    multis = await _answered(cluster, "WRITE_LAC_MULTI", "OK")
+    ledgers = await asyncio.gather(*(tailing.create_ledger(3, 2, 2, password=b"many") for _ in range(n)))
+    await asyncio.gather(*(lh.add_entry(b"only") for lh in ledgers))   # entry 0 each, carrying LAC -1
+    for lh in ledgers:   # each one's entry 0 becomes visible through its explicit LAC
+        rh = await tailing.open_ledger_no_recovery(lh.ledger_id, password=b"many")
+        assert await rh.wait_last_add_confirmed(after=-1, timeout=WAIT) == 0
+        await rh.close()
+    sent_multi = await _answered(cluster, "WRITE_LAC_MULTI", "OK") - multis
+    sent_single = await _answered(cluster, "WRITE_LAC", "OK") - singles
+    assert sent_multi >= 1
+    assert sent_multi + sent_single < 2 * n, (sent_multi, sent_single)   # one per ledger and bookie before
+    for lh in ledgers:
+        await lh.close()
+
+
 async def test_waits_over_the_bookies_limit_retry_and_still_return_on_the_next_add(
         piggyback_only: BookKeeper, cluster: LocalCluster) -> None:
     assert len(cluster.stats_urls) == 3

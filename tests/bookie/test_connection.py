@@ -90,9 +90,11 @@ class ScriptedBookie:
     """An in-process bookie that records each request frame and answers adds OK (or as ``old``, without
     ADD_ENTRIES: UNKNOWN_OP, as a bookie of an earlier version; or ``fail_entry``: that add UNAUTHORIZED)."""
 
-    def __init__(self, *, old: bool = False, fail_entry: int = -1, multi: bool = False) -> None:
+    def __init__(self, *, old: bool = False, fail_entry: int = -1, multi: bool = False,
+                 lac_multi: bool = False) -> None:
         self.old = old
         self.multi = multi   # serves ADD_ENTRIES_MULTI (else UNKNOWN_OP, as a bookie of an earlier version)
+        self.lac_multi = lac_multi   # serves WRITE_LAC_MULTI (else UNKNOWN_OP); WRITE_LAC always
         self.fail_entry = fail_entry
         self.seen: list[protocol.Request] = []
         self.server: asyncio.Server | None = None
@@ -126,6 +128,12 @@ class ScriptedBookie:
                 return protocol.Response(txn_id=req.txn_id, op=req.op)
             return protocol.Response(txn_id=req.txn_id, op=req.op, status=bad[0].status, message=bad[0].message,
                                      adds=answers)
+        if req.op == protocol.WRITE_LAC:
+            resp = protocol.response_to(req)
+            resp.lac = req.lac
+            return resp
+        if req.op == protocol.WRITE_LAC_MULTI and self.lac_multi:
+            return protocol.Response(txn_id=req.txn_id, op=req.op)
         return protocol.response_to(req, protocol.UNKNOWN_OP, f"unknown op {req.op}")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -367,5 +375,88 @@ async def test_watched_adds_leave_in_traced_frames_and_get_the_bookies_stage_tim
         # nothing watched: no traced frame, no times
         got = await _submit_mixed(conn, [(ledgers[0], 4, _payloads(5, ledger_id=base)[4])])
         assert got == [(base, 4, protocol.OK)] and not tracing.FRAMES
+    finally:
+        conn.close()
+
+
+async def _submit_lacs(conn: BookieConnection, lacs: list[tuple[int, bytes, int]]) -> list[tuple[int, int, int] | str]:
+    """``submit_lac`` each (ledger, master key, LAC) in one loop turn; each one's (ledger, LAC, status) answer."""
+    loop = asyncio.get_running_loop()
+    futures: list[asyncio.Future[tuple[int, int, int] | str]] = []
+    for ledger_id, key, lac in lacs:
+        fut: asyncio.Future[tuple[int, int, int] | str] = loop.create_future()
+        conn.submit_lac(ledger_id, key, lac, lambda r, f=fut: f.set_result(
+            type(r).__name__ if isinstance(r, BKError) else (r.ledger_id, r.lac, r.status)))
+        futures.append(fut)
+    return list(await asyncio.wait_for(asyncio.gather(*futures), 10))
+
+
+async def test_the_explicit_lacs_of_one_turn_leave_as_one_frame_per_master_key() -> None:
+    bookie = ScriptedBookie(lac_multi=True)
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            lacs = [(5, KEY, 3), (6, KEY, 0), (9, b"o" * 20, 7), (7, KEY, 12)]
+            got = await _submit_lacs(conn, lacs)
+            assert got == [(5, 3, protocol.OK), (6, 0, protocol.OK), (9, 7, protocol.OK), (7, 12, protocol.OK)]
+            multi, single = bookie.seen
+            assert (multi.op, multi.master_key, list(multi.lac_ledger_ids), list(multi.lacs)) == (
+                protocol.WRITE_LAC_MULTI, KEY, [5, 6, 7], [3, 0, 12])
+            assert (single.op, single.ledger_id, single.master_key, single.lac) == (
+                protocol.WRITE_LAC, 9, b"o" * 20, 7)   # alone under its key: a plain WRITE_LAC
+            assert conn.batch_lacs
+        finally:
+            conn.close()
+
+
+async def test_a_bookie_without_write_lac_multi_gets_one_write_lac_per_ledger() -> None:
+    bookie = ScriptedBookie()
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        try:
+            got = await _submit_lacs(conn, [(5, KEY, 1), (6, KEY, 2)])
+            assert got == [(5, 1, protocol.OK), (6, 2, protocol.OK)]
+            assert [(r.op, r.ledger_id) for r in bookie.seen] == [
+                (protocol.WRITE_LAC_MULTI, 0), (protocol.WRITE_LAC, 5), (protocol.WRITE_LAC, 6)]
+            assert not conn.batch_lacs
+            assert await _submit_lacs(conn, [(5, KEY, 4), (6, KEY, 5)]) == [(5, 4, protocol.OK), (6, 5, protocol.OK)]
+            assert [r.op for r in bookie.seen[3:]] == [protocol.WRITE_LAC] * 2    # and from then on
+        finally:
+            conn.close()
+
+
+async def test_queued_lacs_fail_with_their_connection() -> None:
+    bookie = ScriptedBookie(lac_multi=True)
+    async with bookie as address:
+        conn = await BookieConnection.connect(address)
+        answers: list[protocol.Response | BKError] = []
+        conn.submit_lac(5, KEY, 1, answers.append)
+        conn.close()
+        assert len(answers) == 1 and isinstance(answers[0], BookieUnavailableError)
+        conn.submit_lac(6, KEY, 1, answers.append)     # on a closed connection: at once
+        assert len(answers) == 2 and isinstance(answers[1], BookieUnavailableError)
+
+
+async def test_a_real_bookie_records_the_lacs_of_several_ledgers_in_one_frame(shared_bookie: BookieProcess) -> None:
+    conn = await BookieConnection.connect(shared_bookie.address)
+    try:
+        base = 9_000_000 + _free_port()     # ledgers of this test only
+        got = await _submit_lacs(conn, [(base, KEY, 4), (base + 1, KEY, 0), (base + 2, KEY, 9)])
+        assert got == [(base, 4, protocol.OK), (base + 1, 0, protocol.OK), (base + 2, 9, protocol.OK)]
+        for ledger_id, lac in ((base, 4), (base + 1, 0), (base + 2, 9)):
+            resp = await conn.request(protocol.read_lac_request(conn.next_txn_id(), ledger_id), timeout=5)
+            assert (resp.status, resp.lac) == (protocol.OK, lac)
+        # another master key for a known ledger: the frame fails UNAUTHORIZED, the other LAC is still recorded
+        req = protocol.write_lac_multi_request(conn.next_txn_id(), b"x" * 20, [base, base + 3], [6, 2])
+        resp = await conn.request(req, timeout=5)
+        assert resp.status == protocol.UNAUTHORIZED
+        assert (await conn.request(protocol.read_lac_request(conn.next_txn_id(), base), timeout=5)).lac == 4
+        assert (await conn.request(protocol.read_lac_request(conn.next_txn_id(), base + 3), timeout=5)).lac == 2
+        # a malformed one (ledgers and LACs not pairwise) is refused, and the connection keeps serving
+        bad = protocol.Request(txn_id=conn.next_txn_id(), op=protocol.WRITE_LAC_MULTI, master_key=KEY,
+                               lac_ledger_ids=[base, base + 1], lacs=[5])
+        assert (await conn.request(bad, timeout=5)).status == protocol.BAD_REQUEST
+        again = await _submit_lacs(conn, [(base, KEY, 5), (base + 1, KEY, 1)])
+        assert again == [(base, 5, protocol.OK), (base + 1, 1, protocol.OK)] and conn.batch_lacs
     finally:
         conn.close()
