@@ -63,6 +63,14 @@ UNKNOWN_PROCESS_S = 2.0
 UNKNOWN_S = 0.02
 
 
+# An empty trust store for this process and every process the suite starts (bookies, hubs, ``quire`` commands and
+# the xdist workers inherit this environment): aiohttp, which every bookie and hub imports, builds two default SSL
+# contexts at import, and each parsed the system's bundle of ~140 CA certificates, about 0.13 s of CPU per process
+# of the ~700 a run starts. No test trusts a public CA (the tests reach only loopback and their own network
+# namespaces); a test of TLS names its own CA file (``hub.tls.client_context(ca_file=...)``), and a certificate no
+# CA vouches for is refused with this store as with the system's.
+os.environ["SSL_CERT_FILE"] = os.devnull
+
 # No per-example deadline: it measures this machine's load (two cores shared by xdist workers and their
 # processes), not the code; a test that needs one sets it with @settings.
 settings.register_profile("quire", deadline=None)
