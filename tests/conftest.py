@@ -43,6 +43,7 @@ from hypothesis import settings
 pytest_plugins = [
     "tests.fixtures.zookeeper",
     "tests.fixtures.hbase",
+    "tests.fixtures.cputime",
 ]
 
 # Names that start an OS process when called (or that are such a module), wherever they come from.
