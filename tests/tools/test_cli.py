@@ -160,7 +160,9 @@ def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
     run = plan("run")
     assert "pip install -q -e .\n" in run and "[test" not in run and "scan" not in run
     assert "quire standalone --data data" in run
-    assert "pip install -q -e '.[test,scan,bench,plot]'" in plan("setup")
+    setup = plan("setup")   # every extra, with uv: from its cache alone when it can, else from the index
+    assert "uv pip install -q --python" in setup and "-e '.[test,scan,bench,plot]'" in setup
+    assert "--offline -e '.[test,scan,bench,plot]'" in setup and "installing from the index" in setup
 
 
 def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
