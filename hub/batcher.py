@@ -30,7 +30,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+import itertools
 import logging
+import operator
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -75,6 +77,10 @@ class InflightAdd:
         self.error: BaseException | None = None
 
 
+_MESSAGE = operator.itemgetter(0)
+"""A queued publish's message (``Batch`` items are ``(message, done)``)."""
+
+
 def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
     if fut.done():
         return
@@ -107,6 +113,7 @@ class EntryBatcher:
     on_persisted: Persisted | None
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
+    gate_all: Callable[[], bool] | None
     _index: dict[int, EntryIndex]
     _first_times: dict[int, int]
     _queue: collections.deque[tuple[pb.Message, Done]]
@@ -183,6 +190,10 @@ class EntryBatcher:
             queue = self._queue = collections.deque()
         queue.append((message, done))
         self._queued_bytes += len(message.body)
+        self._queued()
+
+    def _queued(self) -> None:
+        """Publishes joined the queue: a pump at the end of this loop turn if they may go, else the hold's bound."""
         if (not self._pump_soon and self._slow is None
                 and (len(self._inflight) < self.conf.batch_hold_after_adds
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
@@ -192,6 +203,27 @@ class EntryBatcher:
         elif self._hold_timer is None and self.conf.batch_flush_delay_ms and self._inflight:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
+
+    def submit_all(self, messages: Iterable[pb.Message], done: Done, nbytes: int) -> None:
+        """``submit`` of each of ``messages`` (none carries a producer), in order, with the same ``done``.
+
+        The server's path for a batched publish: the messages join the queue
+        at once (``nbytes``: their bodies' total) when the gate admits them
+        all (``gate_all``: no backlog quota holds them); otherwise, and on a
+        closed log, each goes through ``submit``. ``done`` runs once per
+        message, as ``submit``'s.
+        """
+        if self.closed or (self.gate is not None and (self.gate_all is None or not self.gate_all())):
+            submit = self.submit
+            for message in messages:
+                submit(message, done)
+            return
+        queue = self._queue
+        if queue is IDLE:
+            queue = self._queue = collections.deque()
+        queue.extend(zip(messages, itertools.repeat(done)))
+        self._queued_bytes += nbytes
+        self._queued()
 
     def _hold_expired(self) -> None:
         """``batch_flush_delay_ms`` passed since a publish queued behind the adds in flight: send the queue."""
@@ -320,7 +352,7 @@ class EntryBatcher:
     def _send(self, batch: Batch) -> None:
         first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
         wires: list[bytes] = []
-        entry = message_batch(first, [m for m, _ in batch], wires)
+        entry = message_batch(first, map(_MESSAGE, batch), wires)
         lh = self.lh
         assert lh is not None          # _pump sends only into an open ledger
         add = InflightAdd(lh, first, batch, wires)
@@ -337,9 +369,15 @@ class EntryBatcher:
             add.settled, add.error = True, exc
 
     def _take_batch(self) -> Batch:
-        batch: Batch = []
-        size = 0
         queue = self._queue
+        conf = self.conf
+        if len(queue) <= conf.max_batch_messages and self._queued_bytes <= conf.max_batch_bytes:
+            batch = list(queue)   # all of it fits one entry (the usual case): no look at each message
+            queue.clear()
+            self._queued_bytes = 0
+            return batch
+        batch = []
+        size = 0
         while queue and len(batch) < self.conf.max_batch_messages:
             m = queue[0][0]
             if batch and size + len(m.body) > self.conf.max_batch_bytes:
@@ -438,8 +476,13 @@ class EntryBatcher:
         idx.append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
-        for seq, (_, done) in enumerate(batch, first):   # answers first: deliveries (on_persisted) follow
-            _call(done, seq, None)
+        seq = first
+        for _, done in batch:   # answers first: deliveries (on_persisted) follow
+            try:
+                done(seq, None)
+            except Exception:
+                log.exception("publish completion callback raised")
+            seq += 1
         self._snapshot_soon(len(batch))
         if self.on_persisted is not None:
-            self.on_persisted(self.topic, first, [m for m, _ in batch], add.wires)
+            self.on_persisted(self.topic, first, list(map(_MESSAGE, batch)), add.wires)

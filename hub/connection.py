@@ -312,7 +312,7 @@ class HubConnection(asyncio.Protocol):
         t = self.server.topics.get(ev.topic)
         if req.type == pb.PUBLISH and t is not None:
             # synchronously: publish order on a connection is seq order
-            self._enqueue(t, req, time.perf_counter())
+            self._enqueue(t, req, time.perf_counter(), ev.plain_bytes)
             if not self._published_to or self._published_to[-1] is not t.log:
                 self._published_to.append(t.log)
             return
@@ -376,8 +376,13 @@ class HubConnection(asyncio.Protocol):
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return spawn(self.tasks, coro)
 
-    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float) -> None:
-        """Queue the publish (or each message of a batched one) on the topic's log, in order."""
+    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float, plain_bytes: int = -1) -> None:
+        """Queue the publish (or each message of a batched one) on the topic's log, in order.
+
+        ``plain_bytes`` (``RequestReceived.plain_bytes``): a batched publish without delays, whose
+        messages this connection stamps in one tight loop (one publish time for the request) and the
+        log queues at once, unless a region stamps them.
+        """
         t.last_active = time.monotonic()
         pub = req.publishRequest
         msgs = pub.msgs
@@ -386,6 +391,15 @@ class HubConnection(asyncio.Protocol):
         if msgs:
             answer = _BatchAnswer(self, req, t, t0, len(msgs))
             stats.incr("publishes", len(msgs))
+            if plain_bytes >= 0 and not self.region_hub and self.server.regions is None:
+                now = time.time_ns() // 1_000_000   # _stamp's, for each message
+                region = self.server.region_bytes
+                for msg in msgs:
+                    msg.publishTimeMs = now
+                    msg.srcRegion = region
+                    msg.ClearField("msgId")
+                t.log.submit_all(msgs, answer.settle, plain_bytes)
+                return
             for msg in msgs:
                 self._stamp(topic, msg)
                 t.log.submit(msg, answer.settle)
@@ -573,11 +587,12 @@ class _BatchAnswer:
         self.error: BaseException | None = None
 
     def settle(self, seq: int, error: BaseException | None) -> None:
-        if error is not None:
-            self.error = self.error or error
-        else:
-            self.first = min(self.first, seq) if self.stored else seq
+        if error is None:
+            if not self.stored:   # the stored ones settle in seq order (hub.batcher completes in order)
+                self.first = seq
             self.stored += 1
+        else:
+            self.error = self.error or error
         self.left -= 1
         if not self.left:
             self.conn._batch_published(self)

@@ -191,17 +191,22 @@ def message_batch(first: int, messages: Iterable[pb.Message], wires: list[bytes]
     serialization, in order (the owner builds its deliveries from them,
     ``hub.message.Message.persisted``).
     """
+    serialized = [message.SerializeToString() for message in messages]
+    if wires is not None:
+        wires += serialized
+    leads = _BATCH_LEADS
     parts = [b"\x08" + _varint(first)] if first else []   # first_local_seq_id (varint 1)
-    for message in messages:
-        wire = message.SerializeToString()
-        if wires is not None:
-            wires.append(wire)
-        parts.append(_BATCH_MESSAGES_TAG + _varint(len(wire)))   # messages (2), length-delimited
+    for wire in serialized:   # messages (2), length-delimited
+        n = len(wire)
+        parts.append(leads[n] if n < _LEADS_KEPT else _BATCH_MESSAGES_TAG + _varint(n))
         parts.append(wire)
     return b"".join(parts)
 
 
 _BATCH_MESSAGES_TAG = _varint(2 << 3 | 2)
+_LEADS_KEPT = 1 << 12
+_BATCH_LEADS = [_BATCH_MESSAGES_TAG + _varint(n) for n in range(_LEADS_KEPT)]
+"""A ``MessageBatch.messages`` field's tag and length for a message of each length under ``_LEADS_KEPT``."""
 
 
 def split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None:

@@ -2,6 +2,7 @@
 
     quota = BacklogQuota(topic_log, subs, policy=lambda: cache.for_topic(topic), hold_timeout=25.0)
     topic_log.gate = quota.admit          # every publish passes the quota before it is queued
+    topic_log.gate_all = quota.admits_all # a batched publish's messages pass it at once when it holds none
     quota.wake()                          # a pointer moved: held publishes that now fit go on
     quota.persisted()                     # an entry was stored: consumer_backlog_eviction acks the oldest
     quota.close()                         # the topic is released: held publishes fail (SERVICE_DOWN)
@@ -245,6 +246,16 @@ class BacklogQuota:
             return False
         self._hold(message, done)
         return False
+
+    def admits_all(self) -> bool:
+        """Whether ``admit`` would let every publish through now, whatever it is (none held, no quota
+        reached): the log then queues a batched publish's messages without asking for each."""
+        if self._passing or self.log.closed:
+            return True
+        if self.held:
+            return False
+        policy = self.policy()
+        return policy.backlog_quota_limit_bytes <= 0 or not quota_exceeded(policy, self.backlog_bytes())
 
     def _hold(self, message: pb.Message, done: Done) -> None:
         loop = asyncio.get_running_loop()

@@ -123,7 +123,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                  "_index", "_inflight", "_known", "_ledger_slots", "_lock_", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
-                 "entries_in_ledger", "gate", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
+                 "entries_in_ledger", "gate", "gate_all", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
                  "owned", "pm", "ranges", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
@@ -172,6 +172,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
         self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
         self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
+        self.gate_all: Callable[[], bool] | None = None   # True: the gate admits every publish now (submit_all)
         self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
 
     @property

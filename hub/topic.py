@@ -54,6 +54,7 @@ class Topic:
         are frozen (``hub.gcwatch``), out of every collection's reach.
         """
         self.log.gate = None
+        self.log.gate_all = None
         self.log.keep_from = None
 
     def sample_rate(self, now: float) -> None:
