@@ -381,7 +381,7 @@ class HubConnection(asyncio.Protocol):
 
         ``plain_bytes`` (``RequestReceived.plain_bytes``): a batched publish without delays, whose
         messages this connection stamps in one tight loop (one publish time for the request) and the
-        log queues at once, unless a region stamps them.
+        log queues at once, unless regions stamp them (a vector-max, or a region hub's own).
         """
         t.last_active = time.monotonic()
         pub = req.publishRequest
@@ -391,7 +391,8 @@ class HubConnection(asyncio.Protocol):
         if msgs:
             answer = _BatchAnswer(self, req, t, t0, len(msgs))
             stats.incr("publishes", len(msgs))
-            if plain_bytes >= 0 and not self.region_hub and self.server.regions is None:
+            regions = self.server.regions
+            if plain_bytes >= 0 and not self.region_hub and (regions is None or not regions.stamps(topic)):
                 now = time.time_ns() // 1_000_000   # _stamp's, for each message
                 region = self.server.region_bytes
                 for msg in msgs:

@@ -293,6 +293,10 @@ class RegionManager:
         return ip in self.region_ips or (ip.is_loopback and any(r.is_loopback for r in self.region_ips))
 
     # --- version vectors --------------------------------------------------------------------------
+    def stamps(self, topic: bytes) -> bool:
+        """Whether ``stamp`` puts anything in the messages of ``topic`` (it has a vector-max)."""
+        return bool(self.vectors.get(topic))
+
     def stamp(self, topic: bytes, msg: pb.Message) -> None:
         """Put the topic's vector-max in ``msg.msgId.remoteComponents`` (no-op without regions)."""
         vec = self.vectors.get(topic)
