@@ -283,6 +283,18 @@ class HubChannel(asyncio.Protocol):
         self.deadlines.watch(req.txnId, fut, timeout)
         return fut
 
+    def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone), framed by hand
+        (``ClientConnection.send_publish_batch``): the client's producer batching."""
+        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
+        if not self.alive:
+            fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+            return fut
+        txn_id, frame = self.machine.send_publish_batch(topic, bodies, fut)
+        self._write(frame)
+        self.deadlines.watch(txn_id, fut, timeout)
+        return fut
+
     def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], sent_at: float) -> None:
         """No answer in time; when nothing at all was heard since ``sent_at``, the connection is dropped."""
         self.machine.forget(txn_id)

@@ -45,21 +45,47 @@ _RETRY_WAIT = 0.05         # seconds before the first retry of a request; double
 
 
 class _Batch:
-    """Publishes to one topic waiting to leave as one request (``HedwigClient._batched``)."""
+    """Publishes to one topic waiting to leave as one request (``HedwigClient._batched``).
 
-    __slots__ = ("bytes", "conn", "futures", "req", "timer")
+    While every message is a body alone (no properties, type or key: the
+    usual case) only the bodies are kept, and the request is framed by hand
+    (``hub.frames.publish_batch``); the first message that needs more turns
+    the batch into a protobuf request (``request``).
+    """
 
-    def __init__(self, conn: _Conn, req: pb.PubSubRequest) -> None:
+    __slots__ = ("bodies", "bytes", "conn", "futures", "req", "timer")
+
+    def __init__(self, conn: _Conn) -> None:
         self.conn = conn
-        self.req = req
+        self.req: pb.PubSubRequest | None = None
+        self.bodies: list[bytes] = []     # the messages so far while ``req`` is None
         self.futures: list[asyncio.Future[int]] = []
         self.bytes = 0
         self.timer: asyncio.TimerHandle | asyncio.Handle | None = None   # the flush to come, when delayed
+
+    def request(self, topic: bytes) -> pb.PubSubRequest:
+        """The batch as a protobuf request, built from the bodies so far the first time."""
+        if self.req is None:
+            self.req = _bodies_request(topic, self.bodies)
+            self.bodies = []
+        return self.req
 
 
 def _publish_request(topic: bytes) -> pb.PubSubRequest:
     req = pb.PubSubRequest(type=pb.PUBLISH, topic=topic)
     req.publishRequest.topic = topic
+    return req
+
+
+def _bodies_request(topic: bytes, bodies: list[bytes]) -> pb.PubSubRequest:
+    """The PUBLISH of ``bodies`` as a protobuf request: a plain one of one body, else a batched one."""
+    req = _publish_request(topic)
+    if len(bodies) == 1:
+        req.publishRequest.msg.body = bodies[0]
+        return req
+    msgs = req.publishRequest.msgs
+    for body in bodies:
+        msgs.add(body=body)
     return req
 
 
@@ -226,8 +252,9 @@ class ClientPublishing:
         """
         self._check_open()
         self._check_names(topic)
-        _check_delay(deliver_after_ms, deliver_at_ms)
         delayed = deliver_after_ms is not None or deliver_at_ms is not None
+        if delayed:
+            _check_delay(deliver_after_ms, deliver_at_ms)
         if len(body) > self.conf.max_message_size:
             raise errors.MessageTooLargeError(f"message of {len(body)} bytes exceeds max_message_size "
                                               f"{self.conf.max_message_size}")
@@ -298,13 +325,16 @@ class ClientPublishing:
             batch = None
         loop = asyncio.get_running_loop()
         if batch is None:
-            batch = self._batches[topic] = _Batch(conn, _publish_request(topic))
+            batch = self._batches[topic] = _Batch(conn)
             delay = self.conf.batching_max_publish_delay_ms
             if delay:
                 batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
             else:
                 loop.call_soon(self._flush_batch, topic, batch)
-        _fill(batch.req.publishRequest.msgs.add(), body, properties, message_type, key)
+        if properties or message_type or key is not None or batch.req is not None:
+            _fill(batch.request(topic).publishRequest.msgs.add(), body, properties, message_type, key)
+        else:
+            batch.bodies.append(body)
         fut: asyncio.Future[int] = loop.create_future()
         batch.futures.append(fut)
         batch.bytes += len(body)
@@ -321,6 +351,15 @@ class ClientPublishing:
         if batch.timer is not None:
             batch.timer.cancel()
         req = batch.req
+        if req is None:   # bodies alone
+            bodies = batch.bodies
+            conn = batch.conn
+            if len(bodies) > 1 and conn.alive:
+                conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
+                    functools.partial(self._publish_answered, topic, bodies, batch.futures))
+            else:
+                self._send_publish(topic, _bodies_request(topic, bodies), batch.futures, conn)
+            return
         pub = req.publishRequest
         if len(pub.msgs) == 1:    # alone: a plain publish
             pub.msg.CopyFrom(pub.msgs[0])
@@ -344,13 +383,15 @@ class ClientPublishing:
         conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
             functools.partial(self._publish_answered, topic, req, futures))
 
-    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
+    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest | list[bytes], futures: list[asyncio.Future[int]],
                           answer: asyncio.Future[pb.PubSubResponse]) -> None:
+        """``req``: the request answered, or the bodies of one framed by hand (``_Batch``)."""
         resp = _answer_of(futures, answer)
         if resp is None:
             return
         if resp.statusCode != pb.SUCCESS and not resp.publishResponse.stored:
-            self._publish_long(topic, req, futures)
+            self._publish_long(topic, req if isinstance(req, pb.PubSubRequest) else _bodies_request(topic, req),
+                               futures)
             return
         _publish_settled(futures, resp)
 

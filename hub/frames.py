@@ -1,14 +1,15 @@
-"""Hot-path frames of the hub assembled from wire bytes, not built by protobuf: deliveries and publish answers.
+"""Hot-path frames of the hub assembled from wire bytes, not built by protobuf: deliveries, publishes and answers.
 
     frame = delivery(topic, subscriber, message.wire)        # one message to one subscription
     frame = delivery_batch(topic, subscriber, wires, consumer_id)
     frame = delivery_run(topic, subscriber, messages)       # delivery_batch of their wires, the run built once
     frame = published(txn_id, topic, seq_id)                 # the answer to one publish
+    frame = publish_batch(txn_id, topic, bodies)             # the client's batched publish of bodies alone
     split = split_delivery(body)     # the client's: (topic, subscriber, wires, consumer_id) or None
 
 Each is byte for byte what protobuf itself serializes for the same response
 (tests hold them to that), with the length prefix of ``bookie.wire``; the
-hub writes one per message or publish, so the fixed heads are built once
+hub writes one per message or publish (the client one per batch of publishes), so the fixed heads are built once
 (``_delivery_head`` is cached per subscription). ``hub.protocol`` re-exports
 them with the frames protobuf builds.
 
@@ -32,7 +33,8 @@ from hub.proto import pubsub_pb2 as pb
 if TYPE_CHECKING:
     from hub.message import Message
 
-__all__ = ["delivery", "delivery_batch", "delivery_run", "message_batch", "published", "split_delivery"]
+__all__ = ["delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch", "published",
+           "split_delivery"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -107,13 +109,18 @@ _runs_order: collections.deque[tuple[int, ...]] = collections.deque()
 
 def _add_messages(parts: list[bytes], wires: Iterable[bytes]) -> int:
     """Append each wire's ``Delivery.messages`` lead (tag, length) and the wire to ``parts``; their bytes."""
+    return _add_fields(parts, wires, _MESSAGES_LEADS, _MESSAGES_TAG)
+
+
+def _add_fields(parts: list[bytes], wires: Iterable[bytes], leads: dict[int, bytes], tag: bytes) -> int:
+    """Append each wire as a length-delimited field ``tag`` to ``parts`` (its lead from ``leads``, kept there by
+    length under 16 KiB, made once each); their bytes."""
     size = 0
-    leads = _MESSAGES_LEADS
     for w in wires:
         n = len(w)
         lead = leads.get(n)
         if lead is None:
-            lead = _MESSAGES_TAG + _varint(n)
+            lead = _lead(tag, n)
             if n < 1 << 14:
                 leads[n] = lead
         parts.append(lead)
@@ -122,8 +129,21 @@ def _add_messages(parts: list[bytes], wires: Iterable[bytes]) -> int:
     return size
 
 
+def _lead(tag: bytes, n: int) -> bytes:
+    """A length-delimited field's lead: ``tag`` and the length ``n``; for ``_BODY_MESSAGE`` the lead of a
+    ``PublishRequest.msgs`` message holding only a body of ``n`` bytes (its tag and length, then the body's)."""
+    if tag is _BODY_MESSAGE:
+        inner = _BODY_TAG + _varint(n) if n else b""   # an empty body is no field at all
+        return _PUBLISH_MSGS_TAG + _varint(len(inner) + n) + inner
+    return tag + _varint(n)
+
+
 _MESSAGES_LEADS: dict[int, bytes] = {}
 """``Delivery.messages``' tag and length varint by message length (under 16 KiB), made once each."""
+_BATCH_LEADS: dict[int, bytes] = {}
+"""``MessageBatch.messages``' leads, as ``_MESSAGES_LEADS``."""
+_BODY_LEADS: dict[int, bytes] = {}
+"""``PublishRequest.msgs`` leads of messages holding only a body, by the body's length (``publish_batch``)."""
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
@@ -194,19 +214,38 @@ def message_batch(first: int, messages: Iterable[pb.Message], wires: list[bytes]
     serialized = [message.SerializeToString() for message in messages]
     if wires is not None:
         wires += serialized
-    leads = _BATCH_LEADS
     parts = [b"\x08" + _varint(first)] if first else []   # first_local_seq_id (varint 1)
-    for wire in serialized:   # messages (2), length-delimited
-        n = len(wire)
-        parts.append(leads[n] if n < _LEADS_KEPT else _BATCH_MESSAGES_TAG + _varint(n))
-        parts.append(wire)
+    _add_fields(parts, serialized, _BATCH_LEADS, _BATCH_MESSAGES_TAG)   # messages (2), length-delimited
     return b"".join(parts)
 
 
 _BATCH_MESSAGES_TAG = _varint(2 << 3 | 2)
-_LEADS_KEPT = 1 << 12
-_BATCH_LEADS = [_BATCH_MESSAGES_TAG + _varint(n) for n in range(_LEADS_KEPT)]
-"""A ``MessageBatch.messages`` field's tag and length for a message of each length under ``_LEADS_KEPT``."""
+
+
+def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
+    """The encoded PUBLISH request of ``bodies`` as ``PublishRequest.msgs``, each message holding only its body.
+
+    The client's producer batching (``hub.client_publish``): byte for byte
+    what ``encode`` gives for the protobuf request the client would build
+    (``protocolVersion``, ``type``, ``txnId``, ``topic``, and the publish
+    request's ``topic`` and ``msgs``; tested), without a protobuf message per
+    body.
+    """
+    parts = [b""]
+    size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
+    topic_field = _field(b"\x0a", topic) if topic else b""                   # PublishRequest.topic (1)
+    head = (_PUBLISH_HEAD + _varint(txn_id) + (_field(b"\x2a", topic) if topic else b"")   # txnId (3), topic (5)
+            + _PUBLISH_REQUEST_TAG + _varint(len(topic_field) + size) + topic_field)      # publishRequest (10)
+    parts[0] = LENGTH_PREFIX.pack(len(head) + size) + head
+    return b"".join(parts)
+
+
+_PUBLISH_HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"
+_PUBLISH_REQUEST_TAG = _varint(10 << 3 | 2)   # PubSubRequest.publishRequest
+_PUBLISH_MSGS_TAG = _varint(3 << 3 | 2)       # PublishRequest.msgs
+_BODY_TAG = _varint(1 << 3 | 2)               # Message.body
+_BODY_MESSAGE = b"body message"
+"""``_add_fields``' tag for ``PublishRequest.msgs`` messages of a body alone (``_lead``)."""
 
 
 def split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None:

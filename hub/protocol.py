@@ -38,7 +38,7 @@ from bookie.wire.txns import TxnTable
 from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
 from hub.errors import PubSubError
-from hub.frames import delivery, delivery_batch, published, split_delivery  # hand-assembled hot-path frames
+from hub.frames import delivery, delivery_batch, publish_batch, published, split_delivery  # hand-assembled hot-path frames
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
@@ -518,6 +518,12 @@ class ClientConnection(Generic[T]):
         request.txnId = pending.take(value) if value is not None else pending.next_txn_id()
         request.protocolVersion = pb.VERSION_ONE
         return encode(request)
+
+    def send_publish_batch(self, topic: bytes, bodies: Sequence[bytes], value: T) -> tuple[int, bytes]:
+        """``send_request`` of a PUBLISH of ``bodies`` (``PublishRequest.msgs`` of a body each), framed by hand
+        (``hub.frames.publish_batch``): its txn id and its bytes."""
+        txn_id = self._pending.take(value)
+        return txn_id, publish_batch(txn_id, topic, bodies)
 
     def forget(self, txn_id: int) -> T | None:
         """Drop an outstanding request (timed out)."""

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.frames import message_batch
+from hub.frames import message_batch, publish_batch
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
     MAX_SUBSCRIBER_BYTES,
@@ -310,6 +310,48 @@ def test_a_message_batch_entry_is_what_protobuf_serializes(first: int, fields: l
     entry = pb.MessageBatch(first_local_seq_id=first)
     entry.messages.extend(messages)
     assert message_batch(first, messages) == entry.SerializeToString()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300), st.integers(min_value=1, max_value=2**64 - 1),
+       st.lists(st.one_of(st.binary(max_size=300), st.binary(min_size=16_380, max_size=16_400)), min_size=1,
+                max_size=6))
+def test_a_batch_of_bodies_framed_by_hand_is_what_protobuf_serializes(topic: bytes, txn: int,
+                                                                      bodies: list[bytes]) -> None:
+    """The client's hand-framed batched publish equals protobuf's own request, byte for byte, and the hub
+    reads it as a batched publish without delays (``plain_bytes``: the bodies' total)."""
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=txn, topic=topic)
+    req.publishRequest.topic = topic
+    for body in bodies:
+        req.publishRequest.msgs.add(body=body)
+    frame = publish_batch(txn, topic, bodies)
+    assert frame == encode(req)
+    if topic and b"\x00" not in topic and len(topic) <= MAX_TOPIC_BYTES and _utf8(topic):
+        (event,) = ServerConnection(max_frame_size=1 << 20, max_message_size=1 << 20).receive_data(frame)
+        assert isinstance(event, RequestReceived)
+        assert [m.body for m in event.request.publishRequest.msgs] == bodies
+        assert event.plain_bytes == sum(map(len, bodies))
+
+
+def _utf8(name: bytes) -> bool:
+    try:
+        name.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_a_batched_publish_with_a_delay_is_not_plain() -> None:
+    """A message with a delivery delay in a batch: the hub stamps each message on its own (``plain_bytes`` -1)."""
+    req = publish()
+    req.publishRequest.ClearField("msg")
+    req.publishRequest.msgs.add(body=b"a")
+    req.publishRequest.msgs.add(body=b"b", deliverAfterMs=5)
+    (event,) = ServerConnection(max_frame_size=4096, max_message_size=100).receive_data(encode(req))
+    assert isinstance(event, RequestReceived) and event.plain_bytes == -1
+    del req.publishRequest.msgs[1]
+    (event,) = ServerConnection(max_frame_size=4096, max_message_size=100).receive_data(encode(req))
+    assert isinstance(event, RequestReceived) and event.plain_bytes == 1
 
 
 @settings(max_examples=100, deadline=None)
