@@ -123,8 +123,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                  "_index", "_inflight", "_known", "_ledger_slots", "_lock_", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
-                 "entries_in_ledger", "gate", "gate_all", "keep_from", "last_seq", "last_write_ms", "lh", "on_persisted",
-                 "owned", "pm", "ranges", "topic", "version")
+                 "entries_in_ledger", "gate", "gate_all", "keep_from", "last_seq", "last_write_ms", "lh",
+                 "on_persisted", "owned", "pm", "ranges", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Persisted | None = None,

@@ -38,7 +38,13 @@ from bookie.wire.txns import TxnTable
 from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
 from hub.errors import PubSubError
-from hub.frames import delivery, delivery_batch, publish_batch, published, split_delivery  # hand-assembled hot-path frames
+from hub.frames import (  # hand-assembled hot-path frames
+    delivery,
+    delivery_batch,
+    publish_batch,
+    published,
+    split_delivery,
+)
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
