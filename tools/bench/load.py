@@ -147,7 +147,7 @@ class Runner:
         self._runner.close()
 
 
-class _BoxedRunner(asyncio.Runner):
+class _BoxedRunner(asyncio.Runner):  # type: ignore[misc]  # final in typeshed; only run is wrapped
     """``asyncio.Runner`` whose task's result is a box, not the coroutine's value.
 
     On the main thread ``asyncio.Runner.run`` (3.11) checks its SIGINT
