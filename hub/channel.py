@@ -284,8 +284,8 @@ class HubChannel(asyncio.Protocol):
         return fut
 
     def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
-        """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone), framed by hand
-        (``ClientConnection.send_publish_batch``): the client's producer batching."""
+        """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone; one body: a plain
+        publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching."""
         fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
         if not self.alive:
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))

@@ -354,7 +354,7 @@ class ClientPublishing:
         if req is None:   # bodies alone
             bodies = batch.bodies
             conn = batch.conn
-            if len(bodies) > 1 and conn.alive:
+            if conn.alive:
                 conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
                     functools.partial(self._publish_answered, topic, bodies, batch.futures))
             else:

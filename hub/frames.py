@@ -223,16 +223,24 @@ _BATCH_MESSAGES_TAG = _varint(2 << 3 | 2)
 
 
 def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
-    """The encoded PUBLISH request of ``bodies`` as ``PublishRequest.msgs``, each message holding only its body.
+    """The encoded PUBLISH request of ``bodies`` as ``PublishRequest.msgs``, each message holding only its body;
+    of one body, a plain publish (``PublishRequest.msg``).
 
     The client's producer batching (``hub.client_publish``): byte for byte
     what ``encode`` gives for the protobuf request the client would build
     (``protocolVersion``, ``type``, ``txnId``, ``topic``, and the publish
-    request's ``topic`` and ``msgs``; tested), without a protobuf message per
-    body.
+    request's ``topic`` and ``msgs`` or ``msg``; tested), without a protobuf
+    message per body.
     """
     parts = [b""]
-    size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
+    if len(bodies) == 1:   # msg (2): a message of the body alone
+        body = bodies[0]
+        inner = _field(_BODY_TAG, body) if body else b""
+        parts.append(_PUBLISH_MSG_TAG + _varint(len(inner)))
+        parts.append(inner)
+        size = len(parts[1]) + len(inner)
+    else:
+        size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
     topic_field = _field(b"\x0a", topic) if topic else b""                   # PublishRequest.topic (1)
     head = (_PUBLISH_HEAD + _varint(txn_id) + (_field(b"\x2a", topic) if topic else b"")   # txnId (3), topic (5)
             + _PUBLISH_REQUEST_TAG + _varint(len(topic_field) + size) + topic_field)      # publishRequest (10)
@@ -242,6 +250,7 @@ def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
 
 _PUBLISH_HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"
 _PUBLISH_REQUEST_TAG = _varint(10 << 3 | 2)   # PubSubRequest.publishRequest
+_PUBLISH_MSG_TAG = _varint(2 << 3 | 2)        # PublishRequest.msg
 _PUBLISH_MSGS_TAG = _varint(3 << 3 | 2)       # PublishRequest.msgs
 _BODY_TAG = _varint(1 << 3 | 2)               # Message.body
 _BODY_MESSAGE = b"body message"
