@@ -322,3 +322,43 @@ async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_
     seqs = [(r.txnId, r.publishResponse.publishedMsgId.localComponent)
             for r in (pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(b"".join(written)))]
     assert seqs == [(i, i) for i in range(1, n + 1)]      # every publish answered, in order, dense seq ids
+
+
+async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds() -> None:
+    """``submit_all`` (the server's batched publish): one entry for what fits, each message its own seq id."""
+    log, lh = held_log(max_batch_messages=3, max_outstanding_adds=4, batch_flush_bytes=1)
+    got: list[tuple[int, BaseException | None]] = []
+    msgs = [body(5) for _ in range(5)]
+    log.submit_all(msgs, lambda seq, exc: got.append((seq, exc)), 25)
+    await turns()
+    assert lh.entries() == [[1, 2, 3], [4, 5]]       # max_batch_messages splits the queue
+    assert log._queued_bytes == 0
+    lh.settle(0)
+    lh.settle(1)
+    await turns()
+    assert got == [(1, None), (2, None), (3, None), (4, None), (5, None)]
+
+
+async def test_a_batched_publish_goes_through_the_gate_message_by_message_unless_it_admits_all() -> None:
+    log, lh = held_log()
+    seen: list[bytes] = []
+
+    def gate(message: pb.Message, done: Callable[[int, BaseException | None], None]) -> bool:
+        seen.append(message.body)
+        if message.body == b"no":
+            done(0, errors.ServiceDownError("held"))
+            return False
+        return True
+
+    log.gate, log.gate_all = gate, lambda: False      # a quota that holds: each message is asked
+    got: list[tuple[int, str]] = []
+    log.submit_all([pb.Message(body=b"a"), pb.Message(body=b"no"), pb.Message(body=b"b")],
+                   lambda seq, exc: got.append((seq, type(exc).__name__)), 4)
+    await turns()
+    assert seen == [b"a", b"no", b"b"]
+    assert got == [(0, "ServiceDownError")] and lh.entries() == [[1, 2]]
+    log.gate_all = lambda: True                       # no quota reached: nobody is asked
+    log.submit_all([pb.Message(body=b"no")], lambda seq, exc: got.append((seq, type(exc).__name__)), 2)
+    lh.settle(0)
+    await turns()
+    assert seen == [b"a", b"no", b"b"] and lh.entries() == [[1, 2], [3]]
