@@ -35,7 +35,7 @@ import logging
 import operator
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import errors, tracing
 from hub.conf import HubConf
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
-__all__ = ["Batch", "Done", "EntryBatcher", "InflightAdd", "Persisted"]
+__all__ = ["AdmitsAll", "Batch", "Done", "EntryBatcher", "InflightAdd", "Persisted"]
 
 
 Done = Callable[[int, BaseException | None], None]
@@ -75,6 +75,13 @@ class InflightAdd:
         self.wires = wires              # each message serialized, as in the entry
         self.settled = False
         self.error: BaseException | None = None
+
+
+class AdmitsAll(Protocol):
+    """What ``EntryBatcher.submit_all`` asks of the gate's owner (``hub.lifecycle.BacklogQuota``): the object
+    itself, not a bound method, so an owned topic holds no extra object for it."""
+
+    def admits_all(self) -> bool: ...
 
 
 _MESSAGE = operator.itemgetter(0)
@@ -113,7 +120,7 @@ class EntryBatcher:
     on_persisted: Persisted | None
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
-    gate_all: Callable[[], bool] | None
+    gate_all: AdmitsAll | None
     _index: dict[int, EntryIndex]
     _first_times: dict[int, int]
     _queue: collections.deque[tuple[pb.Message, Done]]
@@ -209,11 +216,11 @@ class EntryBatcher:
 
         The server's path for a batched publish: the messages join the queue
         at once (``nbytes``: their bodies' total) when the gate admits them
-        all (``gate_all``: no backlog quota holds them); otherwise, and on a
+        all (``gate_all.admits_all()``: no backlog quota holds them); otherwise, and on a
         closed log, each goes through ``submit``. ``done`` runs once per
         message, as ``submit``'s.
         """
-        if self.closed or (self.gate is not None and (self.gate_all is None or not self.gate_all())):
+        if self.closed or (self.gate is not None and (self.gate_all is None or not self.gate_all.admits_all())):
             submit = self.submit
             for message in messages:
                 submit(message, done)

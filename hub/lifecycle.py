@@ -2,7 +2,7 @@
 
     quota = BacklogQuota(topic_log, subs, policy=lambda: cache.for_topic(topic), hold_timeout=25.0)
     topic_log.gate = quota.admit          # every publish passes the quota before it is queued
-    topic_log.gate_all = quota.admits_all # a batched publish's messages pass it at once when it holds none
+    topic_log.gate_all = quota            # a batched publish's messages pass at once while admits_all()
     quota.wake()                          # a pointer moved: held publishes that now fit go on
     quota.persisted()                     # an entry was stored: consumer_backlog_eviction acks the oldest
     quota.close()                         # the topic is released: held publishes fail (SERVICE_DOWN)

@@ -168,7 +168,7 @@ class OwnedTopics:
                                self.conf.backlog_quota_hold_timeout / 1000.0, track=cb.track,
                                on_refused=cb.quota_refused)
         tlog.gate = t.quota.admit
-        tlog.gate_all = t.quota.admits_all
+        tlog.gate_all = t.quota
         t.compaction.on_done = cb.compaction_done   # hub.compaction
         policy = self.policies.for_topic(topic)
         if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:

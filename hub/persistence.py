@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Any
 
 from bookie.errors import BKError
 from hub import errors
-from hub.batcher import Batch, Done, EntryBatcher, InflightAdd, Persisted
+from hub.batcher import AdmitsAll, Batch, Done, EntryBatcher, InflightAdd, Persisted
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -172,7 +172,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
         self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
         self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
-        self.gate_all: Callable[[], bool] | None = None   # True: the gate admits every publish now (submit_all)
+        self.gate_all: AdmitsAll | None = None   # the gate's owner: admits_all() before a batched publish
         self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
 
     @property

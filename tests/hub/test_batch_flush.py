@@ -339,6 +339,14 @@ async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds
     assert got == [(1, None), (2, None), (3, None), (4, None), (5, None)]
 
 
+class Admits:
+    def __init__(self, all_: bool) -> None:
+        self.all = all_
+
+    def admits_all(self) -> bool:
+        return self.all
+
+
 async def test_a_batched_publish_goes_through_the_gate_message_by_message_unless_it_admits_all() -> None:
     log, lh = held_log()
     seen: list[bytes] = []
@@ -350,14 +358,14 @@ async def test_a_batched_publish_goes_through_the_gate_message_by_message_unless
             return False
         return True
 
-    log.gate, log.gate_all = gate, lambda: False      # a quota that holds: each message is asked
+    log.gate, log.gate_all = gate, Admits(False)      # a quota that holds: each message is asked
     got: list[tuple[int, str]] = []
     log.submit_all([pb.Message(body=b"a"), pb.Message(body=b"no"), pb.Message(body=b"b")],
                    lambda seq, exc: got.append((seq, type(exc).__name__)), 4)
     await turns()
     assert seen == [b"a", b"no", b"b"]
     assert got == [(0, "ServiceDownError")] and lh.entries() == [[1, 2]]
-    log.gate_all = lambda: True                       # no quota reached: nobody is asked
+    log.gate_all = Admits(True)                       # no quota reached: nobody is asked
     log.submit_all([pb.Message(body=b"no")], lambda seq, exc: got.append((seq, type(exc).__name__)), 2)
     lh.settle(0)
     await turns()
