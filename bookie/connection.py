@@ -55,6 +55,7 @@ from typing import TypeVar, cast
 
 from bookie import protocol, tracing
 from bookie.errors import BKError, BookieUnavailableError, ProtocolError
+from bookie.frame_answers import ResponseCallback, _AddRun, _by_ledger, _LacsRun, _LedgersRun
 from bookie.outbox import Outbox
 from bookie.wire.sockets import set_tcp_liveness as wire_liveness
 
@@ -67,11 +68,7 @@ _ADD_ENTRY = protocol.ADD_ENTRY
 _ADD_ENTRIES = protocol.ADD_ENTRIES
 _ADD_ENTRIES_MULTI = protocol.ADD_ENTRIES_MULTI
 _WRITE_LAC_MULTI = protocol.WRITE_LAC_MULTI
-_OK = protocol.OK
 _add_frame_head = protocol.add_frame_head
-
-ResponseCallback = Callable[[protocol.Response | BKError], None]
-"""Gets the response to one request (any status), or the error that lost the connection."""
 
 C = TypeVar("C", bound="BookieConnection")
 
@@ -491,128 +488,6 @@ class BookieConnection(asyncio.Protocol):
     def close(self, reason: str = "closed") -> None:
         """Close now: outstanding requests fail with ``BookieUnavailableError``."""
         self._fail(BookieUnavailableError(f"connection to bookie {self.address} {reason}"))
-
-
-Frames = tuple[list[bytes], list[protocol.AddBodies], list[int], list[ResponseCallback]]
-
-
-def _by_ledger(payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
-               callbacks: list[ResponseCallback]) -> Frames:
-    """The adds reordered so that each ledger's are together, in their order (one ADD_ENTRIES run each)."""
-    groups: dict[int, list[int]] = {}
-    for i, ledger in enumerate(ledgers):
-        groups.setdefault(id(ledger), []).append(i)
-    order = [i for idx in groups.values() for i in idx]
-    return ([payloads[i] for i in order], [ledgers[i] for i in order], [ids[i] for i in order],
-            [callbacks[i] for i in order])
-
-
-class _FrameAnswer:
-    """The callback of one ADD_ENTRIES or ADD_ENTRIES_MULTI frame: hands each add its answer."""
-
-    __slots__ = ("callbacks", "conn", "ids", "payloads")
-    what = "ADD_ENTRIES"
-
-    def __init__(self, conn: BookieConnection, payloads: list[bytes], ids: list[int],
-                 callbacks: list[ResponseCallback]) -> None:
-        self.conn = conn
-        self.payloads = payloads
-        self.ids = ids
-        self.callbacks = callbacks
-
-    def _all_ok(self) -> None:
-        raise NotImplementedError
-
-    def _refused(self) -> None:
-        raise NotImplementedError
-
-    def __call__(self, result: protocol.Response | BKError) -> None:
-        callbacks = self.callbacks
-        if isinstance(result, BKError):
-            for callback in callbacks:
-                callback(result)
-            return
-        adds = result.adds
-        if result.status == _OK and not adds:
-            self._all_ok()
-            return
-        if result.status == protocol.UNKNOWN_OP and not adds:
-            self._refused()
-            return
-        if len(adds) != len(callbacks):   # a failure without every add's answer: each add failed with it
-            err = protocol.error_for(result) or ProtocolError(
-                f"bookie {self.conn.address}: {self.what} answer with {len(adds)} of {len(callbacks)} adds")
-            for callback in callbacks:
-                callback(err)
-            return
-        for answer, callback in zip(adds, callbacks, strict=True):
-            callback(answer)
-
-
-class _LedgersRun(_FrameAnswer):
-    """The adds of one ADD_ENTRIES_MULTI frame (``BookieConnection._frame_ledgers``)."""
-
-    __slots__ = ("ledgers",)
-    what = "ADD_ENTRIES_MULTI"
-
-    def __init__(self, conn: BookieConnection, payloads: list[bytes], ledgers: list[protocol.AddBodies],
-                 ids: list[int], callbacks: list[ResponseCallback]) -> None:
-        super().__init__(conn, payloads, ids, callbacks)
-        self.ledgers = ledgers
-
-    def _all_ok(self) -> None:
-        ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the frame: callbacks read it at once
-        for ledger, entry_id, callback in zip(self.ledgers, self.ids, self.callbacks, strict=True):
-            ok.ledger_id = ledger.ledger_id
-            ok.entry_id = entry_id
-            callback(ok)
-
-    def _refused(self) -> None:
-        self.conn._refused_ledgers(self)
-
-
-class _AddRun(_FrameAnswer):
-    """The adds of one ADD_ENTRIES frame, all of one ledger (``BookieConnection._frame_runs``)."""
-
-    __slots__ = ("ledger",)
-
-    def __init__(self, conn: BookieConnection, ledger: protocol.AddBodies, payloads: list[bytes], ids: list[int],
-                 callbacks: list[ResponseCallback]) -> None:
-        super().__init__(conn, payloads, ids, callbacks)
-        self.ledger = ledger
-
-    def _all_ok(self) -> None:
-        ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)   # one answer object for the run
-        for entry_id, callback in zip(self.ids, self.callbacks, strict=True):
-            ok.entry_id = entry_id
-            callback(ok)
-
-    def _refused(self) -> None:
-        self.conn._refused_batches(self)
-
-
-class _LacsRun:
-    """The callback of one WRITE_LAC_MULTI frame (``BookieConnection._frame_lacs``): hands each LAC its answer."""
-
-    __slots__ = ("conn", "items")
-
-    def __init__(self, conn: BookieConnection, items: list[tuple[bytes, int, int, ResponseCallback]]) -> None:
-        self.conn = conn
-        self.items = items
-
-    def __call__(self, result: protocol.Response | BKError) -> None:
-        if isinstance(result, BKError) or (result.status != _OK and result.status != protocol.UNKNOWN_OP):
-            for item in self.items:   # lost, or one of them failed: each hears it (a writer only logs it)
-                item[3](result)
-            return
-        if result.status == protocol.UNKNOWN_OP:
-            self.conn._refused_lacs(self)
-            return
-        ok = protocol.Response(op=protocol.WRITE_LAC)   # one answer object for the frame: callbacks read it at once
-        for _, ledger_id, lac, callback in self.items:
-            ok.ledger_id = ledger_id
-            ok.lac = lac
-            callback(ok)
 
 
 class BookieConnectionPool:
