@@ -49,17 +49,7 @@ Delayed ensemble change (client key ``delay_ensemble_change``): adds go on
 to the rest of the ensemble while no replacement exists, as long as the ack
 quorum holds (see ``bookie.ensemble_change``).
 
-Explicit LAC (BookKeeper's ``explicitLacInterval``): every add carries the
-LAC of its time, so the bookies learn of an entry's confirmation only from
-a later add. After ``explicit_lac_interval`` ms without an add (checked on
-ticks of an eighth of the interval, so the LACs of many idle ledgers leave
-together: one WRITE_LAC_MULTI per bookie), if the LAC
-advanced past the last one sent (piggybacked or explicit), the writer sends
-it in a WRITE_LAC to the write set of that entry in the current ensemble, so
-tailing readers (``LedgerHandle.wait_last_add_confirmed``) see the last
-entry of an idle ledger. One timer per writer, armed by adds, checks this;
-a failed WRITE_LAC is only logged (the next add carries the LAC anyway).
-Recovery writers send none; close and failure stop the timer.
+Explicit LAC (BookKeeper's ``explicitLacInterval``): see ``bookie.explicit_lac``.
 """
 
 from __future__ import annotations
@@ -68,7 +58,6 @@ import asyncio
 import collections
 import functools
 import logging
-import math
 from collections.abc import Callable, Sequence
 
 from bookie import digest as digests
@@ -83,16 +72,23 @@ from bookie.errors import (
     LedgerFencedError,
     NotEnoughBookiesError,
 )
+from bookie.explicit_lac import ExplicitLac
 from bookie.metadata import LedgerMetadata, close_ledger
+from bookie.pending_add import (
+    _NO_BOOKIES,
+    AddCallback,
+    _encoder,
+    _ensemble_index,
+    _master_key,
+    _PendingAdd,
+    _write_sets,
+)
 from metastore import Version
 from metastore.idle import IDLE, IDLE_DICT
 
 log = logging.getLogger(__name__)
 
 __all__ = ["AddCallback", "LedgerWriter"]
-
-AddCallback = Callable[[int, BKError | None], None]
-"""``callback(entry_id, error)``: ``error`` is ``None`` once the entry is acknowledged."""
 
 _OK = protocol.OK
 _FATAL = frozenset({protocol.FENCED, protocol.UNAUTHORIZED})
@@ -101,48 +97,7 @@ _LARGE_ADD = FLUSH_BYTES
 _LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check waits for unread replies
 
 
-class _PendingAdd:
-    """One add in flight: masks are over indexes of the current ensemble."""
-
-    __slots__ = ("acked", "callback", "data_length", "done", "entry_id", "future", "ledger_length",
-                 "payload", "request", "sent", "started")
-
-    def __init__(self, entry_id: int, payload: bytes, ledger_length: int, data_length: int, started: float,
-                 future: asyncio.Future[int] | None, callback: AddCallback | None) -> None:
-        self.entry_id = entry_id
-        self.payload = payload
-        self.ledger_length = ledger_length
-        self.data_length = data_length
-        self.started = started
-        self.future = future
-        self.callback = callback
-        self.request = b""  # a large add's ADD_ENTRY, encoded once for every bookie (``_send``)
-        self.acked = 0
-        self.sent = 0
-        self.done = False
-
-
-_NO_BOOKIES: frozenset[str] = frozenset()
-
-
-# a client's ledgers mostly share their shape and password: their writers share what derives from them
-_master_key = functools.lru_cache(maxsize=64)(digests.master_key)
-_encoder = functools.lru_cache(maxsize=64)(digests.entry_encoder)
-
-
-@functools.lru_cache(maxsize=256)
-def _ensemble_index(ensemble: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, int]]:
-    """An ensemble and each bookie's index in it: shared by the writers of that ensemble (never changed)."""
-    return ensemble, {addr: i for i, addr in enumerate(ensemble)}
-
-
-@functools.lru_cache(maxsize=64)
-def _write_sets(ensemble_size: int, write_quorum: int) -> tuple[tuple[int, ...], ...]:
-    """The write set of each entry id modulo ``ensemble_size`` (shared by every writer of that shape)."""
-    return tuple(tuple((e + i) % ensemble_size for i in range(write_quorum)) for e in range(ensemble_size))
-
-
-class LedgerWriter:
+class LedgerWriter(ExplicitLac):
     """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence).
 
     Slots, immutable (shared) sets of bookies being replaced and no queue of
@@ -151,11 +106,10 @@ class LedgerWriter:
     """
 
     __slots__ = ("_blocked", "_callbacks", "_change_task", "_closing", "_connecting", "_conns", "_ctx", "_delay",
-                 "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lac_interval", "_lac_sent",
-                 "_lac_timer", "_lag_rechecked", "_last_add_at", "_ledger", "_loop", "_master_key", "_max_entry",
-                 "_password", "_pending", "_quorum", "_quorum_timeout", "_recovery", "_replacing", "_retry_timer",
-                 "_timeout", "_timer", "_timer_due", "_to_replace", "_write_sets", "last_add_confirmed", "ledger_id",
-                 "length", "metadata", "next_entry_id", "version")
+                 "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lag_rechecked", "_ledger",
+                 "_loop", "_master_key", "_max_entry", "_password", "_pending", "_quorum", "_quorum_timeout",
+                 "_recovery", "_replacing", "_retry_timer", "_timeout", "_timer", "_timer_due", "_to_replace",
+                 "_write_sets", "last_add_confirmed", "ledger_id", "length", "metadata", "next_entry_id", "version")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
@@ -453,57 +407,6 @@ class LedgerWriter:
             self._bookie_failed(addr, errors.BKTimeoutError(
                 f"add to ledger {self.ledger_id} timed out on {addr}: no add answered for {quiet:.1f} s"))
             self._ctx.pool.drop(conn, f"no add answered for {quiet:.1f} s")
-
-    # --- explicit LAC -----------------------------------------------------------------------------
-    def _on_lac_timer(self) -> None:
-        self._lac_timer = None
-        if self._error is not None or self._closing or self.metadata.is_closed:
-            return
-        now = self._loop.time()
-        due = self._last_add_at + self._lac_interval
-        if now < due:  # an add since: the interval starts again from it
-            self._lac_timer = self._loop.call_at(self._lac_tick(due), self._on_lac_timer)
-            return
-        if self.last_add_confirmed > self._lac_sent:
-            self.send_lac(self.last_add_confirmed)
-        if self._pending:  # their acknowledgements may advance the LAC without another add
-            self._lac_timer = self._loop.call_at(self._lac_tick(now + self._lac_interval), self._on_lac_timer)
-
-    def _lac_tick(self, when: float) -> float:
-        """``when`` rounded up to the next eighth of the interval on the loop's clock: the LAC checks of the
-        writers that fall due about together run in one loop turn, so their WRITE_LACs to one bookie leave
-        in one WRITE_LAC_MULTI frame (``BookieConnection.submit_lac``)."""
-        tick = self._lac_interval / 8
-        return math.ceil(when / tick) * tick
-
-    def send_lac(self, lac: int) -> None:
-        """Send a WRITE_LAC of ``lac`` to the write set of entry ``lac`` in the current ensemble (no waiting).
-
-        Bookies without an open connection, or being replaced, are skipped;
-        failures are logged only.
-        """
-        self._lac_sent = max(self._lac_sent, lac)
-        conns = self._conns
-        for idx in self._write_sets[lac % len(conns)]:
-            if self._blocked >> idx & 1:
-                continue
-            addr = self._ensemble[idx]
-            conn = conns[idx]
-            if conn is None or conn.is_closed:
-                conn = conns[idx] = self._ctx.pool.connected(addr)
-                if conn is None:
-                    continue
-            conn.submit_lac(self.ledger_id, self._master_key, lac, functools.partial(self._on_lac_written, addr, lac))
-
-    def _on_lac_written(self, addr: str, lac: int, result: protocol.Response | BKError) -> None:
-        err = result if isinstance(result, BKError) else protocol.error_for(result)
-        if err is not None:
-            log.info("ledger %d: explicit LAC %d not recorded by %s: %s", self.ledger_id, lac, addr, err)
-
-    def _stop_lac_timer(self) -> None:
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
 
     # --- ensemble change --------------------------------------------------------------------------
     def _bookie_failed(self, addr: str, exc: BaseException | None) -> None:
