@@ -122,7 +122,7 @@ class EntryBatcher:
     gate: Callable[[pb.Message, Done], bool] | None
     gate_all: AdmitsAll | None
     _index: dict[int, EntryIndex]
-    _first_times: dict[int, int]
+    _first_time_ms: int
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
@@ -479,7 +479,7 @@ class EntryBatcher:
         first, batch = add.first, add.batch
         idx = self._index[add.lh.ledger_id]
         if not len(idx) and batch:   # the ledger's first message: its time goes in the range when closed (hub.seek)
-            self._first_times[add.lh.ledger_id] = int(batch[0][0].publishTimeMs)
+            self._first_time_ms = int(batch[0][0].publishTimeMs)
         idx.append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)

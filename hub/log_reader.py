@@ -85,9 +85,10 @@ class LogReader:
     # --- reading --------------------------------------------------------------------------------
     def first_kept(self) -> int:
         """The oldest seq id still stored (the ledgers before it were deleted); ``last_seq + 1`` when none."""
-        if not self.ranges.ranges:
+        rs = self.ranges.ranges
+        if not rs:
             return int(self.last_seq) + 1
-        return max(1, int(self.ranges.ranges[0].startSeqIdIncluded))
+        return max(1, int(rs[0].startSeqIdIncluded))
 
     def _range_for(self, seq: int) -> pb.LedgerRange | None:
         for r in self.ranges.ranges:

@@ -119,12 +119,13 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     """
 
     __slots__ = ("_broken", "_closing", "_ctimes", "_decoded", "_dedup", "_dedup_armed", "_dedup_store", "_drain",
-                 "_first_times", "_hold_over", "_hold_timer", "_idle",
+                 "_first_time_ms", "_hold_over", "_hold_timer", "_idle",
                  "_index", "_inflight", "_known", "_ledger_slots", "_lock_", "_needs_arm",
-                 "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_readers", "_since_snapshot", "_sizes",
+                 "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_ranges_wire", "_readers",
+                 "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
                  "entries_in_ledger", "gate", "gate_all", "keep_from", "last_seq", "last_write_ms", "lh",
-                 "on_persisted", "owned", "pm", "ranges", "topic", "version")
+                 "on_persisted", "owned", "pm", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Persisted | None = None,
@@ -135,12 +136,12 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.pm = pm
         self.conf = conf
         self.on_persisted = on_persisted
-        self.ranges = pb.LedgerRanges()
+        self._ranges_wire = b""           # the topic's LedgerRanges, serialized (``ranges``)
         self.version: Version = Version.NEW
         self.last_seq = 0                 # last acknowledged seq id
         self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
-        self._first_times: dict[int, int] = {}      # ledgers we wrote: their first message's publish time
+        self._first_time_ms = 0           # the current ledger's first message's publish time (0: none yet)
         self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = NOTHING_DECODED  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = IDLE_DICT  # other ledgers: sorted (first seq id, entry id) read
@@ -174,6 +175,23 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
         self.gate_all: AdmitsAll | None = None   # the gate's owner: admits_all() before a batched publish
         self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
+
+    @property
+    def ranges(self) -> pb.LedgerRanges:
+        """The topic's ``LedgerRanges`` as this owner last read or wrote them, parsed anew at each read.
+
+        Kept serialized (about 60 bytes for one range): a parsed protobuf
+        message holds about 550 bytes of its own for as long as the topic is
+        owned, and a hub owns thousands of idle topics (issue 34). What this
+        returns is therefore a copy: changing it changes nothing until it is
+        assigned back (``log.ranges = changed``), as every range write does
+        after its CAS. The metastore record is the same ``LedgerRanges``.
+        """
+        return pb.LedgerRanges.FromString(self._ranges_wire)
+
+    @ranges.setter
+    def ranges(self, value: pb.LedgerRanges) -> None:
+        self._ranges_wire = value.SerializeToString()
 
     @property
     def dedup(self) -> ProducerDedup:
@@ -228,7 +246,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         those entries: it started the next ledger after the last it had), an
         empty ledger is forgotten (its id returned, to be deleted).
         """
-        rs = self.ranges.ranges
+        ranges = self.ranges   # a copy (``ranges``): stored back below
+        rs = ranges.ranges
         empty: list[int] = []
         i = 0
         while i < len(rs):
@@ -251,6 +270,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                 continue
             r.endSeqIdIncluded.localComponent = end
             i += 1
+        self.ranges = ranges
         return empty
 
     async def _recovered_end(self, r: pb.LedgerRange) -> int:
@@ -330,10 +350,9 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         lh = await self.bk.create_ledger(ensemble=c.bk_ensemble_size, write_quorum=c.bk_write_quorum_size,
                                          ack_quorum=c.bk_ack_quorum_size,
                                          properties={"topic": self.topic})
-        # parsed in one go (serializations concatenate as a merge: the range is appended): a message built
-        # by ``add`` keeps a grown arena, about 370 bytes more for as long as the topic is owned (issue 34)
+        # serializations concatenate as a merge: the range is appended
         added = pb.LedgerRanges(ranges=[pb.LedgerRange(ledgerId=lh.ledger_id, startSeqIdIncluded=self.last_seq + 1)])
-        ranges = pb.LedgerRanges.FromString(self.ranges.SerializeToString() + added.SerializeToString())
+        ranges = pb.LedgerRanges.FromString(self._ranges_wire + added.SerializeToString())
         tried = False
         try:
             self._may_write()   # the create may have outlived the session
@@ -350,6 +369,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.lh = lh
         self._ledger_started(lh)
         self.entries_in_ledger = 0
+        self._first_time_ms = 0
         self._index[lh.ledger_id] = EntryIndex()
 
     async def _write_ranges(self, ranges: pb.LedgerRanges) -> Version:
@@ -385,9 +405,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     async def _record_close(self, lh: LedgerHandle) -> None:
         await lh.close()
         self._ledger_closed(lh)
-        rs = self.ranges.ranges
-        ranges = pb.LedgerRanges()
-        ranges.CopyFrom(self.ranges)
+        ranges = self.ranges   # a copy (``ranges``)
         cur = ranges.ranges[-1]
         if self.last_seq < cur.startSeqIdIncluded:
             del ranges.ranges[-1]
@@ -395,12 +413,11 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             drop = True
         else:
             cur.endSeqIdIncluded.localComponent = self.last_seq
-            cur.firstPublishTimeMs = self._first_times.get(lh.ledger_id, 0)
+            cur.firstPublishTimeMs = self._first_time_ms
             drop = False
-        self._first_times.pop(lh.ledger_id, None)
+        self._first_time_ms = 0
         self.version = await self._write_ranges(ranges)
         self.ranges = ranges
-        del rs
         if drop:
             await self._delete_ledger_quietly(lh.ledger_id)
 
@@ -439,7 +456,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         if hold is not None:
             consumed = min(consumed, hold - 1)
         async with self._lock:
-            gone = [r for r in self.ranges.ranges[:-1]   # the last range keeps the topic's last seq id
+            cur = self.ranges   # a copy (``ranges``)
+            gone = [r for r in cur.ranges[:-1]   # the last range keeps the topic's last seq id
                     if r.HasField("endSeqIdIncluded") and r.endSeqIdIncluded.localComponent <= consumed
                     and (self.lh is None or r.ledgerId != self.lh.ledger_id)]
             if retain is not None and gone:
@@ -448,10 +466,10 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             if not gone:
                 return []
             ranges = pb.LedgerRanges()
-            if self.ranges.HasField("compaction"):
-                ranges.compaction.CopyFrom(self.ranges.compaction)
+            if cur.HasField("compaction"):
+                ranges.compaction.CopyFrom(cur.compaction)
             ids = {r.ledgerId for r in gone}
-            for r in self.ranges.ranges:
+            for r in cur.ranges:
                 if r.ledgerId not in ids:
                     ranges.ranges.append(r)
             self.version = await self._write_ranges(ranges)
@@ -473,8 +491,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         gives the topic up, as any range write's: ``_write_ranges``)."""
         async with self._lock:
             self._may_write()
-            ranges = pb.LedgerRanges()
-            ranges.CopyFrom(self.ranges)
+            ranges = self.ranges   # a copy (``ranges``)
             ranges.compaction.CopyFrom(state)
             self.version = await self._write_ranges(ranges)
             self.ranges = ranges

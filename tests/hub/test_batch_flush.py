@@ -212,7 +212,7 @@ async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytes
     log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
     lh = RefusingLedger()
     log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
-    log.ranges.ranges.add(ledgerId=lh.ledger_id, startSeqIdIncluded=1)
+    log.ranges = pb.LedgerRanges(ranges=[pb.LedgerRange(ledgerId=lh.ledger_id, startSeqIdIncluded=1)])
     first = log.enqueue(body(1))
     await turns()
     lh.settle(0)
