@@ -121,7 +121,6 @@ class EntryBatcher:
     closed: bool
     gate: Callable[[pb.Message, Done], bool] | None
     gate_all: AdmitsAll | None
-    _index: dict[int, EntryIndex]
     _first_time_ms: int
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
@@ -146,6 +145,8 @@ class EntryBatcher:
     if TYPE_CHECKING:
         @property
         def dedup(self) -> ProducerDedup: ...
+
+        def _index_of(self, ledger_id: int) -> EntryIndex | None: ...   # hub.log_reader.LogReader
 
         async def _new_ledger(self) -> None: ...
 
@@ -460,7 +461,7 @@ class EntryBatcher:
                     self._drain = None
             failed = [a.batch for a in self._inflight]
             self._inflight.clear()
-            if not self._index.get(lh.ledger_id):   # nothing acknowledged on it: as good as never started
+            if not self._index_of(lh.ledger_id):   # nothing acknowledged on it: as good as never started
                 self._start_failed(exc)
             self._fail_queue(self._error(exc), failed)
             try:
@@ -477,7 +478,8 @@ class EntryBatcher:
     def _acked(self, add: InflightAdd) -> None:
         self._start_failures = 0
         first, batch = add.first, add.batch
-        idx = self._index[add.lh.ledger_id]
+        idx = self._index_of(add.lh.ledger_id)
+        assert idx is not None   # started with the ledger (TopicLog._start_ledger)
         if not len(idx) and batch:   # the ledger's first message: its time goes in the range when closed (hub.seek)
             self._first_time_ms = int(batch[0][0].publishTimeMs)
         idx.append(first, len(batch))

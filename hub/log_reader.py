@@ -75,12 +75,25 @@ class LogReader:
     _closing: LedgerHandle | None
     _readers: dict[int, LedgerHandle]
     _index: dict[int, EntryIndex]
+    _last_index: tuple[int, EntryIndex] | None
     _known: dict[int, list[tuple[int, int]]]
     _decoded: tuple[tuple[int, int], list[pb.Message]]
 
     if TYPE_CHECKING:
         @staticmethod
         async def _close_quietly(lh: LedgerHandle) -> None: ...
+
+    def _index_of(self, ledger_id: int) -> EntryIndex | None:
+        """The entry index of a ledger this owner wrote (None for others).
+
+        The last ledger it started keeps its index in a slot of its own
+        (``_last_index``), the earlier ones in ``_index``: an idle topic,
+        which has written one ledger, holds no table (issue 34).
+        """
+        last = self._last_index
+        if last is not None and last[0] == ledger_id:
+            return last[1]
+        return self._index.get(ledger_id)
 
     # --- reading --------------------------------------------------------------------------------
     def first_kept(self) -> int:
@@ -138,7 +151,7 @@ class LogReader:
         reader going through a previous owner's long ledger does not make the
         hub keep something per entry.
         """
-        if ledger_id in self._index:
+        if self._index_of(ledger_id) is not None:
             return
         if self._known is IDLE_DICT:
             self._known = {}
@@ -156,7 +169,7 @@ class LogReader:
         previous owner's ledgers, every entry read so far bounds the search,
         so a sequential reader costs about one extra read per scan.
         """
-        idx = self._index.get(rh.ledger_id)
+        idx = self._index_of(rh.ledger_id)
         if idx is not None:
             return idx.entry_of(seq)
         lo, hi = 0, rh.last_add_confirmed
@@ -192,7 +205,7 @@ class LogReader:
         Exact for ledgers we wrote; for others, bounded by what earlier reads
         taught us, else one entry (the scan loop reads on from where it stops).
         """
-        idx = self._index.get(ledger_id)
+        idx = self._index_of(ledger_id)
         if idx is not None:
             return max(entry, idx.entry_of(last_seq))
         known = self._known.get(ledger_id, [])

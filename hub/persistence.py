@@ -120,7 +120,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
 
     __slots__ = ("_broken", "_closing", "_ctimes", "_decoded", "_dedup", "_dedup_armed", "_dedup_store", "_drain",
                  "_first_time_ms", "_hold_over", "_hold_timer", "_idle",
-                 "_index", "_inflight", "_known", "_ledger_slots", "_lock_", "_needs_arm",
+                 "_index", "_inflight", "_known", "_last_index", "_ledger_slots", "_lock_", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_ranges_wire", "_readers",
                  "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
@@ -142,7 +142,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
         self._first_time_ms = 0           # the current ledger's first message's publish time (0: none yet)
-        self._index: dict[int, EntryIndex] = {}     # ledgers we wrote: first seq id of every entry
+        self._index: dict[int, EntryIndex] = IDLE_DICT   # earlier ledgers we wrote: first seq id of every entry
+        self._last_index: tuple[int, EntryIndex] | None = None   # the last ledger we started: id, index
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = NOTHING_DECODED  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = IDLE_DICT  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, LedgerHandle] = IDLE_DICT  # read-only handles on ledgers that are not current
@@ -370,7 +371,12 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._ledger_started(lh)
         self.entries_in_ledger = 0
         self._first_time_ms = 0
-        self._index[lh.ledger_id] = EntryIndex()
+        last = self._last_index
+        if last is not None:   # an earlier ledger of ours: its index goes in the table (``_index_of``)
+            if self._index is IDLE_DICT:
+                self._index = {}
+            self._index[last[0]] = last[1]
+        self._last_index = (lh.ledger_id, EntryIndex())
 
     async def _write_ranges(self, ranges: pb.LedgerRanges) -> Version:
         """CAS ``ranges`` on the version this owner holds; any failure gives the topic up (``_give_up``)."""
@@ -409,7 +415,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         cur = ranges.ranges[-1]
         if self.last_seq < cur.startSeqIdIncluded:
             del ranges.ranges[-1]
-            self._index.pop(lh.ledger_id, None)
+            self._forget_index(lh.ledger_id)
             drop = True
         else:
             cur.endSeqIdIncluded.localComponent = self.last_seq
@@ -420,6 +426,12 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.ranges = ranges
         if drop:
             await self._delete_ledger_quietly(lh.ledger_id)
+
+    def _forget_index(self, ledger_id: int) -> None:
+        """Drop the entry index of a ledger of ours (dropped or deleted)."""
+        self._index.pop(ledger_id, None)
+        if self._last_index is not None and self._last_index[0] == ledger_id:
+            self._last_index = None
 
     # --- what it holds ---------------------------------------------------------------------------
     def memory(self) -> dict[str, int]:
@@ -438,6 +450,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             "queued_messages": len(self._queue), "queued_bytes": self._queued_bytes,
             "adds_in_flight": len(self._inflight), "messages_in_flight": sum(len(a.batch) for a in self._inflight),
             "index_bytes": (sum(i.nbytes for i in self._index.values())
+                            + (self._last_index[1].nbytes if self._last_index is not None else 0)
                             + _KNOWN_BYTES * sum(len(k) for k in self._known.values())),
             "dedup_producers": self._dedup.producers if self._dedup is not None else 0,
             "dedup_entries": len(self._dedup) if self._dedup is not None else 0,
@@ -475,7 +488,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             self.version = await self._write_ranges(ranges)
             self.ranges = ranges
             for lid in ids:
-                self._index.pop(lid, None)
+                self._forget_index(lid)
                 self._known.pop(lid, None)
                 rh = self._readers.pop(lid, None)
                 if rh is not None:

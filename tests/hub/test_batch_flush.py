@@ -49,7 +49,7 @@ async def turns(n: int = 5) -> None:
 def held_log(**conf: Any) -> tuple[TopicLog, HeldLedger]:
     log = TopicLog(b"t", None, None, load_hub_conf(None, conf))
     lh = HeldLedger()
-    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
+    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
     return log, lh
 
 
@@ -147,7 +147,7 @@ class SignallingLedger(HeldLedger):
 async def test_queued_publishes_go_once_batch_flush_delay_ms_passed() -> None:
     log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_flush_delay_ms": 5, "batch_flush_bytes": 1000}))
     lh = SignallingLedger()
-    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
+    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
     loop = asyncio.get_running_loop()
     futs = [log.enqueue(body(10))]
     await asyncio.wait_for(lh.added.wait(), 5)
@@ -211,7 +211,7 @@ async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytes
     store = RangesStore()
     log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
     lh = RefusingLedger()
-    log.lh, log._index[lh.ledger_id] = lh, EntryIndex()
+    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
     log.ranges = pb.LedgerRanges(ranges=[pb.LedgerRange(ledgerId=lh.ledger_id, startSeqIdIncluded=1)])
     first = log.enqueue(body(1))
     await turns()
