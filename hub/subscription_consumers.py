@@ -8,7 +8,7 @@ type other than EXCLUSIVE) gets a dispatcher (``hub.dispatch``) over an
 ``hub.cursor.AckCursor`` built from its stored pointer and acked ranges.
 Acks move the cursor; ``SubState.consumed`` follows its mark-delete point
 (retention and the backlog), and the ranges are persisted with the pointer
-(``TopicSubscriptions._write_pointer``) at least every ``consume_interval``
+(``hub.subscription_persistence``) at least every ``consume_interval``
 acks and within ``ack_persist_interval_ms``. The rules are in
 ``hub.subscriptions``' module docstring.
 """

@@ -58,7 +58,6 @@ them: the reader keeps its position and subscribes again from it.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -70,9 +69,9 @@ from hub.filters import ServerMessageFilter, load_server_filter, safe_uninitiali
 from hub.message import SubscriptionPreferences
 from hub.proto import pubsub_pb2 as pb
 from hub.subscription_consumers import SubscriptionConsumers, type_name
+from hub.subscription_persistence import SubscriptionPersistence
 from hub.substate import Attachment, SubState
 from metastore import Version
-from metastore.cas import cas_retry
 from metastore.idle import IDLE_DICT
 
 if TYPE_CHECKING:
@@ -91,8 +90,9 @@ def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
     return consumed
 
 
-class TopicSubscriptions(SubscriptionConsumers):
-    """See the module docstring; the consumer side is ``hub.subscription_consumers``.
+class TopicSubscriptions(SubscriptionPersistence, SubscriptionConsumers):
+    """See the module docstring; the consumer side is ``hub.subscription_consumers``, the metastore writes
+    ``hub.subscription_persistence``.
 
     Slots: every owned topic has one (issue 34)."""
 
@@ -289,63 +289,6 @@ class TopicSubscriptions(SubscriptionConsumers):
         conn.attached(self.topic, sub, state)
         return state.prefs
 
-    async def _write(self, state: SubState, data: pb.SubscriptionData) -> Version:
-        """Write the preferences in ``data`` (a partial update) by CAS, after any pointer write."""
-        version: Version = Version.ANY   # set under the lock: the version the last write left
-
-        async def step() -> Version:
-            nonlocal version
-            try:
-                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
-                return new
-            except errors.BadVersionError:
-                version = await self._current_version(state)
-                raise
-
-        async with state.writing:
-            version = state.version
-            return await cas_retry(step, retry_on=(errors.BadVersionError,))
-
-    async def _current_version(self, state: SubState) -> Version:
-        got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
-        if got is None:
-            raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
-        current: Version = got[1]
-        return current
-
-    async def _write_pointer(self, state: SubState, target: int) -> None:
-        """CAS-write consume pointer ``target``, unless the stored pointer is already at or past it."""
-        data = pb.SubscriptionData()
-        data.state.msgId.localComponent = target
-        ranges = state.dispatcher.cursor.persisted_ranges() if state.dispatcher is not None else \
-            [r for r in state.ranges if r[1] > target]
-        for first, last in ranges:
-            if last > target:
-                data.state.ackedRanges.add(first=max(first, target + 1), last=last)
-        version: Version = Version.ANY   # set under the lock: the version the last write left
-
-        async def step() -> Version:
-            nonlocal version
-            try:
-                new: Version = await self.mgr.update_subscription_data(self.topic, state.subscriber, data, version)
-                return new
-            except errors.BadVersionError:
-                got = await self.mgr.read_subscription_data(self.topic, state.subscriber)
-                if got is None:
-                    raise errors.ClientNotSubscribedError(f"{state.subscriber!r} vanished") from None
-                stored: int = got[0].state.msgId.localComponent
-                current: Version = got[1]
-                version = current
-                if stored >= target:
-                    log.info("consume pointer of %r/%r: stored %d is not older than %d; kept",
-                             self.topic, state.subscriber, stored, target)
-                    return current
-                raise
-
-        async with state.writing:
-            version = state.version
-            state.version = await cas_retry(step, retry_on=(errors.BadVersionError,))
-
     def attached(self, conn: Attachment, sub: bytes, consumer_id: int = 0) -> SubState:
         state = self.subs.get(sub)
         if state is not None and state.slot(conn, consumer_id) is not None:
@@ -423,74 +366,6 @@ class TopicSubscriptions(SubscriptionConsumers):
         if self.on_consumed is not None:
             self.on_consumed(self.topic)
         return state.consumes_since_persist >= self.conf.consume_interval
-
-    def persist_soon(self, sub: bytes) -> asyncio.Task[None] | None:
-        """Persist ``sub``'s pointer in the background; the write loop in flight (None: nothing to write).
-
-        A failure is logged (the task's exception is always retrieved); the
-        pointer is written again at the next ``consume_interval`` or detach.
-        """
-        state = self.subs.get(sub)
-        if state is None or (state.consumed <= state.persisted and not state.acks_dirty):
-            return None
-        return self._persister(state)
-
-    async def persist(self, sub: bytes) -> None:
-        """Persist ``sub``'s pointer as it is now; returns once it is stored. Metastore errors propagate."""
-        state = self.subs.get(sub)
-        if state is None:
-            return
-        while True:
-            task = state.persisting            # a write in flight may be of an older pointer: wait for it
-            if task is None or task.done():
-                if state.consumed <= state.persisted and not state.acks_dirty:
-                    return
-                task = self._persister(state)
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if not task.cancelled():
-                    raise                      # this caller was cancelled
-                # the background write was cancelled (the server is stopping): write from here
-
-    def _persister(self, state: SubState) -> asyncio.Task[None]:
-        task = state.persisting
-        if task is None or task.done():
-            task = asyncio.get_running_loop().create_task(self._persist_loop(state))
-            state.persisting = task
-            task.add_done_callback(functools.partial(self._persist_done, state))
-        return task
-
-    async def _persist_loop(self, state: SubState) -> None:
-        """Write the newest pointer until the stored one has caught up with ``state.consumed``.
-
-        A subscription with consumers writes again right after a write only
-        when ``consume_interval`` more acks came meanwhile; fewer are left to
-        the ack timer (``ack_persist_interval_ms``), so a steady stream of
-        acks costs a write per ``consume_interval`` acks, not one per commit
-        (``persist`` still writes everything: it asks again until clean).
-        """
-        first = True
-        while state.consumed > state.persisted or state.acks_dirty:
-            if not first and state.dispatcher is not None \
-                    and state.consumes_since_persist < self.conf.consume_interval:
-                self._arm_ack_timer(state)
-                return
-            first = False
-            target = state.consumed
-            state.consumes_since_persist = 0
-            state.acks_dirty = False
-            await self._write_pointer(state, target)
-            state.persisted = max(state.persisted, target)
-
-    def _persist_done(self, state: SubState, task: asyncio.Task[None]) -> None:
-        if state.persisting is task:
-            state.persisting = None
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
 
     async def _detach(self, state: SubState) -> None:
         if state.delivery is not None:
