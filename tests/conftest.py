@@ -51,7 +51,7 @@ PROCESS_STARTERS = frozenset({
     "subprocess", "Popen", "create_subprocess_exec", "create_subprocess_shell", "fork", "posix_spawn",
     "multiprocessing", "LocalCluster", "BookieProcess", "ZooKeeperServer", "quire_standalone",
     "start_emulator_process", "SparkStandalone", "SparkSession", "spark_session", "RedisPeer", "NatsPeer",
-    "FloorPeer", "NetBed", "netbed", "ScriptBasedMapping", "webdriver",
+    "FloorPeer", "NetBed", "netbed", "ScriptBasedMapping", "webdriver", "forkserver",
 })
 # Parameter values that make a test ask for ZooKeeper at run time (``request.getfixturevalue``).
 PROCESS_PARAMS = frozenset({"zookeeper", "zk"})
@@ -71,6 +71,13 @@ UNKNOWN_S = 0.02
 # namespaces); a test of TLS names its own CA file (``hub.tls.client_context(ca_file=...)``), and a certificate no
 # CA vouches for is refused with this store as with the system's.
 os.environ["SSL_CERT_FILE"] = os.devnull
+
+# Every LocalCluster of the suite (and of a ``quire standalone`` a test starts) forks its bookies and hubs from one
+# fork server per process, which imported their modules once (``tools.forkserver``): each exec'd role spent ~0.9 s
+# of CPU on imports, and the suite starts over a thousand. The roles are still real processes (own pid, memory,
+# sockets; kill -9 works). tests/tools/test_forkserver.py covers the server, and the exec'd path keeps its tests
+# there and in tests/tools/test_cluster.py.
+os.environ.setdefault("QUIRE_FORK_SERVER", "1")
 
 # No per-example deadline: it measures this machine's load (two cores shared by xdist workers and their
 # processes), not the code; a test that needs one sets it with @settings.

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from bookie.testing import READY_PREFIX, bookie_command, parse_ready_line, write_conf
+from tools import forkserver
 from tools.launch import PARENT_PID_ENV  # in every role's environment: the role dies with this process
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class _Role:
     address: str = ""
     stats_url: str = ""
     ssl_address: str = ""
-    proc: asyncio.subprocess.Process | None = None
+    proc: asyncio.subprocess.Process | forkserver.ForkedProcess | None = None
     extra: dict[str, str] = field(default_factory=dict)
     drain: asyncio.Task[None] | None = None
 
@@ -117,6 +118,14 @@ def _hub_keys() -> frozenset[str]:
     from metastore.conf import conf_keys
 
     return frozenset(conf_keys(HubConf))
+
+
+async def _spawn(cmd: list[str], stderr: Any,
+                 env: dict[str, str]) -> asyncio.subprocess.Process | forkserver.ForkedProcess:
+    """Start a role process, stdout on a pipe: exec'd, or forked by the fork server (``tools.forkserver``)."""
+    if forkserver.enabled():
+        return await forkserver.spawn(cmd, env, stderr)
+    return await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env)
 
 
 def _write_conf(path: Path, values: Mapping[str, str]) -> None:
@@ -357,8 +366,7 @@ class LocalCluster:
         _write_conf(role.conf_path, self._bookie_conf(role))
         logf = open(role.log_path, "ab")
         try:
-            role.proc = await asyncio.create_subprocess_exec(
-                *bookie_command(role.conf_path), stdout=asyncio.subprocess.PIPE, stderr=logf, env=self._child_env())
+            role.proc = await _spawn(bookie_command(role.conf_path), logf, self._child_env())
         finally:
             logf.close()
         line = await self._ready_line(role, READY_PREFIX)
@@ -529,9 +537,8 @@ class LocalCluster:
         _write_conf(role.conf_path, self._hub_conf(role))
         logf = open(role.log_path, "ab")
         try:
-            role.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tools.cli", "hub", "--conf", str(role.conf_path),
-                stdout=asyncio.subprocess.PIPE, stderr=logf, env=self._child_env())
+            role.proc = await _spawn([sys.executable, "-m", "tools.cli", "hub", "--conf", str(role.conf_path)],
+                                     logf, self._child_env())
         finally:
             logf.close()
         line = await self._ready_line(role, "hub ready ")

@@ -14,7 +14,10 @@ from tests.fixtures.standalone import quire_standalone
 from tools.cluster import LocalCluster
 
 
-async def test_bookies_register_and_survive_kill_restart(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork_server", ["0", "1"], ids=["execed", "forked"])
+async def test_bookies_register_and_survive_kill_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         fork_server: str) -> None:
+    monkeypatch.setenv("QUIRE_FORK_SERVER", fork_server)  # tools.forkserver; the suite forks by default
     data = tmp_path / "given"
     async with LocalCluster(bookies=2, hubs=0, metastore="lmdb", data_dir=data,
                             conf_overrides={"session_timeout": "1000"}) as cluster:
