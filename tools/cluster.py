@@ -123,7 +123,7 @@ def _hub_keys() -> frozenset[str]:
 async def _spawn(cmd: list[str], stderr: Any,
                  env: dict[str, str]) -> asyncio.subprocess.Process | forkserver.ForkedProcess:
     """Start a role process, stdout on a pipe: exec'd, or forked by the fork server (``tools.forkserver``)."""
-    if forkserver.enabled():
+    if forkserver.enabled() and forkserver.is_role_command(cmd):
         return await forkserver.spawn(cmd, env, stderr)
     return await asyncio.create_subprocess_exec(*cmd, stdout=asyncio.subprocess.PIPE, stderr=stderr, env=env)
 
