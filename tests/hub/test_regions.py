@@ -123,7 +123,9 @@ async def test_last_local_subscriber_leaving_removes_remote_subscriptions(cluste
         same = {"options": {"quire.region": b"r1"}, "message_filter": "hub.regions.RegionFilter"}
         prefs = await c1.subscribe(topic, probe, "ATTACH", force_attach=True, **same)   # r2's hub subscription
         assert prefs.options == {"quire.region": b"r1"}
-        await c1.close_subscription(topic, probe)
+        # r2's hub takes its subscription back within its retry interval (issue 33, D2): it may have done so already
+        with contextlib.suppress(errors.ClientNotSubscribedError):
+            await c1.close_subscription(topic, probe)
         await c2.unsubscribe(topic, b"s")
         async with asyncio.timeout(20):
             while True:
