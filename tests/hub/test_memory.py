@@ -131,6 +131,7 @@ LEAK_BYTES_PER_MSG = 50
 
 
 @pytest.mark.slow
+@pytest.mark.processes   # its cluster comes from tools.bench (quire_cluster), which the collection scan does not follow
 @pytest.mark.xdist_group("rss-soak")   # one case at a time: each takes about a core, and must reach its messages
 @pytest.mark.parametrize("subscribers", [0, 1])
 def test_rss_stays_flat_under_steady_publishing(tmp_path: Path, subscribers: int) -> None:
