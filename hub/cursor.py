@@ -96,6 +96,56 @@ class AckCursor:
             del starts[0], ends[0]
         return True
 
+    def ack_many(self, seqs: list[int]) -> int:
+        """``ack`` of each of ``seqs``; how many were not acknowledged before. A run of consecutive seq ids
+        (ascending) of which none is acknowledged goes in as one range: a consumer acks its runs in order."""
+        n = 0
+        i, count = 0, len(seqs)
+        ack = self.ack
+        while i < count:
+            first = last = seqs[i]
+            j = i + 1
+            while j < count and seqs[j] == last + 1:
+                last += 1
+                j += 1
+            if j - i > 1 and self._ack_fresh(first, last):
+                n += j - i
+            else:
+                for seq in seqs[i:j]:
+                    if ack(seq):
+                        n += 1
+            i = j
+        return n
+
+    def _ack_fresh(self, first: int, last: int) -> bool:
+        """Acknowledge ``first`` .. ``last`` when none of them is acknowledged yet (else False, nothing done)."""
+        if first <= self.mark_delete:
+            return False
+        starts, ends = self._starts, self._ends
+        i = bisect.bisect_right(starts, last) - 1     # the last range that starts at or before ``last``
+        if i >= 0 and ends[i] >= first:
+            return False
+        left = i >= 0 and ends[i] == first - 1
+        right = i + 1 < len(starts) and starts[i + 1] == last + 1
+        if left and right:
+            ends[i] = ends[i + 1]
+            del starts[i + 1], ends[i + 1]
+        elif left:
+            ends[i] = last
+        elif right:
+            starts[i + 1] = first
+        else:
+            starts.insert(i + 1, first)
+            ends.insert(i + 1, last)
+        if starts[0] <= self.mark_delete + 1:    # _advance, inline (ranges keep gaps: one at most)
+            self.mark_delete = max(self.mark_delete, ends[0])
+            del starts[0], ends[0]
+        return True
+
+    def unacked_from(self, seq: int) -> bool:
+        """Whether no message from ``seq`` on is acknowledged (the usual state past what was read)."""
+        return seq > self.mark_delete and (not self._ends or self._ends[-1] < seq)
+
     def ack_through(self, seq: int) -> bool:
         """Acknowledge everything up to ``seq`` (cumulative); True when ``mark_delete`` moved."""
         if seq <= self.mark_delete:

@@ -127,6 +127,8 @@ class Dispatcher:
 
     kind = "SHARED"
     wake_on_ack = True
+    gives_runs = False
+    """Whether ``_give_run`` hands a run of new messages out as ``choose`` and ``_give`` would one by one."""
     """Whether an individual ack can let a message go that ``choose`` held back (a key-shared hash that was
     busy); without it an ack wakes the dispatch task only when it shrinks the replay (the pass stops at a
     limit on it). Permits come back with flow requests, which always wake it."""
@@ -202,9 +204,9 @@ class Dispatcher:
         """Acknowledge ``seqs`` individually (whoever holds them); how many were outstanding."""
         cursor, pending, replay, counts = self.cursor, self.pending, self.replay, self.counts
         before = cursor.mark_delete
-        n = 0
         freed = False
-        acked = cursor.ack
+        outstanding: list[int] = []
+        keep = outstanding.append
         # only dispatchers that keep per-holder state (key-shared) need the call per message
         released = self._released if type(self)._released is not Dispatcher._released else None
         for seq in seqs:
@@ -220,8 +222,8 @@ class Dispatcher:
                 continue
             if counts:
                 counts.pop(seq, None)
-            if acked(seq):
-                n += 1
+            keep(seq)
+        n = cursor.ack_many(outstanding)   # a consumer's run of acks is one range
         if n:
             self._acked(before, n, freed or self.wake_on_ack)
         return n
@@ -400,6 +402,12 @@ class Dispatcher:
         if len(wires) >= 256:
             self._flush(out)
 
+    def _give_run(self, run: list[Message], seq: int, out: dict[ConsumerSlot, list[bytes]]) -> int:
+        """Give ``run`` (seq ids ``seq``, ``seq + 1``, ...: new, unacknowledged, not delayed, not redelivered)
+        to the consumers; how many went (fewer: no consumer has permits left). Subclasses that set
+        ``gives_runs``."""
+        raise NotImplementedError
+
     async def _pass(self) -> None:
         """Hand out what can go now: first what waits for redelivery (seq order), then new messages."""
         out: dict[ConsumerSlot, list[bytes]] = {}
@@ -453,7 +461,15 @@ class Dispatcher:
                 self.next_read = seq + 1
                 continue
             run = cache.cached_run(topic, seq, min(last - seq + 1, _YIELD_EVERY))
-            if not run:
+            if self.gives_runs and run and not self.counts and cursor.unacked_from(seq) and not (
+                    delays is not None and any(m.deliver_at_ms for m in run)):
+                given = self._give_run(run, seq, out)    # what the loop below does, a consumer's share at once
+                seq += given
+                handed += given
+                self.next_read = max(self.next_read, seq)
+                permitted = given == len(run) and self.has_permits()
+                run = []
+            elif not run:
                 msg = await self._fetch(seq, out)
                 last, permitted = self.last_seq(), self.has_permits()
                 self.next_read = max(self.next_read, seq + 1)

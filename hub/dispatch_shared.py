@@ -25,6 +25,41 @@ __all__ = ["SharedDispatcher"]
 class SharedDispatcher(Dispatcher):
     kind = "SHARED"
     wake_on_ack = False      # its choice depends on permits alone
+    gives_runs = True
 
     def choose(self, seq: int, msg: Message, blocked: set[int]) -> ConsumerSlot | None:
         return self._round_robin()
+
+    def _give_run(self, run: list[Message], seq: int, out: dict[ConsumerSlot, list[bytes]]) -> int:
+        """``choose`` and ``_give`` of each message of ``run``, a consumer's share at a time: the first of a
+        share is chosen as one message is, the rest of it are the ones ``_round_robin`` would give the same
+        consumer next (while its run and its permits last), so the order, frames and state are the same."""
+        pending = self.pending
+        i, n = 0, len(run)
+        while i < n:
+            slot = self._round_robin()
+            if slot is None:
+                break
+            more = min(self._run_left, slot.permits - 1, n - i - 1)
+            self._run_left -= more
+            k = more + 1
+            seqs = range(seq, seq + k)
+            slot.permits -= k
+            slot.delivered += k
+            slot.unacked.update(seqs)
+            for s in seqs:
+                pending[s] = slot
+            wires = out.get(slot)
+            if wires is None:
+                wires = out[slot] = []
+            room = 256 - len(wires)          # _give sends a frame once it holds 256
+            if k < room:
+                wires.extend([m.wire for m in run[i:i + k]])
+            else:
+                wires.extend([m.wire for m in run[i:i + room]])
+                self._flush(out)
+                if k > room:
+                    out[slot] = [m.wire for m in run[i + room:i + k]]
+            i += k
+            seq += k
+        return i

@@ -51,3 +51,24 @@ def test_against_a_plain_set(start: int, acks: list[int], through: int) -> None:
     model |= set(range(through + 1))
     reloaded = AckCursor(cur.mark_delete, cur.persisted_ranges())
     assert all(reloaded.is_acked(s) == (s in model) for s in range(100))
+
+
+@given(st.lists(st.integers(1, 60), max_size=40), st.lists(st.tuples(st.integers(1, 60), st.integers(0, 12)),
+                                                           max_size=8))
+def test_ack_many_is_ack_of_each_and_counts_the_new_ones(before: list[int], runs: list[tuple[int, int]]) -> None:
+    """Runs of consecutive seq ids (a consumer's acks) go in as ranges; mixed, repeated or already acked
+    ones one by one: the state and the count are what acking each one does."""
+    one, many = AckCursor(3), AckCursor(3)
+    for seq in before:
+        one.ack(seq)
+        many.ack(seq)
+    seqs = [s for first, length in runs for s in range(first, first + length)]
+    assert many.ack_many(seqs) == sum(one.ack(s) for s in seqs)
+    assert (many.mark_delete, many.persisted_ranges()) == (one.mark_delete, one.persisted_ranges())
+    assert all(many.is_acked(s) == one.is_acked(s) for s in range(1, 80))
+
+
+def test_unacked_from_is_true_only_past_every_acked_message() -> None:
+    cur = AckCursor(10, [(14, 15)])
+    assert not cur.unacked_from(10) and not cur.unacked_from(15) and cur.unacked_from(16)
+    assert AckCursor(10).unacked_from(11) and not AckCursor(10).unacked_from(10)

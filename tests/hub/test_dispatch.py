@@ -97,6 +97,75 @@ async def test_shared_hands_a_pass_out_in_runs_and_rotates_between_passes() -> N
     await d.stop()
 
 
+class OneByOne(SharedDispatcher):
+    """SHARED without ``_give_run``: every message through ``choose`` and ``_give``."""
+
+    gives_runs = False
+
+
+class Frames(Conn):
+    """A connection that keeps each delivery frame's seq ids apart."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frames: list[list[int]] = []
+
+    def send_consumer_delivery(self, topic: bytes, sub: bytes, cid: int, wires: list[bytes]) -> None:
+        before = len(self.got)
+        super().send_consumer_delivery(topic, sub, cid, wires)
+        self.frames.append(self.got[before:])
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_shared_runs_are_handed_out_as_one_by_one(seed: int) -> None:
+    """A SHARED pass gives a consumer its share of a run at once (``_give_run``): the frames, permits,
+    holders and rotation are those of choosing and giving each message (random publishes, flows, acks
+    and a leaver)."""
+    import random
+
+    rnd = random.Random(seed)
+    log = Log()
+    runs, single = make(SharedDispatcher, log), make(OneByOne, log)
+    conns: dict[Dispatcher, list[Frames]] = {runs: [], single: []}
+    slots: dict[Dispatcher, list] = {runs: [], single: []}
+    for d in (runs, single):
+        for i in range(4):
+            conns[d].append(Frames())
+    permits = [rnd.randrange(0, 130) for _ in range(4)]
+    for d in (runs, single):
+        for i in range(4):
+            slots[d].append(d.add(conns[d][i], i + 1, permits[i]))
+    for step in range(30):
+        what = rnd.random()
+        if what < 0.4:
+            for _ in range(rnd.randrange(1, 150)):
+                log.add()
+            args: tuple = ()
+        elif what < 0.7:
+            args = (rnd.randrange(4), rnd.randrange(1, 80))
+        elif what < 0.95:
+            args = (rnd.sample(sorted(runs.pending), min(len(runs.pending), rnd.randrange(0, 120))),)
+        else:
+            args = (None,)
+        for d in (runs, single):
+            if len(args) == 2:
+                d.flow(slots[d][args[0]], args[1])
+            elif len(args) == 1 and args[0] is not None:
+                d.ack(sorted(args[0]) if rnd.random() < 0.7 else args[0])
+            elif len(args) == 1 and len(d.consumers) > 1:
+                d.remove(d.consumers[0])
+            d.wake()
+            await settle(d)
+        assert [c.frames for c in conns[runs]] == [c.frames for c in conns[single]]
+        assert runs.pending.keys() == single.pending.keys() and runs.next_read == single.next_read
+        assert [(s.permits, s.delivered, sorted(s.unacked)) for s in slots[runs]] == \
+            [(s.permits, s.delivered, sorted(s.unacked)) for s in slots[single]]
+        assert (runs._rr, runs.counts, runs.cursor.mark_delete) == (single._rr, single.counts, single.cursor.mark_delete)
+    assert sum(len(c.got) for c in conns[runs]) > 0
+    await runs.stop()
+    await single.stop()
+
+
 async def test_failover_only_the_first_gets_and_the_next_continues_from_the_first_unacked() -> None:
     log = Log()
     for _ in range(6):
