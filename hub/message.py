@@ -204,10 +204,11 @@ class Message:
         append = out.append
         new = _new
         names = _REGION_NAMES
-        one_byte = _ONE_BYTE
+        leads = _MSG_ID_LEADS
+        has = _HAS_FIELD
         seq = first
         for msg, wire in zip(msgs, wires, strict=True):
-            if msg.HasField("msgId"):
+            if has(msg, "msgId"):
                 copy = pb.Message()
                 copy.CopyFrom(msg)
                 copy.msgId.localComponent = seq
@@ -219,7 +220,7 @@ class Message:
             body = msg.body
             region = msg.srcRegion
             fields["body"] = body
-            if msg.HasField("header"):
+            if has(msg, "header"):
                 header = msg.header
                 fields["properties"] = {e.key: e.value for e in header.properties.entries}
                 fields["message_type"] = header.messageType
@@ -233,7 +234,7 @@ class Message:
             fields["msg_id"] = msg_id
             name = names.get(region)
             fields["src_region"] = name if name is not None else _region_name(region)
-            fields["key"] = msg.key if msg.HasField("key") else None
+            fields["key"] = msg.key if has(msg, "key") else None
             fields["publish_time_ms"] = msg.publishTimeMs
             fields["redelivery_count"] = msg.redeliveryCount
             fields["deliver_at_ms"] = msg.deliverAtMs
@@ -243,7 +244,7 @@ class Message:
             if r:
                 at += r + 2 if r < 0x80 else _field_size(r)
             local = varint(seq)   # msgId (3) { localComponent (1) }: under 128 bytes, so one-byte lengths
-            fields["wire"] = b"".join((wire[:at], b"\x1a", one_byte[len(local) + 1], b"\x08", local, wire[at:]))
+            fields["wire"] = b"".join((wire[:at], leads[len(local)], local, wire[at:]))
             append(made)
             seq += 1
         return out
@@ -270,7 +271,12 @@ def _region_name(region: bytes) -> str:
         if len(_REGION_NAMES) < 64:
             _REGION_NAMES[region] = name
     return name
-_ONE_BYTE = [bytes([i]) for i in range(128)]
+
+
+_MSG_ID_LEADS = [b"\x1a" + bytes([n + 1]) + b"\x08" for n in range(11)]
+"""``persisted_run``: by ``n``, what comes before a localComponent varint of ``n`` bytes in a msgId field (3)
+that holds only it: the field's tag and length, then localComponent's tag (1)."""
+_HAS_FIELD = pb.Message.HasField
 
 
 @dataclass(frozen=True)
