@@ -259,7 +259,10 @@ def run_hub_command(args: argparse.Namespace) -> int:
         return 2
     import uvloop
 
+    from hub.gcwatch import tune_gc
+
     die_with_parent()
+    tune_gc()
     return int(uvloop.run(_serve_hub(conf)))
 
 
