@@ -22,15 +22,14 @@ server becomes NOT_RESPONSIBLE_FOR_TOPIC; the connection keeps serving.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox, set_tcp_liveness
-from hub import errors, protocol, tracing
-from hub.delayed import resolve_due
+from hub import errors, protocol
+from hub.connection_publish import PublishPath
 from hub.frames import delivery_run
 from hub.message import Message
 from hub.owned_topics import Redirect
@@ -113,8 +112,8 @@ class ConnectionHost(Protocol):
     async def follow_regions(self, topic: bytes, subscriber: bytes, synchronous: bool) -> None: ...
 
 
-class HubConnection(asyncio.Protocol):
-    """One client connection."""
+class HubConnection(PublishPath, asyncio.Protocol):
+    """One client connection (its publish path: ``hub.connection_publish``)."""
 
     def __init__(self, server: ConnectionHost) -> None:
         self.server = server
@@ -227,12 +226,14 @@ class HubConnection(asyncio.Protocol):
 
     def _serve(self, events: list[protocol.ServerEvent]) -> None:
         stats = self.server.stats
+        machine = self.machine
         unsent = 0
+        received = 0
         for event in events:
             if isinstance(event, protocol.RequestReceived):
-                stats.incr("packets_received")
+                received += 1
                 if event.request.type != pb.CONSUME:
-                    self.machine.request_started()
+                    machine.request_started()
                 self._dispatch(event)
                 if self._published_to:
                     unsent += 1
@@ -247,14 +248,16 @@ class HubConnection(asyncio.Protocol):
                 log.info("closing connection: %s", event.reason)
                 if self.transport is not None:
                     self.transport.close()
-        if self.machine.backlogged:
+        if received:
+            stats.incr("packets_received", received)   # once per read, not per request
+        if machine.backlogged:
             stats.incr("turns_yielded")
             self._serve_soon()
-        held = self.machine.buffered
-        self.machine.track_partial(bool(events), _loop_time)
+        held = machine.buffered
+        machine.track_partial(bool(events), _loop_time)
         self.server.charge(self, held)
         self._update_reading()
-        if self.machine.eof:
+        if machine.eof:
             self._close_if_done()
         if self._published_to:   # the publishes of this read go out as one entry per topic, now
             self._send_published()
@@ -297,27 +300,32 @@ class HubConnection(asyncio.Protocol):
     # --- dispatch ---------------------------------------------------------------------------------
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
-        if req.type == pb.PING:   # a client's keep-alive: answered at once, before (and without) authentication
+        op = req.type   # read once: each read of a protobuf field is a lookup
+        if op == pb.PING:   # a client's keep-alive: answered at once, before (and without) authentication
             self.machine.request_finished()
             self.send(protocol.response(req.txnId))
             return
         if (not self._authorized(req, ev) if self.server.authenticator is not None
-                else req.type != pb.PUBLISH and self._foreign_region_request(req, ev)):
-            if req.type != pb.CONSUME:
+                else op != pb.PUBLISH and self._foreign_region_request(req, ev)):
+            if op != pb.CONSUME:
                 self.machine.request_finished()   # answered (AUTHENTICATE) or refused already
             return
-        if req.type == pb.CONSUME:
+        if op == pb.CONSUME:
             self._consume(ev)
             return
         t = self.server.topics.get(ev.topic)
-        if req.type == pb.PUBLISH and t is not None:
+        if op == pb.PUBLISH:
+            if t is None:
+                self._track(self._handle(ev, None))
+                return
             # synchronously: publish order on a connection is seq order
-            self._enqueue(t, req, time.perf_counter(), ev.plain_bytes)
-            if not self._published_to or self._published_to[-1] is not t.log:
-                self._published_to.append(t.log)
-            return
-        if req.type == pb.PUBLISH:
-            self._track(self._handle(ev, None))
+            if ev.plain is not None:
+                self._enqueue_plain(t, req, ev.topic, ev.plain, time.perf_counter())
+            else:
+                self._enqueue(t, req, time.perf_counter(), ev.plain_bytes)
+            published_to = self._published_to
+            if not published_to or published_to[-1] is not t.log:
+                published_to.append(t.log)
             return
         # requests of one subscription are applied in the order they arrived
         key = (ev.topic, ev.subscriber)
@@ -376,122 +384,12 @@ class HubConnection(asyncio.Protocol):
     def _track(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return spawn(self.tasks, coro)
 
-    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float, plain_bytes: int = -1) -> None:
-        """Queue the publish (or each message of a batched one) on the topic's log, in order.
-
-        ``plain_bytes`` (``RequestReceived.plain_bytes``): a batched publish without delays, whose
-        messages this connection stamps in one tight loop (one publish time for the request) and the
-        log queues at once, unless regions stamp them (a vector-max, or a region hub's own).
-        """
-        t.last_active = time.monotonic()
-        pub = req.publishRequest
-        msgs = pub.msgs
-        stats = self.server.stats
-        topic = req.topic or pub.topic
-        if msgs:
-            answer = _BatchAnswer(self, req, t, t0, len(msgs))
-            stats.incr("publishes", len(msgs))
-            regions = self.server.regions
-            if plain_bytes >= 0 and not self.region_hub and (regions is None or not regions.stamps(topic)):
-                now = time.time_ns() // 1_000_000   # _stamp's, for each message
-                region = self.server.region_bytes
-                for msg in msgs:
-                    msg.publishTimeMs = now
-                    msg.srcRegion = region
-                    msg.ClearField("msgId")
-                t.log.submit_all(msgs, answer.settle, plain_bytes)
-                return
-            for msg in msgs:
-                self._stamp(topic, msg)
-                t.log.submit(msg, answer.settle)
-            return
-        msg = pub.msg
-        self._stamp(topic, msg)
-        stats.incr("publishes")
-        if pub.trace:   # a sampled publish (hub.tracing): its answer carries its stage times
-            t.log.submit(msg, functools.partial(self._published_traced, req, t, t0, tracing.start(msg), msg))
-            return
-        t.log.submit(msg, functools.partial(self._published, req, t, t0))
-
-    def _stamp(self, topic: bytes, msg: pb.Message) -> None:
-        msg.publishTimeMs = time.time_ns() // 1_000_000   # the owner's clock when stored (hub.message)
-        if msg.HasField("deliverAfterMs") or msg.HasField("deliverAtMs"):
-            resolve_due(msg)                                # its due time on that clock (hub.delayed)
-        if not self.region_hub or not msg.srcRegion:
-            # only an authenticated region hub may name another region or carry a version vector:
-            # a crafted remoteComponents would otherwise become the topic's vector-max
-            msg.srcRegion = self.server.region_bytes
-            msg.ClearField("msgId")
-        if self.server.regions is not None:
-            self.server.regions.stamp(topic, msg)
-
     def _finished(self) -> None:
         """A request read earlier was answered (or failed): read again if that lifted ``max_pending_requests``."""
         if self.machine.request_finished():
             if self.machine.backlogged:
                 self._serve_soon()
             self._update_reading()
-
-    def _published(self, req: pb.PubSubRequest, t: Topic, t0: float, seq: int, exc: BaseException | None) -> None:
-        self._finished()
-        if exc is not None:
-            self._publish_failed(req, t, exc)
-            return
-        self._write(protocol.published(req.txnId, req.topic, seq))
-        if self.machine.eof:
-            self._close_if_done()
-        stats = self.server.stats
-        stats.incr("packets_sent")
-        stats.observe("publish", time.perf_counter() - t0)
-
-    def _published_traced(self, req: pb.PubSubRequest, t: Topic, t0: float, trace: tracing.HubTrace,
-                          msg: pb.Message, seq: int, exc: BaseException | None) -> None:
-        """``_published`` for a traced publish: the answer is a ``PublishResponse`` with its ``trace``."""
-        stages = tracing.finish(trace)
-        if exc is not None:
-            tracing.forget(msg)
-            self._published(req, t, t0, seq, exc)
-            return
-        self._finished()
-        resp = protocol.response(req.txnId, topic=req.topic)
-        resp.publishResponse.publishedMsgId.localComponent = seq
-        resp.publishResponse.trace.CopyFrom(stages)
-        resp.publishResponse.trace.answer_sent_ns = time.monotonic_ns()
-        self._write(protocol.encode(resp))
-        if self.machine.eof:
-            self._close_if_done()
-        self.server.stats.incr("packets_sent")
-        self.server.stats.observe("publish", time.perf_counter() - t0)
-
-    def _batch_published(self, answer: _BatchAnswer) -> None:
-        """Every message of a batched publish is settled: one answer (``hub.protocol.published_batch``)."""
-        self._finished()
-        req = answer.req
-        if answer.error is not None:
-            self._publish_failed(req, answer.t, answer.error, answer.first, answer.stored)
-            return
-        self._write(protocol.published_batch(req.txnId, req.topic, answer.first, answer.stored))
-        if self.machine.eof:
-            self._close_if_done()
-        stats = self.server.stats
-        stats.incr("packets_sent")
-        stats.observe("publish", time.perf_counter() - answer.t0)
-
-    def _publish_failed(self, req: pb.PubSubRequest, t: Topic, exc: BaseException, first: int = 0,
-                        stored: int | None = None) -> None:
-        if stored is None:
-            self._fail(req, exc)
-        else:   # a batched publish: its answer says how many were stored before the failure
-            if not protocol.expected_failure(exc):
-                log.exception("unexpected failure of a batched publish", exc_info=exc)
-            self._write(protocol.published_batch(req.txnId, protocol.request_topic(req), first, stored,
-                                                 protocol.status_of(exc), str(exc)))
-            self.server.stats.incr("packets_sent")
-        if self.machine.eof:
-            self._close_if_done()
-        if t.log.closed and self.server.topics.get(t.log.topic) is t:
-            # its ledger could not be closed: let the next owner recover it
-            self.server.spawn(self.server.release_topic(t.log.topic))
 
     def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
         """Answer ``req`` that failed with ``exc`` (the status is ``hub.protocol``'s decision)."""
@@ -565,35 +463,3 @@ class HubConnection(asyncio.Protocol):
             self._fail(req, exc)
         if self.machine.eof:
             self._close_if_done()
-
-
-class _BatchAnswer:
-    """The answer to a batched publish, collected as its messages settle (each once).
-
-    The messages have consecutive seq ids, and a failure fails every message
-    queued after it too (``hub.batcher``), so the stored ones are a prefix:
-    ``first`` is the first one's seq id, ``stored`` how many, ``error`` a
-    failure. The failures can be settled before the successes (the queue
-    fails at once while earlier entries are still in flight), so the count
-    does not depend on the order the callbacks come in.
-    """
-
-    __slots__ = ("conn", "error", "first", "left", "req", "stored", "t", "t0")
-
-    def __init__(self, conn: HubConnection, req: pb.PubSubRequest, t: Topic, t0: float, n: int) -> None:
-        self.conn, self.req, self.t, self.t0 = conn, req, t, t0
-        self.left = n
-        self.first = 0
-        self.stored = 0
-        self.error: BaseException | None = None
-
-    def settle(self, seq: int, error: BaseException | None) -> None:
-        if error is None:
-            if not self.stored:   # the stored ones settle in seq order (hub.batcher completes in order)
-                self.first = seq
-            self.stored += 1
-        else:
-            self.error = self.error or error
-        self.left -= 1
-        if not self.left:
-            self.conn._batch_published(self)

@@ -170,6 +170,10 @@ class RequestReceived:
     plain_bytes: int = -1
     """A batched publish whose messages carry no delivery delay: their bodies' total length (the hub then
     stamps and queues them without looking at each again); -1 for any other request."""
+    plain: pb.PublishRequest | None = None
+    """A single publish (``msg``) whose message carries no delivery delay: its ``publishRequest``, as
+    checked (the hub then stamps ``plain.msg`` without looking at the request or its delay fields
+    again); None for any other request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,12 +365,15 @@ class ServerConnection:
                     status, text = refused
                     return Reject(response(txn, status, text, topic=topic))
                 return RequestReceived(req, topic, b"", plain_bytes)
-            size = len(pub.msg.body)
+            msg = pub.msg
+            size = len(msg.body)
             if size > self.max_message_size:
                 return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
                                                                   f"max_message_size {self.max_message_size}",
                                        topic=topic))
-            refused = delay_problem(pub.msg, self.clock_ms, self.max_delivery_delay_ms)
+            if not (msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs")):
+                return RequestReceived(req, topic, b"", -1, pub)   # the common case: no delay to check
+            refused = delay_problem(msg, self.clock_ms, self.max_delivery_delay_ms)
             if refused is not None:
                 return Reject(response(txn, refused[0], refused[1], topic=topic))
             return RequestReceived(req, topic, b"")

@@ -13,7 +13,7 @@ import pytest
 from bookie.wire import FrameDecoder
 from hub import errors
 from hub.client import HedwigClient, _publish_settled
-from hub.connection import _BatchAnswer
+from hub.connection_publish import _BatchAnswer
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import encode, published_batch
 from tests.hub.test_hub import Collector, raw_exchange
