@@ -547,7 +547,9 @@ class BookieConnectionPool:
     def flush(self) -> None:
         """Write what every connection has queued now, not at the end of the loop turn."""
         for conn in self._conns.values():
-            conn.flush()
+            # the hub calls this after each read of a client: most connections have nothing queued
+            if conn._entries or conn._lacs or conn._outbox.queued_bytes:
+                conn.flush()
 
     def close(self) -> None:
         """Close every connection (their outstanding requests fail)."""
