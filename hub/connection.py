@@ -131,6 +131,7 @@ class HubConnection(PublishPath, asyncio.Protocol):
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
         self._serve_scheduled = False
+        self._charged = False   # this connection's unparsed bytes are on the server's FrameBudget
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
         self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
@@ -232,9 +233,7 @@ class HubConnection(PublishPath, asyncio.Protocol):
         for event in events:
             if isinstance(event, protocol.RequestReceived):
                 received += 1
-                if event.request.type != pb.CONSUME:
-                    machine.request_started()
-                self._dispatch(event)
+                self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
                 if self._published_to:
                     unsent += 1
                     if unsent >= PIPELINE_PUBLISHES:
@@ -254,8 +253,11 @@ class HubConnection(PublishPath, asyncio.Protocol):
             stats.incr("turns_yielded")
             self._serve_soon()
         held = machine.buffered
-        machine.track_partial(bool(events), _loop_time)
-        self.server.charge(self, held)
+        if held or machine.partial_since is not None:   # else the clock is stopped already
+            machine.track_partial(bool(events), _loop_time)
+        if held or self._charged:   # else the budget holds nothing of this connection already
+            self.server.charge(self, held)
+            self._charged = held > 0
         self._update_reading()
         if machine.eof:
             self._close_if_done()
@@ -301,6 +303,8 @@ class HubConnection(PublishPath, asyncio.Protocol):
     def _dispatch(self, ev: protocol.RequestReceived) -> None:
         req = ev.request
         op = req.type   # read once: each read of a protobuf field is a lookup
+        if op != pb.CONSUME:   # in flight until answered (request_finished); a CONSUME is answered only if it fails
+            self.machine.request_started()
         if op == pb.PING:   # a client's keep-alive: answered at once, before (and without) authentication
             self.machine.request_finished()
             self.send(protocol.response(req.txnId))
