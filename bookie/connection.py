@@ -83,6 +83,11 @@ def set_tcp_liveness(sock: socket.socket | None, user_timeout: float, keepalive:
     wire_liveness(sock, idle=keepalive, interval=keepalive, probes=2, user_timeout=user_timeout)
 
 
+def _time_out(fut: asyncio.Future[protocol.Response]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 def _resolve(fut: asyncio.Future[protocol.Response], result: protocol.Response | BKError) -> None:
     if fut.done():
         return
@@ -444,11 +449,18 @@ class BookieConnection(asyncio.Protocol):
     async def request(self, request: protocol.Request, timeout: float | None = None) -> protocol.Response:
         """Send and wait for the response; ``builtins.TimeoutError`` after ``timeout`` seconds."""
         fut = self.send(request)
+        if timeout is None:
+            return await fut
+        # a timer on the future itself, not ``asyncio.wait_for`` (a coroutine and a second future for each
+        # request: a takeover's fencing reads are three requests a topic, issue 34)
+        timer = self._loop.call_later(timeout, _time_out, fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
+            return await fut
         except TimeoutError:
             self.forget(request.txn_id, request.op)
             raise
+        finally:
+            timer.cancel()
 
     def send_raw(self, data: bytes) -> None:
         """Queue raw bytes (tests send malformed frames with it)."""

@@ -121,22 +121,28 @@ def _parse(cls: type[P], raw: bytes, where: str) -> P:
     return out
 
 
+def _translated(exc: ms_errors.MetastoreError, where: str, missing: type[errors.PubSubError],
+                exists: type[errors.PubSubError]) -> errors.PubSubError:
+    """The ``hub.errors`` exception a metastore error raised at ``where`` maps to."""
+    if isinstance(exc, ms_errors.NoKeyError):
+        return missing(f"{where}: no such record")
+    if isinstance(exc, ms_errors.KeyExistsError):
+        return exists(f"{where}: record exists")
+    if isinstance(exc, ms_errors.BadVersionError):
+        return errors.BadVersionError(f"{where}: version is not the current one")
+    if isinstance(exc, ms_errors.ServiceDownError):
+        return errors.ServiceDownError(f"{where}: metastore down: {exc}")
+    return errors.PubSubError(f"{where}: metastore error {exc.code}: {exc}")
+
+
 @contextlib.contextmanager
 def _mapped(where: str, missing: type[errors.PubSubError],
             exists: type[errors.PubSubError]) -> Iterator[None]:
     """Translate metastore errors raised inside the block into ``hub.errors`` classes."""
     try:
         yield
-    except ms_errors.NoKeyError as exc:
-        raise missing(f"{where}: no such record") from exc
-    except ms_errors.KeyExistsError as exc:
-        raise exists(f"{where}: record exists") from exc
-    except ms_errors.BadVersionError as exc:
-        raise errors.BadVersionError(f"{where}: version is not the current one") from exc
-    except ms_errors.ServiceDownError as exc:
-        raise errors.ServiceDownError(f"{where}: metastore down: {exc}") from exc
     except ms_errors.MetastoreError as exc:
-        raise errors.PubSubError(f"{where}: metastore error {exc.code}: {exc}") from exc
+        raise _translated(exc, where, missing, exists) from exc
 
 
 class _Manager:
@@ -175,28 +181,38 @@ class _Manager:
     def _errors(self, action: str, key: str) -> contextlib.AbstractContextManager[None]:
         return _mapped(f"{action} {self._what} {key!r}", self._missing, self._exists)
 
+    def _error(self, exc: ms_errors.MetastoreError, action: str, key: str) -> errors.PubSubError:
+        """What ``_errors`` raises for ``exc``, built only when one is raised: a takeover makes tens of
+        thousands of metastore calls, each formatting its message up front was a per-topic cost (issue 34)."""
+        return _translated(exc, f"{action} {self._what} {key!r}", self._missing, self._exists)
+
     async def _get(self, key: str) -> Versioned | None:
         """The record at ``key``, or ``None`` when it is missing."""
-        table = await self._t()
-        with self._errors("read", key):
-            try:
-                return await table.get(key)
-            except ms_errors.NoKeyError:
-                return None
+        table = self._table if self._table is not None else await self._t()
+        try:
+            return await table.get(key)
+        except ms_errors.NoKeyError:
+            return None
+        except ms_errors.MetastoreError as exc:
+            raise self._error(exc, "read", key) from exc
 
     async def _put(self, action: str, key: str, value: Value, version: Version,
                    session: Session | None = None) -> Version:
         """Create (``Version.NEW``; ephemeral through ``session``) or CAS-write ``key``."""
-        table = await self._t()
-        with self._errors(action, key):
-            if version == Version.NEW and session is not None:
+        table = self._table if self._table is not None else await self._t()
+        try:
+            if session is not None and version == Version.NEW:
                 return await session.put_ephemeral(table, key, value)
             return await table.put(key, value, version)
+        except ms_errors.MetastoreError as exc:
+            raise self._error(exc, action, key) from exc
 
     async def _remove(self, key: str, version: Version) -> None:
-        table = await self._t()
-        with self._errors("delete", key):
+        table = self._table if self._table is not None else await self._t()
+        try:
             await table.remove(key, version)
+        except ms_errors.MetastoreError as exc:
+            raise self._error(exc, "delete", key) from exc
 
 
 class _TopicRecordManager(_Manager, Generic[P]):
