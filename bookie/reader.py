@@ -34,7 +34,7 @@ import asyncio
 import collections
 import logging
 from collections.abc import AsyncGenerator, Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from bookie import digest as digests
 from bookie import errors, protocol
@@ -48,6 +48,9 @@ from bookie.errors import (
     UnauthorizedError,
 )
 from bookie.metadata import LedgerMetadata
+
+if TYPE_CHECKING:
+    from bookie.connection import BookieConnection
 
 log = logging.getLogger(__name__)
 
@@ -246,14 +249,49 @@ class LedgerReader:
         the ledger's end from that without reading again).
         """
         ensemble = self._metadata_of().current_ensemble
-        return list(await asyncio.gather(*(self._fence_one(a, master_key) for a in ensemble),
-                                         return_exceptions=True))
+        conns = [self._ctx.pool.connected(a) for a in ensemble]
+        if None in conns:   # a connection to open first: one task per bookie
+            return list(await asyncio.gather(*(self._fence_one(a, master_key) for a in ensemble),
+                                             return_exceptions=True))
+        return await self._fence_connected(cast("list[BookieConnection]", conns), master_key)
+
+    async def _fence_connected(self, conns: list[BookieConnection],
+                               master_key: bytes) -> list[digests.Entry | BaseException | None]:
+        """``fence_entries`` over open connections: the requests sent at once, their answers awaited in
+        turn under one timer, no task per bookie (a takeover fences thousands of ledgers, issue 34)."""
+        sent = []
+        for conn in conns:
+            req = protocol.read_request(conn.next_txn_id(), self.ledger_id, protocol.LAST_ENTRY, fence=True,
+                                        master_key=master_key)
+            sent.append((conn, req, conn.send(req)))
+        futs = [fut for _, _, fut in sent]
+        timer = asyncio.get_running_loop().call_later(self._ctx.conf.read_entry_timeout, _time_out_all, futs)
+        out: list[digests.Entry | BaseException | None] = []
+        try:
+            for conn, req, fut in sent:
+                try:
+                    out.append(self._fenced(conn.address, await fut))
+                except TimeoutError as exc:
+                    conn.forget(req.txn_id, req.op)
+                    out.append(exc)
+                except Exception as exc:   # as ``gather(..., return_exceptions=True)`` gave it
+                    out.append(exc)
+        finally:
+            timer.cancel()
+            for conn, req, fut in sent:   # cancelled meanwhile: the answers still owed are dropped
+                if not fut.done():
+                    conn.forget(req.txn_id, req.op)
+                    fut.cancel()
+        return out
 
     async def _fence_one(self, addr: str, master_key: bytes) -> digests.Entry | None:
         conn = await self._ctx.pool.get(addr)
         req = protocol.read_request(conn.next_txn_id(), self.ledger_id, protocol.LAST_ENTRY, fence=True,
                                     master_key=master_key)
-        resp = await conn.request(req, self._ctx.conf.read_entry_timeout)
+        return self._fenced(addr, await conn.request(req, self._ctx.conf.read_entry_timeout))
+
+    def _fenced(self, addr: str, resp: protocol.Response) -> digests.Entry | None:
+        """What a bookie's answer to a fencing read tells (``fence_entries``); its error status raised."""
         if resp.status in (protocol.NO_ENTRY, protocol.NO_LEDGER):
             return None
         protocol.raise_for_status(resp)
@@ -262,6 +300,12 @@ class LedgerReader:
         except DigestMismatchError as exc:
             log.warning("fencing ledger %d: bad last entry on %s: %s", self.ledger_id, addr, exc)
             return BAD_LAST_ENTRY
+
+
+def _time_out_all(futs: list[asyncio.Future[protocol.Response]]) -> None:
+    for fut in futs:
+        if not fut.done():
+            fut.set_exception(TimeoutError())
 
 
 BAD_LAST_ENTRY = digests.Entry(-1, -1, -1, 0, b"")

@@ -176,7 +176,7 @@ class OwnedTopics:
         if self.regions is not None:
             await self.regions.recover_vector(topic, tlog)
         self.topics[topic] = t
-        if self.regions is not None:
+        if self.regions is not None and self.regions.enabled:   # no task a topic when there is no other region
             self.spawn(self.regions.topic_acquired(topic))
         self.ownership.num_topics = len(self.topics)
         self.stats.incr("topics_acquired")

@@ -152,8 +152,12 @@ class LeasedTable(MetastoreTable):
         if wait:
             await self._sweep(key, got.version, owner.decode())
         else:
-            spawn(self._sweeps, self._sweep(key, got.version, owner.decode()), name="sweep")
+            self._sweep_soon(key, got.version, owner.decode())
         return False
+
+    def _sweep_soon(self, key: str, version: Version, owner: str) -> None:
+        """``_sweep`` without waiting for it (a backend may queue the removal without a task)."""
+        spawn(self._sweeps, self._sweep(key, version, owner), name="sweep")
 
     async def _sweep(self, key: str, version: Version, owner: str) -> None:
         try:

@@ -613,6 +613,15 @@ class LmdbCounters(Counters):
         return await self._store.write(self._add_txn, k, name, delta)
 
 
+def _swept(fut: asyncio.Future[None]) -> None:
+    """A queued sweep's outcome: a record changed or gone meanwhile is what a sweep may meet."""
+    if fut.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None and not isinstance(exc, NoKeyError | BadVersionError):
+        log.info("sweep of an expired ephemeral key failed: %s", exc)
+
+
 class _FastGet(LeasedTable):
     """Lease wrapper whose ``get`` reads inline, one layer deep, when the record is not ephemeral."""
 
@@ -633,6 +642,40 @@ class _FastGet(LeasedTable):
                         return _versioned(Versioned, (Value(value), version))
                     return _versioned(Versioned, (value.project(check_fields(fields)), version))
         return await super().get(key, fields, watcher)
+
+    async def _put(self, key: str, value: Value, version: Version) -> Version:
+        """A create that meets an expired ephemeral record replaces it in one compare-and-set write.
+
+        The general path (``LeasedTable._put``) tries the create, fails, reads the record, removes it and
+        creates again: four writes where a takeover's claim of a dead hub's topic needs one (issue 34).
+        The record is read inline first (an LMDB read takes microseconds); a record changed meanwhile
+        makes the replacement fail, and the general path decides.
+        """
+        t = self.raw
+        if version == Version.NEW and type(key) is str and key and not (self._closed or t._closed
+                                                                           or t._store._closed):
+            k = key.encode("utf-8", "surrogatepass")
+            raw = t._env.begin(db=t._db).get(k) if len(k) <= MAX_KEY_BYTES else None
+            if raw is not None:
+                stored, held = t._decode(k, raw)
+                owner = stored.get(LEASE_FIELD)
+                if owner is None or not await self._leases.expired(owner.decode()):
+                    raise KeyExistsError(f"{self.name}/{key}")
+                gone = {f: None for f in stored if f not in value}   # a put merges: the old fields go
+                try:
+                    return await t.put(key, Value({**gone, **value}), held)
+                except (BadVersionError, NoKeyError):
+                    pass
+        return await super()._put(key, value, version)
+
+    def _sweep_soon(self, key: str, version: Version, owner: str) -> None:
+        """The removal of an expired ephemeral record a read met, queued on the writer thread (no task)."""
+        t = self.raw
+        if t._closed or t._store._closed or t._store.write_mode != "thread":
+            super()._sweep_soon(key, version, owner)
+            return
+        k = key.encode("utf-8", "surrogatepass")
+        t._writer.submit(t._remove_txn, (k, key, version), urgent=t._urgent).add_done_callback(_swept)
 
     async def close(self) -> None:
         await super().close()

@@ -480,3 +480,34 @@ async def test_a_read_answers_an_expired_ephemeral_key_absent_and_a_create_right
         await sess.close()
     finally:
         await ms.close()
+
+
+async def test_a_create_over_an_expired_ephemeral_key_is_one_write(tmp_path: Path) -> None:
+    """Issue 34: a takeover's claim of a dead hub's topic replaces the expired ephemeral record in one
+    compare-and-set write (it was a failed create, a read, a removal and a create again). The old
+    record's other fields go; a live session's record still refuses the create."""
+    from metastore.errors import KeyExistsError
+    from metastore.lease import LEASE_FIELD
+
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    try:
+        owners = await ms.create_table("owners")
+        raw = owners.raw  # type: ignore[attr-defined]
+        await raw.put("t", Value({"o": b"dead", "extra": b"x", LEASE_FIELD: b"gone:1:0"}), Version.NEW)
+        old = (await raw.get("t")).version
+        sess = await ms.session(timeout=5.0)
+        commits, writes = ms.commit_counts()  # type: ignore[attr-defined]
+        new = await sess.put_ephemeral(owners, "t", Value({"o": b"me"}))
+        assert ms.commit_counts()[1] - writes == 1  # type: ignore[attr-defined]
+        assert old < new
+        got = await raw.get("t")
+        assert got.value == Value({"o": b"me", LEASE_FIELD: sess.session_id.encode()})
+        other = await ms.session(timeout=5.0)
+        with pytest.raises(KeyExistsError):
+            await other.put_ephemeral(owners, "t", Value({"o": b"other"}))
+        with pytest.raises(KeyExistsError):
+            await owners.put("t", Value({"o": b"plain"}), Version.NEW)
+        await other.close()
+        await sess.close()
+    finally:
+        await ms.close()
