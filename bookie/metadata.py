@@ -24,7 +24,6 @@ order.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import enum
 import functools
 import hashlib
@@ -123,8 +122,13 @@ class LedgerMetadata:
         return {b for _, ens in self.ensembles for b in ens}
 
     def copy(self) -> LedgerMetadata:
-        return dataclasses.replace(self, ensembles=[(f, list(e)) for f, e in self.ensembles],
-                                   properties=dict(self.properties))
+        """A copy whose ensembles and properties are its own (the fields as they are: no ``__init__``
+        run again, as ``dataclasses.replace`` would: twice per ledger a takeover recovers, issue 34)."""
+        out = object.__new__(LedgerMetadata)
+        out.__dict__.update(self.__dict__)
+        out.ensembles = [(f, list(e)) for f, e in self.ensembles]
+        out.properties = dict(self.properties)
+        return out
 
     def encode(self) -> bytes:
         return pb.LedgerMetadataFormat(

@@ -109,17 +109,21 @@ class OwnedTopics:
         if self.stopping:
             raise errors.ServiceDownError("this hub is stopping; retry")
         fut = self._acquiring.get(topic)
-        if fut is None:
-            fut = asyncio.get_running_loop().create_future()
-            self._acquiring[topic] = fut
-            try:
-                fut.set_result(await self._acquire_bounded(topic, should_claim))
-            except BaseException as exc:
-                fut.set_exception(exc)
-                fut.exception()    # retrieved: waiters re-raise it themselves
-            finally:
-                self._acquiring.pop(topic, None)
-        return await asyncio.shield(fut)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._acquiring[topic] = fut
+        try:
+            t = await self._acquire_bounded(topic, should_claim)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()    # retrieved: waiters re-raise it themselves
+            raise
+        else:
+            fut.set_result(t)
+            return t   # the acquiring request itself: no shield to wait through (one fewer future a topic)
+        finally:
+            self._acquiring.pop(topic, None)
 
     async def _acquire_bounded(self, topic: bytes, should_claim: bool) -> Topic:
         """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).

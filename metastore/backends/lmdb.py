@@ -648,12 +648,13 @@ class _FastGet(LeasedTable):
 
         The general path (``LeasedTable._put``) tries the create, fails, reads the record, removes it and
         creates again: four writes where a takeover's claim of a dead hub's topic needs one (issue 34).
-        The record is read inline first (an LMDB read takes microseconds); a record changed meanwhile
-        makes the replacement fail, and the general path decides.
+        An ephemeral create (``put_ephemeral``) reads the record inline first (an LMDB read takes
+        microseconds); a record changed meanwhile makes the replacement fail, and the general path
+        decides. Other creates (ledgers, ranges: never an ephemeral record there) go the general path.
         """
         t = self.raw
-        if version == Version.NEW and type(key) is str and key and not (self._closed or t._closed
-                                                                           or t._store._closed):
+        if (version == Version.NEW and LEASE_FIELD in value and type(key) is str and key
+                and not (self._closed or t._closed or t._store._closed)):
             k = key.encode("utf-8", "surrogatepass")
             raw = t._env.begin(db=t._db).get(k) if len(k) <= MAX_KEY_BYTES else None
             if raw is not None:
