@@ -433,7 +433,7 @@ class HubConnection(PublishPath, asyncio.Protocol):
             if req.type == pb.SEEK and req.seekRequest.resolveOnly and ev.topic not in self.server.topics \
                     and await self.server.pm.read_topic_persistence_info(ev.topic) is None:
                 raise errors.NoSuchTopicError(f"topic {ev.topic!r} does not exist")
-            t = await self.server.topic(ev.topic, req.shouldClaim)
+            t = await self.server.topic(ev.topic, req.shouldClaim, req.type == pb.PUBLISH)
             t.last_active = time.monotonic()
             resp = protocol.response(req.txnId, topic=ev.topic)
             if req.type == pb.PUBLISH:

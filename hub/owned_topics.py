@@ -97,8 +97,11 @@ class OwnedTopics:
 
         def flush(self) -> None: ...
 
-    async def topic(self, topic: bytes, should_claim: bool) -> Topic:
-        """The owned topic (claiming and acquiring it first); ``Redirect`` when another hub owns it."""
+    async def topic(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic:
+        """The owned topic (claiming and acquiring it first); ``Redirect`` when another hub owns it.
+
+        ``for_publish``: a publish asks, so an acquisition starts the topic's new ledger itself
+        (``TopicLog.acquire``'s ``start_ledger``)."""
         t = self.topics.get(topic)
         if t is not None:
             return t
@@ -114,7 +117,7 @@ class OwnedTopics:
         fut = asyncio.get_running_loop().create_future()
         self._acquiring[topic] = fut
         try:
-            t = await self._acquire_bounded(topic, should_claim)
+            t = await self._acquire_bounded(topic, should_claim, for_publish)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()    # retrieved: waiters re-raise it themselves
@@ -125,7 +128,7 @@ class OwnedTopics:
         finally:
             self._acquiring.pop(topic, None)
 
-    async def _acquire_bounded(self, topic: bytes, should_claim: bool) -> Topic:
+    async def _acquire_bounded(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic:
         """``_acquire`` once one of the ``max_concurrent_topic_loads`` slots is free (FIFO, never failed).
 
         A failover or a burst of new topics makes hundreds of acquisitions at
@@ -143,11 +146,11 @@ class OwnedTopics:
             try:
                 if self.stopping:
                     raise errors.ServiceDownError("this hub is stopping; retry")
-                return await self._acquire(topic, should_claim)
+                return await self._acquire(topic, should_claim, for_publish)
             finally:
                 self._load_slots.release()
 
-    async def _acquire(self, topic: bytes, should_claim: bool) -> Topic:
+    async def _acquire(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic:
         assert self.ownership is not None
         owner = await self.ownership.claim(topic, should_claim)
         if owner is not None:
@@ -155,13 +158,16 @@ class OwnedTopics:
         session = self.ownership.session   # the claim lives as long as this session (ephemeral or registration)
         owned = self._alive_check(session)
         cb = self._topic_callbacks
+        tlog: TopicLog | None = None
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, cb.persisted, self.dedup_store,
-                                          owned=owned, ledger_slots=self._ledger_slots)
+                                          owned=owned, ledger_slots=self._ledger_slots, start_ledger=for_publish)
             subs = TopicSubscriptions(topic, self.sm, self.conf, functools.partial(getattr, tlog, "last_seq"),
                                       cb.consumed, track=cb.track, first_kept=tlog.first_kept, cache=self.cache)
             await subs.load()
         except BaseException as exc:
+            if tlog is not None and tlog.lh is not None:   # the ledger it started (start_ledger): closed
+                await tlog.release()
             await self.ownership.release(topic)
             if isinstance(exc, Exception) and not isinstance(exc, errors.ServiceDownError):
                 # a raced owner (BAD_VERSION), a bookie or metastore failure: the client may retry

@@ -208,7 +208,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                       on_persisted: Persisted | None = None,
                       dedup_store: TopicDedupManager | None = None,
                       owned: Callable[[], bool] | None = None,
-                      ledger_slots: asyncio.Semaphore | None = None) -> TopicLog:
+                      ledger_slots: asyncio.Semaphore | None = None, start_ledger: bool = False) -> TopicLog:
         """Recover every range left open and the dedup state; ``BadVersionError`` if raced.
 
         ``owned`` (the ownership claim's liveness: the hub's metastore session)
@@ -216,6 +216,11 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         False the log gives the topic up (see "Fencing" in the module docstring).
         ``ledger_slots`` (the hub's, shared by its topics) bounds the new
         ledgers being started at once: a start waits for a slot.
+        ``start_ledger`` (an acquisition for a publish): the new ledger is
+        started here, its range written with the recovered ends in the one
+        compare-and-set that records them (a takeover: one metastore write and
+        one task a topic fewer, issue 34); when it cannot be started the ends
+        are written alone and the first publish starts it, as without.
         """
         self = cls(topic, bk, pm, conf, on_persisted, dedup_store, owned, ledger_slots)
         got = await pm.read_topic_persistence_info(topic)
@@ -225,7 +230,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         rs = self.ranges.ranges
         if rs:
             self.last_seq = rs[-1].endSeqIdIncluded.localComponent
-        if got is not None:   # record the recovered ends (and fence a racing owner) before anyone reads
+        started = start_ledger and await self._start_first_ledger()
+        if got is not None and not started:   # record the recovered ends (and fence a racing owner) before anyone reads
             self.version = await pm.write_topic_persistence_info(topic, self.ranges, self.version)
         for lid in empty:     # only once no range names them (a raced acquisition would still open them)
             await self._delete_ledger_quietly(lid)
@@ -236,6 +242,20 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                 self._dedup_armed = True
                 await self._replay_dedup(snap.atSeqId + 1)
         return self   # the first publish creates the new ledger
+
+    async def _start_first_ledger(self) -> bool:
+        """``acquire``'s new ledger, its range written on the version read (the recovered ends with it);
+        False when no ledger could be created (nothing was written: the caller writes the ends alone). A
+        failed or refused range write (the log gave the topic up) raises, as the ends' own write would."""
+        try:
+            await self._new_ledger()
+        except Exception as exc:
+            if self._broken is not None:
+                raise
+            # no ledger (too few bookies, say): the first publish tries again, backing off as it does
+            log.info("topic %r: no ledger at acquisition: %s", self.topic, exc)
+            return False
+        return True
 
     async def _recover_open_ranges(self) -> list[int]:
         """Recovery-open (fence and close) every ledger whose range has no end; record the ends.
