@@ -167,3 +167,48 @@ async def test_a_reader_cached_before_its_ledger_closed_is_not_kept(env: tuple[A
     assert [m.seq_id for m in await log.scan(3, 10, 1 << 20)] == [3, 4]
     assert log._readers[lid] is not stale and log._readers[lid].is_closed
     await log.release()
+
+
+async def test_an_acquisition_for_a_publish_writes_the_recovered_ends_and_its_new_ledger_at_once(
+        env: tuple[Any, Any]) -> None:
+    """Issue 34: ``start_ledger`` records the recovered end and the new ledger's open range in one
+    compare-and-set on the version read (the old owner's writes fenced as before), and the first
+    publish goes into that ledger; a second takeover recovers it in turn."""
+    bk, pm = env
+    conf = load_hub_conf(None, {"bk_ensemble_size": 2})
+    first = await TopicLog.acquire(b"eager", bk, pm, conf)
+    for i in range(5):
+        assert await first.publish(msg(i)) == i + 1
+    old_ledger = first.lh.ledger_id
+    _, read_version = await pm.read_topic_persistence_info(b"eager")
+    second = await TopicLog.acquire(b"eager", bk, pm, conf, start_ledger=True)
+    assert second.lh is not None and second.lh.ledger_id != old_ledger
+    stored, version = await pm.read_topic_persistence_info(b"eager")
+    assert version == second.version and read_version < version
+    assert [(r.ledgerId, r.startSeqIdIncluded, r.HasField("endSeqIdIncluded")) for r in stored.ranges] == [
+        (old_ledger, 1, True), (second.lh.ledger_id, 6, False)]
+    assert stored.ranges[0].endSeqIdIncluded.localComponent == 5
+    with pytest.raises(Exception):  # noqa: B017 - the old writer is fenced out
+        await first.publish(msg(99))
+    assert await second.publish(msg(5)) == 6
+    third = await TopicLog.acquire(b"eager", bk, pm, conf, start_ledger=True)
+    assert third.last_seq == 6
+    assert [m.seq_id for m in await third.scan(1, 10, 1 << 20)] == [1, 2, 3, 4, 5, 6]
+    await third.release()
+
+
+async def test_an_acquisition_that_cannot_start_a_ledger_still_records_the_recovered_ends(
+        env: tuple[Any, Any]) -> None:
+    """With too few bookies for a new ledger, ``start_ledger`` writes the recovered ends alone (the
+    acquisition succeeds, as it did before the first publish started ledgers) and no ledger is open."""
+    bk, pm = env
+    conf = load_hub_conf(None, {"bk_ensemble_size": 2})
+    first = await TopicLog.acquire(b"eager-no-bookies", bk, pm, conf)
+    assert await first.publish(msg(0)) == 1
+    wide = load_hub_conf(None, {"bk_ensemble_size": 9, "bk_write_quorum_size": 9, "bk_ack_quorum_size": 9})
+    second = await TopicLog.acquire(b"eager-no-bookies", bk, pm, wide, start_ledger=True)
+    assert second.lh is None and second.last_seq == 1
+    stored, version = await pm.read_topic_persistence_info(b"eager-no-bookies")
+    assert version == second.version
+    assert [(r.startSeqIdIncluded, r.endSeqIdIncluded.localComponent) for r in stored.ranges] == [(1, 1)]
+    await second.release()
