@@ -252,3 +252,48 @@ async def test_idle_topics_hold_no_task_or_timer(tmp_path: Path) -> None:
             while (now := await _loop_gauges(url))[0] > before[0] + 5 or now[1] > before[1] + 5:  # noqa: ASYNC110
                 await asyncio.sleep(0.2)    # another process's loop, seen through its gauges
         assert (await scrape(url))["hub_topics_owned"] == 501
+
+
+async def test_an_acquisition_that_fails_after_starting_its_ledger_closes_and_drops_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In process (issue 34): an acquisition for a publish starts the topic's ledger itself; when a later
+    step of it fails (here the subscriptions' read), that ledger is closed and, empty, dropped with its
+    range, before the claim is given up: the retried acquisition has no ledger to recover, and the
+    publish lands in one ledger, the only one left."""
+    from hub.conf import load_hub_conf
+    from hub.server import HubServer
+    from hub.subscriptions import TopicSubscriptions
+
+    failed: list[bytes] = []
+    load = TopicSubscriptions.load
+
+    async def failing_once(self: TopicSubscriptions) -> None:
+        if not failed:
+            failed.append(self.topic)
+            raise RuntimeError("subscriptions unreadable (test)")
+        await load(self)
+
+    monkeypatch.setattr(TopicSubscriptions, "load", failing_once)
+    async with LocalCluster(bookies=3, hubs=0, data_dir=tmp_path / "c", conf_overrides=CONF) as cluster:
+        hub_keys = {k: v for k, v in CONF.items() if k != "session_timeout"}     # a bookie key
+        server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0",
+                                                "metastore_uri": cluster.metastore_uri}))
+        await server.start()
+        try:
+            before = await server.bk.ledgers.ledger_ids()
+            recoveries: list[int] = []
+            open_ledger = server.bk.open_ledger
+
+            async def counted(ledger_id: int, password: bytes = b"") -> object:
+                recoveries.append(ledger_id)
+                return await open_ledger(ledger_id, password)
+
+            server.bk.open_ledger = counted  # type: ignore[assignment,method-assign]
+            assert await _publish_all(server.address, [b"fails-once"], b"m") == [1]
+            assert failed == [b"fails-once"]
+            assert recoveries == []         # nothing was left open for the retry to recover
+            kept = await _ledger_ids(cluster.metastore_uri, [b"fails-once"])
+            assert len(kept) == 1
+            assert await server.bk.ledgers.ledger_ids() - before == set(kept)
+        finally:
+            await server.stop()
