@@ -79,6 +79,7 @@ from metastore.api import (
     MetastoreScannableTable,
     MetastoreTable,
     Order,
+    PollingWatches,
     Value,
     Version,
     Versioned,
@@ -107,6 +108,7 @@ from metastore.lease import (
     LeasedScannableTable,
     LeasedTable,
     LeaseOptions,
+    LeaseRegistry,
 )
 from metastore.proto.metastore_pb2 import Record
 
@@ -627,6 +629,11 @@ class _FastGet(LeasedTable):
 
     raw: LmdbTable
 
+    def __init__(self, raw: MetastoreTable, leases: LeaseRegistry, watches: PollingWatches | None) -> None:
+        super().__init__(raw, leases, watches)
+        self._replacing: set[str] = set()
+        """Keys whose expired ephemeral record a create is replacing now (``_put``)."""
+
     async def get(self, key: str, fields: Fields = ALL_FIELDS, watcher: Watcher | None = None) -> Versioned:
         t = self.raw
         if watcher is None and type(key) is str and key and not (self._closed or t._closed or t._store._closed):
@@ -663,17 +670,29 @@ class _FastGet(LeasedTable):
                 if owner is None or not await self._leases.expired(owner.decode()):
                     raise KeyExistsError(f"{self.name}/{key}")
                 gone = {f: None for f in stored if f not in value}   # a put merges: the old fields go
+                self._replacing.add(key)   # a sweep a read queued this loop turn is not needed
                 try:
                     return await t.put(key, Value({**gone, **value}), held)
                 except (BadVersionError, NoKeyError):
                     pass
+                finally:
+                    self._replacing.discard(key)
         return await super()._put(key, value, version)
 
     def _sweep_soon(self, key: str, version: Version, owner: str) -> None:
-        """The removal of an expired ephemeral record a read met, queued on the writer thread (no task)."""
+        """The removal of an expired ephemeral record a read met, queued on the writer thread (no task) at
+        the end of the loop turn, unless a create is replacing the record by then (``_put``: a takeover's
+        claim reads the dead owner's record and writes its own in the same turn; the sweep would only
+        race it)."""
         t = self.raw
         if t._closed or t._store._closed or t._store.write_mode != "thread":
             super()._sweep_soon(key, version, owner)
+            return
+        asyncio.get_running_loop().call_soon(self._sweep_queued, key, version)
+
+    def _sweep_queued(self, key: str, version: Version) -> None:
+        t = self.raw
+        if key in self._replacing or self._closed or t._closed or t._store._closed:
             return
         k = key.encode("utf-8", "surrogatepass")
         t._writer.submit(t._remove_txn, (k, key, version), urgent=t._urgent).add_done_callback(_swept)

@@ -511,3 +511,39 @@ async def test_a_create_over_an_expired_ephemeral_key_is_one_write(tmp_path: Pat
         await sess.close()
     finally:
         await ms.close()
+
+
+async def test_a_read_then_a_create_of_an_expired_ephemeral_key_is_one_write_and_a_lone_read_sweeps(
+        tmp_path: Path) -> None:
+    """Issue 34: a takeover's claim reads the dead owner's record (absent to it) and creates its own in the
+    same loop turn: the sweep the read queued is dropped, the create replaces the record, one write in
+    all. A read that no create follows still sweeps the record."""
+    from metastore.lease import LEASE_FIELD
+
+    ms = await open_metastore(f"lmdb://{tmp_path}")
+    try:
+        owners = await ms.create_table("owners")
+        raw = owners.raw  # type: ignore[attr-defined]
+        for key in ("claimed", "left"):
+            await raw.put(key, Value({"o": b"dead", LEASE_FIELD: b"gone:1:0"}), Version.NEW)
+        sess = await ms.session(timeout=60.0)   # no renewal write within the count below
+        writes = ms.commit_counts()[1]  # type: ignore[attr-defined]
+        with pytest.raises(NoKeyError):
+            await owners.get("claimed")
+        await sess.put_ephemeral(owners, "claimed", Value({"o": b"me"}))
+        await asyncio.sleep(0)   # the end of the loop turn: a sweep still queued would be sent now
+        await raw.put("barrier", Value({"b": b"1"}), Version.NEW)   # the writer runs its queue in order
+        assert (await owners.get("claimed")).value == Value({"o": b"me"})
+        assert ms.commit_counts()[1] - writes == 2  # type: ignore[attr-defined]   # the claim and the barrier
+        with pytest.raises(NoKeyError):
+            await owners.get("left")
+        async with asyncio.timeout(10):
+            while True:   # the sweep of the record nobody created again lands
+                try:
+                    await raw.get("left")
+                except NoKeyError:
+                    break
+                await asyncio.sleep(0.01)
+        await sess.close()
+    finally:
+        await ms.close()
