@@ -17,7 +17,9 @@ fences and closes it) and its end seq id read from its last entry, so
 nothing acknowledged is skipped; the ends are written back (CAS on the
 version read) before the topic serves. The first publish creates a new
 ledger and appends it as the open range (CAS on the version this owner
-holds, so two hubs never both write a topic).
+holds, so two hubs never both write a topic). An acquisition made for a
+publish (``start_ledger``) creates that ledger itself and writes its range
+with the recovered ends, in the one CAS on the version read.
 
 Fencing: only the version read at acquisition, and each version this log
 wrote after it, is ever used. Once a range write fails (a conflict, or the
