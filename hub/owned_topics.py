@@ -151,7 +151,11 @@ class OwnedTopics:
                 self._load_slots.release()
 
     async def _acquire(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic:
-        assert self.ownership is not None
+        if self.ownership is None:
+            # start-up: the port is open (its number goes into the registration) but the hub is not registered
+            # yet; a client that connected this early retries (it was an AssertionError answered
+            # UNEXPECTED_CONDITION, which a client does not retry)
+            raise errors.ServiceDownError("this hub is starting; retry")
         owner = await self.ownership.claim(topic, should_claim)
         if owner is not None:
             raise Redirect(owner)

@@ -186,3 +186,30 @@ async def test_a_hub_out_of_file_descriptors_says_so_and_counts_it() -> None:
     assert int(out.decode().split()[-1]) >= 2, err      # accept() kept failing: counted every time ...
     said = [line for line in err.decode().splitlines() if "cannot accept client connections" in line]
     assert len(said) == 1 and "Too many open files" in said[0], err   # ... and said once, not at every retry
+
+
+async def test_a_request_before_the_hub_has_registered_is_service_down_not_unexpected() -> None:
+    """The port opens before the registration (it is named there): a client that connects in between is told
+    to retry (SERVICE_DOWN), not UNEXPECTED_CONDITION, which a client gives up on (seen in a hub restart)."""
+    from bookie.wire import encode_frame
+
+    server = HubServer(load_hub_conf(None, {}))       # not started: listening, say, but not registered yet
+    conn = HubConnection(server)
+    transport = FakeTransport()
+    conn.connection_made(transport)
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=7, topic=b"t",
+                           publishRequest=pb.PublishRequest(topic=b"t", msg=pb.Message(body=b"x")))
+    written = asyncio.Event()
+    write = transport.write
+
+    def write_and_tell(data: Any) -> None:
+        write(data)
+        written.set()
+
+    transport.write = write_and_tell  # type: ignore[method-assign]
+    conn.data_received(encode_frame(req))
+    await asyncio.wait_for(written.wait(), TIMEOUT)
+    [got] = answers(bytes(transport.written))
+    assert got.txnId == 7
+    assert got.statusCode == pb.SERVICE_DOWN, pb.StatusCode.Name(got.statusCode)
+    assert "starting" in got.statusMsg
