@@ -369,7 +369,8 @@ class HubAdmin:
     async def _held(self, topic: bytes) -> AsyncIterator[Topic | None]:
         """The owned ``Topic``, or ``None`` with this hub holding the owner record for the call."""
         server = self.server
-        assert server.ownership is not None
+        if server.ownership is None:      # start-up: the HTTP server is up before the registration
+            raise HttpError(503, "this hub is starting; retry")
         if topic not in server.topics:
             owner = await server.ownership.claim(topic, True)
             if owner is not None:
