@@ -129,13 +129,12 @@ async def test_shared_runs_are_handed_out_as_one_by_one(seed: int) -> None:
     conns: dict[Dispatcher, list[Frames]] = {runs: [], single: []}
     slots: dict[Dispatcher, list] = {runs: [], single: []}
     for d in (runs, single):
-        for i in range(4):
-            conns[d].append(Frames())
+        conns[d].extend(Frames() for _ in range(4))
     permits = [rnd.randrange(0, 130) for _ in range(4)]
     for d in (runs, single):
         for i in range(4):
             slots[d].append(d.add(conns[d][i], i + 1, permits[i]))
-    for step in range(30):
+    for _ in range(30):
         what = rnd.random()
         if what < 0.4:
             for _ in range(rnd.randrange(1, 150)):
@@ -160,7 +159,8 @@ async def test_shared_runs_are_handed_out_as_one_by_one(seed: int) -> None:
         assert runs.pending.keys() == single.pending.keys() and runs.next_read == single.next_read
         assert [(s.permits, s.delivered, sorted(s.unacked)) for s in slots[runs]] == \
             [(s.permits, s.delivered, sorted(s.unacked)) for s in slots[single]]
-        assert (runs._rr, runs.counts, runs.cursor.mark_delete) == (single._rr, single.counts, single.cursor.mark_delete)
+        assert (runs._rr, runs.counts, runs.cursor.mark_delete) == \
+            (single._rr, single.counts, single.cursor.mark_delete)
     assert sum(len(c.got) for c in conns[runs]) > 0
     await runs.stop()
     await single.stop()
