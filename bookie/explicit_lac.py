@@ -29,7 +29,6 @@ from bookie import protocol
 from bookie.connection import BookieConnection
 from bookie.context import ClientContext
 from bookie.errors import BKError
-from bookie.metadata import LedgerMetadata
 from bookie.pending_add import _PendingAdd
 
 log = logging.getLogger("bookie.writer")   # the writer's logger, as before the split
@@ -43,7 +42,7 @@ class ExplicitLac:
     __slots__ = ("_lac_interval", "_lac_sent", "_lac_timer", "_last_add_at")
 
     ledger_id: int
-    metadata: LedgerMetadata
+    _sealed: bool
     last_add_confirmed: int
     _ctx: ClientContext
     _loop: asyncio.AbstractEventLoop
@@ -62,7 +61,7 @@ class ExplicitLac:
 
     def _on_lac_timer(self) -> None:
         self._lac_timer = None
-        if self._error is not None or self._closing or self.metadata.is_closed:
+        if self._error is not None or self._closing or self._sealed:
             return
         now = self._loop.time()
         due = self._last_add_at + self._lac_interval

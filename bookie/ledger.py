@@ -35,9 +35,10 @@ __all__ = ["LedgerEntry", "LedgerHandle"]
 class LedgerHandle:
     """See the module docstring. Made by ``BookKeeper``; ``writable`` handles own a writer.
 
-    The reader is built by the first read: a hub keeps a writer's handle
-    open per topic, most of them idle (issue 34). (No slots: tests and
-    applications wrap a handle's methods on the instance.)
+    The reader is built by the first read, and a writer's handle keeps no
+    metadata of its own (the writer keeps it serialized): a hub keeps a
+    writer's handle open per topic, most of them idle (issue 34). (No slots:
+    tests and applications wrap a handle's methods on the instance.)
     """
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
@@ -46,8 +47,8 @@ class LedgerHandle:
         self.ledger_id = ledger_id
         self._ctx = ctx
         self._password = password
-        self._metadata = metadata
-        self._version = version
+        self._metadata = None if writable else metadata   # a writer's handle asks its writer
+        self._decoded: tuple[bytes, LedgerMetadata] | None = None   # the writer's, decoded for the reader
         self._on_close = on_close
         self._lac = -1
         self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password) if writable else None
@@ -64,13 +65,26 @@ class LedgerHandle:
         return reader
 
     def _current_metadata(self) -> LedgerMetadata:
-        return self.metadata
+        """The metadata every read of the reader consults: a writer's decoded again only once it changed."""
+        writer = self._writer
+        if writer is None:
+            return self.metadata
+        wire = writer.metadata_wire
+        got = self._decoded
+        if got is None or got[0] is not wire:
+            got = self._decoded = (wire, LedgerMetadata.decode(wire))
+        return got[1]
 
     # --- state ------------------------------------------------------------------------------------
     @property
     def metadata(self) -> LedgerMetadata:
-        """Ensembles, quorum sizes, state, last entry id and length, as last read or written."""
-        return self._writer.metadata if self._writer is not None else self._metadata
+        """Ensembles, quorum sizes, state, last entry id and length, as last read or written (a writer's: a
+        copy, decoded at each read)."""
+        writer = self._writer
+        if writer is not None:
+            return writer.metadata
+        assert self._metadata is not None   # a reader's handle keeps its own
+        return self._metadata
 
     @property
     def last_add_confirmed(self) -> int:
@@ -90,7 +104,8 @@ class LedgerHandle:
 
     @property
     def is_closed(self) -> bool:
-        return self.metadata.is_closed
+        writer = self._writer
+        return writer.is_closed if writer is not None else self.metadata.is_closed
 
     def __repr__(self) -> str:
         return f"<LedgerHandle {self.ledger_id} {self.metadata.state.value} lac={self.last_add_confirmed}>"
@@ -141,7 +156,7 @@ class LedgerHandle:
             if self._writer is not None:
                 await self._writer.close()
         finally:
-            if self._on_close is not None and (self._writer is None or self.metadata.is_closed):
+            if self._on_close is not None and (self._writer is None or self.is_closed):
                 self._on_close(self)
 
     def fail(self, exc: BKError) -> None:
@@ -157,7 +172,7 @@ class LedgerHandle:
         stored and the one the writer sent explicitly; the highest wins.
         ``BookieUnavailableError`` when no bookie answers.
         """
-        md = self.metadata
+        md = self._current_metadata()
         if md.is_closed:
             if self._writer is None:
                 self._lac = md.last_entry_id
@@ -179,7 +194,7 @@ class LedgerHandle:
         the highest LAC known (``last_add_confirmed`` is updated with it).
         """
         known = self.last_add_confirmed
-        md = self.metadata
+        md = self._current_metadata()
         if md.is_closed:
             return self._learn_lac(md.last_entry_id)
         if known > after:
@@ -207,7 +222,7 @@ class LedgerHandle:
 
         ``NoSuchEntryError`` when the range goes past the last confirmed entry.
         """
-        limit = self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
+        limit = self._current_metadata().last_entry_id if self.is_closed else self.last_add_confirmed
         if first < 0 or last < first or last > limit:
             raise NoSuchEntryError(f"ledger {self.ledger_id}: cannot read {first}..{last} (last readable is {limit})")
         async with contextlib.aclosing(self._reader.read_range(first, last)) as entries:   # its reads end with us
@@ -216,7 +231,7 @@ class LedgerHandle:
 
     async def read_last_entry(self) -> LedgerEntry | None:
         """The last confirmed entry (None: there is none): recovery's copy after ``open_ledger``, else read."""
-        last = self.metadata.last_entry_id if self.metadata.is_closed else self.last_add_confirmed
+        last = self._current_metadata().last_entry_id if self.is_closed else self.last_add_confirmed
         if last < 0:
             return None
         got = self._recovered_last

@@ -43,6 +43,7 @@ buffered.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -204,29 +205,41 @@ class AddBodies:
     for every add grew by each payload: a upb message's arena never frees
     the bytes a field held before, so the hub kept about 460 bytes per
     published message, issue 35.) ``ValueError`` for an entry id outside
-    0 .. 2**63-1.
+    0 .. 2**63-1. What derives from the master key and recovery flag only is
+    shared by the writers of one password (``_key_fields``): a hub keeps a
+    writer per topic (issue 34).
     """
 
-    __slots__ = ("_head", "_key", "_tail", "ledger_fields", "ledger_id", "multi_fields")
+    __slots__ = ("_key", "_ledger", "_tail", "ledger_id", "multi_fields")
 
     def __init__(self, ledger_id: int, master_key: bytes, *, recovery: bool = False) -> None:
         self.ledger_id = ledger_id
         # fields in number order, as protobuf writes them: op, ledger_id | entry_id | master_key, body | recovery
-        self._head = Request(op=ADD_ENTRY, ledger_id=ledger_id).SerializeToString()
-        self._key = Request(master_key=master_key).SerializeToString()
-        self._tail = Request(recovery=recovery).SerializeToString()
-        self.ledger_fields = Request(ledger_id=ledger_id, master_key=master_key, recovery=recovery).SerializeToString()
-        """The ledger's fields of an ADD_ENTRIES request (``add_entries_frame``)."""
-        self.multi_fields = Request(master_key=master_key, recovery=recovery).SerializeToString()
-        """The fields of an ADD_ENTRIES_MULTI request shared by the ledgers framed together (no ledger id)."""
+        self._ledger = Request(ledger_id=ledger_id).SerializeToString()
+        self._key, self._tail, self.multi_fields = _key_fields(master_key, recovery)
+        """``multi_fields``: the fields of an ADD_ENTRIES_MULTI request shared by the ledgers framed together
+        (no ledger id)."""
+
+    @property
+    def ledger_fields(self) -> bytes:
+        """The ledger's fields of an ADD_ENTRIES request (``add_entries_frame``): ledger id, master key, recovery."""
+        return self._ledger + self.multi_fields
 
     def body(self, entry_id: int, payload: bytes) -> bytes:
         if not 0 <= entry_id < 1 << 63:
             raise ValueError(f"entry id {entry_id} outside 0 .. 2**63-1")
-        return b"".join((self._head, _ENTRY_ID_TAG + _varint(entry_id) if entry_id else b"", self._key,
-                         _BODY_TAG + _varint(len(payload)) if payload else b"", payload, self._tail))
+        return b"".join((_ADD_ENTRY_OP, self._ledger, _ENTRY_ID_TAG + _varint(entry_id) if entry_id else b"",
+                         self._key, _BODY_TAG + _varint(len(payload)) if payload else b"", payload, self._tail))
 
 
+@functools.lru_cache(maxsize=64)
+def _key_fields(master_key: bytes, recovery: bool) -> tuple[bytes, bytes, bytes]:
+    """An add's master key field, its recovery field, and both (``AddBodies``): one copy per password."""
+    return (Request(master_key=master_key).SerializeToString(), Request(recovery=recovery).SerializeToString(),
+            Request(master_key=master_key, recovery=recovery).SerializeToString())
+
+
+_ADD_ENTRY_OP = Request(op=ADD_ENTRY).SerializeToString()
 _ENTRY_ID_TAG = b"\x20"   # Request.entry_id is field 4, wire type 0 (varint)
 _BODY_TAG = b"\x32"       # Request.body is field 6, wire type 2 (length-delimited)
 

@@ -97,25 +97,33 @@ _LARGE_ADD = FLUSH_BYTES
 _LOOP_LAG = 0.1  # seconds a timer may run late before the add timeout check waits for unread replies
 
 
+@functools.lru_cache(maxsize=16)
+def _seconds(ms: int) -> float:
+    """``ms`` in seconds, one float shared by every writer of a client (issue 34: 24 bytes a writer)."""
+    return ms / 1000.0
+
+
 class LedgerWriter(ExplicitLac):
     """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence).
 
-    Slots, immutable (shared) sets of bookies being replaced and no queue of
-    adds while none is pending: a hub keeps a writer open per topic, most of
-    them idle (issue 34).
+    Slots, immutable (shared) sets of bookies being replaced, no queue of
+    adds while none is pending and the metadata kept serialized (``metadata``
+    decodes a copy: a parsed ``LedgerMetadata`` with its lists and properties
+    held about 600 bytes, its encoding about 170): a hub keeps a writer open
+    per topic, most of them idle (issue 34).
     """
 
     __slots__ = ("_blocked", "_callbacks", "_change_task", "_closing", "_connecting", "_conns", "_ctx", "_delay",
                  "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lag_rechecked", "_ledger",
-                 "_loop", "_master_key", "_max_entry", "_password", "_pending", "_quorum", "_quorum_timeout",
-                 "_recovery", "_replacing", "_retry_timer", "_timeout", "_timer", "_timer_due", "_to_replace",
-                 "_write_sets", "last_add_confirmed", "ledger_id", "length", "metadata", "next_entry_id", "version")
+                 "_loop", "_master_key", "_max_entry", "_md", "_password", "_pending", "_quorum", "_quorum_timeout",
+                 "_recovery", "_replacing", "_retry_timer", "_sealed", "_timeout", "_timer", "_timer_due",
+                 "_to_replace", "_write_sets", "last_add_confirmed", "ledger_id", "length", "next_entry_id", "version")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
         self._ctx = ctx
         self.ledger_id = ledger_id
-        self.metadata = metadata
+        self.metadata = metadata          # kept serialized (``_md``), its CLOSED state in ``_sealed``
         self.version = version
         self._password = bytes(password)
         self._master_key = _master_key(self._password)
@@ -145,13 +153,32 @@ class LedgerWriter(ExplicitLac):
         self._error: BKError | None = None
         self._closing = False
         self._loop = asyncio.get_running_loop()
-        self._lac_interval = 0.0 if recovery else ctx.conf.explicit_lac_interval / 1000.0
+        self._lac_interval = 0.0 if recovery else _seconds(ctx.conf.explicit_lac_interval)
         self._lac_sent = last_add_confirmed  # the highest LAC the bookies were sent (piggybacked or explicit)
         self._last_add_at = 0.0               # loop time of the last add submitted
         self._lac_timer: asyncio.TimerHandle | None = None
-        self._use_ensemble()
+        self._use_ensemble(metadata)
 
     # --- state ------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this writer last wrote or was given it: a copy, decoded at each read."""
+        return LedgerMetadata.decode(self._md)
+
+    @metadata.setter
+    def metadata(self, md: LedgerMetadata) -> None:
+        self._md = md.encode()
+        self._sealed = md.is_closed
+
+    @property
+    def metadata_wire(self) -> bytes:
+        """``metadata`` serialized (``LedgerMetadata.encode``): the same bytes object until it changes."""
+        return self._md
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether the metadata says CLOSED (no decoding)."""
+        return self._sealed
     @property
     def error(self) -> BKError | None:
         """The error that ended this writer, if one did."""
@@ -166,11 +193,11 @@ class LedgerWriter(ExplicitLac):
         """The ledger length up to ``last_add_confirmed``."""
         return self.length - sum(p.data_length for p in self._pending)
 
-    def _use_ensemble(self) -> None:
-        ensemble = self.metadata.current_ensemble
-        size = self.metadata.ensemble_size
-        self._ensemble, self._index_of = _ensemble_index(tuple(ensemble))
-        self._write_sets = _write_sets(size, self.metadata.write_quorum)
+    def _use_ensemble(self, md: LedgerMetadata | None = None) -> None:
+        md = md if md is not None else self.metadata
+        size = md.ensemble_size
+        self._ensemble, self._index_of = _ensemble_index(tuple(md.current_ensemble))
+        self._write_sets = _write_sets(size, md.write_quorum)
         self._conns: list[BookieConnection | None] = [None] * size
         self._callbacks: list[Callable[[protocol.Response | BKError], None]] | None = None   # built by _send
         self._blocked = 0
@@ -182,7 +209,7 @@ class LedgerWriter(ExplicitLac):
     def _check_writable(self) -> None:
         if self._error is not None:
             raise self._error
-        if self.metadata.is_closed or self._closing:
+        if self._sealed or self._closing:
             raise LedgerClosedError(f"ledger {self.ledger_id} is closed for adds")
 
     def _check_size(self, data: bytes) -> None:
@@ -199,7 +226,7 @@ class LedgerWriter(ExplicitLac):
         ``max_entry_size``, ``LedgerClosedError`` when closed or closing,
         the writer's error once it failed.
         """
-        if self._error is not None or self._closing or self.metadata.is_closed:
+        if self._error is not None or self._closing or self._sealed:
             self._check_writable()
         size = len(data)
         if size > self._max_entry:
@@ -366,6 +393,7 @@ class LedgerWriter(ExplicitLac):
         self._timer = None
         if self._error is not None or not self._pending:
             self._lag_rechecked = False
+            self._timer_due = 0.0    # an idle writer keeps no float of its own for it
             return
         now = self._loop.time()
         if now - self._timer_due > _LOOP_LAG and not self._lag_rechecked:
@@ -472,7 +500,7 @@ class LedgerWriter(ExplicitLac):
     def _retry_replace(self) -> None:
         """Delayed bookies: ask placement for replacements again (they stay out of the write sets meanwhile)."""
         self._retry_timer = None
-        if self._error is not None or self._closing or self.metadata.is_closed or not self._delayed:
+        if self._error is not None or self._closing or self._sealed or not self._delayed:
             return
         self._to_replace |= self._delayed
         self._delayed = _NO_BOOKIES
@@ -532,7 +560,7 @@ class LedgerWriter(ExplicitLac):
         ``LedgerFencedError`` when the ledger was recovered under this writer
         with a different end (or is being recovered).
         """
-        if self.metadata.is_closed:
+        if self._sealed:
             return self.metadata, self.version
         self._closing = True
         self._stop_lac_timer()

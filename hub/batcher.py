@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import functools
 import itertools
 import logging
 import operator
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import errors, tracing
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
-__all__ = ["AdmitsAll", "Batch", "Done", "EntryBatcher", "InflightAdd", "Persisted"]
+__all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted"]
 
 
 Done = Callable[[int, BaseException | None], None]
@@ -77,11 +78,21 @@ class InflightAdd:
         self.error: BaseException | None = None
 
 
-class AdmitsAll(Protocol):
-    """What ``EntryBatcher.submit_all`` asks of the gate's owner (``hub.lifecycle.BacklogQuota``): the object
-    itself, not a bound method, so an owned topic holds no extra object for it."""
+class Gate(Protocol):
+    """What the log asks of its gate (``hub.lifecycle.BacklogQuota``) before queueing publishes: the object
+    itself, not bound methods, so an owned topic holds no extra object for it (issue 34)."""
 
-    def admits_all(self) -> bool: ...
+    def admit(self, message: pb.Message, done: Done) -> bool:
+        """True lets the publish be queued now; False when the gate took it (held or failed)."""
+
+    def admits_all(self) -> bool:
+        """Whether ``admit`` would let every publish through now (``EntryBatcher.submit_all``)."""
+
+
+class _LedgerLock(asyncio.Lock):
+    """A topic's ledger-change lock, counting the changes that hold or wait for it (``EntryBatcher._lock``)."""
+
+    users = 0
 
 
 _MESSAGE = operator.itemgetter(0)
@@ -119,8 +130,7 @@ class EntryBatcher:
     entries_in_ledger: int
     on_persisted: Persisted | None
     closed: bool
-    gate: Callable[[pb.Message, Done], bool] | None
-    gate_all: AdmitsAll | None
+    gate: Gate | None
     _first_time_ms: int
     _queue: collections.deque[tuple[pb.Message, Done]]
     _queued_bytes: int
@@ -132,7 +142,7 @@ class EntryBatcher:
     _slow: asyncio.Task[None] | None
     _drain: asyncio.Future[None] | None
     _idle: list[asyncio.Future[None]] | None
-    _lock_: asyncio.Lock | None
+    _lock_: _LedgerLock | None
     _start_failures: int
     _start_not_before: float
     _start_error: BaseException | None
@@ -155,12 +165,27 @@ class EntryBatcher:
         def _may_write(self) -> None: ...
 
     @property
-    def _lock(self) -> asyncio.Lock:
-        """Ledger changes (roll, delete) vs. each other; built by the first (an idle topic holds none)."""
+    def _lock(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """``async with self._lock:`` ledger changes (roll, delete) one at a time.
+
+        The lock exists only while a change holds or waits for it: an idle
+        topic holds none (issue 34: about 100 bytes a topic once its first
+        ledger was started)."""
+        return self._ledger_change()
+
+    @contextlib.asynccontextmanager
+    async def _ledger_change(self) -> AsyncIterator[None]:
         lock = self._lock_
         if lock is None:
-            lock = self._lock_ = asyncio.Lock()
-        return lock
+            lock = self._lock_ = _LedgerLock()
+        lock.users += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            lock.users -= 1
+            if not lock.users and self._lock_ is lock:
+                self._lock_ = None   # nobody holds or waits: the next change builds another
 
     # --- publishing -----------------------------------------------------------------------------
 
@@ -184,7 +209,7 @@ class EntryBatcher:
         if self.closed:
             done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
             return
-        if self.gate is not None and not self.gate(message, done):
+        if self.gate is not None and not self.gate.admit(message, done):
             return     # held or refused by the backlog quota (hub.lifecycle)
         if message.producer:
             producer, sequence_id = message.producer, message.sequenceId
@@ -217,11 +242,11 @@ class EntryBatcher:
 
         The server's path for a batched publish: the messages join the queue
         at once (``nbytes``: their bodies' total) when the gate admits them
-        all (``gate_all.admits_all()``: no backlog quota holds them); otherwise, and on a
+        all (``gate.admits_all()``: no backlog quota holds them); otherwise, and on a
         closed log, each goes through ``submit``. ``done`` runs once per
         message, as ``submit``'s.
         """
-        if self.closed or (self.gate is not None and (self.gate_all is None or not self.gate_all.admits_all())):
+        if self.closed or (self.gate is not None and not self.gate.admits_all()):
             submit = self.submit
             for message in messages:
                 submit(message, done)

@@ -32,7 +32,7 @@ the same window.)
 
 What it keeps from deletion (Pulsar keeps a ``__compaction`` subscription;
 Quire holds without one): while a run reads, the ledgers from its first
-seq id on are kept (``TopicLog.keep_from``). Between runs nothing is held
+seq id on are kept (``TopicLog.hold``). Between runs nothing is held
 unless ``compaction_threshold_bytes`` > 0: then the ledgers after the
 compaction point are kept for the next automatic run, but only while they
 hold at most ``HOLD_FACTOR`` times the threshold, so a compactor that
@@ -119,7 +119,7 @@ class TopicCompaction:
         self._reading_from: int | None = None   # the run in progress: the first seq id it reads from the log
         self._resume: tuple[int, int, int] = (0, 0, 0)   # (ledger, next seq id, its entry) of the last page
         self.on_done: Callable[[str], None] | None = None   # "succeeded" / "failed" per run (the hub's counters)
-        topic_log.keep_from = self._keep_from
+        topic_log.hold = self                 # its ``keep_from`` holds ledgers from deletion
 
     @property
     def running(self) -> bool:
@@ -135,7 +135,8 @@ class TopicCompaction:
             out.update(running_up_to_seq_id=self._upto, entries_written=self.entries_written, paused=self.paused)
         return out
 
-    def _keep_from(self) -> int | None:
+    def keep_from(self) -> int | None:
+        """The first seq id whose ledgers consumed-ledger deletion must keep (None: no hold; module docstring)."""
         if self._reading_from is not None:
             return self._reading_from
         if self.threshold <= 0:

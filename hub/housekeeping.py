@@ -166,7 +166,8 @@ class HubHousekeeping:
             if i and not i % _SCAN_SLICE:
                 await asyncio.sleep(0)   # thousands of idle topics: let the loop (the session heartbeat) run
             policy = self.policies.for_topic(topic)
-            await t.compaction.housekeep(policy.compaction_threshold_bytes, self.track)   # hub.compaction
+            if t.compaction_due(policy.compaction_threshold_bytes):   # most topics never compact: no state built
+                await t.compaction.housekeep(policy.compaction_threshold_bytes, self.track)   # hub.compaction
             n += len(await apply_ttl_and_retention(t.log, t.subs, policy, now_ms, self.track))
             if t.quota is not None:
                 t.quota.wake()

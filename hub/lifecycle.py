@@ -1,8 +1,7 @@
 """Lifecycle policies applied to an owned topic: backlog quota on publish; TTL and retention on the timer.
 
-    quota = BacklogQuota(topic_log, subs, policy=lambda: cache.for_topic(topic), hold_timeout=25.0)
-    topic_log.gate = quota.admit          # every publish passes the quota before it is queued
-    topic_log.gate_all = quota            # a batched publish's messages pass at once while admits_all()
+    quota = BacklogQuota(topic_log, subs, policy_for=cache.for_topic, hold_timeout=25.0)
+    topic_log.gate = quota                # every publish passes admit(); a batched one's at once while admits_all()
     quota.wake()                          # a pointer moved: held publishes that now fit go on
     quota.persisted()                     # an entry was stored: consumer_backlog_eviction acks the oldest
     quota.close()                         # the topic is released: held publishes fail (SERVICE_DOWN)
@@ -200,20 +199,24 @@ class BacklogQuota:
     Slots, and no queue of held publishes until one is held: every owned
     topic has one (issue 34)."""
 
-    __slots__ = ("_passing", "_timer", "held", "hold_timeout", "log", "on_refused", "policy", "subs", "track")
+    __slots__ = ("_passing", "_timer", "held", "hold_timeout", "log", "on_refused", "policy_for", "subs", "track")
 
-    def __init__(self, topic_log: TopicLog, subs: TopicSubscriptions, policy: Callable[[], Policy],
+    def __init__(self, topic_log: TopicLog, subs: TopicSubscriptions, policy_for: Callable[[bytes], Policy],
                  hold_timeout: float, track: Callable[[asyncio.Task[Any]], None] | None = None,
                  on_refused: Callable[[str], None] | None = None) -> None:
         self.log = topic_log
         self.subs = subs
-        self.policy = policy
+        self.policy_for = policy_for      # the hub's, shared by its topics: asked with the log's topic
         self.hold_timeout = hold_timeout
         self.track = track
         self.on_refused = on_refused      # counts (the policy's name) for the hub's stats
         self.held: collections.deque[tuple[pb.Message, Done, float]] = IDLE   # a deque of its own once one is held
         self._timer: asyncio.TimerHandle | None = None
         self._passing = False             # a held publish going on into the log
+
+    def policy(self) -> Policy:
+        """The topic's lifecycle policy now (``hub.policies``)."""
+        return self.policy_for(self.log.topic)
 
     def backlog_bytes(self) -> int:
         return backlog_bytes(self.log, self.subs)

@@ -75,7 +75,7 @@ class LogReader:
     _closing: LedgerHandle | None
     _readers: dict[int, LedgerHandle]
     _index: dict[int, EntryIndex]
-    _last_index: tuple[int, EntryIndex] | None
+    _last_index: EntryIndex | None
     _known: dict[int, list[tuple[int, int]]]
     _decoded: tuple[tuple[int, int], list[pb.Message]]
 
@@ -91,8 +91,8 @@ class LogReader:
         which has written one ledger, holds no table (issue 34).
         """
         last = self._last_index
-        if last is not None and last[0] == ledger_id:
-            return last[1]
+        if last is not None and last.ledger_id == ledger_id:
+            return last
         return self._index.get(ledger_id)
 
     # --- reading --------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ class _TopicCallbacks(NamedTuple):
     quota_refused: Callable[[str], None]
     compaction_done: Callable[[str], None]
     policy_for: Callable[[bytes], Policy]
+    hold_timeout: float       # backlog_quota_hold_timeout in seconds: one float for every topic
 
 
 class OwnedTopics:
@@ -166,8 +167,8 @@ class OwnedTopics:
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, cb.persisted, self.dedup_store,
                                           owned=owned, ledger_slots=self._ledger_slots, start_ledger=for_publish)
-            subs = TopicSubscriptions(topic, self.sm, self.conf, functools.partial(getattr, tlog, "last_seq"),
-                                      cb.consumed, track=cb.track, first_kept=tlog.first_kept, cache=self.cache)
+            subs = TopicSubscriptions(topic, self.sm, self.conf, tlog.last_seq_now, cb.consumed, track=cb.track,
+                                      first_kept=tlog.first_kept, cache=self.cache)
             await subs.load()
         except BaseException as exc:
             if tlog is not None and tlog.lh is not None:   # the ledger it started (start_ledger): closed
@@ -177,13 +178,9 @@ class OwnedTopics:
                 # a raced owner (BAD_VERSION), a bookie or metastore failure: the client may retry
                 raise errors.ServiceDownError(f"cannot acquire topic {topic!r}: {exc}") from exc
             raise
-        t = Topic(tlog, subs)
-        t.quota = BacklogQuota(tlog, subs, functools.partial(cb.policy_for, topic),
-                               self.conf.backlog_quota_hold_timeout / 1000.0, track=cb.track,
-                               on_refused=cb.quota_refused)
-        tlog.gate = t.quota.admit
-        tlog.gate_all = t.quota
-        t.compaction.on_done = cb.compaction_done   # hub.compaction
+        t = Topic(tlog, subs, on_compaction_done=cb.compaction_done)   # hub.compaction
+        t.quota = tlog.gate = BacklogQuota(tlog, subs, cb.policy_for, cb.hold_timeout, track=cb.track,
+                                           on_refused=cb.quota_refused)
         policy = self.policies.for_topic(topic)
         if policy.backlog_quota_limit_bytes or policy.keeps_consumed or policy.message_ttl_seconds:
             await tlog.learn_usage()   # the sizes of the ledgers a previous owner wrote: the quota holds at once
@@ -201,7 +198,8 @@ class OwnedTopics:
     def _topic_callbacks(self) -> _TopicCallbacks:
         """The hub's methods every topic is given, bound once (a bound method is 64 bytes a topic)."""
         return _TopicCallbacks(self._persisted, self._consumed, self.track, self._quota_refused,
-                               self._compaction_done, self.policies.for_topic)
+                               self._compaction_done, self.policies.for_topic,
+                               self.conf.backlog_quota_hold_timeout / 1000.0)
 
     def _alive_check(self, session: Session | None) -> Callable[[], bool] | None:
         """``session.alive`` as a callable, one for every topic claimed in that session (not one each)."""

@@ -83,11 +83,11 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.errors import BKError
 from hub import errors
-from hub.batcher import AdmitsAll, Batch, Done, EntryBatcher, InflightAdd, Persisted
+from hub.batcher import Batch, Done, EntryBatcher, Gate, InflightAdd, Persisted
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -104,12 +104,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Batch", "Done", "TopicLog", "decode_batch"]
+__all__ = ["Batch", "Done", "LedgerHold", "TopicLog", "decode_batch"]
 
 _KNOWN_BYTES = 120
 """About what one known entry start of a previous owner's ledger costs (a tuple of two ints in a list)."""
 _REJECTED = (errors.BadVersionError, errors.TopicPersistenceInfoExistsError, errors.NoTopicPersistenceInfoError)
 """Range-write failures that certainly wrote nothing."""
+
+
+class LedgerHold(Protocol):
+    """What holds a topic's ledgers from consumed-ledger deletion (``hub.compaction.TopicCompaction``)."""
+
+    def keep_from(self) -> int | None:
+        """The first seq id whose ledger (and every later one) must be kept; None: nothing held."""
 
 
 class TopicLog(EntryBatcher, LogReader, LogUsage):
@@ -126,7 +133,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_ranges_wire", "_readers",
                  "_since_snapshot", "_sizes",
                  "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
-                 "entries_in_ledger", "gate", "gate_all", "keep_from", "last_seq", "last_write_ms", "lh",
+                 "entries_in_ledger", "gate", "hold", "last_seq", "last_write_ms", "lh",
                  "on_persisted", "owned", "pm", "topic", "version")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
@@ -145,7 +152,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.entries_in_ledger = 0
         self._first_time_ms = 0           # the current ledger's first message's publish time (0: none yet)
         self._index: dict[int, EntryIndex] = IDLE_DICT   # earlier ledgers we wrote: first seq id of every entry
-        self._last_index: tuple[int, EntryIndex] | None = None   # the last ledger we started: id, index
+        self._last_index: EntryIndex | None = None   # the last ledger we started: its index (and id)
         self._decoded: tuple[tuple[int, int], list[pb.Message]] = NOTHING_DECODED  # last entry read, decoded
         self._known: dict[int, list[tuple[int, int]]] = IDLE_DICT  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, LedgerHandle] = IDLE_DICT  # read-only handles on ledgers that are not current
@@ -160,7 +167,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._slow: asyncio.Task[None] | None = None      # a ledger roll or a failed add being handled
         self._drain: asyncio.Future[None] | None = None   # _add_failed waits for the adds in flight
         self._idle: list[asyncio.Future[None]] | None = None   # _drained waits for the queue to empty
-        self._lock_: asyncio.Lock | None = None   # ledger changes (roll, delete) vs. each other (``_lock``)
+        self._lock_ = None   # ledger changes (roll, delete) one at a time: only while one runs (``_lock``)
         self._start_failures = 0          # ledgers that could not be started (or failed empty) in a row
         self._start_not_before = 0.0      # loop time before which no new ledger is tried
         self._start_error: BaseException | None = None
@@ -175,9 +182,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._broken: str | None = None   # why this log may write no more ledger ranges (see _give_up)
         self._ledger_slots = ledger_slots  # the hub's bound on ledgers started at once (max_concurrent_topic_loads)
         self._init_usage()                # sizes and times of the ledgers (hub.log_usage)
-        self.gate: Callable[[pb.Message, Done], bool] | None = None   # the backlog quota (hub.lifecycle)
-        self.gate_all: AdmitsAll | None = None   # the gate's owner: admits_all() before a batched publish
-        self.keep_from: Callable[[], int | None] | None = None   # compaction's hold on ledgers (hub.compaction)
+        self.gate: Gate | None = None     # the backlog quota (hub.lifecycle): the object, not bound methods
+        self.hold: LedgerHold | None = None   # compaction's hold on ledgers (hub.compaction)
 
     @property
     def ranges(self) -> pb.LedgerRanges:
@@ -195,6 +201,11 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     @ranges.setter
     def ranges(self, value: pb.LedgerRanges) -> None:
         self._ranges_wire = value.SerializeToString()
+
+    def last_seq_now(self) -> int:
+        """``last_seq`` as a callable (``TopicSubscriptions``'s): a bound method is one object of 64 bytes a
+        topic, where a ``functools.partial`` of ``getattr`` held three of 200 (issue 34)."""
+        return self.last_seq
 
     @property
     def dedup(self) -> ProducerDedup:
@@ -397,8 +408,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         if last is not None:   # an earlier ledger of ours: its index goes in the table (``_index_of``)
             if self._index is IDLE_DICT:
                 self._index = {}
-            self._index[last[0]] = last[1]
-        self._last_index = (lh.ledger_id, EntryIndex())
+            self._index[last.ledger_id] = last
+        self._last_index = EntryIndex(lh.ledger_id)
 
     async def _write_ranges(self, ranges: pb.LedgerRanges) -> Version:
         """CAS ``ranges`` on the version this owner holds; any failure gives the topic up (``_give_up``)."""
@@ -452,7 +463,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     def _forget_index(self, ledger_id: int) -> None:
         """Drop the entry index of a ledger of ours (dropped or deleted)."""
         self._index.pop(ledger_id, None)
-        if self._last_index is not None and self._last_index[0] == ledger_id:
+        if self._last_index is not None and self._last_index.ledger_id == ledger_id:
             self._last_index = None
 
     # --- what it holds ---------------------------------------------------------------------------
@@ -472,7 +483,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
             "queued_messages": len(self._queue), "queued_bytes": self._queued_bytes,
             "adds_in_flight": len(self._inflight), "messages_in_flight": sum(len(a.batch) for a in self._inflight),
             "index_bytes": (sum(i.nbytes for i in self._index.values())
-                            + (self._last_index[1].nbytes if self._last_index is not None else 0)
+                            + (self._last_index.nbytes if self._last_index is not None else 0)
                             + _KNOWN_BYTES * sum(len(k) for k in self._known.values())),
             "dedup_producers": self._dedup.producers if self._dedup is not None else 0,
             "dedup_entries": len(self._dedup) if self._dedup is not None else 0,
@@ -485,9 +496,9 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
 
         ``retain`` (retention, ``hub.policies.retention_deletes``) gets the ids
         of those ledgers, oldest first, and returns the ones that may go.
-        ``keep_from`` (compaction, ``hub.compaction``), when it answers a seq
-        id, keeps every ledger holding it or a later one."""
-        hold = self.keep_from() if self.keep_from is not None else None
+        ``hold`` (compaction, ``hub.compaction``), when its ``keep_from()``
+        answers a seq id, keeps every ledger holding it or a later one."""
+        hold = self.hold.keep_from() if self.hold is not None else None
         if hold is not None:
             consumed = min(consumed, hold - 1)
         async with self._lock:

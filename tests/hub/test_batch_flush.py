@@ -49,7 +49,7 @@ async def turns(n: int = 5) -> None:
 def held_log(**conf: Any) -> tuple[TopicLog, HeldLedger]:
     log = TopicLog(b"t", None, None, load_hub_conf(None, conf))
     lh = HeldLedger()
-    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
+    log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
     return log, lh
 
 
@@ -147,7 +147,7 @@ class SignallingLedger(HeldLedger):
 async def test_queued_publishes_go_once_batch_flush_delay_ms_passed() -> None:
     log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_flush_delay_ms": 5, "batch_flush_bytes": 1000}))
     lh = SignallingLedger()
-    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
+    log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
     loop = asyncio.get_running_loop()
     futs = [log.enqueue(body(10))]
     await asyncio.wait_for(lh.added.wait(), 5)
@@ -211,7 +211,7 @@ async def test_an_add_refused_inside_the_send_fails_its_batch_once(caplog: pytes
     store = RangesStore()
     log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
     lh = RefusingLedger()
-    log.lh, log._last_index = lh, (lh.ledger_id, EntryIndex())
+    log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
     log.ranges = pb.LedgerRanges(ranges=[pb.LedgerRange(ledgerId=lh.ledger_id, startSeqIdIncluded=1)])
     first = log.enqueue(body(1))
     await turns()
@@ -339,9 +339,19 @@ async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds
     assert got == [(1, None), (2, None), (3, None), (4, None), (5, None)]
 
 
-class Admits:
+class Gate:
+    """A backlog quota as the log sees it (``hub.batcher.Gate``): each message asked unless it admits all."""
+
     def __init__(self, all_: bool) -> None:
         self.all = all_
+        self.seen: list[bytes] = []
+
+    def admit(self, message: pb.Message, done: Callable[[int, BaseException | None], None]) -> bool:
+        self.seen.append(message.body)
+        if message.body == b"no":
+            done(0, errors.ServiceDownError("held"))
+            return False
+        return True
 
     def admits_all(self) -> bool:
         return self.all
@@ -349,23 +359,15 @@ class Admits:
 
 async def test_a_batched_publish_goes_through_the_gate_message_by_message_unless_it_admits_all() -> None:
     log, lh = held_log()
-    seen: list[bytes] = []
-
-    def gate(message: pb.Message, done: Callable[[int, BaseException | None], None]) -> bool:
-        seen.append(message.body)
-        if message.body == b"no":
-            done(0, errors.ServiceDownError("held"))
-            return False
-        return True
-
-    log.gate, log.gate_all = gate, Admits(False)      # a quota that holds: each message is asked
+    gate = log.gate = Gate(False)                     # a quota that holds: each message is asked
+    seen = gate.seen
     got: list[tuple[int, str]] = []
     log.submit_all([pb.Message(body=b"a"), pb.Message(body=b"no"), pb.Message(body=b"b")],
                    lambda seq, exc: got.append((seq, type(exc).__name__)), 4)
     await turns()
     assert seen == [b"a", b"no", b"b"]
     assert got == [(0, "ServiceDownError")] and lh.entries() == [[1, 2]]
-    log.gate_all = Admits(True)                       # no quota reached: nobody is asked
+    gate.all = True                                   # no quota reached: nobody is asked
     log.submit_all([pb.Message(body=b"no")], lambda seq, exc: got.append((seq, type(exc).__name__)), 2)
     lh.settle(0)
     await turns()

@@ -18,7 +18,7 @@ class _Log:
         self.ranges = pb.LedgerRanges()
         self.ranges.compaction.compactedUpToSeqId = point
         self.after = after
-        self.keep_from: Any = None
+        self.hold: Any = None
 
     def bytes_after(self, seq: int) -> int:
         assert seq == self.ranges.compaction.compactedUpToSeqId
@@ -28,16 +28,16 @@ class _Log:
 def test_the_hold_on_consumed_ledgers() -> None:
     log = _Log(point=10, after=250)
     c = TopicCompaction(log)    # type: ignore[arg-type]
-    assert log.keep_from == c._keep_from
-    assert log.keep_from() is None                       # no threshold: nothing held between runs
+    assert log.hold is c
+    assert c.keep_from() is None                       # no threshold: nothing held between runs
     c.threshold = 100
-    assert log.keep_from() == 11                         # kept for the next automatic run
+    assert c.keep_from() == 11                         # kept for the next automatic run
     log.after = HOLD_FACTOR * 100 + 1
-    assert log.keep_from() is None                       # far behind: let go, never for ever
+    assert c.keep_from() is None                       # far behind: let go, never for ever
     c._reading_from = 4
-    assert log.keep_from() == 4                          # a run reading holds what it reads
+    assert c.keep_from() == 4                          # a run reading holds what it reads
     c.threshold = 0
-    assert log.keep_from() == 4
+    assert c.keep_from() == 4
 
 
 def test_the_record_as_shown() -> None:

@@ -190,7 +190,7 @@ async def test_idle_topics_share_their_empty_tables_and_the_hubs_callbacks(tmp_p
                 assert log.lh is not None and log._ctime(log.lh.ledger_id) == log.lh.metadata.ctime_ms
                 # the one ledger's entry index in a slot, no table; the ranges kept serialized, not parsed
                 assert log._index is IDLE_DICT and log._last_index is not None
-                assert log._last_index[0] == log.lh.ledger_id and type(log._ranges_wire) is bytes
+                assert log._last_index.ledger_id == log.lh.ledger_id and type(log._ranges_wire) is bytes
                 assert [r.ledgerId for r in log.ranges.ranges] == [log.lh.ledger_id]
             assert len({id(t.log.on_persisted) for t in owned}) == 1       # bound once by the hub
             assert len({id(t.subs.track) for t in owned}) == 1
@@ -205,7 +205,7 @@ async def test_idle_topics_share_their_empty_tables_and_the_hubs_callbacks(tmp_p
             assert rolled._sizes == {first.ledger_id: first.length} and first.length > 0
             assert rolled._ctimes == {first.ledger_id: first.metadata.ctime_ms}
             assert list(rolled._index) == [first.ledger_id] and rolled._last_index is not None
-            assert rolled._last_index[0] == rolled.lh.ledger_id and rolled._first_time_ms > 0
+            assert rolled._last_index.ledger_id == rolled.lh.ledger_id and rolled._first_time_ms > 0
             assert rolled._index_of(first.ledger_id) is rolled._index[first.ledger_id]
             assert [m.seq_id for m in await rolled.scan(1, 10, 1 << 20)] == [1, 2, 3]   # both ledgers read
             assert [u.ledger_id for u in rolled.consumed_ledgers(3)] == [first.ledger_id]

@@ -24,11 +24,13 @@ prints one JSON line per case:
   expiry to the last publish answered; ``hub_sessions_lost`` (0 expected: a
   hub that loses its lease loses every topic), ``hub_gc_slow_pauses`` and
   ``hub_gc_freezes`` are hub 1's counts. With ``--takeover-topics`` above what
-  the acquisitions made, more topics are acquired first (untimed).
+  the acquisitions made, more topics are acquired first (untimed); with 0 the
+  case is skipped (no kill).
 * ``spread_publish``: ``--spread-topics`` (2000) topics owned by hub 1, one
   client with ``--depth`` publishes in flight, ``--messages`` messages
   round-robin over them; then the same client, depth and count on one topic
   (``one_topic``); then a ``ratio`` line (spread / one topic), same run.
+  ``--spread-topics 0`` skips these three lines.
 
 Figures measured on a shared machine are contended: the lines carry the
 configuration, not the machine's load.
@@ -58,8 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="first publishes in flight in the acquisition cases, comma-separated")
     parser.add_argument("--acquire-topics", type=int, default=1000, help="new topics per acquisition case")
     parser.add_argument("--takeover-topics", type=int, default=1000,
-                        help="topics hub 1 takes over after hub 0's kill -9 (e.g. 10000)")
-    parser.add_argument("--spread-topics", type=int, default=2000, help="topics of the spread publish case")
+                        help="topics hub 1 takes over after hub 0's kill -9 (e.g. 10000; 0: no takeover case)")
+    parser.add_argument("--spread-topics", type=int, default=2000,
+                        help="topics of the spread publish case (0: no spread cases)")
     parser.add_argument("--messages", type=int, default=20000, help="messages of each publish-rate case")
     parser.add_argument("--depth", type=int, default=64, help="publishes in flight in the publish-rate cases")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -154,6 +157,42 @@ def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> di
     return line
 
 
+def _takeover(loop: Runner, cluster: Any, args: argparse.Namespace, last: list[bytes],
+              names: Callable[[str, int], list[bytes]]) -> Iterator[dict[str, Any]]:
+    """Hub 1 started, hub 0 killed, then ``--takeover-topics`` topics (the last acquired first) published to."""
+    takeover = last[-args.takeover_topics:]
+    if len(takeover) < args.takeover_topics:
+        extra = names("take", args.takeover_topics - len(takeover))
+        loop.run(publish_each(cluster.hub_addresses[0], extra, 512))
+        takeover = extra + takeover
+    loop.run(cluster.restart_hub(1))
+    hub1 = cluster.hub_addresses[1]
+    loop.run(cluster.kill_hub(0))
+    lease = loop.run(wait_owner_gone(cluster.metastore_uri, takeover[-1]))
+    out = loop.run(publish_each(hub1, takeover, 512))
+    yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2),
+                **loop.run(hub_events(cluster.stats_urls[1])))
+
+
+def _spread(loop: Runner, cluster: Any, args: argparse.Namespace, names: Callable[[str, int], list[bytes]],
+            run_id: str) -> Iterator[dict[str, Any]]:
+    """``--spread-topics`` topics vs one topic through hub 1, same client and depth, and their ratio."""
+    hub1 = cluster.hub_addresses[1]
+    spread = names("spread", args.spread_topics)
+    loop.run(publish_each(hub1, spread, 512))     # acquired, first ledgers open: not timed
+    one = [f"one-{run_id}".encode()]
+    loop.run(publish_each(hub1, one, 1))
+    many = loop.run(publish_spread(hub1, spread, args.messages, args.depth))
+    yield _line("spread_publish", args, many, topics=len(spread), depth=args.depth)
+    single = loop.run(publish_spread(hub1, one, args.messages, args.depth))
+    yield _line("one_topic", args, single, topics=1, depth=args.depth)
+    one_rate = rate(len(single.latencies) - single.errors, single.seconds)
+    many_rate = rate(len(many.latencies) - many.errors, many.seconds)
+    yield {"bench": "topics", "case": "ratio", "metastore": args.metastore,
+           "what": f"{len(spread)} topics / 1 topic, msg/s", "depth": args.depth,
+           "ratio": round(many_rate / one_rate, 3) if one_rate else None, "target": 0.7}
+
+
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
     from tools.cluster import LocalCluster
 
@@ -186,31 +225,12 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                    "hub_rss_before_mb": round(before / 2**20, 1), "hub_rss_after_mb": round(after / 2**20, 1),
                    "hub_bytes_per_topic": round((after - before) / acquired) if acquired else None}
 
-            takeover = last[-args.takeover_topics:]
-            if len(takeover) < args.takeover_topics:
-                extra = names("take", args.takeover_topics - len(takeover))
-                loop.run(publish_each(hub0, extra, 512))
-                takeover = extra + takeover
-            loop.run(cluster.restart_hub(1))
-            hub1 = cluster.hub_addresses[1]
-            loop.run(cluster.kill_hub(0))
-            lease = loop.run(wait_owner_gone(cluster.metastore_uri, takeover[-1]))
-            out = loop.run(publish_each(hub1, takeover, 512))
-            yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2),
-                        **loop.run(hub_events(cluster.stats_urls[1])))
-
-            spread = names("spread", args.spread_topics)
-            loop.run(publish_each(hub1, spread, 512))     # acquired, first ledgers open: not timed
-            one = [f"one-{run_id}".encode()]
-            loop.run(publish_each(hub1, one, 1))
-            many = loop.run(publish_spread(hub1, spread, args.messages, args.depth))
-            yield _line("spread_publish", args, many, topics=len(spread), depth=args.depth)
-            single = loop.run(publish_spread(hub1, one, args.messages, args.depth))
-            yield _line("one_topic", args, single, topics=1, depth=args.depth)
-            one_rate = rate(len(single.latencies) - single.errors, single.seconds)
-            many_rate = rate(len(many.latencies) - many.errors, many.seconds)
-            yield {"bench": "topics", "case": "ratio", "metastore": args.metastore,
-                   "what": f"{len(spread)} topics / 1 topic, msg/s", "depth": args.depth,
-                   "ratio": round(many_rate / one_rate, 3) if one_rate else None, "target": 0.7}
+            if args.takeover_topics > 0:
+                yield from _takeover(loop, cluster, args, last, names)
+            elif args.spread_topics > 0:     # the spread case runs on hub 1 alone: hub 0 stopped cleanly
+                loop.run(cluster.restart_hub(1))
+                loop.run(cluster.stop_hub(0))
+            if args.spread_topics > 0:
+                yield from _spread(loop, cluster, args, names, run_id)
         finally:
             loop.run(cluster.stop())
