@@ -69,6 +69,7 @@ class BookKeeper:
         self._ctx = ctx
         self._owns_store = owns_store
         self._handles: set[LedgerHandle] = set()
+        self._forget_handle = self._handles.discard   # every handle's on_close, bound once (72 bytes a handle)
         self._closed = False
 
     # the parts, for callers and tests that look inside
@@ -139,7 +140,7 @@ class BookKeeper:
     def _handle(self, ledger_id: int, md: LedgerMetadata, version: Version, password: bytes, *,
                 writable: bool) -> LedgerHandle:
         lh = LedgerHandle(self._ctx, ledger_id, md, version, password, writable=writable,
-                          on_close=self._handles.discard)
+                          on_close=self._forget_handle)
         self._handles.add(lh)
         return lh
 

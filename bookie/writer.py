@@ -84,7 +84,7 @@ from bookie.pending_add import (
     _write_sets,
 )
 from metastore import Version
-from metastore.idle import IDLE, IDLE_DICT
+from metastore.idle import IDLE, IDLE_DICT, kept_version, version_of
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class LedgerWriter(ExplicitLac):
                  "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lag_rechecked", "_ledger",
                  "_loop", "_master_key", "_max_entry", "_md", "_password", "_pending", "_quorum", "_quorum_timeout",
                  "_recovery", "_replacing", "_retry_timer", "_sealed", "_timeout", "_timer", "_timer_due",
-                 "_to_replace", "_write_sets", "last_add_confirmed", "ledger_id", "length", "next_entry_id", "version")
+                 "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length", "next_entry_id")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
@@ -169,6 +169,15 @@ class LedgerWriter(ExplicitLac):
     def metadata(self, md: LedgerMetadata) -> None:
         self._md = md.encode()
         self._sealed = md.is_closed
+
+    @property
+    def version(self) -> Version:
+        """The metadata record's version (the CAS of the writer's next metadata write)."""
+        return version_of(self._version)
+
+    @version.setter
+    def version(self, version: Version) -> None:
+        self._version = kept_version(version)
 
     @property
     def metadata_wire(self) -> bytes:

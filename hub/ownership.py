@@ -34,6 +34,7 @@ from hub.metadata import hub_address
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
 from metastore.cas import cas_retry
+from metastore.idle import KeptVersion, kept_version, version_of
 
 if TYPE_CHECKING:
     from hub.metadata import HubRegistry, TopicOwnershipManager
@@ -67,7 +68,7 @@ class Ownership:
         self.registry = registry
         self.session = session
         self.cas_mode = conf.metadata_manager_based_topic_manager_enabled
-        self.versions: dict[bytes, Version] = {}
+        self.versions: dict[bytes, KeptVersion] = {}   # owner record versions of the owned topics (ints)
         self._live: list[tuple[pb.HubInfo, pb.HubLoad]] = []
         self._live_at = 0.0
         self._sent: dict[str, dict[bytes, float]] = {}   # hub address -> unowned topics sent there, and when
@@ -131,7 +132,7 @@ class Ownership:
         if got is not None:
             info, version = got
             if same_hub(info, self.me):
-                self.versions[topic] = version
+                self.versions[topic] = kept_version(version)
                 return None
             alive = await self._alive(info)
             if not alive and not self.cas_mode:
@@ -139,7 +140,7 @@ class Ownership:
                 raise errors.ServiceDownError(f"owner {hub_address(info)} of {topic!r} is gone; "
                                               f"retry after zk_timeout")
             if not alive:
-                self.versions[topic] = await self.owners.write_owner_info(topic, self.me, version)
+                self.versions[topic] = kept_version(await self.owners.write_owner_info(topic, self.me, version))
                 log.info("claimed %r from dead owner %s", topic, hub_address(info))
                 return None
             return str(hub_address(info))
@@ -149,7 +150,8 @@ class Ownership:
                 return str(hub_address(target))
         session = None if self.cas_mode else self.session
         try:
-            self.versions[topic] = await self.owners.write_owner_info(topic, self.me, Version.NEW, session=session)
+            self.versions[topic] = kept_version(await self.owners.write_owner_info(topic, self.me, Version.NEW,
+                                                                                   session=session))
         except errors.PubSubError:
             if session is not None and not session.alive:
                 # the lease lapsed under the claim (a renewal late behind a busy event loop): retryable, as
@@ -161,10 +163,10 @@ class Ownership:
 
     async def release(self, topic: bytes) -> None:
         """Give ``topic`` up (delete the owner record if it is still ours)."""
-        version = self.versions.pop(topic, None)
-        if version is None:
+        kept = self.versions.pop(topic, None)
+        if kept is None:
             return
         try:
-            await self.owners.delete_owner_info(topic, version)
+            await self.owners.delete_owner_info(topic, version_of(kept))
         except errors.PubSubError as exc:
             log.info("release of %r: %s", topic, exc)

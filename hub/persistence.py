@@ -95,7 +95,7 @@ from hub.log_reader import NOTHING_DECODED, LogReader, decode_batch
 from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
-from metastore.idle import IDLE, IDLE_DICT
+from metastore.idle import IDLE, IDLE_DICT, KeptVersion, kept_version, version_of
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -132,9 +132,9 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
                  "_index", "_inflight", "_known", "_last_index", "_ledger_slots", "_lock_", "_needs_arm",
                  "_pump_soon", "_pumping", "_queue", "_queued_bytes", "_ranges_wire", "_readers",
                  "_since_snapshot", "_sizes",
-                 "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "bk", "closed", "conf",
-                 "entries_in_ledger", "gate", "hold", "last_seq", "last_write_ms", "lh",
-                 "on_persisted", "owned", "pm", "topic", "version")
+                 "_slow", "_start_error", "_start_failures", "_start_not_before", "_tasks", "_version", "bk",
+                 "closed", "conf", "entries_in_ledger", "gate", "hold", "last_seq", "last_write_ms", "lh",
+                 "on_persisted", "owned", "pm", "topic")
 
     def __init__(self, topic: bytes, bk: BookKeeper, pm: TopicPersistenceManager, conf: HubConf,
                  on_persisted: Persisted | None = None,
@@ -146,7 +146,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self.conf = conf
         self.on_persisted = on_persisted
         self._ranges_wire = b""           # the topic's LedgerRanges, serialized (``ranges``)
-        self.version: Version = Version.NEW
+        self._version: KeptVersion = Version.NEW   # the ranges' version (``version``), kept as an int
         self.last_seq = 0                 # last acknowledged seq id
         self.lh: LedgerHandle | None = None   # current ledger (writer handle)
         self.entries_in_ledger = 0
@@ -201,6 +201,15 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     @ranges.setter
     def ranges(self, value: pb.LedgerRanges) -> None:
         self._ranges_wire = value.SerializeToString()
+
+    @property
+    def version(self) -> Version:
+        """The version of the topic's ranges this owner read or last wrote (the CAS of its next write)."""
+        return version_of(self._version)
+
+    @version.setter
+    def version(self, version: Version) -> None:
+        self._version = kept_version(version)
 
     def last_seq_now(self) -> int:
         """``last_seq`` as a callable (``TopicSubscriptions``'s): a bound method is one object of 64 bytes a

@@ -20,6 +20,12 @@ holds 64 bytes, one with an entry 180): reading, ``pop`` with a default and
 ``clear`` work on it; storing into it raises ``AssertionError``, so an owner
 checks ``if self._table is IDLE_DICT: self._table = {}`` before its first
 store.
+
+``kept_version(v)`` is what to keep of a ``Version`` held for as long as a
+topic is owned (the version of its owner record, of its ranges, of its
+ledger): a concrete version as its int, a sentinel as itself (a ``Version``
+object is 48 bytes besides its int); ``version_of(kept)`` gives the
+``Version`` back.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from __future__ import annotations
 import collections
 from typing import Any
 
-__all__ = ["IDLE", "IDLE_DICT"]
+from metastore.api import Version
+
+__all__ = ["IDLE", "IDLE_DICT", "KeptVersion", "kept_version", "version_of"]
 
 
 class _IdleDeque(collections.deque):  # type: ignore[type-arg]
@@ -60,3 +68,17 @@ class _IdleDict(dict):  # type: ignore[type-arg]
 
 IDLE_DICT: dict[Any, Any] = _IdleDict()
 """The shared empty dict (see the module docstring)."""
+
+
+KeptVersion = int | Version
+"""A version as ``kept_version`` keeps it."""
+
+
+def kept_version(version: Version) -> KeptVersion:
+    """``version`` to keep: its int when concrete, itself when a sentinel (see the module docstring)."""
+    return version if version.is_sentinel else version.value
+
+
+def version_of(kept: KeptVersion) -> Version:
+    """The ``Version`` ``kept_version`` kept."""
+    return kept if isinstance(kept, Version) else Version(kept)

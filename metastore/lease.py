@@ -284,7 +284,9 @@ class LeaseSession(Session):
         self.timeout = timeout
         self._store = store
         self._sessions = sessions
-        self._owned: dict[tuple[str, str], LeasedTable] = {}
+        # per table name: the table and the keys put_ephemeral wrote in it (a hub's thousands of owned topics:
+        # a set's entry per key, not a dict entry and a (table, key) tuple each)
+        self._owned: dict[str, tuple[LeasedTable, set[str]]] = {}
         self._alive = False
         self._expires = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -373,7 +375,10 @@ class LeaseSession(Session):
         value = check_value(value)
         value[LEASE_FIELD] = self.session_id.encode()
         version = await table._put(key, value, Version.NEW)
-        self._owned[(table.name, key)] = table
+        owned = self._owned.get(table.name)
+        if owned is None:
+            owned = self._owned[table.name] = (table, set())
+        owned[1].add(key)
         return version
 
     async def close(self) -> None:
@@ -391,7 +396,7 @@ class LeaseSession(Session):
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        for (_, key), table in list(self._owned.items()):
+        for table, key in [(t, k) for t, keys in self._owned.values() for k in keys]:
             try:
                 got = await table.raw.get(key, {LEASE_FIELD})
                 if got.value.get(LEASE_FIELD) == self.session_id.encode():

@@ -1,4 +1,4 @@
-"""metastore.idle: the one empty deque idle queues share."""
+"""metastore.idle: the one empty deque (and dict) idle owners share, and versions kept as ints."""
 
 from __future__ import annotations
 
@@ -46,3 +46,15 @@ def test_the_shared_idle_dict_reads_as_empty_and_refuses_stores() -> None:
         table = {}
     table[1] = 2
     assert table == {1: 2} and not IDLE_DICT
+
+
+def test_a_kept_version_is_its_int_and_gives_the_version_back() -> None:
+    from metastore import Version
+    from metastore.idle import kept_version, version_of
+
+    v = Version(1796659779416479482)
+    kept = kept_version(v)
+    assert type(kept) is int and version_of(kept) == v and not version_of(kept) < v
+    for sentinel in (Version.NEW, Version.ANY):     # kept as themselves: never confused with a concrete one
+        assert kept_version(sentinel) is sentinel and version_of(kept_version(sentinel)) is sentinel
+    assert version_of(kept_version(Version(5))) != Version.NEW
