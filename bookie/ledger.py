@@ -37,9 +37,13 @@ class LedgerHandle:
 
     The reader is built by the first read, and a writer's handle keeps no
     metadata of its own (the writer keeps it serialized): a hub keeps a
-    writer's handle open per topic, most of them idle (issue 34). (No slots:
-    tests and applications wrap a handle's methods on the instance.)
+    writer's handle open per topic, most of them idle (issue 34). Slots for
+    its own attributes, and a ``__dict__`` built only when someone sets
+    another: tests and applications wrap a handle's methods on the instance.
     """
+
+    __slots__ = ("__dict__", "_ctx", "_decoded", "_lac", "_lazy_reader", "_metadata", "_on_close", "_password",
+                 "_recovered_last", "_writer", "ledger_id")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, writable: bool,

@@ -167,8 +167,8 @@ class OwnedTopics:
         try:
             tlog = await TopicLog.acquire(topic, self.bk, self.pm, self.conf, cb.persisted, self.dedup_store,
                                           owned=owned, ledger_slots=self._ledger_slots, start_ledger=for_publish)
-            subs = TopicSubscriptions(topic, self.sm, self.conf, tlog.last_seq_now, cb.consumed, track=cb.track,
-                                      first_kept=tlog.first_kept, cache=self.cache)
+            subs = TopicSubscriptions(topic, self.sm, self.conf, on_consumed=cb.consumed, track=cb.track,
+                                      cache=self.cache, log=tlog)
             await subs.load()
         except BaseException as exc:
             if tlog is not None and tlog.lh is not None:   # the ledger it started (start_ledger): closed

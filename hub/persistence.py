@@ -212,8 +212,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._version = kept_version(version)
 
     def last_seq_now(self) -> int:
-        """``last_seq`` as a callable (``TopicSubscriptions``'s): a bound method is one object of 64 bytes a
-        topic, where a ``functools.partial`` of ``getattr`` held three of 200 (issue 34)."""
+        """``last_seq`` as a method (``hub.subscriptions.LogPosition``): subscriptions keep the log, not a
+        callable of 64 to 200 bytes a topic (issue 34)."""
         return self.last_seq
 
     @property

@@ -1,6 +1,7 @@
 """Subscriptions of one owned topic: create/attach, preferences, consume pointers, attachments.
 
     subs = TopicSubscriptions(topic, SubscriptionDataManager(store), conf, last_seq=lambda: log.last_seq)
+    subs = TopicSubscriptions(topic, SubscriptionDataManager(store), conf, log=topic_log)   # its last_seq_now()
     await subs.load()                                   # every stored subscription of the topic
     prefs = await subs.subscribe(conn, sub_id, request) # CREATE / ATTACH / CREATE_OR_ATTACH
     subs.start_delivery(conn, sub_id, cache); subs.consume(conn, sub_id, seq)
@@ -60,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from hub import errors
 from hub.conf import HubConf
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Attachment", "SubState", "TopicSubscriptions", "bounded_consumed", "type_name"]
+__all__ = ["Attachment", "LogPosition", "SubState", "TopicSubscriptions", "bounded_consumed", "type_name"]
 
 
 def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
@@ -90,26 +91,42 @@ def bounded_consumed(consumed: int, message_bound: int, last_seq: int) -> int:
     return consumed
 
 
+class LogPosition(Protocol):
+    """What subscriptions read of their topic's log (``hub.persistence.TopicLog``)."""
+
+    def last_seq_now(self) -> int:
+        """The topic's last seq id."""
+
+    def first_kept(self) -> int:
+        """The oldest seq id still stored."""
+
+
 class TopicSubscriptions(SubscriptionPersistence, SubscriptionConsumers):
     """See the module docstring; the consumer side is ``hub.subscription_consumers``, the metastore writes
     ``hub.subscription_persistence``.
 
-    Slots: every owned topic has one (issue 34)."""
+    Slots, and the log itself rather than two bound methods of it: every
+    owned topic has one (issue 34)."""
 
-    __slots__ = ("_at_min", "_bounded", "_min", "_min_n", "_subscribing", "cache", "conf", "first_kept",
-                 "last_seq", "mgr", "on_consumed", "subs", "topic", "track")
+    __slots__ = ("_at_min", "_bounded", "_first_kept", "_last_seq", "_log", "_min", "_min_n", "_subscribing",
+                 "cache", "conf", "mgr", "on_consumed", "subs", "topic", "track")
 
-    def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf, last_seq: Callable[[], int],
+    def __init__(self, topic: bytes, manager: SubscriptionDataManager, conf: HubConf,
+                 last_seq: Callable[[], int] | None = None,
                  on_consumed: Callable[[bytes], None] | None = None,
                  track: Callable[[asyncio.Task[Any]], None] | None = None,
-                 first_kept: Callable[[], int] | None = None, cache: ReadAheadCache | None = None) -> None:
+                 first_kept: Callable[[], int] | None = None, cache: ReadAheadCache | None = None,
+                 log: LogPosition | None = None) -> None:
+        if last_seq is None and log is None:
+            raise TypeError("TopicSubscriptions needs last_seq or log")
         self.topic = topic
         self.cache = cache                # what consumer dispatchers read through
-        self.first_kept = first_kept      # the log's oldest stored seq id (a bounded delivery skips to it)
+        self._log = log                   # last_seq and first_kept when not given (``last_seq``, ``first_kept``)
+        self._first_kept = first_kept
         self.track = track                # keeps the background pointer writes it starts (the server's)
         self.mgr = manager
         self.conf = conf
-        self.last_seq = last_seq
+        self._last_seq = last_seq
         self.on_consumed = on_consumed
         self.subs: dict[bytes, SubState] = IDLE_DICT   # a dict of its own from the first subscription
         self._subscribing: dict[bytes, asyncio.Lock] = IDLE_DICT
@@ -120,6 +137,27 @@ class TopicSubscriptions(SubscriptionPersistence, SubscriptionConsumers):
         self._at_min = 0
         self._bounded = 0
         self._min_n = -1
+
+    @property
+    def last_seq(self) -> Callable[[], int]:
+        """The topic's last seq id, as a callable: the one given, else the log's ``last_seq_now``."""
+        fn = self._last_seq
+        if fn is None:
+            assert self._log is not None   # __init__ checks that one of them is given
+            return self._log.last_seq_now
+        return fn
+
+    @last_seq.setter
+    def last_seq(self, fn: Callable[[], int]) -> None:
+        self._last_seq = fn
+
+    @property
+    def first_kept(self) -> Callable[[], int] | None:
+        """The log's oldest stored seq id, as a callable (a bounded delivery skips to it); None: unknown."""
+        fn = self._first_kept
+        if fn is None and self._log is not None:
+            return self._log.first_kept
+        return fn
 
     def _subscriber_lock(self, sub: bytes) -> asyncio.Lock:
         """The lock of ``sub``'s (un)subscriptions: kept, one per subscriber, as ``subs``."""

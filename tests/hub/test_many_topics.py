@@ -192,6 +192,13 @@ async def test_idle_topics_share_their_empty_tables_and_the_hubs_callbacks(tmp_p
                 assert log._index is IDLE_DICT and log._last_index is not None
                 assert log._last_index.ledger_id == log.lh.ledger_id and type(log._ranges_wire) is bytes
                 assert [r.ledgerId for r in log.ranges.ranges] == [log.lh.ledger_id]
+                # no compaction state, no ledger-change lock, the quota itself as the gate (no bound methods),
+                # the subscriptions reading the log itself, the writer's metadata serialized, versions as ints
+                assert t._compaction is None and log.hold is None and log._lock_ is None and log.gate is t.quota
+                assert t.subs._log is log and t.subs._last_seq is None and t.subs.last_seq() == log.last_seq
+                writer = log.lh._writer
+                assert writer is not None and type(writer.metadata_wire) is bytes and log.lh._metadata is None
+                assert type(log._version) is int and type(writer._version) is int
             assert len({id(t.log.on_persisted) for t in owned}) == 1       # bound once by the hub
             assert len({id(t.subs.track) for t in owned}) == 1
             async with await HedwigClient.connect(server.address) as c:

@@ -24,3 +24,18 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     assert all(r["errors"] == 0 and r["ok"] > 0 for r in rows if "errors" in r), rows
     assert rows[3]["topics"] == 50 and rows[3]["ok"] == 50      # 40 acquired last, 10 more made for it
     assert rows[2]["topics"] == 80 and rows[6]["ratio"] > 0
+
+
+@pytest.mark.slow
+def test_topics_bench_skips_the_takeover_and_spread_cases_at_zero(tmp_path: Path) -> None:
+    """``--takeover-topics 0 --spread-topics 0``: the idle-memory measurement alone (0 used to take every
+    acquired topic over, and an empty spread crashed)."""
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "topics", "--windows", "16",
+                          "--acquire-topics", "30", "--takeover-topics", "0", "--spread-topics", "0",
+                          "--messages", "10", "--data", str(tmp_path / "data")],
+                         capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).parents[2]))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["case"] for r in rows] == ["acquire", "idle_topic_rss"]
+    assert rows[0]["errors"] == 0 and rows[0]["ok"] == 30 and rows[1]["topics"] == 30
+    assert rows[1]["hub_bytes_per_topic"] is not None and rows[1]["hub_anon_bytes_per_topic"] is not None

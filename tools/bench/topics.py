@@ -14,7 +14,9 @@ prints one JSON line per case:
   publish latency percentiles, failures (none expected: a failed first
   publish is a defect, the figure the bench exists to watch).
 * ``idle_topic_rss``: hub 0's resident memory (``VmRSS``) before and after
-  those acquisitions, per topic it owns (each idle, its ledger open).
+  those acquisitions, per topic it owns (each idle, its ledger open); also
+  its anonymous part alone (``RssAnon``: without the pages of the LMDB
+  metastore's file the hub has read, which the page cache holds).
 * ``takeover``: hub 1 is started, hub 0 is killed with SIGKILL, and once its
   ownership records have expired (``lease_wait_s`` after the kill: the
   hub's ``zk_timeout``) one message is published to each of the
@@ -48,7 +50,7 @@ from typing import Any
 
 from tools.bench import percentiles, rate
 from tools.bench.publish import Outcome, Runner, Window, bench_data_dir
-from tools.bench.subscribe import rss_bytes
+from tools.bench.soak import read_rss
 
 BODY = b"x" * 100
 
@@ -157,7 +159,7 @@ def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> di
     return line
 
 
-def _takeover(loop: Runner, cluster: Any, args: argparse.Namespace, last: list[bytes],
+def _takeover(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, last: list[bytes],
               names: Callable[[str, int], list[bytes]]) -> Iterator[dict[str, Any]]:
     """Hub 1 started, hub 0 killed, then ``--takeover-topics`` topics (the last acquired first) published to."""
     takeover = last[-args.takeover_topics:]
@@ -174,7 +176,7 @@ def _takeover(loop: Runner, cluster: Any, args: argparse.Namespace, last: list[b
                 **loop.run(hub_events(cluster.stats_urls[1])))
 
 
-def _spread(loop: Runner, cluster: Any, args: argparse.Namespace, names: Callable[[str, int], list[bytes]],
+def _spread(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, names: Callable[[str, int], list[bytes]],
             run_id: str) -> Iterator[dict[str, Any]]:
     """``--spread-topics`` topics vs one topic through hub 1, same client and depth, and their ratio."""
     hub1 = cluster.hub_addresses[1]
@@ -210,7 +212,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             loop.run(publish_each(hub0, [f"warm-{run_id}".encode()], 1))
             pid = cluster.hub_pid(0)
             assert pid is not None
-            before = rss_bytes(pid)
+            before, anon_before = read_rss(pid)
             owned = 1
             last: list[bytes] = []
             for window in windows:
@@ -219,11 +221,12 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                 owned += len(topics)
                 last = topics
                 yield _line("acquire", args, out, in_flight=window, topics=len(topics))
-            after = rss_bytes(pid)
+            after, anon_after = read_rss(pid)
             acquired = owned - 1
             yield {"bench": "topics", "case": "idle_topic_rss", "metastore": args.metastore, "topics": acquired,
                    "hub_rss_before_mb": round(before / 2**20, 1), "hub_rss_after_mb": round(after / 2**20, 1),
-                   "hub_bytes_per_topic": round((after - before) / acquired) if acquired else None}
+                   "hub_bytes_per_topic": round((after - before) / acquired) if acquired else None,
+                   "hub_anon_bytes_per_topic": round((anon_after - anon_before) / acquired) if acquired else None}
 
             if args.takeover_topics > 0:
                 yield from _takeover(loop, cluster, args, last, names)
