@@ -131,7 +131,8 @@ def _ratios(rows: list[dict[str, Any]], bars: list[dict[str, Any]]) -> dict[int,
     """Bar index -> "quire ×R" for the peers' bars."""
     printed: dict[tuple[Any, Any], list[str]] = {}
     for r in rows:
-        if r.get("case") == "ratio" and isinstance(r.get("ratio"), int | float):
+        if r.get("case") == "ratio" and isinstance(r.get("ratio"), int | float) and (
+                "stat" in r or "round" not in r):   # with rounds, their median, not each round's
             who = str(r.get("quire") or "quire").removeprefix("quire ") or "quire"
             printed.setdefault((r.get("vs"), r.get("size")), []).append(f"{who} ×{r['ratio']:g}")
     out: dict[int, str] = {}

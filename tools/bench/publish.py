@@ -15,9 +15,11 @@ latency/CPU trade-off of bigger journal groups.
 
 In the same invocation the harness starts the peers itself
 (``tools.bench.peers``), with their data on the same disk as the bookies,
-and gives them the same load, sizes, publishers and window, each right after
-Quire's E3 W2 A2 case of the same size (so all see the same background load
-of a shared machine; ``--rounds`` repeats the set):
+and gives them the same load, sizes, publishers and window, interleaved
+with Quire's E3 W2 A2 cases of the same size (so all see the same background
+load of a shared machine). ``--rounds N`` runs every case N times, each round
+every system once in an order rotated per round (``tools.bench.rounds``),
+each row tagged with its ``round``:
 
 * Redis Streams: ``redis-server`` with ``appendfsync always`` (XADD answered
   after fsync); one connection and one stream per publisher, XADDs pipelined
@@ -34,7 +36,9 @@ of a shared machine; ``--rounds`` repeats the set):
   server CPU is the sum over all four processes.
 
 Ratio lines (``"case": "ratio"``) divide Quire's throughput by each peer's
-for each configuration and size (each side's best round); ``"p99 ratio"``
+for each configuration and size (with several rounds: per round, then a
+summary line whose ratio is the median of the rounds', ``"stat":
+"median_of_rounds"``, which carries the target); ``"p99 ratio"``
 lines divide the fixed-rate p99s and ``"cpu ratio"`` lines the fixed-rate
 server CPU per message. The lines of issue 32's targets carry ``target``
 and ``meets_target``: E3 W2 A2 at 100 B, throughput at least the floor's
@@ -74,6 +78,7 @@ from tools.bench.peer_publishers import RedisPipe as RedisPipe
 from tools.bench.peer_publishers import nats_publishers as nats_publishers
 from tools.bench.peer_publishers import redis_publishers as redis_publishers
 from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer, redis_capacity
+from tools.bench.rounds import by_round, rotated
 from tools.bench.stages import StageSampler, cpu_rows, process_cpu, stage_rows
 
 CONFIGS = ((1, 1, 1), (3, 2, 2))
@@ -128,7 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace-every", type=int, default=100,
                         help="fixed-rate run: trace 1 Quire publish in N for the per-stage breakdown (0: off)")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat the throughput cases; ratios use each side's best round")
+                        help="rounds of every case, each system once per round in a rotated order; "
+                             "ratios per round and their median")
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to compare against (comma-separated)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, no peers")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
@@ -366,62 +372,73 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         configs = [c for c in CONFIGS if not getattr(args, "config", None) or _config_name(c) in args.config]
         for e, w, a in configs:
             config = _config_name((e, w, a))
-            last = (e, w, a) == configs[-1]
             cluster = quire_cluster(data_dir, e, w, a, **overrides)
             loop.run(cluster.start())
+            # Interleaved, so that Quire and the peers see the same background load of a shared machine: each
+            # round runs every system once, in an order rotated per round (tools.bench.rounds).
+            systems: list[Any] = [cluster, *(peers if (e, w, a) == configs[-1] else [])]
             try:
-                # Interleaved, so that Quire and the peers see the same background load of a shared machine.
-                for _ in range(args.rounds):
+                for r in range(args.rounds):
                     for size in sizes:
                         body = os.urandom(size)
-                        out, cpu = with_cpu(quire_pids(cluster), loop,
-                                            _measure("quire", cluster, args, body, per_publisher))
-                        lines.append(result("quire", f"quire {config}", size, args, out, "throughput",
-                                            config=config, **conf_fields(overrides), **cpu))
-                        yield lines[-1]
-                        for peer in peers if last else []:
-                            out, cpu = with_cpu(peer.pids, loop,
-                                                _measure(peer.name, peer.url, args, body, per_publisher))
-                            lines.append(result(_system(peer.name), _system(peer.name), size, args, out,
-                                                "throughput", **_peer_fields(peer), **cpu))
-                            yield lines[-1]
-                            if isinstance(peer, RedisPeer):
-                                lines.append(_capacity_line(peer, loop, args, size, per_publisher))
+                        for where in rotated(systems, r):
+                            for line in _throughput(where, loop, args, config, size, body, per_publisher):
+                                lines.append({**line, "round": r})
                                 yield lines[-1]
-                if args.rate > 0:   # both configurations: E1 W1 A1 keeps one copy, as Redis does
+                for r in range(args.rounds if args.rate > 0 else 0):  # E1 W1 A1 keeps one copy, as Redis does
                     body = os.urandom(sizes[0])
-                    sampler = StageSampler(args.trace_every)
-                    named = quire_processes(cluster)
-                    before = process_cpu(named)
-                    out, cpu = with_cpu(quire_pids(cluster), loop,
-                                        _measure("quire", cluster, args, body, None, sampler))
-                    after = process_cpu(named)
-                    lines.append(_rate_line("quire", f"quire {config}", sizes[0], args, out, config=config,
-                                            **conf_fields(overrides), **cpu))
-                    yield lines[-1]
-                    fields = {"system": "quire", "config": config, "rate": args.rate}
-                    yield from stage_rows(sampler.samples, **fields, trace_every=args.trace_every)
-                    yield from cpu_rows(before, after, len(out.latencies), **fields)
-                    for peer in peers if last else []:
-                        named = peer_processes(peer)
-                        floor_sampler = StageSampler(args.trace_every) if isinstance(peer, FloorPeer) else None
-                        before = process_cpu(named)
-                        out, cpu = with_cpu(peer.pids, loop,
-                                            _measure(peer.name, peer.url, args, body, None, floor_sampler))
-                        after = process_cpu(named)
-                        lines.append(_rate_line(_system(peer.name), _system(peer.name), sizes[0], args, out,
-                                                **_peer_fields(peer), **cpu))
+                    for where in rotated(systems, r):
+                        rows = _fixed_rate(where, loop, args, config, sizes[0], body)
+                        lines.append({**next(rows), "round": r})
                         yield lines[-1]
-                        if floor_sampler is not None:
-                            yield from stage_rows(floor_sampler.samples, system=FLOOR, rate=args.rate,
-                                                  trace_every=args.trace_every)
-                        yield from cpu_rows(before, after, len(out.latencies), system=_system(peer.name),
-                                            rate=args.rate)
+                        yield from ({**row, "round": r} for row in rows)
             finally:
                 loop.run(cluster.stop())
-    yield from ratio_lines("publish", lines, ("size",), target=throughput_target)
-    yield from p99_lines("publish", lines)
-    yield from cpu_ratio_lines("publish", lines)
+    yield from by_round(lambda xs: ratio_lines("publish", xs, ("size",), target=throughput_target), lines, True)
+    yield from by_round(lambda xs: p99_lines("publish", xs), lines, False)
+    yield from by_round(lambda xs: cpu_ratio_lines("publish", xs), lines, False)
+
+
+def _throughput(where: Any, loop: asyncio.Runner, args: argparse.Namespace, config: str, size: int, body: bytes,
+                per_publisher: int) -> Iterator[dict[str, Any]]:
+    """One system's closed-loop run (``where``: the Quire cluster or a peer): its result line (and, after
+    Redis's, redis-benchmark's capacity line)."""
+    if not isinstance(where, RedisPeer | NatsPeer | FloorPeer):
+        out, cpu = with_cpu(quire_pids(where), loop, _measure("quire", where, args, body, per_publisher))
+        overrides = getattr(args, "conf_overrides", None) or {}
+        yield result("quire", f"quire {config}", size, args, out, "throughput", config=config,
+                     **conf_fields(overrides), **cpu)
+        return
+    out, cpu = with_cpu(where.pids, loop, _measure(where.name, where.url, args, body, per_publisher))
+    yield result(_system(where.name), _system(where.name), size, args, out, "throughput", **_peer_fields(where),
+                 **cpu)
+    if isinstance(where, RedisPeer):
+        yield _capacity_line(where, loop, args, size, per_publisher)
+
+
+def _fixed_rate(where: Any, loop: asyncio.Runner, args: argparse.Namespace, config: str, size: int,
+                body: bytes) -> Iterator[dict[str, Any]]:
+    """One system's fixed-rate run: its result line first, then its stage and per-process cpu rows."""
+    if not isinstance(where, RedisPeer | NatsPeer | FloorPeer):
+        sampler: StageSampler | None = StageSampler(args.trace_every)
+        named, pids, system, url = quire_processes(where), quire_pids(where), "quire", where
+        overrides = getattr(args, "conf_overrides", None) or {}
+        fields: dict[str, Any] = {"system": "quire", "config": config, "rate": args.rate}
+        extra = {"config": config, **conf_fields(overrides)}
+        case = f"quire {config}"
+    else:
+        sampler = StageSampler(args.trace_every) if isinstance(where, FloorPeer) else None
+        named, pids, system, url = peer_processes(where), where.pids, where.name, where.url
+        fields = {"system": _system(where.name), "rate": args.rate}
+        extra = _peer_fields(where)
+        case = _system(where.name)
+    before = process_cpu(named)
+    out, cpu = with_cpu(pids, loop, _measure(system, url, args, body, None, sampler))
+    after = process_cpu(named)
+    yield _rate_line(fields["system"], case, size, args, out, **extra, **cpu)
+    if sampler is not None:
+        yield from stage_rows(sampler.samples, **fields, trace_every=args.trace_every)
+    yield from cpu_rows(before, after, len(out.latencies), **fields)
 
 
 def _system(peer: str) -> str:

@@ -19,9 +19,12 @@ Peers in the same invocation, with the same consumers, window and size:
   consumer shared by N subscriptions, each on its own connection, fetching
   ``window`` messages and acknowledging each.
 
-Each peer's case runs right after Quire's with the same N, so all see the
-same background load; ratio lines divide Quire's handled msg/s by each
-peer's (with ``--rounds`` > 1, best rounds); the one with a target is issue
+Each peer's case runs next to Quire's with the same N, so all see the
+same background load; ``--rounds N`` runs every case N times, each round
+every system once in an order rotated per round (``tools.bench.rounds``,
+rows tagged with their ``round``). Ratio lines divide Quire's handled msg/s
+by each peer's (with several rounds: per round, then the median of the
+rounds' ratios, ``"stat": "median_of_rounds"``); the one with a target is issue
 29's, at least 1.5x Redis at 4 consumers (``queue_target``). A case that does
 not finish within ``--timeout`` reports what it handled and ``"errors"``.
 After each Quire case, ``"case": "cpu"`` rows give each process's CPU (hub,
@@ -58,6 +61,7 @@ from tools.bench.publish import (
     ratio_lines,
     with_cpu,
 )
+from tools.bench.rounds import by_round, rotated
 from tools.bench.stages import cpu_rows, process_cpu
 
 STAMP = struct.Struct("<d")
@@ -79,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=100,
                         help="publishes in flight, receiver queue, XREADGROUP COUNT and fetch batch")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up a case after this many seconds")
-    parser.add_argument("--rounds", type=int, default=1, help="repeat the cases; ratios use each side's best round")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every case, each system once per round in a rotated order; "
+                             "ratios per round and their median")
     parser.add_argument("--peer", action="append", choices=["redis", "nats"], default=None,
                         help="peers to run (repeatable; default both)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, without peers")
@@ -263,23 +269,33 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         cluster = quire_cluster(data_dir, 3, 2, 2, **overrides)
         loop.run(cluster.start())
         try:
-            for _ in range(args.rounds):
-                for n in counts:   # interleaved: every system sees the same background load
-                    named = quire_processes(cluster)
-                    before = process_cpu(named)
-                    measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, args.messages, args))
-                    after = process_cpu(named)
-                    lines.append(_line("quire", n, args.messages, measured, args, config="E3W2A2",
-                                       **conf_fields(overrides), **cpu))
-                    yield lines[-1]
-                    for row in cpu_rows(before, after, measured[1].total, system="quire", consumers=n):
-                        yield {**row, "bench": "queue"}
-                    for peer in peers:
-                        case = redis_case if isinstance(peer, RedisPeer) else nats_case
-                        measured, cpu = with_cpu([peer.pid or 0], loop, case(peer.url, n, args.messages, args))
-                        lines.append(_line(peer.name, n, args.messages, measured, args, version=peer.version,
-                                           durability=peer.durability, **cpu))
-                        yield lines[-1]
+            for r in range(args.rounds):
+                for n in counts:   # interleaved, in an order rotated per round (tools.bench.rounds)
+                    for where in rotated([cluster, *peers], r):
+                        for row in _case(where, loop, n, args):
+                            row = {**row, "round": r}
+                            if row["case"] != "cpu":
+                                lines.append(row)
+                            yield row
         finally:
             loop.run(cluster.stop())
-    yield from ratio_lines("queue", lines, ("consumers",), target=queue_target)
+    yield from by_round(lambda xs: ratio_lines("queue", xs, ("consumers",), target=queue_target), lines, True)
+
+
+def _case(where: Any, loop: asyncio.Runner, n: int, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """One system's case with ``n`` consumers (``where``: the Quire cluster or a peer): its result line, and
+    after Quire's the per-process ``cpu`` rows."""
+    if isinstance(where, RedisPeer | NatsPeer):
+        case = redis_case if isinstance(where, RedisPeer) else nats_case
+        measured, cpu = with_cpu([where.pid or 0], loop, case(where.url, n, args.messages, args))
+        yield _line(where.name, n, args.messages, measured, args, version=where.version,
+                    durability=where.durability, **cpu)
+        return
+    overrides = args.conf_overrides
+    named = quire_processes(where)
+    before = process_cpu(named)
+    measured, cpu = with_cpu(quire_pids(where), loop, quire_case(where, n, args.messages, args))
+    after = process_cpu(named)
+    yield _line("quire", n, args.messages, measured, args, config="E3W2A2", **conf_fields(overrides), **cpu)
+    for row in cpu_rows(before, after, measured[1].total, system="quire", consumers=n):
+        yield {**row, "bench": "queue"}
