@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tools.bench import LADDER, percentiles
-from tools.bench.plot import draw, label, latency_points
+from tools.bench.plot import _ratios, draw, label, latency_points
 from tools.cli import main
 
 pytest.importorskip("matplotlib", reason="the plot extra is missing: make bench-deps")
@@ -41,6 +41,16 @@ def test_latency_points_use_the_ladder_else_the_old_fields() -> None:
     assert latency_points({"p50_ms": 1.5, "p99_ms": 3.0, "p999_ms": 0.0}) == [(1.5, 50.0), (3.0, 99.0)]
     assert latency_points({"ops_per_sec": 10}) == []
     assert label({"system": "quire", "case": "quire E1W1A1", "size": 100}) == "quire E1W1A1 100 B"
+
+
+def test_a_peers_bar_is_labelled_with_the_median_of_rounds_not_each_round() -> None:
+    bars = [{"system": "quire", "size": 100, "ops_per_sec": 300.0},
+            {"system": "redis", "size": 100, "ops_per_sec": 200.0}]
+    ratio = {"case": "ratio", "quire": "quire E3W2A2", "vs": "redis", "size": 100}
+    rows = [{**ratio, "ratio": 1.5, "round": 0}, {**ratio, "ratio": 0.5, "round": 1},
+            {**ratio, "ratio": 2.5, "round": 2}, {**ratio, "ratio": 1.5, "stat": "median_of_rounds", "rounds": 3}]
+    assert _ratios(rows, bars) == {1: "quire: E3W2A2 ×1.5"}
+    assert _ratios([{**ratio, "ratio": 1.5}], bars) == {1: "quire: E3W2A2 ×1.5"}    # one round: its line
 
 
 def test_draw_writes_a_png_with_cdfs_and_bars(tmp_path: Path) -> None:
