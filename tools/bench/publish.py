@@ -19,7 +19,8 @@ and gives them the same load, sizes, publishers and window, interleaved
 with Quire's E3 W2 A2 cases of the same size (so all see the same background
 load of a shared machine). ``--rounds N`` runs every case N times, each round
 every system once in an order rotated per round (``tools.bench.rounds``),
-each row tagged with its ``round``:
+each row tagged with its ``round``; without it the closed-loop cases run
+once and the fixed-rate ones ``RATE_ROUNDS`` (3) times when peers run:
 
 * Redis Streams: ``redis-server`` with ``appendfsync always`` (XADD answered
   after fsync); one connection and one stream per publisher, XADDs pipelined
@@ -100,6 +101,8 @@ TARGET_P99_RATIO = 1.3
 """Quire E3 W2 A2's fixed-rate p99 at 100 B over the floor's and over Redis's: at most 1.3x each (issue 32)."""
 TARGET_SIZE = 100
 """The message size issue 32's targets are set at."""
+RATE_ROUNDS = 3
+"""Fixed-rate rounds without ``--rounds`` when peers run: 3 x 5 s per system, the median of 3 per-round ratios."""
 
 Target = Callable[[dict[str, Any], dict[str, Any]], float | None]
 """The target of one ratio line from its Quire line and its peer line (None: no target)."""
@@ -132,9 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Quire configurations to run (repeatable; default all; peers run after the last)")
     parser.add_argument("--trace-every", type=int, default=100,
                         help="fixed-rate run: trace 1 Quire publish in N for the per-stage breakdown (0: off)")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of every case, each system once per round in a rotated order; "
-                             "ratios per round and their median")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of every case, each system once per round in a rotated order; ratios per "
+                             f"round and their median (default: 1 closed-loop, {RATE_ROUNDS} fixed-rate with peers)")
     parser.add_argument("--peers", default=",".join(PEERS), help="peers to compare against (comma-separated)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, no peers")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
@@ -378,14 +381,15 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
             # round runs every system once, in an order rotated per round (tools.bench.rounds).
             systems: list[Any] = [cluster, *(peers if (e, w, a) == configs[-1] else [])]
             try:
-                for r in range(args.rounds):
+                for r in range(args.rounds or 1):
                     for size in sizes:
                         body = os.urandom(size)
                         for where in rotated(systems, r):
                             for line in _throughput(where, loop, args, config, size, body, per_publisher):
                                 lines.append({**line, "round": r})
                                 yield lines[-1]
-                for r in range(args.rounds if args.rate > 0 else 0):  # E1 W1 A1 keeps one copy, as Redis does
+                rate_rounds = args.rounds or (RATE_ROUNDS if peers else 1)
+                for r in range(rate_rounds if args.rate > 0 else 0):  # E1 W1 A1 keeps one copy, as Redis does
                     body = os.urandom(sizes[0])
                     for where in rotated(systems, r):
                         rows = _fixed_rate(where, loop, args, config, sizes[0], body)

@@ -22,7 +22,7 @@ Peers in the same invocation, with the same consumers, window and size:
 Each peer's case runs next to Quire's with the same N, so all see the
 same background load; ``--rounds N`` runs every case N times, each round
 every system once in an order rotated per round (``tools.bench.rounds``,
-rows tagged with their ``round``). Ratio lines divide Quire's handled msg/s
+rows tagged with their ``round``; default ``ROUNDS``, 3, with peers). Ratio lines divide Quire's handled msg/s
 by each peer's (with several rounds: per round, then the median of the
 rounds' ratios, ``"stat": "median_of_rounds"``); the one with a target is issue
 29's, at least 1.5x Redis at 4 consumers (``queue_target``). A case that does
@@ -68,6 +68,8 @@ STAMP = struct.Struct("<d")
 TARGET_QUEUE_RATIO = 1.5
 """Quire's handled msg/s over Redis consumer groups' at 4 consumers (issues 29 and 32)."""
 TARGET_CONSUMERS = 4
+ROUNDS = 3
+"""Rounds without ``--rounds`` when peers run: the ratios are the median of 3 per-round ratios."""
 
 
 def queue_target(q: dict[str, Any], p: dict[str, Any]) -> float | None:
@@ -83,9 +85,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=int, default=100,
                         help="publishes in flight, receiver queue, XREADGROUP COUNT and fetch batch")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up a case after this many seconds")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds of every case, each system once per round in a rotated order; "
-                             "ratios per round and their median")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds of every case, each system once per round in a rotated order; ratios per "
+                             f"round and their median (default {ROUNDS} with peers, 1 without)")
     parser.add_argument("--peer", action="append", choices=["redis", "nats"], default=None,
                         help="peers to run (repeatable; default both)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, without peers")
@@ -269,7 +271,7 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         cluster = quire_cluster(data_dir, 3, 2, 2, **overrides)
         loop.run(cluster.start())
         try:
-            for r in range(args.rounds):
+            for r in range(args.rounds or (ROUNDS if peers else 1)):
                 for n in counts:   # interleaved, in an order rotated per round (tools.bench.rounds)
                     for where in rotated([cluster, *peers], r):
                         for row in _case(where, loop, n, args):
