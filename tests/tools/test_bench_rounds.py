@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tools.bench.publish import FLOOR, cpu_ratio_lines, p99_lines, ratio_lines, throughput_target
+from tools.bench.publish import FLOOR, cpu_ratio_lines, p99_lines, publish_ratios, ratio_lines, throughput_target
 from tools.bench.queue import queue_target
 from tools.bench.rounds import MEDIAN, by_round, rotated
 
@@ -36,15 +36,15 @@ def rated(system: str, r: int, p99: float, cpu: float, errors: int = 0) -> dict[
     return line
 
 
-def publish_ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def throughput_ratios(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(by_round(lambda xs: ratio_lines("publish", xs, ("size",), target=throughput_target), lines, True))
 
 
 def test_one_round_gives_the_ratio_lines_as_before() -> None:
     lines = [thr("quire", 300.0, 0, size=100), thr(FLOOR, 200.0, 0, size=100)]
-    assert publish_ratios(lines) == list(ratio_lines("publish", lines, ("size",), target=throughput_target))
+    assert throughput_ratios(lines) == list(ratio_lines("publish", lines, ("size",), target=throughput_target))
     untagged = [thr("quire", 300.0, None, size=100), thr(FLOOR, 200.0, None, size=100)]
-    (only,) = publish_ratios(untagged)
+    (only,) = throughput_ratios(untagged)
     assert only["ratio"] == 1.5 and "stat" not in only and "round" not in only
 
 
@@ -53,7 +53,7 @@ def test_throughput_ratio_is_the_median_of_the_per_round_ratios_not_of_best_roun
     quire = [300.0, 310.0, 150.0]
     floor = [200.0, 100.0, 200.0]
     lines = [x for r in range(3) for x in (thr("quire", quire[r], r, size=100), thr(FLOOR, floor[r], r, size=100))]
-    rows = publish_ratios(lines)
+    rows = throughput_ratios(lines)
     per_round, (med,) = rows[:3], rows[3:]
     assert [x["round"] for x in per_round] == [0, 1, 2]
     assert [x["ratio"] for x in per_round] == [1.5, 3.1, 0.75]
@@ -96,3 +96,17 @@ def test_p99_and_cpu_median_rows_hold_quire_at_most_the_target_and_a_round_with_
     lines[4] = rated("quire", 2, 6.0, 400.0)                             # round 2 over the target too
     (*_, cpu) = by_round(lambda xs: cpu_ratio_lines("publish", xs), lines, False)
     assert cpu["ratio"] == 2.0 and not cpu["meets_target"]
+
+
+def test_one_closed_loop_round_with_three_fixed_rate_rounds_gives_plain_throughput_ratios() -> None:
+    # publish's default with peers: the closed-loop cases once, the fixed-rate ones three times
+    lines = [thr("quire", 300.0, 0, size=100), thr(FLOOR, 200.0, 0, size=100)]
+    lines += [x for r in range(3) for x in (rated("quire", r, 4.0 + r, 240.0), rated(FLOOR, r, 4.0, 200.0))]
+    rows = list(publish_ratios(lines))
+    (throughput,) = [x for x in rows if x["case"] == "ratio"]
+    assert throughput["ratio"] == 1.5 and "stat" not in throughput and "round" not in throughput
+    p99 = [x for x in rows if x["case"] == "p99 ratio"]
+    assert [x.get("round") for x in p99] == [0, 1, 2, None] and p99[-1]["stat"] == MEDIAN
+    assert p99[-1]["ratio"] == 1.25 and p99[-1]["meets_target"]
+    cpu = [x for x in rows if x["case"] == "cpu ratio"]
+    assert len(cpu) == 4 and cpu[-1]["ratio"] == 1.2 and cpu[-1]["rounds"] == 3

@@ -398,9 +398,16 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
                         yield from ({**row, "round": r} for row in rows)
             finally:
                 loop.run(cluster.stop())
-    yield from by_round(lambda xs: ratio_lines("publish", xs, ("size",), target=throughput_target), lines, True)
-    yield from by_round(lambda xs: p99_lines("publish", xs), lines, False)
-    yield from by_round(lambda xs: cpu_ratio_lines("publish", xs), lines, False)
+    yield from publish_ratios(lines)
+
+
+def publish_ratios(lines: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The throughput, p99 and cpu ratio lines; with several rounds of a mode, per round and their medians
+    (``tools.bench.rounds.by_round``; the closed-loop and fixed-rate cases may run different numbers of rounds)."""
+    closed, rated = ([x for x in lines if x.get("mode") == mode] for mode in ("throughput", "fixed_rate"))
+    yield from by_round(lambda xs: ratio_lines("publish", xs, ("size",), target=throughput_target), closed, True)
+    yield from by_round(lambda xs: p99_lines("publish", xs), rated, False)
+    yield from by_round(lambda xs: cpu_ratio_lines("publish", xs), rated, False)
 
 
 def _throughput(where: Any, loop: asyncio.Runner, args: argparse.Namespace, config: str, size: int, body: bytes,
