@@ -112,6 +112,11 @@ class OwnedTopics:
             raise errors.ServiceDownError(f"topic {topic!r} is being released; retry")
         if self.stopping:
             raise errors.ServiceDownError("this hub is stopping; retry")
+        if self.ownership is None:
+            # start-up: the port is open (its number goes into the registration) but the hub is not registered
+            # yet; a client that connected this early retries (it was an AssertionError answered
+            # UNEXPECTED_CONDITION, which a client does not retry)
+            raise errors.ServiceDownError("this hub is starting; retry")
         fut = self._acquiring.get(topic)
         if fut is not None:
             return await asyncio.shield(fut)
@@ -152,11 +157,7 @@ class OwnedTopics:
                 self._load_slots.release()
 
     async def _acquire(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic:
-        if self.ownership is None:
-            # start-up: the port is open (its number goes into the registration) but the hub is not registered
-            # yet; a client that connected this early retries (it was an AssertionError answered
-            # UNEXPECTED_CONDITION, which a client does not retry)
-            raise errors.ServiceDownError("this hub is starting; retry")
+        assert self.ownership is not None   # topic() refused the request before the hub registered
         owner = await self.ownership.claim(topic, should_claim)
         if owner is not None:
             raise Redirect(owner)

@@ -194,6 +194,7 @@ async def test_a_request_before_the_hub_has_registered_is_service_down_not_unexp
     from bookie.wire import encode_frame
 
     server = HubServer(load_hub_conf(None, {}))       # not started: listening, say, but not registered yet
+    threshold = gc.get_threshold()
     conn = HubConnection(server)
     transport = FakeTransport()
     conn.connection_made(transport)
@@ -213,3 +214,4 @@ async def test_a_request_before_the_hub_has_registered_is_service_down_not_unexp
     assert got.txnId == 7
     assert got.statusCode == pb.SERVICE_DOWN, pb.StatusCode.Name(got.statusCode)
     assert "starting" in got.statusMsg
+    assert gc.get_threshold() == threshold, "refused before an acquisition: full collections never deferred"
