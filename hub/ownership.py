@@ -162,10 +162,16 @@ class Ownership:
         return None
 
     async def release(self, topic: bytes) -> None:
-        """Give ``topic`` up (delete the owner record if it is still ours)."""
+        """Give ``topic`` up (delete the owner record if it is still ours).
+
+        The live hubs' loads are read again at the next choice: a topic given
+        up goes to the least loaded hub as it is now (a hub that joined within
+        the cache's half second included), not as it was.
+        """
         kept = self.versions.pop(topic, None)
         if kept is None:
             return
+        self._live_at = 0.0
         try:
             await self.owners.delete_owner_info(topic, version_of(kept))
         except errors.PubSubError as exc:

@@ -46,6 +46,17 @@ async def test_new_topic_goes_to_the_least_loaded_hub(ms: MetaStore) -> None:
     assert await busy.claim(b"t", should_claim=True) is None
 
 
+async def test_a_topic_given_up_goes_to_a_hub_that_joined_within_the_live_cache(ms: MetaStore) -> None:
+    """The live hubs are cached for half a second; a release reads them again, so a topic released right
+    after another hub joined goes there (the console's release test lost that race once restarts got fast)."""
+    first = await hub(ms, 1, load=3)
+    assert await first.claim(b"t", should_claim=False) is None     # alone: it claims (and caches the live list)
+    joined = await hub(ms, 2, load=0)                              # within the cache's half second
+    assert await first.claim(b"u", should_claim=False) is None     # the cached list: the newcomer unseen yet
+    await first.release(b"t")
+    assert await first.claim(b"t", should_claim=False) == hub_address(joined.me)
+
+
 async def test_cas_mode_takes_over_a_dead_owner(ms: MetaStore) -> None:
     a = await hub(ms, 1, load=0, cas=True)
     assert await a.claim(b"t", should_claim=True) is None
