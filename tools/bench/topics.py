@@ -25,7 +25,8 @@ prints one JSON line per case:
   last entry and starts a new ledger. ``seconds`` counts from the lease
   expiry to the last publish answered; ``hub_sessions_lost`` (0 expected: a
   hub that loses its lease loses every topic), ``hub_gc_slow_pauses`` and
-  ``hub_gc_freezes`` are hub 1's counts. With ``--takeover-topics`` above what
+  ``hub_gc_freezes`` are hub 1's counts; ``hub_cpu_ms_per_topic`` and
+  ``hub_main_thread_cpu_ms_per_topic`` its CPU time (``/proc``) over the case. With ``--takeover-topics`` above what
   the acquisitions made, more topics are acquired first (untimed); with 0 the
   case is skipped (no kill).
 * ``spread_publish``: ``--spread-topics`` (2000) topics owned by hub 1, one
@@ -43,9 +44,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from tools.bench import percentiles, rate
@@ -149,6 +152,17 @@ async def hub_events(stats_url: str) -> dict[str, int]:
     return {f"hub_{k}": v for k, v in counts.items()}
 
 
+def read_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process ``pid`` and of its main thread (``/proc/PID[/task/PID]/stat``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(path: str) -> float:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    return stat(f"/proc/{pid}/stat"), stat(f"/proc/{pid}/task/{pid}/stat")
+
+
 def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> dict[str, Any]:
     ok = len(out.latencies) - out.errors
     line: dict[str, Any] = {"bench": "topics", "case": case, "metastore": args.metastore, **extra,
@@ -171,8 +185,14 @@ def _takeover(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, last
     hub1 = cluster.hub_addresses[1]
     loop.run(cluster.kill_hub(0))
     lease = loop.run(wait_owner_gone(cluster.metastore_uri, takeover[-1]))
+    pid = cluster.hub_pid(1)
+    assert pid is not None
+    cpu_before = read_cpu(pid)
     out = loop.run(publish_each(hub1, takeover, 512))
+    cpu = [round((after - before) * 1000 / len(takeover), 3)
+           for before, after in zip(cpu_before, read_cpu(pid), strict=True)]
     yield _line("takeover", args, out, in_flight=512, topics=len(takeover), lease_wait_s=round(lease, 2),
+                hub_cpu_ms_per_topic=cpu[0], hub_main_thread_cpu_ms_per_topic=cpu[1],
                 **loop.run(hub_events(cluster.stats_urls[1])))
 
 
