@@ -62,6 +62,8 @@ LEASE_FIELD = "\x00lease"
 """Hidden field naming the owning session of an ephemeral key (reserved)."""
 SESSIONS_TABLE = "__sessions"
 DEFAULT_SESSION_TIMEOUT = 2.0
+_GONE_REMEMBERED = 1024
+"""Dead sessions a ``LeaseRegistry`` remembers (then it forgets them all and reads their records again)."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +86,30 @@ class LeaseRegistry:
     A session seen alive with expiry T is remembered as alive until T: a
     session that closes cleanly removes its keys itself, so the cache never
     hides a dead owner past its lease.
+
+    A session whose record is gone (never there, removed by its close or by
+    a sweep) is remembered as dead: its record cannot come back (a session
+    creates it once, under a new id, and renews it with a write that fails
+    when it is missing), so the answer is final. A takeover asks about the
+    same dead owner twice per topic, for thousands of topics (issue 34).
     """
 
     def __init__(self, sessions: MetastoreTable, clock: Callable[[], float] = time.time) -> None:
         self._sessions = sessions
         self._clock = clock
         self._alive_until: dict[str, float] = {}
+        self._gone: set[str] = set()
+        """Sessions whose record is gone: dead for good (bounded by ``_GONE_REMEMBERED``)."""
+
+    def _dead(self, session_id: str) -> None:
+        self._alive_until.pop(session_id, None)
+        if len(self._gone) >= _GONE_REMEMBERED:
+            self._gone.clear()
+        self._gone.add(session_id)
 
     async def expired(self, session_id: str) -> bool:
+        if session_id in self._gone:
+            return True
         now = self._clock()
         until = self._alive_until.get(session_id)
         if until is not None and now < until:
@@ -99,7 +117,7 @@ class LeaseRegistry:
         try:
             got = await self._sessions.get(session_id)
         except NoKeyError:
-            self._alive_until.pop(session_id, None)
+            self._dead(session_id)
             return True
         rec = LeaseRecord.FromString(got.value.get("lease") or b"")
         expires = rec.expires_ms / 1000.0
@@ -109,6 +127,8 @@ class LeaseRegistry:
                 await self._sessions.remove(session_id, got.version)
             except MetastoreError:
                 pass
+            else:
+                self._dead(session_id)
             return True
         self._alive_until[session_id] = expires
         return False
