@@ -147,9 +147,9 @@ class BookKeeper:
         self._handles.pop(lh, None)
 
     def _handle(self, ledger_id: int, md: LedgerMetadata, version: Version, password: bytes, *,
-                writable: bool) -> LedgerHandle:
+                writable: bool, encoded: bytes | None = None) -> LedgerHandle:
         lh = LedgerHandle(self._ctx, ledger_id, md, version, password, writable=writable,
-                          on_close=self._forget_handle)
+                          on_close=self._forget_handle, encoded=encoded)
         self._handles[lh] = None
         return lh
 
@@ -180,9 +180,10 @@ class BookKeeper:
                             ensembles=[(0, list(bookies))], digest=str(digest),
                             password_digest=password_digest(password),
                             properties={k: bytes(v) for k, v in (properties or {}).items()})
-        version = await self.ledgers.create(ledger_id, md)
+        encoded = md.encode()   # once, for the record and the writer (issue 34: a takeover creates thousands)
+        version = await self.ledgers.create(ledger_id, md, encoded)
         log.debug("created ledger %d on %s", ledger_id, bookies)
-        return self._handle(ledger_id, md, version, password, writable=True)
+        return self._handle(ledger_id, md, version, password, writable=True, encoded=encoded)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"") -> LedgerHandle:
         """Recovery-open: fence the ledger, recover its tail, close it; a read-only handle on the result.

@@ -47,7 +47,7 @@ class LedgerHandle:
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, writable: bool,
-                 on_close: Callable[[LedgerHandle], None] | None = None) -> None:
+                 on_close: Callable[[LedgerHandle], None] | None = None, encoded: bytes | None = None) -> None:
         self.ledger_id = ledger_id
         self._ctx = ctx
         self._password = password
@@ -55,7 +55,8 @@ class LedgerHandle:
         self._decoded: tuple[bytes, LedgerMetadata] | None = None   # the writer's, decoded for the reader
         self._on_close = on_close
         self._lac = -1
-        self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password) if writable else None
+        self._writer = LedgerWriter(ctx, ledger_id, metadata, version, password,
+                                    encoded=encoded) if writable else None
         self._lazy_reader: LedgerReader | None = None
         self._recovered_last: LedgerEntry | None = None
         """The last entry as recovery met it (``BookKeeper.open_ledger``): ``read_last_entry`` needs no read."""

@@ -194,9 +194,11 @@ class LedgerMetadataManager:
         """
         return await self.ids.next_id()
 
-    async def create(self, ledger_id: int, metadata: LedgerMetadata) -> Version:
+    async def create(self, ledger_id: int, metadata: LedgerMetadata, encoded: bytes | None = None) -> Version:
+        """Create the ledger's record (``encoded``: ``metadata.encode()`` when the caller has it already)."""
+        data = metadata.encode() if encoded is None else encoded
         try:
-            return await self.ledgers.put(ledger_record_key(ledger_id), Value({"data": metadata.encode()}), Version.NEW)
+            return await self.ledgers.put(ledger_record_key(ledger_id), Value({"data": data}), Version.NEW)
         except KeyExistsError:
             raise LedgerExistsError(f"ledger {ledger_id} exists") from None
 

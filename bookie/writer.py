@@ -120,10 +120,15 @@ class LedgerWriter(ExplicitLac):
                  "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length", "next_entry_id")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
-                 password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0) -> None:
+                 password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0,
+                 encoded: bytes | None = None) -> None:
         self._ctx = ctx
         self.ledger_id = ledger_id
-        self.metadata = metadata          # kept serialized (``_md``), its CLOSED state in ``_sealed``
+        if encoded is None:
+            self.metadata = metadata      # kept serialized (``_md``), its CLOSED state in ``_sealed``
+        else:                             # ``metadata.encode()``, which the caller has already
+            self._md = encoded
+            self._sealed = metadata.is_closed
         self.version = version
         self._password = bytes(password)
         self._master_key = _master_key(self._password)
