@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from metastore import ALL_FIELDS, Order, Value, Version, open_metastore
-from metastore.api import check_range, in_range
+from metastore.api import check_range, check_value, in_range
 from metastore.errors import IllegalOpError, MetastoreError, NoKeyError, ServiceDownError
 from metastore.registry import scheme_of
 
@@ -58,3 +58,16 @@ async def test_unknown_scheme_names_the_known_ones() -> None:
 async def test_lmdb_uri_without_path() -> None:
     with pytest.raises(IllegalOpError):
         await open_metastore("lmdb://")
+
+
+def test_check_value_copies_and_converts_and_refuses() -> None:
+    plain = Value({"a": b"1", "b": None})
+    got = check_value(plain)
+    assert got == plain and got is not plain and type(got) is Value   # a copy: the caller's dict may change
+    plain["a"] = b"2"
+    assert got["a"] == b"1"
+    converted = check_value({"a": bytearray(b"x"), "m": memoryview(b"y")})
+    assert converted == {"a": b"x", "m": b"y"} and all(type(v) is bytes for v in converted.values())
+    for bad in ({1: b"x"}, {"a": "text"}, {"a": 1}, None, [("a", b"x")]):
+        with pytest.raises(IllegalOpError):
+            check_value(bad)
