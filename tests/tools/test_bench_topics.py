@@ -23,6 +23,7 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     assert [r["in_flight"] for r in rows[:2]] == [8, 32]
     assert all(r["errors"] == 0 and r["ok"] > 0 for r in rows if "errors" in r), rows
     assert rows[3]["topics"] == 50 and rows[3]["ok"] == 50      # 40 acquired last, 10 more made for it
+    assert 0 < rows[3]["hub_main_thread_cpu_ms_per_topic"] <= rows[3]["hub_cpu_ms_per_topic"]
     assert rows[2]["topics"] == 80 and rows[6]["ratio"] > 0
 
 
