@@ -4,6 +4,7 @@
     req = add_request(txn_id, ledger_id, entry_id, key, payload)
     status_of(exc); raise_for_status(response); add_header(request)
     add_ok_frame(txn_id, ledger_id, entry_id)   # the framed OK answer, without a Response object
+    ok_frame(txn_id, ADD_ENTRIES)              # an ADD_ENTRIES' framed answer when every add succeeded
     AddAcks().frame(txn_id, ledger_id, entry_id)   # the same bytes, cheaper
 
 Importers use ``bookie.protocol``, which hands these names on.
@@ -246,6 +247,17 @@ def add_ok_frame(txn_id: int, ledger_id: int, entry_id: int) -> bytes:
     return _BYTE[len(body)].rjust(4, b"\0") + body  # a body of 2 + 3 x 10 bytes at most
 
 
+def ok_frame(txn_id: int, op: int) -> bytes:
+    """The framed OK answer of ``op`` carrying only its txn id (an ADD_ENTRIES whose adds all succeeded).
+
+    The same bytes as ``encode_frame(Response(txn_id=txn_id, op=op))``, without a ``Response`` object
+    (one per ADD_ENTRIES frame on the server's hot path); ``op`` is an ``OperationType`` (under 0x80).
+    """
+    body = (b"\x08" + _varint(txn_id) + _OP_FIELDS[op]) if txn_id else _OP_FIELDS[op]
+    return _LENGTH_PREFIXES[len(body)] + body   # a body of 2 + 10 bytes at most
+
+
+_OP_FIELDS = [b"\x10" + _BYTE[op] if op else b"" for op in range(0x80)]   # Response.op (varint 2), by value
 _LENGTH_PREFIXES = tuple(LENGTH_PREFIX.pack(n) for n in range(64))  # an ADD_ENTRY OK body is 35 bytes at most
 
 

@@ -84,6 +84,11 @@ class _AddsAnswer:
     def _answer(self) -> None:
         conn, errs = self._conn, self._errors
         requests = self._stats.requests
+        if not errs and self._trace is None:   # the common case: every add durable, one hand-framed OK
+            requests[ADD_OK] = requests.get(ADD_OK, 0) + len(self._entries)
+            conn.send_frame_later(self._op, proto.OK, proto.ok_frame(self._txn_id, self._op))
+            conn.finished()
+            return
         ok = len(self._entries) - len(errs.keys() - {-1})
         if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
             requests[ADD_OK] = requests.get(ADD_OK, 0) + ok

@@ -94,6 +94,8 @@ __all__ = [
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
                  pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK})
+_PUBLISH = pb.PUBLISH
+_VERSION_ONE = pb.VERSION_ONE
 _BODY_FOR_OP = {
     pb.PUBLISH: "publishRequest",
     pb.SUBSCRIBE: "subscribeRequest",
@@ -340,25 +342,31 @@ class ServerConnection:
         except (DecodeError, ValueError, RuntimeError) as exc:
             return Reject(response(0, pb.MALFORMED_REQUEST, f"malformed request frame of {len(frame)} bytes: {exc}"))
         txn = req.txnId
-        if req.protocolVersion != pb.VERSION_ONE:
+        if req.protocolVersion != _VERSION_ONE:
             return Reject(response(txn, pb.MALFORMED_REQUEST, f"protocolVersion {req.protocolVersion} is not "
                                                               f"supported: this hub speaks VERSION_ONE (1)"))
         op = req.type
-        if op not in OPS:
-            return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {op}"))
-        body = _BODY_FOR_OP[op]
-        if req.WhichOneof("body") != body:
-            return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
-                                                              f"needs a {body}"))
-        if op == pb.AUTHENTICATE or op == pb.PING:   # of the connection, not of a topic
-            return RequestReceived(req, b"", b"")
-        topic = request_topic(req)
-        problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
-        if problem is not None:   # an over-long topic is not echoed back
-            return Reject(response(txn, pb.MALFORMED_REQUEST, problem,
-                                   topic=topic if len(topic) <= MAX_TOPIC_BYTES else b""))
-        if op == pb.PUBLISH:
+        body = req.WhichOneof("body")
+        if op == _PUBLISH and body == "publishRequest":
+            # the hub's most frequent request: the checks below, in their order, without their lookups and calls
             pub = req.publishRequest
+            topic = req.topic or pub.topic   # request_topic's
+        else:
+            if op not in OPS:
+                return Reject(response(txn, pb.UNKNOWN_OPERATION, f"unknown operation {op}"))
+            want = _BODY_FOR_OP[op]
+            if body != want:
+                return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
+                                                                  f"needs a {want}"))
+            if op == pb.AUTHENTICATE or op == pb.PING:   # of the connection, not of a topic
+                return RequestReceived(req, b"", b"")
+            topic = request_topic(req)
+        if len(topic) > MAX_TOPIC_BYTES or topic not in _VALID_NAMES:   # else valid: name_problem's cache
+            problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
+            if problem is not None:   # an over-long topic is not echoed back
+                return Reject(response(txn, pb.MALFORMED_REQUEST, problem,
+                                       topic=topic if len(topic) <= MAX_TOPIC_BYTES else b""))
+        if op == _PUBLISH:   # ``pub`` is its publishRequest (the fast path above took every well-formed one)
             if pub.msgs:
                 refused, plain_bytes = self._batch_problem(pub)
                 if refused is not None:

@@ -148,6 +148,15 @@ def test_add_ok_frame_is_the_encoded_ok_response(txn_id: int, ledger_id: int, en
     assert proto.parse_response(resp) == proto.add_response(txn_id, ledger_id, entry_id)
 
 
+@settings(max_examples=300)
+@given(st.integers(0, 2**64 - 1), st.sampled_from([proto.ADD_ENTRIES, proto.ADD_ENTRIES_MULTI, proto.ADD_ENTRY]))
+def test_ok_frame_is_the_encoded_ok_response(txn_id: int, op: int) -> None:
+    frame = proto.ok_frame(txn_id, op)
+    assert frame == proto.encode_frame(proto.Response(txn_id=txn_id, op=op))
+    (resp,) = proto.FrameDecoder().feed(frame)
+    assert proto.parse_response(resp) == proto.Response(txn_id=txn_id, op=op, status=proto.OK)
+
+
 def test_add_header_takes_the_payload_read_already() -> None:
     good = proto.add_request(1, 5, 2, b"k", encode_entry(5, 2, 1, 3, b"abc"))
     assert proto.add_header(good, good.body) == (5, 2, 1)
