@@ -194,6 +194,19 @@ def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
 _VERSION_TXN = _VERSION_ONE_FIELD + b"\x18"
 
 
+def published_batch_ok(txn_id: int, topic: bytes, first: int, stored: int) -> bytes:
+    """The encoded SUCCESS answer to a batched publish (``hub.responses.published_batch``'s, byte for byte,
+    tested): ``publishResponse { publishedMsgId { localComponent = first } (if first), stored }``, put
+    together as ``published`` is; ``stored`` in 0 .. 2**32-1."""
+    inner = b"\x10" + _varint(stored) if stored else b""   # stored (varint 2)
+    if first:
+        seq = _varint(first)
+        inner = b"\x0a" + _SMALL_VARINTS[len(seq) + 1] + b"\x08" + seq + inner
+    body = (_VERSION_TXN + _varint(txn_id) if txn_id else _VERSION_ONE_FIELD) + _published_tail(topic) \
+        + _SMALL_VARINTS[len(inner)] + inner   # the publish response's length: under 0x80
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def _published_tail(topic: bytes) -> bytes:
     """``published``'s fields after the txn id up to the publish response's length: the topic (bytes 5), then

@@ -10,6 +10,7 @@ from __future__ import annotations
 from bookie.errors import BKError
 from bookie.wire.framing import encode_frame
 from hub.errors import PubSubError
+from hub.frames import published_batch_ok
 from hub.proto import pubsub_pb2 as pb
 from metastore.errors import MetastoreError
 
@@ -102,6 +103,8 @@ def published_batch(txn_id: int, topic: bytes, first: int, stored: int, status: 
                     message: str = "") -> bytes:
     """The answer to a batched publish: ``stored`` messages from seq id ``first`` on (all of them with SUCCESS;
     with an error ``status``, the ones before the failure)."""
+    if status == pb.SUCCESS and not message:   # the common case, hand-framed (one per batched publish)
+        return published_batch_ok(txn_id, topic, first, stored)
     resp = response(txn_id, status, message, topic=topic)
     if first:
         resp.publishResponse.publishedMsgId.localComponent = first

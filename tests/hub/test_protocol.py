@@ -25,6 +25,7 @@ from hub.protocol import (
     delivery_batch,
     encode,
     published,
+    published_batch,
     response,
 )
 
@@ -176,6 +177,18 @@ def test_publish_response_is_what_protobuf_serializes(txn: int, topic: bytes, se
     resp = response(txn, topic=topic)
     resp.publishResponse.publishedMsgId.localComponent = seq
     assert published(txn, topic, seq) == encode(resp)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=0, max_value=2**64 - 1), st.binary(max_size=300),
+       st.integers(min_value=0, max_value=2**64 - 1), st.integers(min_value=0, max_value=2**32 - 1))
+def test_batched_publish_response_is_what_protobuf_serializes(txn: int, topic: bytes, first: int,
+                                                              stored: int) -> None:
+    resp = response(txn, topic=topic)
+    if first:
+        resp.publishResponse.publishedMsgId.localComponent = first
+    resp.publishResponse.stored = stored
+    assert published_batch(txn, topic, first, stored) == encode(resp)
 
 
 @settings(max_examples=200, deadline=None)
