@@ -98,8 +98,8 @@ from bookie.messages import bookie_info_request as bookie_info_request
 from bookie.messages import error_for as error_for
 from bookie.messages import error_response as error_response
 from bookie.messages import is_long_poll as is_long_poll
-from bookie.messages import ok_frame as ok_frame
 from bookie.messages import lac_response as lac_response
+from bookie.messages import ok_frame as ok_frame
 from bookie.messages import op_name as op_name
 from bookie.messages import parse_request as parse_request
 from bookie.messages import parse_response as parse_response
