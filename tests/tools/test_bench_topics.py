@@ -19,12 +19,17 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     assert [r["case"] for r in rows] == ["acquire", "acquire", "idle_topic_rss", "takeover", "spread_publish",
-                                         "one_topic", "ratio"]
+                                         "one_topic", "ratio", "one_topic_unbatched", "fair_ratio"]
     assert [r["in_flight"] for r in rows[:2]] == [8, 32]
     assert all(r["errors"] == 0 and r["ok"] > 0 for r in rows if "errors" in r), rows
     assert rows[3]["topics"] == 50 and rows[3]["ok"] == 50      # 40 acquired last, 10 more made for it
     assert 0 < rows[3]["hub_main_thread_cpu_ms_per_topic"] <= rows[3]["hub_cpu_ms_per_topic"]
-    assert rows[2]["topics"] == 80 and rows[6]["ratio"] > 0
+    assert rows[2]["topics"] == 80 and rows[6]["ratio"] > 0 and rows[8]["ratio"] > 0
+    # one message per entry when the hub may not batch; one topic at depth 64 packs several
+    assert rows[7]["entries_per_message"] == pytest.approx(1.0, abs=0.02)
+    assert rows[5]["entries_per_message"] < rows[7]["entries_per_message"]
+    assert rows[8]["entries_per_message"] == [rows[4]["entries_per_message"], rows[7]["entries_per_message"]]
+    assert all(r["hub_cpu_ms_per_msg"] >= 0 <= r["bookies_cpu_ms_per_msg"] for r in (rows[4], rows[5], rows[7]))
 
 
 @pytest.mark.slow

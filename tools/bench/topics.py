@@ -33,7 +33,17 @@ prints one JSON line per case:
   client with ``--depth`` publishes in flight, ``--messages`` messages
   round-robin over them; then the same client, depth and count on one topic
   (``one_topic``); then a ``ratio`` line (spread / one topic), same run.
-  ``--spread-topics 0`` skips these three lines.
+  Each of these lines carries ``entries_per_message`` (ledger entries the
+  bookies journaled, over the write quorum, per message: about 1 when 2 000
+  topics cannot batch, far below 1 for one topic, whose entries pack many
+  messages) and the CPU milliseconds per message of the hub and of the
+  bookies together. Then ``one_topic_unbatched``: hub 1 restarted with one
+  message per entry (``max_batch_messages=1``, ``--depth`` adds in flight per
+  topic), the same client, depth and count on a new topic; and a
+  ``fair_ratio`` line (spread / that case): the spread case against one topic
+  with the same entries per message, which is what the spread case can
+  reach without batching across topics. ``--spread-topics 0`` skips these
+  lines.
 
 Figures measured on a shared machine are contended: the lines carry the
 configuration, not the machine's load.
@@ -111,6 +121,32 @@ async def publish_spread(address: str, topics: list[bytes], messages: int, depth
     finally:
         await client.close()
     return out
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """User and system CPU seconds used so far by process ``pid`` (0 when gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
+
+
+async def journaled_entries(stats_urls: list[str]) -> float:
+    """Entries the bookies behind ``stats_urls`` journaled so far (``bookie_group_commit_entries_sum``)."""
+    import urllib.request
+
+    def fetch(url: str) -> float:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("bookie_group_commit_entries_sum"):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    return sum(await asyncio.gather(*(asyncio.to_thread(fetch, u) for u in stats_urls)))
 
 
 async def wait_owner_gone(uri: str, topic: bytes, timeout: float = 120.0) -> float:
@@ -196,23 +232,63 @@ def _takeover(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, last
                 **loop.run(hub_events(cluster.stats_urls[1])))
 
 
+class _Costs:
+    """What a publish-rate case cost the cluster: ledger entries and hub / bookie CPU, per message."""
+
+    def __init__(self, loop: asyncio.Runner, cluster: Any, quorum: int) -> None:
+        self.loop, self.cluster, self.quorum = loop, cluster, quorum
+        n = len(cluster.bookie_addresses)
+        self.urls = [u for u in cluster.stats_urls if u][-n:]       # hubs first, then the bookies
+        self.pids = [cluster.bookie_pid(i) for i in range(n)]
+
+    def _now(self) -> tuple[float, float, float]:
+        entries = self.loop.run(journaled_entries(self.urls))
+        return entries, _cpu_seconds(self.cluster.hub_pid(1)), sum(map(_cpu_seconds, self.pids))
+
+    def run(self, case: Callable[[], Outcome]) -> tuple[Outcome, dict[str, Any]]:
+        e0, h0, b0 = self._now()
+        out = case()
+        e1, h1, b1 = self._now()
+        ok = max(len(out.latencies) - out.errors, 1)
+        return out, {"entries_per_message": round((e1 - e0) / self.quorum / ok, 3),
+                     "hub_cpu_ms_per_msg": round((h1 - h0) * 1000 / ok, 4),
+                     "bookies_cpu_ms_per_msg": round((b1 - b0) * 1000 / ok, 4)}
+
+
 def _spread(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, names: Callable[[str, int], list[bytes]],
             run_id: str) -> Iterator[dict[str, Any]]:
-    """``--spread-topics`` topics vs one topic through hub 1, same client and depth, and their ratio."""
+    """``--spread-topics`` topics vs one topic through hub 1, same client and depth, and their ratio; then
+    one topic at one message per entry and the fair ratio (the module docstring)."""
     hub1 = cluster.hub_addresses[1]
     spread = names("spread", args.spread_topics)
     loop.run(publish_each(hub1, spread, 512))     # acquired, first ledgers open: not timed
     one = [f"one-{run_id}".encode()]
     loop.run(publish_each(hub1, one, 1))
-    many = loop.run(publish_spread(hub1, spread, args.messages, args.depth))
-    yield _line("spread_publish", args, many, topics=len(spread), depth=args.depth)
-    single = loop.run(publish_spread(hub1, one, args.messages, args.depth))
-    yield _line("one_topic", args, single, topics=1, depth=args.depth)
+    costs = _Costs(loop, cluster, int(_conf(args)["bk_write_quorum_size"]))
+    many, many_cost = costs.run(lambda: loop.run(publish_spread(hub1, spread, args.messages, args.depth)))
+    yield _line("spread_publish", args, many, topics=len(spread), depth=args.depth, **many_cost)
+    single, single_cost = costs.run(lambda: loop.run(publish_spread(hub1, one, args.messages, args.depth)))
+    yield _line("one_topic", args, single, topics=1, depth=args.depth, **single_cost)
     one_rate = rate(len(single.latencies) - single.errors, single.seconds)
     many_rate = rate(len(many.latencies) - many.errors, many.seconds)
     yield {"bench": "topics", "case": "ratio", "metastore": args.metastore,
            "what": f"{len(spread)} topics / 1 topic, msg/s", "depth": args.depth,
            "ratio": round(many_rate / one_rate, 3) if one_rate else None, "target": 0.7}
+
+    # one topic, one message per entry: what the spread case compares with once batching is taken out
+    loop.run(cluster.stop_hub(1))
+    cluster.set_hub_conf(1, max_batch_messages="1", max_outstanding_adds=str(args.depth),
+                         batch_hold_after_adds=str(args.depth))
+    loop.run(cluster.restart_hub(1))
+    unbatched = [f"unbatched-{run_id}".encode()]
+    loop.run(publish_each(hub1, unbatched, 1))
+    flat, flat_cost = costs.run(lambda: loop.run(publish_spread(hub1, unbatched, args.messages, args.depth)))
+    yield _line("one_topic_unbatched", args, flat, topics=1, depth=args.depth, max_batch_messages=1, **flat_cost)
+    flat_rate = rate(len(flat.latencies) - flat.errors, flat.seconds)
+    yield {"bench": "topics", "case": "fair_ratio", "metastore": args.metastore,
+           "what": f"{len(spread)} topics / 1 topic at one message per entry, msg/s", "depth": args.depth,
+           "entries_per_message": [many_cost["entries_per_message"], flat_cost["entries_per_message"]],
+           "ratio": round(many_rate / flat_rate, 3) if flat_rate else None}
 
 
 def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
