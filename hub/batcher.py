@@ -232,7 +232,7 @@ class EntryBatcher:
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
             # at the end of this loop turn, so the publishes of one read share an entry
             self._pump_soon = True
-            asyncio.get_running_loop().call_soon(self._pump_if_soon)
+            asyncio.get_running_loop().call_soon(self._pump)
         elif self._hold_timer is None and self.conf.batch_flush_delay_ms and self._inflight:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
@@ -304,12 +304,6 @@ class EntryBatcher:
 
     def send_queued(self) -> None:
         """Send what ``submit`` queued for the end of this loop turn now (the server calls it after a read)."""
-        if self._pump_soon:
-            self._pump()
-
-    def _pump_if_soon(self) -> None:
-        """The end-of-turn pump ``_queued`` scheduled, unless ``send_queued`` (or a settle) already ran it:
-        a topic with one publish per read otherwise pumped twice for it (issue 34, spread publishing)."""
         if self._pump_soon:
             self._pump()
 
