@@ -115,6 +115,8 @@ class ConnectionHost(Protocol):
 class HubConnection(PublishPath, asyncio.Protocol):
     """One client connection (its publish path: ``hub.connection_publish``)."""
 
+    server: ConnectionHost   # all of it here; the publish path declares the part it uses (PublishHost)
+
     def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.conf = server.conf

@@ -19,14 +19,16 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol, tracing
 from hub.delayed import resolve_due
 from hub.proto import pubsub_pb2 as pb
 
 if TYPE_CHECKING:
-    from hub.connection import ConnectionHost
+    from hub.regions import RegionManager
+    from hub.stats import HubStats
     from hub.topic import Topic
 
 log = logging.getLogger("hub.connection")   # these lines have always been the connection's
@@ -34,10 +36,24 @@ log = logging.getLogger("hub.connection")   # these lines have always been the c
 __all__ = ["PublishPath"]
 
 
+class PublishHost(Protocol):
+    """What the publish path uses of its hub: a narrow part of ``hub.connection.ConnectionHost`` (declared
+    here, so this module does not import the connection module back)."""
+
+    stats: HubStats
+    topics: dict[bytes, Topic]
+    regions: RegionManager | None
+    region_bytes: bytes
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
+
+    async def release_topic(self, topic: bytes) -> None: ...
+
+
 class PublishPath:
     """Publishes of ``HubConnection`` (its ``server``, ``machine``, ``region_hub`` are declared here)."""
 
-    server: ConnectionHost
+    server: PublishHost
     machine: protocol.ServerConnection
     region_hub: bool
 
