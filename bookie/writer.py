@@ -84,7 +84,7 @@ from bookie.pending_add import (
     _write_sets,
 )
 from metastore import Version
-from metastore.idle import IDLE, IDLE_DICT, kept_version, version_of
+from metastore.idle import IDLE, IDLE_DICT, VersionSlot
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +175,8 @@ class LedgerWriter(ExplicitLac):
         self._md = md.encode()
         self._sealed = md.is_closed
 
-    @property
-    def version(self) -> Version:
-        """The metadata record's version (the CAS of the writer's next metadata write)."""
-        return version_of(self._version)
-
-    @version.setter
-    def version(self, version: Version) -> None:
-        self._version = kept_version(version)
+    version = VersionSlot()
+    """The metadata record's version (the CAS of the writer's next metadata write)."""
 
     @property
     def metadata_wire(self) -> bytes:

@@ -95,7 +95,7 @@ from hub.log_reader import NOTHING_DECODED, LogReader, decode_batch
 from hub.log_usage import LogUsage
 from hub.proto import pubsub_pb2 as pb
 from metastore import Version
-from metastore.idle import IDLE, IDLE_DICT, KeptVersion, kept_version, version_of
+from metastore.idle import IDLE, IDLE_DICT, KeptVersion, VersionSlot
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
@@ -202,14 +202,8 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
     def ranges(self, value: pb.LedgerRanges) -> None:
         self._ranges_wire = value.SerializeToString()
 
-    @property
-    def version(self) -> Version:
-        """The version of the topic's ranges this owner read or last wrote (the CAS of its next write)."""
-        return version_of(self._version)
-
-    @version.setter
-    def version(self, version: Version) -> None:
-        self._version = kept_version(version)
+    version = VersionSlot()
+    """The version of the topic's ranges this owner read or last wrote (the CAS of its next write)."""
 
     def last_seq_now(self) -> int:
         """``last_seq`` as a method (``hub.subscriptions.LogPosition``): subscriptions keep the log, not a

@@ -31,7 +31,7 @@ object is 48 bytes besides its int); ``version_of(kept)`` gives the
 from __future__ import annotations
 
 import collections
-from typing import Any
+from typing import Any, overload
 
 from metastore.api import Version
 
@@ -82,3 +82,22 @@ def kept_version(version: Version) -> KeptVersion:
 def version_of(kept: KeptVersion) -> Version:
     """The ``Version`` ``kept_version`` kept."""
     return kept if isinstance(kept, Version) else Version(kept)
+
+
+class VersionSlot:
+    """A ``Version`` attribute kept as ``kept_version`` in its owner's ``_version`` slot (48 bytes fewer a
+    topic than a ``Version``): ``version = VersionSlot()`` in the class body."""
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> VersionSlot: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Version: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> Version | VersionSlot:
+        if obj is None:
+            return self
+        return version_of(obj._version)  # type: ignore[attr-defined]
+
+    def __set__(self, obj: object, version: Version) -> None:
+        obj._version = kept_version(version)  # type: ignore[attr-defined]
