@@ -73,28 +73,7 @@ class AckCursor:
 
     def ack(self, seq: int) -> bool:
         """Acknowledge ``seq``; True when it was not acknowledged before."""
-        if seq <= self.mark_delete:
-            return False
-        starts, ends = self._starts, self._ends
-        i = bisect.bisect_right(starts, seq) - 1
-        if i >= 0 and ends[i] >= seq:
-            return False
-        left = i >= 0 and ends[i] == seq - 1
-        right = i + 1 < len(starts) and starts[i + 1] == seq + 1
-        if left and right:
-            ends[i] = ends[i + 1]
-            del starts[i + 1], ends[i + 1]
-        elif left:
-            ends[i] = seq
-        elif right:
-            starts[i + 1] = seq
-        else:
-            starts.insert(i + 1, seq)
-            ends.insert(i + 1, seq)
-        if starts[0] <= self.mark_delete + 1:    # _advance, inline: once per ack
-            self.mark_delete = max(self.mark_delete, ends[0])
-            del starts[0], ends[0]
-        return True
+        return self._ack_fresh(seq, seq)
 
     def ack_many(self, seqs: list[int]) -> int:
         """``ack`` of each of ``seqs``; how many were not acknowledged before. A run of consecutive seq ids
