@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from hub.client import HedwigClient
+from hub.conf import load_hub_conf
 from hub.metadata import TopicPersistenceManager
+from hub.server import HubServer
 from metastore import open_metastore
 from tests.fixtures.cycles import cyclic_garbage
 from tests.hub.test_stats import scrape
@@ -31,6 +33,15 @@ pytestmark = pytest.mark.asyncio(loop_scope="function")
 CONF = {"bk_ensemble_size": "3", "bk_write_quorum_size": "2", "bk_ack_quorum_size": "2", "zk_timeout": "3000",
         "session_timeout": "3000", "rebalance_interval_sec": "0"}
 IN_FLIGHT = 512
+
+
+async def _in_process_hub(cluster: LocalCluster, keys: dict[str, str], **extra: str) -> HubServer:
+    """A hub started in this process on ``cluster``, its conf ``keys`` (less a bookie's) and ``extra``."""
+    hub_keys = {k: v for k, v in keys.items() if k != "session_timeout"}     # a bookie key
+    server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0", **extra,
+                                            "metastore_uri": cluster.metastore_uri}))
+    await server.start()
+    return server
 
 
 async def _publish_all(address: str, topics: list[bytes], body: bytes) -> list[int | BaseException]:
@@ -91,15 +102,8 @@ async def test_512_first_publishes_in_flight_and_a_failover_on_zookeeper(tmp_pat
 async def test_topic_loads_beyond_the_bound_wait_their_turn(tmp_path: Path) -> None:
     """In process: 60 new topics at once with ``max_concurrent_topic_loads=3``: all publishes succeed,
     acquisitions and new ledgers run 3 at a time (concurrently, but never more)."""
-    from hub.conf import load_hub_conf
-    from hub.server import HubServer
-
     async with LocalCluster(bookies=3, hubs=0, data_dir=tmp_path / "c", conf_overrides=CONF) as cluster:
-        hub_keys = {k: v for k, v in CONF.items() if k != "session_timeout"}     # a bookie key
-        conf = load_hub_conf(None, {**hub_keys, "server_port": "0",
-                                    "max_concurrent_topic_loads": "3", "metastore_uri": cluster.metastore_uri})
-        server = HubServer(conf)
-        await server.start()
+        server = await _in_process_hub(cluster, CONF, max_concurrent_topic_loads="3")
         try:
             peaks = {"acquire": [0, 0], "ledger": [0, 0]}     # [now, most at once]
             waiting: list[int] = []
@@ -139,15 +143,10 @@ async def test_acquired_and_released_topics_leave_no_cyclic_garbage(tmp_path: Pa
     """In process: 40 topics acquired, then released. Neither leaves a reference cycle among the hub's objects,
     so freezing what acquisitions built (``hub.gcwatch``) keeps nothing from the collector that the hub has
     given up: a released topic's log, quota, subscriptions and compaction are freed by reference counting."""
-    from hub.conf import load_hub_conf
-    from hub.server import HubServer
 
     conf_keys = {**CONF, "bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1"}
     async with LocalCluster(bookies=1, hubs=0, data_dir=tmp_path / "c", conf_overrides=conf_keys) as cluster:
-        hub_keys = {k: v for k, v in conf_keys.items() if k != "session_timeout"}     # a bookie key
-        server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0",
-                                                "metastore_uri": cluster.metastore_uri}))
-        await server.start()
+        server = await _in_process_hub(cluster, conf_keys)
         try:
             # one client throughout: a closed client's own connection objects are cycles of the test's
             async with await HedwigClient.connect(server.address, conf={"max_outstanding_messages": "64"}) as c:
@@ -169,16 +168,11 @@ async def test_idle_topics_share_their_empty_tables_and_the_hubs_callbacks(tmp_p
     starts, ledger sizes and times, subscriptions: ``metastore.idle.IDLE_DICT``) and share the hub's callbacks;
     the first subscription, or a roll to a new ledger, gives that one topic tables of its own, with the closed
     ledger's size and time and the writer's time known (issue 34)."""
-    from hub.conf import load_hub_conf
-    from hub.server import HubServer
     from metastore.idle import IDLE_DICT
 
     conf_keys = {**CONF, "bk_ensemble_size": "1", "bk_write_quorum_size": "1", "bk_ack_quorum_size": "1"}
     async with LocalCluster(bookies=1, hubs=0, data_dir=tmp_path / "c", conf_overrides=conf_keys) as cluster:
-        hub_keys = {k: v for k, v in conf_keys.items() if k != "session_timeout"}     # a bookie key
-        server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0", "max_entries_per_ledger": "2",
-                                                "metastore_uri": cluster.metastore_uri}))
-        await server.start()
+        server = await _in_process_hub(cluster, conf_keys, max_entries_per_ledger="2")
         try:
             topics = [f"tables-{i}".encode() for i in range(10)]
             assert await _publish_all(server.address, topics, b"m") == [1] * 10
@@ -267,8 +261,6 @@ async def test_an_acquisition_that_fails_after_starting_its_ledger_closes_and_dr
     step of it fails (here the subscriptions' read), that ledger is closed and, empty, dropped with its
     range, before the claim is given up: the retried acquisition has no ledger to recover, and the
     publish lands in one ledger, the only one left."""
-    from hub.conf import load_hub_conf
-    from hub.server import HubServer
     from hub.subscriptions import TopicSubscriptions
 
     failed: list[bytes] = []
@@ -282,10 +274,7 @@ async def test_an_acquisition_that_fails_after_starting_its_ledger_closes_and_dr
 
     monkeypatch.setattr(TopicSubscriptions, "load", failing_once)
     async with LocalCluster(bookies=3, hubs=0, data_dir=tmp_path / "c", conf_overrides=CONF) as cluster:
-        hub_keys = {k: v for k, v in CONF.items() if k != "session_timeout"}     # a bookie key
-        server = HubServer(load_hub_conf(None, {**hub_keys, "server_port": "0",
-                                                "metastore_uri": cluster.metastore_uri}))
-        await server.start()
+        server = await _in_process_hub(cluster, CONF)
         try:
             before = await server.bk.ledgers.ledger_ids()
             recoveries: list[int] = []
