@@ -6,18 +6,24 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 
-@pytest.mark.slow
-def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "topics", "--windows", "8,32",
-                          "--acquire-topics", "40", "--takeover-topics", "50", "--spread-topics", "20",
-                          "--messages", "200", "--data", str(tmp_path / "data")],
+def bench_topics(tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    """``quire bench topics ARGS`` as a process: its JSON rows (it must exit 0)."""
+    out = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "topics", *args,
+                          "--data", str(tmp_path / "data")],
                          capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).parents[2]))
     assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@pytest.mark.slow
+def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
+    rows = bench_topics(tmp_path, "--windows", "8,32", "--acquire-topics", "40", "--takeover-topics", "50",
+                        "--spread-topics", "20", "--messages", "200")
     assert [r["case"] for r in rows] == ["acquire", "acquire", "idle_topic_rss", "takeover", "spread_publish",
                                          "one_topic", "ratio", "one_topic_unbatched", "fair_ratio"]
     assert [r["in_flight"] for r in rows[:2]] == [8, 32]
@@ -36,12 +42,8 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
 def test_topics_bench_skips_the_takeover_and_spread_cases_at_zero(tmp_path: Path) -> None:
     """``--takeover-topics 0 --spread-topics 0``: the idle-memory measurement alone (0 used to take every
     acquired topic over, and an empty spread crashed)."""
-    out = subprocess.run([sys.executable, "-m", "tools.cli", "bench", "topics", "--windows", "16",
-                          "--acquire-topics", "30", "--takeover-topics", "0", "--spread-topics", "0",
-                          "--messages", "10", "--data", str(tmp_path / "data")],
-                         capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).parents[2]))
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    rows = bench_topics(tmp_path, "--windows", "16", "--acquire-topics", "30", "--takeover-topics", "0",
+                        "--spread-topics", "0", "--messages", "10")
     assert [r["case"] for r in rows] == ["acquire", "idle_topic_rss"]
     assert rows[0]["errors"] == 0 and rows[0]["ok"] == 30 and rows[1]["topics"] == 30
     assert rows[1]["hub_bytes_per_topic"] is not None and rows[1]["hub_anon_bytes_per_topic"] is not None

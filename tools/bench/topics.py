@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.bench import percentiles, rate
+from tools.bench.load import cpu_seconds
 from tools.bench.publish import Outcome, Runner, Window, bench_data_dir
 from tools.bench.soak import read_rss
 
@@ -128,11 +129,9 @@ def _cpu_seconds(pid: int | None) -> float:
     if pid is None:
         return 0.0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")   # utime, stime
 
 
 async def journaled_entries(stats_urls: list[str]) -> float:
@@ -189,14 +188,20 @@ async def hub_events(stats_url: str) -> dict[str, int]:
 
 
 def read_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) of process ``pid`` and of its main thread (``/proc/PID[/task/PID]/stat``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-
-    def stat(path: str) -> float:
-        fields = Path(path).read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / tick
-
-    return stat(f"/proc/{pid}/stat"), stat(f"/proc/{pid}/task/{pid}/stat")
+    """CPU seconds of process ``pid`` (its live threads) and of its main thread, to the nanosecond
+    (``/proc/PID/task/*/schedstat``; the clock ticks of ``/proc/PID/stat`` are scaled for a thread and for
+    its process apart, and a thread's could read a tick above its process's). A thread that exits during an
+    interval takes its time out of the process's figure; a hub's threads live as long as it does."""
+    total = main = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            ns = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except OSError:      # the thread ended meanwhile
+            continue
+        total += ns
+        if int(tid) == pid:
+            main = ns
+    return total / 1e9, main / 1e9
 
 
 def _line(case: str, args: argparse.Namespace, out: Outcome, **extra: Any) -> dict[str, Any]:
