@@ -14,7 +14,9 @@ publish), each subscriber on its own connection looping ``XREADGROUP COUNT
 window BLOCK`` then one ``XACK`` for what it read; the publisher pipelines XADDs
 with the same window. The Redis case of each N runs right after Quire's, so
 both see the same background load; ratio lines divide Quire's delivered msg/s
-by Redis's (with ``--rounds`` > 1, each side's best round). Their targets are
+by Redis's. With ``--rounds`` > 1 each round runs both systems in an order
+rotated per round, and the ratios are taken within each round and summarised
+by their median (``tools.bench.rounds``). Their targets are
 issue 32's (``fanout_target``): at least 1.3x from 10 subscribers, and with
 fewer at least Redis's (the lead is kept).
 
@@ -52,6 +54,7 @@ from tools.bench.publish import (
     ratio_lines,
     with_cpu,
 )
+from tools.bench.rounds import by_round, rotated
 
 STAMP = struct.Struct("<d")
 
@@ -79,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="publishes in flight, delivery window and XREADGROUP COUNT")
     parser.add_argument("--timeout", type=float, default=300.0, help="give up a case after this many seconds")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat the cases; ratios use each side's best round")
+                        help="rounds of every case, each system once per round in a rotated order; ratios per "
+                             "round and their median (tools.bench.rounds)")
     parser.add_argument("--quire-only", action="store_true", help="run Quire alone, without Redis")
     parser.add_argument("--data", default=None, help="data directory (default: a new dir under ./data/bench)")
     add_conf_argument(parser)
@@ -226,16 +230,20 @@ def run(args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         cluster = quire_cluster(data_dir, 3, 2, 2, **overrides)
         loop.run(cluster.start())
         try:
-            for _ in range(args.rounds):
-                for n, m in cases:  # interleaved: both sides see the same background load
-                    measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, m, args))
-                    lines.append(_line("quire", n, m, measured, args, config="E3W2A2", **conf_fields(overrides), **cpu))
-                    yield lines[-1]
-                    if peer is not None:
-                        measured, cpu = with_cpu([peer.pid or 0], loop, redis_case(peer.url, n, m, args))
-                        lines.append(_line("redis", n, m, measured, args, version=peer.version,
-                                           durability=peer.durability, **cpu))
+            for r in range(args.rounds):
+                for n, m in cases:  # interleaved, in an order rotated per round: both see the same load
+                    for system in rotated(["quire", "redis"] if peer is not None else ["quire"], r):
+                        if system == "quire":
+                            measured, cpu = with_cpu(quire_pids(cluster), loop, quire_case(cluster, n, m, args))
+                            line = _line("quire", n, m, measured, args, config="E3W2A2", **conf_fields(overrides),
+                                         **cpu)
+                        else:
+                            assert peer is not None
+                            measured, cpu = with_cpu([peer.pid or 0], loop, redis_case(peer.url, n, m, args))
+                            line = _line("redis", n, m, measured, args, version=peer.version,
+                                         durability=peer.durability, **cpu)
+                        lines.append({**line, "round": r})
                         yield lines[-1]
         finally:
             loop.run(cluster.stop())
-    yield from ratio_lines("fanout", lines, ("subscribers",), target=fanout_target)
+    yield from by_round(lambda xs: ratio_lines("fanout", xs, ("subscribers",), target=fanout_target), lines, True)
