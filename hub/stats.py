@@ -231,7 +231,8 @@ class HubMetrics(Collector):
             ("loop_tasks", "asyncio tasks alive in the hub's event loop (none per idle topic)", loop_tasks),
             ("loop_timers", "timers scheduled in the hub's event loop (none per idle topic)", loop_timers),
         ]
-        gauges += [(subject, doc, self._topics_sum(key)) for subject, key, doc in _MEMORY_GAUGES]
+        memory = self._memory_totals()
+        gauges += [(subject, doc, memory(key)) for subject, key, doc in _MEMORY_GAUGES]
         gauges += [
             ("partial_frame_bytes", "bytes of incomplete request frames held, all connections "
                                     "(at most max_partial_frame_bytes)", lambda: server.frame_budget.total),
@@ -259,10 +260,21 @@ class HubMetrics(Collector):
         yield CounterMetricFamily(_name("readahead_cache_misses"), "read-ahead cache misses",
                                   value=stats.get("misses", 0))
 
-    def _topics_sum(self, key: str) -> Callable[[], int]:
-        def read() -> int:
-            return sum(t.log.memory()[key] for t in list(self.server.topics.values()))
-        return read
+    def _memory_totals(self) -> Callable[[str], Callable[[], int]]:
+        """Readers of the topics' summed ``log.memory()`` figures, one per key; the topics are walked once per
+        scrape (at the first read), not once per gauge."""
+        totals: collections.Counter[str] | None = None
+
+        def reader(key: str) -> Callable[[], int]:
+            def read() -> int:
+                nonlocal totals
+                if totals is None:
+                    totals = collections.Counter()
+                    for t in list(self.server.topics.values()):
+                        totals.update(t.log.memory())
+                return totals[key]
+            return read
+        return reader
 
     def _outbound_bytes(self) -> int:
         return sum(c.transport.get_write_buffer_size() for c in list(self.server.connections)
