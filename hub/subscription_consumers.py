@@ -104,6 +104,9 @@ class SubscriptionConsumers:
                 self.on_consumed(self.topic)
         state.acks_dirty = True
         state.consumes_since_persist += n
+        writing = state.persisting
+        if writing is not None and not writing.done():
+            return    # the write in flight looks at the count when it returns (``_persist_loop``): no call per ack
         if state.consumes_since_persist >= self.conf.consume_interval:
             self._persist_tracked(state.subscriber)
         else:

@@ -29,9 +29,11 @@ T = TypeVar("T")
 
 
 def keep(tasks: set[asyncio.Task[Any]], task: asyncio.Task[T]) -> asyncio.Task[T]:
-    """Hold ``task`` in ``tasks`` until it is done; returns ``task``."""
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
+    """Hold ``task`` in ``tasks`` until it is done; returns ``task``. Keeping a task already held does nothing
+    (a write loop handed out again per request gets one done callback, not one per request)."""
+    if task not in tasks:
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
     return task
 
 

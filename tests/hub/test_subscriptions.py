@@ -277,6 +277,43 @@ async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_res
         await store.close()
 
 
+async def test_acks_during_a_write_are_left_to_that_write_loop(tmp_path: Path) -> None:
+    """Ack batches that come while a write is in flight only count: the loop writes the newest state once its
+    write returns, and nothing else is started or tracked for them (old code: a track call per batch)."""
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    try:
+        mgr = GatedManager(store)
+        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 60000})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
+        tracked: list[asyncio.Task[Any]] = []
+        s.track = tracked.append
+        req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
+                                  receiverQueueSize=100, startSeqId=1)
+        req.preferences.subscriptionType = pb.SHARED
+        conn = ConsumerConn()
+        await s.subscribe(conn, SUB, req)
+        await until(lambda: len(conn.sent) == 100, conn.arrived)
+        state = s.subs[SUB]
+        mgr.written.clear()
+        mgr.gate = asyncio.Event()
+        for first in range(1, 61, 10):           # six batches of consume_interval acks
+            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
+            creq.seqIds.extend(range(first, first + 10))
+            s.ack(conn, SUB, creq)
+            if first == 1:
+                await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)   # the write of 10 is in flight
+        task = state.persisting
+        assert task is not None
+        assert tracked == [task]                 # tracked once, when it started
+        assert state.ack_timer is None
+        mgr.gate.set()
+        await asyncio.wait_for(task, TIMEOUT)
+        assert mgr.written == [10, 60]           # the newest, at once, by the same loop
+        await s.release()
+    finally:
+        await store.close()
+
+
 async def test_a_server_filter_is_initialized_with_the_hubs_conf(
         subs: tuple[TopicSubscriptions, GatedManager]) -> None:
     s, _ = subs

@@ -29,3 +29,26 @@ async def test_keep_holds_a_task_made_elsewhere() -> None:
     await asyncio.gather(task, return_exceptions=True)
     await asyncio.sleep(0)
     assert tasks == set()
+
+
+class CountingSet(set[asyncio.Task[object]]):
+    """Counts ``discard`` calls: one per done callback ``keep`` added."""
+
+    discards = 0
+
+    def discard(self, task: asyncio.Task[object]) -> None:
+        self.discards += 1
+        super().discard(task)
+
+
+async def test_keeping_a_held_task_again_adds_no_second_callback() -> None:
+    tasks = CountingSet()
+    gate = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(gate.wait())
+    for _ in range(100):                      # a write loop handed out again for each request
+        assert keep(tasks, task) is task
+    gate.set()
+    await task
+    await asyncio.sleep(0)
+    assert tasks == set()
+    assert tasks.discards == 1                # old code: 100
