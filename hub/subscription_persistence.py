@@ -172,3 +172,5 @@ class SubscriptionPersistence:
         exc = task.exception()
         if exc is not None:
             log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
+            if state.dispatcher is not None and self.subs.get(state.subscriber) is state:
+                self._arm_ack_timer(state)     # acks that came during the failed write are tried again in time

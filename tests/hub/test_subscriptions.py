@@ -314,6 +314,43 @@ async def test_acks_during_a_write_are_left_to_that_write_loop(tmp_path: Path) -
         await store.close()
 
 
+async def test_acks_a_failed_write_left_behind_are_written_within_the_ack_interval(tmp_path: Path) -> None:
+    """Acks that came while a write failed are not left until the next ack or detach: the ack timer tries
+    again within ack_persist_interval_ms."""
+    store = await open_metastore(f"lmdb://{tmp_path}/meta")
+    try:
+        mgr = GatedManager(store)
+        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 50})
+        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
+        req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
+                                  receiverQueueSize=100, startSeqId=1)
+        req.preferences.subscriptionType = pb.SHARED
+        conn = ConsumerConn()
+        await s.subscribe(conn, SUB, req)
+        await until(lambda: len(conn.sent) == 100, conn.arrived)
+        state = s.subs[SUB]
+        mgr.written.clear()
+        mgr.gate = asyncio.Event()
+        mgr.fail = errors.ServiceDownError("metastore down")
+        for first in (1, 11):                    # a write of 10 starts (held, then fails); 10 more meanwhile
+            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
+            creq.seqIds.extend(range(first, first + 10))
+            s.ack(conn, SUB, creq)
+            if first == 1:
+                await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
+        task = state.persisting
+        assert task is not None
+        mgr.gate.set()
+        await asyncio.wait_for(asyncio.wait([task]), TIMEOUT)
+        assert isinstance(task.exception(), errors.ServiceDownError)
+        mgr.fail = None
+        await until(lambda: mgr.written == [20], mgr.wrote)   # the ack timer's write, no ack needed
+        assert await stored(mgr) == 20
+        await s.release()
+    finally:
+        await store.close()
+
+
 async def test_a_server_filter_is_initialized_with_the_hubs_conf(
         subs: tuple[TopicSubscriptions, GatedManager]) -> None:
     s, _ = subs
