@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -225,14 +226,15 @@ async def until(cond: Any, changed: asyncio.Event) -> None:
     await asyncio.wait_for(wait(), TIMEOUT)
 
 
-async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_rest_within_the_interval(
-        tmp_path: Path) -> None:
-    """A consumer subscription does not write back to back: after a write, fewer than consume_interval acks
-    wait for the ack timer, as many or more go at once."""
+@contextlib.asynccontextmanager
+async def shared_subscription(tmp_path: Path, ack_persist_interval_ms: int
+                              ) -> AsyncIterator[tuple[TopicSubscriptions, GatedManager, ConsumerConn]]:
+    """A SHARED subscription (consume_interval 10) with one consumer holding messages 1..100 unacked; the
+    manager's write record starts empty."""
     store = await open_metastore(f"lmdb://{tmp_path}/meta")
     try:
         mgr = GatedManager(store)
-        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 300})
+        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": ack_persist_interval_ms})
         s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
         req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
                                   receiverQueueSize=100, startSeqId=1)
@@ -240,13 +242,29 @@ async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_res
         conn = ConsumerConn()
         await s.subscribe(conn, SUB, req)
         await until(lambda: len(conn.sent) == 100, conn.arrived)
-        state = s.subs[SUB]
         mgr.written.clear()
+        yield s, mgr, conn
+        await s.release()
+    finally:
+        await store.close()
+
+
+def ack_range(s: TopicSubscriptions, conn: ConsumerConn, first: int, last: int) -> None:
+    """Consumer 1's individual acks of ``first`` .. ``last``, as one request."""
+    creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
+    creq.seqIds.extend(range(first, last + 1))
+    s.ack(conn, SUB, creq)
+
+
+async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_rest_within_the_interval(
+        tmp_path: Path) -> None:
+    """A consumer subscription does not write back to back: after a write, fewer than consume_interval acks
+    wait for the ack timer, as many or more go at once."""
+    async with shared_subscription(tmp_path, 300) as (s, mgr, conn):
+        state = s.subs[SUB]
 
         def ack(first: int, last: int) -> None:
-            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
-            creq.seqIds.extend(range(first, last + 1))
-            s.ack(conn, SUB, creq)
+            ack_range(s, conn, first, last)
 
         mgr.gate = asyncio.Event()
         ack(1, 10)                                   # consume_interval acks: a write of 10 starts (held)
@@ -272,34 +290,18 @@ async def test_a_stream_of_acks_is_written_once_per_consume_interval_and_the_res
         ack(36, 36)
         await asyncio.wait_for(s.persist(SUB), TIMEOUT)   # a detach's persist writes whatever is left
         assert await stored(mgr) == 36
-        await s.release()
-    finally:
-        await store.close()
 
 
 async def test_acks_during_a_write_are_left_to_that_write_loop(tmp_path: Path) -> None:
     """Ack batches that come while a write is in flight only count: the loop writes the newest state once its
     write returns, and nothing else is started or tracked for them (old code: a track call per batch)."""
-    store = await open_metastore(f"lmdb://{tmp_path}/meta")
-    try:
-        mgr = GatedManager(store)
-        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 60000})
-        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
+    async with shared_subscription(tmp_path, 60000) as (s, mgr, conn):
+        state = s.subs[SUB]
         tracked: list[asyncio.Task[Any]] = []
         s.track = tracked.append
-        req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
-                                  receiverQueueSize=100, startSeqId=1)
-        req.preferences.subscriptionType = pb.SHARED
-        conn = ConsumerConn()
-        await s.subscribe(conn, SUB, req)
-        await until(lambda: len(conn.sent) == 100, conn.arrived)
-        state = s.subs[SUB]
-        mgr.written.clear()
         mgr.gate = asyncio.Event()
         for first in range(1, 61, 10):           # six batches of consume_interval acks
-            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
-            creq.seqIds.extend(range(first, first + 10))
-            s.ack(conn, SUB, creq)
+            ack_range(s, conn, first, first + 9)
             if first == 1:
                 await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)   # the write of 10 is in flight
         task = state.persisting
@@ -309,33 +311,17 @@ async def test_acks_during_a_write_are_left_to_that_write_loop(tmp_path: Path) -
         mgr.gate.set()
         await asyncio.wait_for(task, TIMEOUT)
         assert mgr.written == [10, 60]           # the newest, at once, by the same loop
-        await s.release()
-    finally:
-        await store.close()
 
 
 async def test_acks_a_failed_write_left_behind_are_written_within_the_ack_interval(tmp_path: Path) -> None:
     """Acks that came while a write failed are not left until the next ack or detach: the ack timer tries
     again within ack_persist_interval_ms."""
-    store = await open_metastore(f"lmdb://{tmp_path}/meta")
-    try:
-        mgr = GatedManager(store)
-        conf = load_hub_conf(None, {"consume_interval": 10, "ack_persist_interval_ms": 50})
-        s = TopicSubscriptions(TOPIC, mgr, conf, last_seq=lambda: 100, cache=Cache(100))  # type: ignore[arg-type]
-        req = pb.SubscribeRequest(createOrAttach=pb.SubscribeRequest.CREATE_OR_ATTACH, consumerId=1,
-                                  receiverQueueSize=100, startSeqId=1)
-        req.preferences.subscriptionType = pb.SHARED
-        conn = ConsumerConn()
-        await s.subscribe(conn, SUB, req)
-        await until(lambda: len(conn.sent) == 100, conn.arrived)
+    async with shared_subscription(tmp_path, 50) as (s, mgr, conn):
         state = s.subs[SUB]
-        mgr.written.clear()
         mgr.gate = asyncio.Event()
         mgr.fail = errors.ServiceDownError("metastore down")
         for first in (1, 11):                    # a write of 10 starts (held, then fails); 10 more meanwhile
-            creq = pb.ConsumeRequest(consumerId=1, ackType=pb.ConsumeRequest.INDIVIDUAL)
-            creq.seqIds.extend(range(first, first + 10))
-            s.ack(conn, SUB, creq)
+            ack_range(s, conn, first, first + 9)
             if first == 1:
                 await asyncio.wait_for(mgr.entered.wait(), TIMEOUT)
         task = state.persisting
@@ -346,9 +332,6 @@ async def test_acks_a_failed_write_left_behind_are_written_within_the_ack_interv
         mgr.fail = None
         await until(lambda: mgr.written == [20], mgr.wrote)   # the ack timer's write, no ack needed
         assert await stored(mgr) == 20
-        await s.release()
-    finally:
-        await store.close()
 
 
 async def test_a_server_filter_is_initialized_with_the_hubs_conf(
