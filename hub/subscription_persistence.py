@@ -172,5 +172,8 @@ class SubscriptionPersistence:
         exc = task.exception()
         if exc is not None:
             log.warning("could not persist consume pointer of %r/%r: %s", self.topic, state.subscriber, exc)
-            if state.dispatcher is not None and self.subs.get(state.subscriber) is state:
-                self._arm_ack_timer(state)     # acks that came during the failed write are tried again in time
+            d = state.dispatcher
+            if d is not None and d.consumers and self.subs.get(state.subscriber) is state:
+                # consumers still attached (not a release's or detach's last write): the acks it carried and
+                # those that came meanwhile are tried again within ack_persist_interval_ms
+                self._arm_ack_timer(state)
