@@ -28,7 +28,12 @@ rounds' ratios, ``"stat": "median_of_rounds"``); the one with a target is issue
 29's, at least 1.5x Redis at 4 consumers (``queue_target``). A case that does
 not finish within ``--timeout`` reports what it handled and ``"errors"``.
 After each Quire case, ``"case": "cpu"`` rows give each process's CPU (hub,
-bookies, and this client) in all and per handled message.
+bookies, and this client) in all and per handled message. With the lmdb
+metastore, Quire's line also has ``metastore_commits``, the write
+transactions of the case (every process's; nearly all are the subscription's
+acked-state writes, DESIGN 6b), and ``acks_per_commit``, handled messages per
+commit: at most about ``consume_interval`` (50) when every ack interval gets
+its write, more when commits are slow enough that the writes coalesce.
 """
 
 from __future__ import annotations
@@ -234,6 +239,22 @@ async def nats_case(url: str, n: int, m: int, args: argparse.Namespace) -> tuple
     return secs, handled, pub
 
 
+def metastore_commits(uri: str) -> int | None:
+    """Write transactions committed so far in the lmdb metastore at ``uri`` (LMDB's last transaction id), or
+    None for another backend. Opened read-only for the call: this process has no store of its own open on it
+    (LMDB allows one environment per path and process)."""
+    if not uri.startswith("lmdb://"):
+        return None
+    import lmdb
+
+    path = uri.removeprefix("lmdb://").split("?", 1)[0]
+    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=0)
+    try:
+        return int(env.info()["last_txnid"])
+    finally:
+        env.close()
+
+
 def _line(system: str, n: int, m: int, measured: tuple[float, Handled, Outcome], args: argparse.Namespace,
           **extra: Any) -> dict[str, Any]:
     secs, h, pub = measured
@@ -295,9 +316,14 @@ def _case(where: Any, loop: asyncio.Runner, n: int, args: argparse.Namespace) ->
         return
     overrides = args.conf_overrides
     named = quire_processes(where)
-    before = process_cpu(named)
+    before, commits = process_cpu(named), metastore_commits(where.metastore_uri)
     measured, cpu = with_cpu(quire_pids(where), loop, quire_case(where, n, args.messages, args))
     after = process_cpu(named)
-    yield _line("quire", n, args.messages, measured, args, config="E3W2A2", **conf_fields(overrides), **cpu)
+    writes: dict[str, Any] = {}
+    if commits is not None:
+        done = (metastore_commits(where.metastore_uri) or commits) - commits
+        writes = {"metastore_commits": done, "acks_per_commit": round(measured[1].total / done, 1) if done else None}
+    yield _line("quire", n, args.messages, measured, args, config="E3W2A2", **conf_fields(overrides), **cpu,
+                **writes)
     for row in cpu_rows(before, after, measured[1].total, system="quire", consumers=n):
         yield {**row, "bench": "queue"}
