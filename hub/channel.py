@@ -111,10 +111,13 @@ class Deadlines:
     small heap. The timer is armed for the earliest deadline only.
     """
 
-    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse], float], None]) -> None:
+    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse], float], None],
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``on_expired(txn_id, future, sent_at)`` for each request unanswered at its deadline (``sent_at``:
-        the loop time it was watched)."""
+        the loop time it was watched). ``loop``: the connection's (else the running loop, looked up per
+        request: a system call each, a publish's worth when every publish goes to a topic of its own)."""
         self._on_expired = on_expired
+        self._loop = loop
         self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = \
             collections.deque()
         self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = []
@@ -122,7 +125,7 @@ class Deadlines:
         self._at = math.inf
 
     def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         at = now + timeout
         order = self._order
@@ -178,7 +181,7 @@ class HubChannel(asyncio.Protocol):
         self._loop = asyncio.get_running_loop()
         self.lost = self._loop.create_future()
         self.paused_by: set[tuple[bytes, bytes]] = set()
-        self.deadlines = Deadlines(self._expired)
+        self.deadlines = Deadlines(self._expired, self._loop)
         self.outbox = Outbox()
         self.last_heard = -math.inf      # loop time of the last bytes from the hub
         self.gone = False                # lost or dropped: nothing more goes through it
@@ -274,7 +277,7 @@ class HubChannel(asyncio.Protocol):
 
     def request(self, req: pb.PubSubRequest, timeout: float) -> asyncio.Future[pb.PubSubResponse]:
         """The response to ``req``; ``ResponseTimeoutError`` when none comes within ``timeout`` seconds."""
-        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[pb.PubSubResponse] = self._loop.create_future()
         if not self.alive:
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return fut
@@ -286,7 +289,7 @@ class HubChannel(asyncio.Protocol):
     def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
         """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone; one body: a plain
         publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching."""
-        fut: asyncio.Future[pb.PubSubResponse] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[pb.PubSubResponse] = self._loop.create_future()
         if not self.alive:
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return fut

@@ -170,6 +170,7 @@ class ClientPublishing:
     owner: dict[bytes, str]
     _sequences: dict[tuple[bytes, bytes], int]
     _batches: dict[bytes, _Batch]
+    _turn_batches: list[tuple[bytes, _Batch]] | None
     _publishing: set[asyncio.Task[Any]]
 
     if TYPE_CHECKING:
@@ -183,6 +184,7 @@ class ClientPublishing:
     def _init_publishing(self) -> None:
         self._sequences = {}     # (topic, producer) -> next sequence id
         self._batches = {}       # topic -> publishes waiting to leave together
+        self._turn_batches = None  # the batches that leave at the end of this loop turn (_flush_turn)
         self._publishing = set() # publishes going the long way (_call)
 
     # --- publish ----------------------------------------------------------------------------------
@@ -323,14 +325,18 @@ class ClientPublishing:
         if batch is not None and (batch.conn is not conn or batch.bytes + len(body) > self.conf.batching_max_bytes):
             self._flush_batch(topic)
             batch = None
-        loop = asyncio.get_running_loop()
+        loop = conn._loop
         if batch is None:
             batch = self._batches[topic] = _Batch(conn)
             delay = self.conf.batching_max_publish_delay_ms
             if delay:
                 batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
-            else:
-                loop.call_soon(self._flush_batch, topic, batch)
+            else:   # one end-of-turn callback for every topic's batch, not one per topic (issue 34)
+                turn = self._turn_batches
+                if turn is None:
+                    turn = self._turn_batches = []
+                    loop.call_soon(self._flush_turn, turn)
+                turn.append((topic, batch))
         if properties or message_type or key is not None or batch.req is not None:
             _fill(batch.request(topic).publishRequest.msgs.add(), body, properties, message_type, key)
         else:
@@ -342,8 +348,20 @@ class ClientPublishing:
             self._flush_batch(topic)
         return fut
 
+    def _flush_turn(self, turn: list[tuple[bytes, _Batch]]) -> None:
+        """The end of the loop turn that started the batches of ``turn`` (without a delay): each leaves, in
+        the order they started (one sent earlier, when full or by a later publish's flush, is skipped)."""
+        if self._turn_batches is turn:
+            self._turn_batches = None
+        for topic, batch in turn:
+            self._flush_batch(topic, batch)
+
     def _flush_batch(self, topic: bytes, only: _Batch | None = None) -> None:
         """Send what ``topic`` has batched (``only``: if it is still that batch)."""
+        if only is None:
+            # sent ahead of its turn (what a producer's or a delayed publish sends next may be a task):
+            # batches started from now on leave in a callback of their own, after what this call started
+            self._turn_batches = None
         batch = self._batches.get(topic)
         if batch is None or (only is not None and batch is not only):
             return
