@@ -25,7 +25,8 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     rows = bench_topics(tmp_path, "--windows", "8,32", "--acquire-topics", "40", "--takeover-topics", "50",
                         "--spread-topics", "20", "--messages", "200")
     assert [r["case"] for r in rows] == ["acquire", "acquire", "idle_topic_rss", "takeover", "spread_publish",
-                                         "one_topic", "ratio", "one_topic_unbatched", "fair_ratio"]
+                                         "one_topic", "ratio", "one_topic_unbatched", "fair_ratio",
+                                         "one_topic_unbatched_requests", "topics_ratio"]
     assert [r["in_flight"] for r in rows[:2]] == [8, 32]
     assert all(r["errors"] == 0 and r["ok"] > 0 for r in rows if "errors" in r), rows
     assert rows[3]["topics"] == 50 and rows[3]["ok"] == 50      # 40 acquired last, 10 more made for it
@@ -36,6 +37,9 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     assert rows[5]["entries_per_message"] < rows[7]["entries_per_message"]
     assert rows[8]["entries_per_message"] == [rows[4]["entries_per_message"], rows[7]["entries_per_message"]]
     assert all(r["hub_cpu_ms_per_msg"] >= 0 <= r["bookies_cpu_ms_per_msg"] for r in (rows[4], rows[5], rows[7]))
+    # one request per message (no producer batching) as well: still one message per entry
+    assert rows[9]["client_batching"] is False and rows[10]["ratio"] > 0
+    assert rows[9]["entries_per_message"] == pytest.approx(1.0, abs=0.02)
 
 
 @pytest.mark.slow
