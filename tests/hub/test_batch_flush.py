@@ -289,17 +289,17 @@ async def test_the_server_writes_every_connections_queued_frames_when_told() -> 
     assert written[-1] == (1, b"d")              # and the end-of-turn flush still happens by itself
 
 
-async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_rest() -> None:
+def _serving(log: TopicLog, lh: HeldLedger) -> tuple[Any, Any, list[list[list[int]]], list[bytes]]:
+    """A ``HubConnection`` of a hub (not started) owning topic ``t`` (``log``, adding to ``lh``): the
+    connection, the server, the entries of ``lh`` at each ``pool.flush``, the bytes written to the client."""
     from types import SimpleNamespace
 
-    from hub import protocol
-    from hub.connection import PIPELINE_PUBLISHES, HubConnection
+    from hub.connection import HubConnection
     from hub.server import HubServer
     from hub.topic import Topic
 
     server = HubServer(load_hub_conf(None, {}))          # not started: the topic and the pool are stand-ins
     flushed: list[list[list[int]]] = []
-    log, lh = held_log()                                  # batch_flush_bytes 8192 (the default)
     server.bk = SimpleNamespace(pool=SimpleNamespace(flush=lambda: flushed.append(lh.entries())))  # type: ignore[assignment]
     server.topics[b"t"] = Topic(log, None)               # type: ignore[arg-type]
     conn = HubConnection(server)
@@ -308,11 +308,32 @@ async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_
         writelines=lambda data: written.append(b"".join(data)), is_closing=lambda: False,
         get_extra_info=lambda name, default=None: default, set_write_buffer_limits=lambda **kw: None,
         is_reading=lambda: True, pause_reading=lambda: None, resume_reading=lambda: None))
-    n = 100
-    burst = b"".join(protocol.encode(pb.PubSubRequest(
+    return conn, server, flushed, written
+
+
+def _publishes(txn_ids: range) -> bytes:
+    from hub import protocol
+
+    return b"".join(protocol.encode(pb.PubSubRequest(
         protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=i, topic=b"t",
-        publishRequest=pb.PublishRequest(topic=b"t", msg=body(100)))) for i in range(1, n + 1))
-    conn.data_received(burst)                             # one read: a client's whole window
+        publishRequest=pb.PublishRequest(topic=b"t", msg=body(100)))) for i in txn_ids)
+
+
+async def test_a_read_of_publishes_makes_its_entry_and_leaves_the_adds_for_the_end_of_the_turn() -> None:
+    log, lh = held_log()
+    conn, _, flushed, _ = _serving(log, lh)
+    conn.data_received(_publishes(range(1, 4)))          # one read of three publishes
+    assert lh.entries() == [[1, 2, 3]]                   # one entry, made at the end of the read ...
+    assert flushed == []                                  # ... whose adds leave with the turn's others
+
+
+async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_rest() -> None:
+    from hub.connection import PIPELINE_PUBLISHES
+
+    log, lh = held_log()                                  # batch_flush_bytes 8192 (the default)
+    conn, server, flushed, written = _serving(log, lh)
+    n = 100
+    conn.data_received(_publishes(range(1, n + 1)))      # one read: a client's whole window
     first = list(range(1, PIPELINE_PUBLISHES + 1))
     assert flushed[0] == [first]                          # the first publishes left for the bookies at once ...
     assert lh.entries() == [first, list(range(PIPELINE_PUBLISHES + 1, n + 1))]   # ... the rest batched behind
