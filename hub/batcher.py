@@ -42,7 +42,7 @@ from hub import errors, tracing
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
-from hub.frames import message_batch
+from hub.frames import batch_entry
 from hub.proto import pubsub_pb2 as pb
 from metastore.idle import IDLE
 from metastore.tasks import spawn
@@ -58,7 +58,9 @@ __all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted"]
 
 Done = Callable[[int, BaseException | None], None]
 """A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
-Batch = list[tuple[pb.Message, Done]]
+Batch = list[tuple[pb.Message, Done, bytes | None]]
+"""Queued publishes: ``(message, done, wire)``, ``wire`` the message serialized when the server made it
+already (``submit_all``), else None."""
 Persisted = Callable[[bytes, int, list[pb.Message], list[bytes]], None]
 """``on_persisted(topic, first, messages, wires)``: an acknowledged entry's messages (seq ids ``first``,
 ``first + 1``, ...; their ``msgId`` is not set) and each one's serialization as stored."""
@@ -96,7 +98,7 @@ class _LedgerLock(asyncio.Lock):
 
 
 _MESSAGE = operator.itemgetter(0)
-"""A queued publish's message (``Batch`` items are ``(message, done)``)."""
+"""A queued publish's message (``Batch`` items are ``(message, done, wire)``)."""
 
 
 def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
@@ -132,7 +134,7 @@ class EntryBatcher:
     closed: bool
     gate: Gate | None
     _first_time_ms: int
-    _queue: collections.deque[tuple[pb.Message, Done]]
+    _queue: collections.deque[tuple[pb.Message, Done, bytes | None]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
     _pump_soon: bool
@@ -221,7 +223,7 @@ class EntryBatcher:
         queue = self._queue
         if queue is IDLE:
             queue = self._queue = collections.deque()
-        queue.append((message, done))
+        queue.append((message, done, None))
         self._queued_bytes += len(message.body)
         self._queued()
 
@@ -237,14 +239,16 @@ class EntryBatcher:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
 
-    def submit_all(self, messages: Iterable[pb.Message], done: Done, nbytes: int) -> None:
+    def submit_all(self, messages: Iterable[pb.Message], done: Done, nbytes: int,
+                   wires: Iterable[bytes] | None = None) -> None:
         """``submit`` of each of ``messages`` (none carries a producer), in order, with the same ``done``.
 
         The server's path for a batched publish: the messages join the queue
         at once (``nbytes``: their bodies' total) when the gate admits them
         all (``gate.admits_all()``: no backlog quota holds them); otherwise, and on a
         closed log, each goes through ``submit``. ``done`` runs once per
-        message, as ``submit``'s.
+        message, as ``submit``'s. ``wires``: each message serialized, as it
+        will be stored (``hub.frames.stamped_wires``), when the caller has it.
         """
         if self.closed or (self.gate is not None and not self.gate.admits_all()):
             submit = self.submit
@@ -254,7 +258,7 @@ class EntryBatcher:
         queue = self._queue
         if queue is IDLE:
             queue = self._queue = collections.deque()
-        queue.extend(zip(messages, itertools.repeat(done)))
+        queue.extend(zip(messages, itertools.repeat(done), itertools.repeat(None) if wires is None else wires))
         self._queued_bytes += nbytes
         self._queued()
 
@@ -384,8 +388,8 @@ class EntryBatcher:
 
     def _send(self, batch: Batch) -> None:
         first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
-        wires: list[bytes] = []
-        entry = message_batch(first, map(_MESSAGE, batch), wires)
+        wires = [message.SerializeToString() if wire is None else wire for message, _, wire in batch]
+        entry = batch_entry(first, wires)
         lh = self.lh
         assert lh is not None          # _pump sends only into an open ledger
         add = InflightAdd(lh, first, batch, wires)
@@ -465,10 +469,10 @@ class EntryBatcher:
 
     def _fail_queue(self, err: errors.PubSubError, batches: Iterable[Batch] = ()) -> None:
         for batch in batches:
-            for _, done in batch:
+            for _, done, _ in batch:
                 _call(done, 0, err)
         while self._queue:
-            _, done = self._queue.popleft()
+            _, done, _ = self._queue.popleft()
             _call(done, 0, err)
         self._queued_bytes = 0
 
@@ -511,7 +515,7 @@ class EntryBatcher:
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
         seq = first
-        for _, done in batch:   # answers first: deliveries (on_persisted) follow
+        for _, done, _ in batch:   # answers first: deliveries (on_persisted) follow
             try:
                 done(seq, None)
             except Exception:

@@ -337,7 +337,7 @@ class HubConnection(PublishPath, asyncio.Protocol):
             if ev.plain is not None:
                 self._enqueue_plain(t, req, ev.topic, ev.plain, time.perf_counter())
             else:
-                self._enqueue(t, req, time.perf_counter(), ev.plain_bytes)
+                self._enqueue(t, req, time.perf_counter(), ev.plain_bytes, ev.bodies)
             published_to = self._published_to
             if not published_to or published_to[-1] is not t.log:
                 published_to.append(t.log)

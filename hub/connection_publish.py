@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol, tracing
 from hub.delayed import resolve_due
+from hub.frames import stamped_wires
 from hub.proto import pubsub_pb2 as pb
 
 if TYPE_CHECKING:
@@ -66,12 +67,15 @@ class PublishPath:
 
         def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None: ...
 
-    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float, plain_bytes: int = -1) -> None:
+    def _enqueue(self, t: Topic, req: pb.PubSubRequest, t0: float, plain_bytes: int = -1,
+                 bodies: list[bytes] | None = None) -> None:
         """Queue the publish (or each message of a batched one) on the topic's log, in order.
 
         ``plain_bytes`` (``RequestReceived.plain_bytes``): a batched publish without delays, whose
         messages this connection stamps in one tight loop (one publish time for the request) and the
         log queues at once, unless regions stamp them (a vector-max, or a region hub's own).
+        ``bodies`` (``RequestReceived.bodies``): its messages hold a body alone, so their stamped
+        serialization is made from the bodies (``hub.frames.stamped_wires``) and goes with them.
         """
         t.last_active = time.monotonic()
         pub = req.publishRequest
@@ -85,6 +89,12 @@ class PublishPath:
             if plain_bytes >= 0 and not self.region_hub and (regions is None or not regions.stamps(topic)):
                 now = time.time_ns() // 1_000_000   # _stamp's, for each message
                 region = self.server.region_bytes
+                if bodies is not None:   # no msgId to clear; the entry is made of the stamped wires
+                    for msg in msgs:
+                        msg.publishTimeMs = now
+                        msg.srcRegion = region
+                    t.log.submit_all(msgs, answer.settle, plain_bytes, stamped_wires(bodies, region, now))
+                    return
                 for msg in msgs:
                     msg.publishTimeMs = now
                     msg.srcRegion = region

@@ -35,7 +35,8 @@ from typing import Generic, TypeVar
 from google.protobuf.message import DecodeError
 
 from bookie.errors import FrameTooLargeError
-from bookie.wire.framing import FrameDecoder
+from bookie.wire.framing import LENGTH_PREFIX, FrameDecoder
+from bookie.wire.framing import varint as _varint
 from bookie.wire.txns import TxnTable
 from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
@@ -176,6 +177,10 @@ class RequestReceived:
     """A single publish (``msg``) whose message carries no delivery delay: its ``publishRequest``, as
     checked (the hub then stamps ``plain.msg`` without looking at the request or its delay fields
     again); None for any other request."""
+    bodies: list[bytes] | None = None
+    """A batched publish of bodies alone (each message holds only its ``body``: the client's producer
+    batching, ``hub.frames.publish_batch``): the bodies, in order (the hub then stamps their serialized
+    form, ``hub.frames.stamped_wires``); None for any other request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +373,9 @@ class ServerConnection:
                                        topic=topic if len(topic) <= MAX_TOPIC_BYTES else b""))
         if op == _PUBLISH:   # ``pub`` is its publishRequest (the fast path above took every well-formed one)
             if pub.msgs:
+                bodies = _bodies_alone(req, topic, frame)
+                if bodies is not None and max(map(len, bodies)) <= self.max_message_size:
+                    return RequestReceived(req, topic, b"", sum(map(len, bodies)), None, bodies)
                 refused, plain_bytes = self._batch_problem(pub)
                 if refused is not None:
                     status, text = refused
@@ -420,6 +428,28 @@ class ServerConnection:
                 if refused is not None:
                     return (refused[0], f"message {i} of the batch: {refused[1]}"), -1
         return None, -1 if delayed else total
+
+
+def _bodies_alone(req: pb.PubSubRequest, topic: bytes, frame: bytes) -> list[bytes] | None:
+    """The bodies of a batched publish whose messages hold nothing but a body, else None
+    (``RequestReceived.bodies``).
+
+    Checked as a whole, without a look at each message's other fields: the
+    request is exactly what ``publish_batch`` encodes for these bodies (what
+    the client's producer batching sends). Anything else (a header, a key, a
+    delay, another field order) takes ``_batch_problem``'s look at each message.
+    """
+    msgs = req.publishRequest.msgs
+    if len(msgs) < 2:
+        return None
+    head = msgs[0]   # a cheap first look: a first message with more than a body is not worth encoding for
+    n = len(head.body)
+    if head.ByteSize() != (n + 1 + len(_varint(n)) if n else 0):
+        return None
+    bodies = [m.body for m in msgs]
+    if memoryview(publish_batch(req.txnId, topic, bodies))[LENGTH_PREFIX.size:] != frame:
+        return None
+    return bodies
 
 
 # --- client side ----------------------------------------------------------------------------------

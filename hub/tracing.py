@@ -55,11 +55,11 @@ def start(message: pb.Message) -> HubTrace:
     return trace
 
 
-def sent(batch: Sequence[tuple[pb.Message, Any]], ledger_id: int, entry_id: int) -> None:
+def sent(batch: Sequence[tuple[pb.Message, Any, Any]], ledger_id: int, entry_id: int) -> None:
     """The entry ``(ledger_id, entry_id)`` of ``batch`` is about to be added: watch its traced messages' adds."""
     add: bookie_tracing.AddTrace | None = None
-    for message, _ in batch:
-        trace = MESSAGES.pop(id(message), None)
+    for item in batch:
+        trace = MESSAGES.pop(id(item[0]), None)
         if trace is not None:   # several traced messages in one entry (a backlog) share its add's trace
             if add is None:
                 add = bookie_tracing.AddTrace()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hub.frames import message_batch, publish_batch
+from hub.frames import message_batch, publish_batch, stamped_wires
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
     MAX_SUBSCRIBER_BYTES,
@@ -348,6 +348,36 @@ def test_a_batch_of_bodies_framed_by_hand_is_what_protobuf_serializes(topic: byt
         pub = event.request.publishRequest
         assert ([m.body for m in pub.msgs] or [pub.msg.body]) == bodies
         assert event.plain_bytes == (sum(map(len, bodies)) if len(bodies) > 1 else -1)
+        assert event.bodies == (bodies if len(bodies) > 1 else None)   # bodies alone: stamped as bytes
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=300), st.binary(min_size=16_380, max_size=16_400)), max_size=5),
+       st.binary(max_size=20), st.integers(min_value=0, max_value=2**64 - 1))
+def test_stamped_bodies_are_what_protobuf_serializes(bodies: list[bytes], region: bytes, ms: int) -> None:
+    """The hub's stamp of a batched publish of bodies alone, made from the bodies: protobuf's bytes."""
+    want = [pb.Message(body=b, srcRegion=region, publishTimeMs=ms).SerializeToString() for b in bodies]
+    assert stamped_wires(bodies, region, ms) == want
+
+
+def test_a_batch_with_more_than_bodies_is_checked_message_by_message() -> None:
+    """A header, a key or a second topic spelling: no ``bodies`` (each message is looked at and stamped)."""
+    conn = ServerConnection(max_frame_size=4096, max_message_size=100)
+    for extra in ({"key": b"k"}, {"header": pb.MessageHeader(messageType="t")}, {"srcRegion": b"elsewhere"}):
+        for where in (0, 1):
+            req = publish()
+            req.publishRequest.ClearField("msg")
+            req.publishRequest.msgs.add(body=b"a", **(extra if where == 0 else {}))
+            req.publishRequest.msgs.add(body=b"b", **(extra if where == 1 else {}))
+            (event,) = conn.receive_data(encode(req))
+            assert isinstance(event, RequestReceived) and event.bodies is None and event.plain_bytes == 2
+            conn.request_finished()
+    req = publish()
+    req.publishRequest.ClearField("msg")
+    req.publishRequest.msgs.add(body=b"x" * 101)
+    req.publishRequest.msgs.add(body=b"b")
+    (event,) = conn.receive_data(encode(req))   # bodies alone, one too large: refused as before
+    assert isinstance(event, Reject) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
 
 
 def _utf8(name: bytes) -> bool:
