@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
-__all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted"]
+__all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted", "RunDone"]
 
 
 Done = Callable[[int, BaseException | None], None]
@@ -99,6 +99,16 @@ class _LedgerLock(asyncio.Lock):
 
 _MESSAGE = operator.itemgetter(0)
 """A queued publish's message (``Batch`` items are ``(message, done, wire)``)."""
+_DONE = operator.itemgetter(1)
+
+
+class RunDone(Protocol):
+    """A ``Done`` shared by several publishes (``submit_all``) that may also take a run of them at once."""
+
+    def __call__(self, seq: int, error: BaseException | None) -> None: ...
+
+    def settle_run(self, first: int, n: int) -> None:
+        """``self(seq, None)`` for ``seq`` in ``first .. first + n - 1``, at once."""
 
 
 def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) -> None:
@@ -108,6 +118,24 @@ def _resolve(fut: asyncio.Future[int], seq: int, error: BaseException | None) ->
         fut.set_exception(error)
     else:
         fut.set_result(seq)
+
+
+def _settle_runs(batch: Batch, first: int) -> None:
+    """``_acked``'s completions when publishes share their ``done`` (a batched publish's messages): one
+    ``settle_run`` (``RunDone``) per run of the same ``done``, else a call per message."""
+    seq = first
+    for done, items in itertools.groupby(batch, _DONE):
+        n = len(list(items))
+        run = getattr(done, "settle_run", None)
+        try:
+            if run is not None:
+                run(seq, n)
+            else:
+                for i in range(n):
+                    done(seq + i, None)
+        except Exception:
+            log.exception("publish completion callback raised")
+        seq += n
 
 
 def _call(done: Done, seq: int, error: BaseException | None) -> None:
@@ -514,13 +542,16 @@ class EntryBatcher:
         idx.append(first, len(batch))
         self.last_seq = first + len(batch) - 1
         self.last_write_ms = int(time.time() * 1000)   # the log's clock for TTL (hub.log_usage)
-        seq = first
-        for _, done, _ in batch:   # answers first: deliveries (on_persisted) follow
-            try:
-                done(seq, None)
-            except Exception:
-                log.exception("publish completion callback raised")
-            seq += 1
+        if len(batch) > 1 and batch[0][1] is batch[1][1]:   # runs of one batched publish (submit_all)
+            _settle_runs(batch, first)
+        else:
+            seq = first
+            for _, done, _ in batch:   # answers first: deliveries (on_persisted) follow
+                try:
+                    done(seq, None)
+                except Exception:
+                    log.exception("publish completion callback raised")
+                seq += 1
         self._snapshot_soon(len(batch))
         if self.on_persisted is not None:
             self.on_persisted(self.topic, first, list(map(_MESSAGE, batch)), add.wires)

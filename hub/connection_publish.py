@@ -93,13 +93,13 @@ class PublishPath:
                     for msg in msgs:
                         msg.publishTimeMs = now
                         msg.srcRegion = region
-                    t.log.submit_all(msgs, answer.settle, plain_bytes, stamped_wires(bodies, region, now))
+                    t.log.submit_all(msgs, answer, plain_bytes, stamped_wires(bodies, region, now))
                     return
                 for msg in msgs:
                     msg.publishTimeMs = now
                     msg.srcRegion = region
                     msg.ClearField("msgId")
-                t.log.submit_all(msgs, answer.settle, plain_bytes)
+                t.log.submit_all(msgs, answer, plain_bytes)
                 return
             for msg in msgs:
                 self._stamp(topic, msg)
@@ -235,5 +235,16 @@ class _BatchAnswer:
         else:
             self.error = self.error or error
         self.left -= 1
+        if not self.left:
+            self.conn._batch_published(self)
+
+    __call__ = settle   # a Done (hub.batcher), and a RunDone:
+
+    def settle_run(self, first: int, n: int) -> None:
+        """``settle(seq, None)`` of ``n`` stored messages from seq id ``first`` (``hub.batcher.RunDone``)."""
+        if not self.stored:
+            self.first = first
+        self.stored += n
+        self.left -= n
         if not self.left:
             self.conn._batch_published(self)

@@ -360,6 +360,39 @@ async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds
     assert got == [(1, None), (2, None), (3, None), (4, None), (5, None)]
 
 
+class Runs:
+    """A ``hub.batcher.RunDone``: what it was told, one message at a time or in runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, BaseException | None]] = []
+        self.runs: list[tuple[int, int]] = []
+
+    def __call__(self, seq: int, error: BaseException | None) -> None:
+        self.calls.append((seq, error))
+
+    def settle_run(self, first: int, n: int) -> None:
+        self.runs.append((first, n))
+
+
+async def test_a_batched_publish_is_acknowledged_in_runs_of_its_entries() -> None:
+    """A ``RunDone`` shared by a batched publish's messages hears once per entry's run, with the run's first
+    seq id; a single publish between two batched ones is called on its own, in seq order."""
+    log, lh = held_log(max_batch_messages=4, max_outstanding_adds=4, batch_flush_bytes=1)
+    a, b = Runs(), Runs()
+    single: list[tuple[int, BaseException | None]] = []
+    log.submit_all([body(5) for _ in range(3)], a, 15)
+    log.submit(body(5), lambda seq, exc: single.append((seq, exc)))
+    log.submit_all([body(5) for _ in range(3)], b, 15)
+    await turns()
+    assert lh.entries() == [[1, 2, 3, 4], [5, 6, 7]]
+    lh.settle(0)
+    await turns()
+    assert a.runs == [(1, 3)] and single == [(4, None)] and b.runs == [] and not a.calls
+    lh.settle(1)
+    await turns()
+    assert b.runs == [(5, 3)] and not b.calls
+
+
 class Gate:
     """A backlog quota as the log sees it (``hub.batcher.Gate``): each message asked unless it admits all."""
 
