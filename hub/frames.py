@@ -33,8 +33,8 @@ from hub.proto import pubsub_pb2 as pb
 if TYPE_CHECKING:
     from hub.message import Message
 
-__all__ = ["delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch", "published",
-           "split_delivery"]
+__all__ = ["batch_entry", "delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch", "published",
+           "split_delivery", "stamped_wires"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -245,7 +245,7 @@ def stamped_wires(bodies: Iterable[bytes], region: bytes, time_ms: int) -> list[
     and ``publishTimeMs`` (8) go in field order), the stamp's bytes made once
     for the request, without a protobuf message per body.
     """
-    suffix = (_field(b"\x12", region) if region else b"") + (b"\x40" + _varint(time_ms) if time_ms else b"")
+    suffix = _stamp_fields(region, time_ms)
     leads = _BODY_FIELD_LEADS
     out: list[bytes] = []
     append = out.append
@@ -258,6 +258,13 @@ def stamped_wires(bodies: Iterable[bytes], region: bytes, time_ms: int) -> list[
                 leads[n] = lead
         append(lead + body + suffix)
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _stamp_fields(region: bytes, time_ms: int) -> bytes:
+    """``stamped_wires``' bytes after the body: ``srcRegion`` (2), ``publishTimeMs`` (8), as protobuf omits
+    them when empty (made once per millisecond)."""
+    return (_field(b"\x12", region) if region else b"") + (b"\x40" + _varint(time_ms) if time_ms else b"")
 
 
 _BODY_FIELD_LEADS: dict[int, bytes] = {}

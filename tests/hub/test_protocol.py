@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hub.frames import message_batch, publish_batch, stamped_wires
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import (
+    BODIES_ALONE_FROM,
     MAX_SUBSCRIBER_BYTES,
     MAX_TOPIC_BYTES,
     ClientConnection,
@@ -328,7 +329,7 @@ def test_a_message_batch_entry_is_what_protobuf_serializes(first: int, fields: l
 @settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=300), st.integers(min_value=1, max_value=2**64 - 1),
        st.lists(st.one_of(st.binary(max_size=300), st.binary(min_size=16_380, max_size=16_400)), min_size=1,
-                max_size=6))
+                max_size=BODIES_ALONE_FROM + 2))
 def test_a_batch_of_bodies_framed_by_hand_is_what_protobuf_serializes(topic: bytes, txn: int,
                                                                       bodies: list[bytes]) -> None:
     """The client's hand-framed batched publish equals protobuf's own request, byte for byte, and the hub
@@ -348,7 +349,7 @@ def test_a_batch_of_bodies_framed_by_hand_is_what_protobuf_serializes(topic: byt
         pub = event.request.publishRequest
         assert ([m.body for m in pub.msgs] or [pub.msg.body]) == bodies
         assert event.plain_bytes == (sum(map(len, bodies)) if len(bodies) > 1 else -1)
-        assert event.bodies == (bodies if len(bodies) > 1 else None)   # bodies alone: stamped as bytes
+        assert event.bodies == (bodies if len(bodies) >= BODIES_ALONE_FROM else None)   # stamped as bytes
 
 
 @settings(max_examples=200, deadline=None)
@@ -363,19 +364,21 @@ def test_stamped_bodies_are_what_protobuf_serializes(bodies: list[bytes], region
 def test_a_batch_with_more_than_bodies_is_checked_message_by_message() -> None:
     """A header, a key or a second topic spelling: no ``bodies`` (each message is looked at and stamped)."""
     conn = ServerConnection(max_frame_size=4096, max_message_size=100)
-    for extra in ({"key": b"k"}, {"header": pb.MessageHeader(messageType="t")}, {"srcRegion": b"elsewhere"}):
-        for where in (0, 1):
+    n = BODIES_ALONE_FROM
+    for extra in ({"key": b"k"}, {"header": pb.MessageHeader(messageType="t")}, {"srcRegion": b"elsewhere"}, {}):
+        for where in (0, n - 1):
             req = publish()
             req.publishRequest.ClearField("msg")
-            req.publishRequest.msgs.add(body=b"a", **(extra if where == 0 else {}))
-            req.publishRequest.msgs.add(body=b"b", **(extra if where == 1 else {}))
+            for i in range(n):
+                req.publishRequest.msgs.add(body=b"b", **(extra if where == i else {}))
             (event,) = conn.receive_data(encode(req))
-            assert isinstance(event, RequestReceived) and event.bodies is None and event.plain_bytes == 2
+            assert isinstance(event, RequestReceived) and event.plain_bytes == n
+            assert event.bodies == ([b"b"] * n if not extra else None)
             conn.request_finished()
     req = publish()
     req.publishRequest.ClearField("msg")
-    req.publishRequest.msgs.add(body=b"x" * 101)
-    req.publishRequest.msgs.add(body=b"b")
+    for i in range(n):
+        req.publishRequest.msgs.add(body=b"x" * (101 if i == 1 else 1))
     (event,) = conn.receive_data(encode(req))   # bodies alone, one too large: refused as before
     assert isinstance(event, Reject) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
 
