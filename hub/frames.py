@@ -33,8 +33,8 @@ from hub.proto import pubsub_pb2 as pb
 if TYPE_CHECKING:
     from hub.message import Message
 
-__all__ = ["batch_entry", "delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch", "published",
-           "split_delivery", "stamped_wires"]
+__all__ = ["batch_entry", "delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch",
+           "publish_request_size", "published", "split_delivery", "stamped_wires"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -298,6 +298,25 @@ def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
             + _PUBLISH_REQUEST_TAG + _varint(len(topic_field) + size) + topic_field)      # publishRequest (10)
     parts[0] = LENGTH_PREFIX.pack(len(head) + size) + head
     return b"".join(parts)
+
+
+def publish_request_size(topic: bytes, bodies: Sequence[bytes]) -> int:
+    """The serialized size of ``PublishRequest(topic=topic, msgs=[Message(body=b) for b in bodies])``
+    (``ByteSize``), from the bodies' lengths: the hub's check that a batch holds bodies alone."""
+    sizes = list(map(len, bodies))
+    leads = _BODY_LEADS
+    try:
+        lead_bytes = sum(map(len, map(leads.__getitem__, sizes)))   # the usual case: each length seen before
+    except KeyError:
+        lead_bytes = 0
+        for n in sizes:
+            lead = leads.get(n)
+            if lead is None:
+                lead = _lead(_BODY_MESSAGE, n)
+                if n < 1 << 14:
+                    leads[n] = lead
+            lead_bytes += len(lead)
+    return (len(_field(b"\x0a", topic)) if topic else 0) + sum(sizes) + lead_bytes
 
 
 _PUBLISH_HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"

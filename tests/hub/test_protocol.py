@@ -362,19 +362,28 @@ def test_stamped_bodies_are_what_protobuf_serializes(bodies: list[bytes], region
 
 
 def test_a_batch_with_more_than_bodies_is_checked_message_by_message() -> None:
-    """A header, a key or a second topic spelling: no ``bodies`` (each message is looked at and stamped)."""
+    """A header, a key, a region, a delay or an unknown field: no ``bodies`` (each message is looked at)."""
     conn = ServerConnection(max_frame_size=4096, max_message_size=100)
     n = BODIES_ALONE_FROM
-    for extra in ({"key": b"k"}, {"header": pb.MessageHeader(messageType="t")}, {"srcRegion": b"elsewhere"}, {}):
+    for extra in ({"key": b"k"}, {"key": b""}, {"header": pb.MessageHeader(messageType="t")},
+                  {"srcRegion": b"elsewhere"}, {"publishTimeMs": 5}, {"deliverAtMs": 0}, {}):
         for where in (0, n - 1):
             req = publish()
             req.publishRequest.ClearField("msg")
             for i in range(n):
                 req.publishRequest.msgs.add(body=b"b", **(extra if where == i else {}))
             (event,) = conn.receive_data(encode(req))
-            assert isinstance(event, RequestReceived) and event.plain_bytes == n
+            assert isinstance(event, RequestReceived) and event.plain_bytes == (-1 if "deliverAtMs" in extra else n)
             assert event.bodies == ([b"b"] * n if not extra else None)
             conn.request_finished()
+    req = publish()
+    req.publishRequest.ClearField("msg")
+    for _ in range(n - 1):
+        req.publishRequest.msgs.add(body=b"b")
+    req.publishRequest.msgs.append(pb.Message.FromString(b"\x0a\x01b\x78\x01"))   # and field 15: unknown
+    (event,) = conn.receive_data(encode(req))
+    assert isinstance(event, RequestReceived) and event.bodies is None and event.plain_bytes == n
+    conn.request_finished()
     req = publish()
     req.publishRequest.ClearField("msg")
     for i in range(n):
