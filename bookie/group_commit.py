@@ -88,6 +88,9 @@ class GroupCommit:
         self._batch: _Batch | None = None
         self._committing = False
         self._kicked = False
+        self._reading = False  # a connection's read is being served (``begin_read``)
+        self.held = False
+        """A group opened during the read waits for ``end_read`` (no commit is scheduled for it yet)."""
         self.closing = False
         """Set by ``EntryStorage.close``: new writes are refused."""
         self._idle_waiters: list[asyncio.Future[None]] = []
@@ -260,15 +263,44 @@ class GroupCommit:
     def _open_batch(self) -> _Batch:
         batch = self._batch = _Batch()
         if not self._committing and not self._kicked:
-            self._kicked = True
-            loop = self._loop or asyncio.get_running_loop()
-            self._loop = loop
-            if self._group_wait:
-                loop.call_later(self._group_wait, self._start_commit)
-            else:
-                loop.call_soon(self._start_commit)
             self._checkpoints.arm()
+            if self._reading:
+                self.held = True  # ``end_read`` commits it or kicks
+            else:
+                self._kick()
         return batch
+
+    def _kick(self) -> None:
+        """Commit the open group in a later loop turn (after ``group_wait``)."""
+        self._kicked = True
+        loop = self._loop or asyncio.get_running_loop()
+        self._loop = loop
+        if self._group_wait:
+            loop.call_later(self._group_wait, self._start_commit)
+        else:
+            loop.call_soon(self._start_commit)
+
+    def begin_read(self) -> None:
+        """A connection's read is about to be served: a group it opens waits for ``end_read``."""
+        self._reading = True
+
+    def end_read(self, commit: bool) -> None:
+        """The read is served. ``commit``: hand a group it opened over now (written at once when small, as
+        ``_start_commit``), so its answers leave with this read's flush: no loop turn, handle or epoll in
+        between. The caller passes it only when no other connection could share the group (``bookie.server``'s
+        connection with adds alone); else, and with ``group_wait``, the group is committed in a later turn
+        as without ``begin_read``, with the adds other connections' reads of this loop turn bring.
+        """
+        self._reading = False
+        if not self.held:
+            return
+        self.held = False
+        if self._batch is None or self._committing or self._kicked:
+            return
+        if commit and not self._group_wait:
+            self._start_commit()
+        else:
+            self._kick()
 
     def _inline(self, batch: _Batch) -> bool:
         """Whether the loop thread writes ``batch`` itself: small, and the disk syncs fast."""

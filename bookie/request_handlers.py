@@ -21,6 +21,7 @@ from bookie import errors
 from bookie import protocol as proto
 from bookie.digest import HEADER_SIZE
 from bookie.disk import DiskUsageMonitor
+from bookie.group_commit import GroupCommit
 from bookie.server_connection import ADD_ENTRY, ADD_OK, BookieServerProtocol
 from bookie.stats import BookieStats
 from bookie.storage import EntryStorage
@@ -139,6 +140,11 @@ class RequestHandlers:
         if self._storage is None:
             raise RuntimeError("bookie not started")
         return self._storage
+
+    @property
+    def group(self) -> GroupCommit:
+        """The storage's journal hand-off (a connection's reads: ``begin_read``, ``end_read``)."""
+        return self.storage.journal
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:

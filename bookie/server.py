@@ -142,6 +142,7 @@ class BookieServer:
     def __init__(self, conf: BookieConf, *, metastore: MetaStore | None = None) -> None:
         self.conf = conf
         self.connections: set[BookieServerProtocol] = set()
+        self.adders = 0
         self.draining = False
         self.stats = BookieStats(read_only=lambda: self.read_only, connections=lambda: len(self.connections),
                                  disk_usage=lambda: self.last_disk_usage,

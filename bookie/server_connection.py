@@ -25,7 +25,22 @@ ADD_ENTRY = proto.ADD_ENTRY
 OK = proto.OK
 ADD_OK = (ADD_ENTRY, OK)
 
-__all__ = ["BookieServerProtocol", "ConnectionHost", "RequestSink"]
+__all__ = ["BookieServerProtocol", "ConnectionHost", "ReadGroup", "RequestSink"]
+
+
+class ReadGroup(Protocol):
+    """What a connection's read uses of the journal hand-off (``bookie.group_commit.GroupCommit``)."""
+
+    held: bool
+    """A group opened during this read waits for ``end_read``."""
+
+    def begin_read(self) -> None:
+        """A read is about to be served: a group it opens waits for ``end_read``."""
+        ...
+
+    def end_read(self, commit: bool) -> None:
+        """The read is served: commit a group it opened now (``commit``), else in a later loop turn."""
+        ...
 
 
 class RequestSink(Protocol):
@@ -39,12 +54,19 @@ class RequestSink(Protocol):
         """Serve an ADD_ENTRY (``handle``'s hot path)."""
         ...
 
+    @property
+    def group(self) -> ReadGroup:
+        """The storage's journal hand-off (the storage is open before the first connection)."""
+        ...
+
 
 class ConnectionHost(Protocol):
     """What a connection uses of its server (``bookie.server.BookieServer``)."""
 
     conf: BookieConf
     connections: set[BookieServerProtocol]
+    adders: int
+    """Open connections that have sent adds (or other journal writes): one alone commits at its reads' end."""
     draining: bool
     budget: proto.FrameBudget
     stats: BookieStats
@@ -76,6 +98,9 @@ class BookieServerProtocol(asyncio.Protocol):
         self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
         self.acks = proto.AddAcks()  # frames the OK answers to its adds
         self._reading = True
+        self._group = requests.group
+        self._in_read = False  # answers queued now leave with the read's flush: none is scheduled
+        self.adder = False     # counted in ``server.adders``
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
 
@@ -93,6 +118,9 @@ class BookieServerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self.adder:
+            self.adder = False
+            self._server.adders -= 1
         self._server.budget.release(self.key)
         self.state.decoder.clear()
         self.outbox.detach()
@@ -109,10 +137,27 @@ class BookieServerProtocol(asyncio.Protocol):
         self.outbox.flush()
 
     def data_received(self, data: bytes) -> None:
+        """Serve what the read completes; a group of journal writes it opened is committed at its end when no
+        other connection writes (its answers then leave with this read's flush, as the python floor's sink
+        does), else in a later loop turn with the other connections' writes of this turn (one group)."""
         state = self.state
         state.receive_data(data)
-        self._serve()
-        self.outbox.flush()
+        group = self._group
+        group.begin_read()
+        self._in_read = True
+        try:
+            self._serve()
+        finally:
+            if group.held:
+                server = self._server
+                if not self.adder:
+                    self.adder = True
+                    server.adders += 1
+                group.end_read(server.adders == 1)
+            else:
+                group.end_read(False)
+            self._in_read = False
+            self.outbox.flush()
         if self.transport is not None:
             self._server.charge(self, state.buffered)
 
@@ -173,7 +218,10 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         self._server.stats.count(op, status)
-        self.outbox.send(frame)
+        if self._in_read:
+            self.outbox.put(frame)  # the read's flush writes it
+        else:
+            self.outbox.send(frame)
         if self.state.response_queued(len(frame)):
             self.outbox.flush()
 
@@ -189,7 +237,10 @@ class BookieServerProtocol(asyncio.Protocol):
             if exc is None:
                 self._server.stats.requests[ADD_OK] = self._server.stats.requests.get(ADD_OK, 0) + n
                 nbytes = sum(map(len, acks))
-                self.outbox.send_all(acks, nbytes)
+                if self._in_read:
+                    self.outbox.put_all(acks, nbytes)  # the read's flush writes them
+                else:
+                    self.outbox.send_all(acks, nbytes)
                 if self.state.response_queued(nbytes):
                     self.outbox.flush()
             else:
