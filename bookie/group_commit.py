@@ -88,7 +88,8 @@ class GroupCommit:
         self._batch: _Batch | None = None
         self._committing = False
         self._kicked = False
-        self._reading = False  # a connection's read is being served (``begin_read``)
+        self.reading = False
+        """A connection's read is being served (set by the connection): a group it opens waits for ``end_read``."""
         self.held = False
         """A group opened during the read waits for ``end_read`` (no commit is scheduled for it yet)."""
         self.closing = False
@@ -264,7 +265,7 @@ class GroupCommit:
         batch = self._batch = _Batch()
         if not self._committing and not self._kicked:
             self._checkpoints.arm()
-            if self._reading:
+            if self.reading:
                 self.held = True  # ``end_read`` commits it or kicks
             else:
                 self._kick()
@@ -280,18 +281,14 @@ class GroupCommit:
         else:
             loop.call_soon(self._start_commit)
 
-    def begin_read(self) -> None:
-        """A connection's read is about to be served: a group it opens waits for ``end_read``."""
-        self._reading = True
-
     def end_read(self, commit: bool) -> None:
-        """The read is served. ``commit``: hand a group it opened over now (written at once when small, as
+        """The read (``reading``) is served. ``commit``: hand a group it opened over now (written at once when small, as
         ``_start_commit``), so its answers leave with this read's flush: no loop turn, handle or epoll in
         between. The caller passes it only when no other connection could share the group (``bookie.server``'s
         connection with adds alone); else, and with ``group_wait``, the group is committed in a later turn
-        as without ``begin_read``, with the adds other connections' reads of this loop turn bring.
+        as without ``reading``, with the adds other connections' reads of this loop turn bring.
         """
-        self._reading = False
+        self.reading = False
         if not self.held:
             return
         self.held = False

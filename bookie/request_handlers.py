@@ -143,7 +143,7 @@ class RequestHandlers:
 
     @property
     def group(self) -> GroupCommit:
-        """The storage's journal hand-off (a connection's reads: ``begin_read``, ``end_read``)."""
+        """The storage's journal hand-off (a connection's reads: ``reading``, ``end_read``)."""
         return self.storage.journal
 
     @property

@@ -31,12 +31,10 @@ __all__ = ["BookieServerProtocol", "ConnectionHost", "ReadGroup", "RequestSink"]
 class ReadGroup(Protocol):
     """What a connection's read uses of the journal hand-off (``bookie.group_commit.GroupCommit``)."""
 
+    reading: bool
+    """Set while a read is served: a group it opens waits for ``end_read``."""
     held: bool
     """A group opened during this read waits for ``end_read``."""
-
-    def begin_read(self) -> None:
-        """A read is about to be served: a group it opens waits for ``end_read``."""
-        ...
 
     def end_read(self, commit: bool) -> None:
         """The read is served: commit a group it opened now (``commit``), else in a later loop turn."""
@@ -143,7 +141,7 @@ class BookieServerProtocol(asyncio.Protocol):
         state = self.state
         state.receive_data(data)
         group = self._group
-        group.begin_read()
+        group.reading = True
         self._in_read = True
         try:
             self._serve()
@@ -155,7 +153,7 @@ class BookieServerProtocol(asyncio.Protocol):
                     server.adders += 1
                 group.end_read(server.adders == 1)
             else:
-                group.end_read(False)
+                group.reading = False
             self._in_read = False
             self.outbox.flush()
         if self.transport is not None:
