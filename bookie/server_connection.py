@@ -151,7 +151,12 @@ class BookieServerProtocol(asyncio.Protocol):
                 if not self.adder:
                     self.adder = True
                     server.adders += 1
-                group.end_read(server.adders == 1)
+                if server.adders == 1:
+                    if self.outbox.queued_bytes:
+                        self.outbox.flush()  # answers ready now (reads...) do not wait for the journal write
+                    group.end_read(True)
+                else:
+                    group.end_read(False)
             else:
                 group.reading = False
             self._in_read = False

@@ -105,3 +105,35 @@ async def test_two_writers_adds_read_in_one_loop_turn_share_a_group(server: Book
     finally:
         await first.close()
         await second.close()
+
+
+async def test_an_answer_ready_in_a_read_leaves_before_the_journal_write_of_its_adds(
+        server: BookieServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = await RawBookieClient.connect(server.address)
+    try:
+        assert (await client.call(add_req(1, 0))).status == proto.OK
+        (conn,) = server.connections
+        events: list[str] = []
+        transport = conn.outbox.transport
+        assert transport is not None
+        writelines, append = transport.writelines, server.storage.journal.writer.append
+
+        def write(frames: list[bytes]) -> None:
+            events.append(f"write {len(frames)}")
+            writelines(frames)
+
+        def journal_write(data: bytes) -> object:
+            events.append("journal")
+            return append(data)
+
+        monkeypatch.setattr(transport, "writelines", write)
+        monkeypatch.setattr(server.storage.journal.writer, "append", journal_write)
+        loop = asyncio.get_running_loop()
+        answers: list[asyncio.Future[proto.Response | BKError]] = [loop.create_future(), loop.create_future()]
+        client.submit(proto.read_request(0, 1, 0), answers[0].set_result)   # one read: answered at once
+        client.submit(add_req(1, 1), answers[1].set_result)                 # and an add: after the journal
+        done = await asyncio.wait_for(asyncio.gather(*answers), WAIT)
+        assert [a.status for a in done if isinstance(a, proto.Response)] == [proto.OK, proto.OK]
+        assert events == ["write 1", "journal", "write 1"]
+    finally:
+        await client.close()
