@@ -4,7 +4,8 @@
 directory, the test's lmdb metastore, GC off unless asked) and returns a
 ``BookieProcess`` once it printed its ready line; every process is killed
 at teardown. ``shared_bookie`` is one process for a whole module, for tests
-that only talk to it.
+that only talk to it. ``server`` is a ``BookieServer`` in the test's own
+process (``start_server``), for tests that watch or patch its insides.
 """
 
 from __future__ import annotations
@@ -16,12 +17,35 @@ from typing import Any
 import pytest
 
 from bookie import protocol as proto
+from bookie.conf import BookieConf
 from bookie.digest import encode_entry, master_key
+from bookie.server import BookieServer
 from bookie.storage import EntryStorage
 from bookie.testing import BookieProcess, RawBookieClient
 
 KEY = master_key(b"password")
 StartBookie = Callable[..., BookieProcess]
+WAIT = 10.0  # every await of an answer is bounded by this
+
+
+async def start_server(tmp_path: Path, **settings: Any) -> BookieServer:
+    """A started ``BookieServer`` in this process: a free port, data and lmdb metastore under ``tmp_path``,
+    GC and the HTTP server off, then ``settings``."""
+    props = {"bookie_port": "0", "ledger_directories": str(tmp_path / "data"),
+             "metastore_uri": f"lmdb://{tmp_path / 'meta'}", "gc_wait_time": "0", "http_server_port": "-1",
+             "ledger_storage_map_size": str(64 << 20), **{k: str(v) for k, v in settings.items()}}
+    srv = BookieServer(BookieConf.from_properties(props))
+    await srv.start()
+    return srv
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[BookieServer]:
+    srv = await start_server(tmp_path)
+    try:
+        yield srv
+    finally:
+        await srv.stop()
 
 
 def bookie_settings(root: Path, meta_uri: str, **settings: Any) -> dict[str, Any]:

@@ -15,34 +15,12 @@ from typing import Any
 import pytest
 
 from bookie import protocol as proto
-from bookie.conf import BookieConf
 from bookie.digest import encode_entry, master_key
 from bookie.server import BookieServer
 from bookie.testing import AddEntriesPipeline, AddPipeline, RawBookieClient
-from tests.bookie.conftest import KEY, add_req
+from tests.bookie.conftest import KEY, WAIT, add_req, start_server
 
 pytestmark = pytest.mark.timeout(60)
-
-WAIT = 10.0  # every await of an answer is bounded by this
-
-
-async def start_server(tmp_path: Path, **settings: Any) -> BookieServer:
-    props = {"bookie_port": "0", "ledger_directories": str(tmp_path / "data"),
-             "metastore_uri": f"lmdb://{tmp_path / 'meta'}", "gc_wait_time": "0", "http_server_port": "-1",
-             "ledger_storage_map_size": str(64 << 20), **{k: str(v) for k, v in settings.items()}}
-    srv = BookieServer(BookieConf.from_properties(props))
-    await srv.start()
-    return srv
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[BookieServer]:
-    srv = await start_server(tmp_path)
-    try:
-        yield srv
-    finally:
-        await srv.stop()
-
 
 @pytest.fixture
 async def client(server: BookieServer) -> AsyncIterator[RawBookieClient]:

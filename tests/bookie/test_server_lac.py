@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -155,18 +153,6 @@ def _with_txn(client: RawBookieClient, req: proto.Request) -> proto.Request:
 
 
 # --- the server in process: connection loss and stop --------------------------------------------------
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[BookieServer]:
-    conf = BookieConf.from_properties({"bookie_port": "0", "ledger_directories": str(tmp_path / "data"),
-                                       "metastore_uri": f"lmdb://{tmp_path / 'meta'}", "gc_wait_time": "0"})
-    srv = BookieServer(conf)
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop()
 
 
 async def test_a_lost_connection_drops_its_parked_reads(server: BookieServer) -> None:

@@ -9,8 +9,7 @@ in a later loop turn, so that writes read in one turn share one group.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
@@ -20,19 +19,9 @@ from bookie.errors import BKError
 from bookie.server import BookieServer
 from bookie.server_connection import BookieServerProtocol
 from bookie.testing import RawBookieClient
-from tests.bookie.conftest import add_req
-from tests.bookie.test_server_adds import WAIT, start_server
+from tests.bookie.conftest import WAIT, add_req
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[BookieServer]:
-    srv = await start_server(tmp_path)
-    try:
-        yield srv
-    finally:
-        await srv.stop()
 
 
 def watch_reads(conn: BookieServerProtocol, commits: Callable[[], int]) -> list[tuple[int, int]]:
