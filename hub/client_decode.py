@@ -55,7 +55,7 @@ def decode_wires(wires: Sequence[bytes], shared: bool = True) -> list[Message]:
     ``shared=False``: decoded without the table (read-only still), for deliveries no other subscription of
     the process is likely to get (a consumer's share of a work queue)."""
     if not shared:
-        return [Message.from_proto(pb.Message.FromString(wire), keep_wire=wire, read_only=True) for wire in wires]
+        return Message.from_wires(wires)
     table = _decoded
     get = table.get
     out = []

@@ -252,6 +252,11 @@ class ClientPublishing:
         that were not stored (the stored ones are always the first: its answer says how many). A
         producer's (deduplicated) publish goes alone, after whatever the topic had batched.
         """
+        if not properties and not message_type and key is None and producer is None and sequence_id is None \
+                and deliver_after_ms is None and deliver_at_ms is None:
+            fut = self._join_batch(topic, body)   # the common case, without the checks its batch passed
+            if fut is not None:
+                return fut
         self._check_open()
         self._check_names(topic)
         delayed = deliver_after_ms is not None or deliver_at_ms is not None
@@ -318,6 +323,28 @@ class ClientPublishing:
             raise errors.error_for_status(status_name(resp.statusCode), resp.statusMsg or status_name(resp.statusCode))
         return TracedPublish(int(resp.publishResponse.publishedMsgId.localComponent), resp.publishResponse.trace,
                              sent, read[0] if read else time.monotonic_ns())
+
+    def _join_batch(self, topic: bytes, body: bytes) -> asyncio.Future[int] | None:
+        """A plain body's publish added to the batch ``topic`` has going (its name was checked when the batch
+        started), as ``_batched`` would add it; None when that is not how it would go (the long way decides)."""
+        batch = self._batches.get(topic)
+        if batch is None or batch.req is not None or self.closed:
+            return None
+        conf = self.conf
+        conn = batch.conn
+        size = len(body)
+        if size > conf.max_message_size or conf.producer_name or not conf.batching_enabled \
+                or batch.bytes + size > conf.batching_max_bytes or not conn.alive \
+                or self.conns.get(self.owner.get(topic, "")) is not conn:
+            return None
+        fut: asyncio.Future[int] = conn._loop.create_future()
+        batch.bodies.append(body)
+        futures = batch.futures
+        futures.append(fut)
+        batch.bytes += size
+        if len(futures) >= conf.batching_max_messages:
+            self._flush_batch(topic)
+        return fut
 
     def _batched(self, topic: bytes, conn: _Conn, body: bytes, properties: Mapping[str, bytes] | None,
                  message_type: str, key: bytes | None = None) -> asyncio.Future[int]:
