@@ -67,6 +67,25 @@ def test_a_consumers_deliveries_are_decoded_apart_equal_and_read_only(monkeypatc
     assert isinstance(parsed, DeliveryReceived) and list(parsed.decoded) == sent and client_decode._decoded == {}
 
 
+def test_a_consumers_loop_decode_is_from_proto_field_for_field() -> None:
+    variants = [pb.Message(body=b"plain", srcRegion=b"standalone"), pb.Message(), pb.Message(body=b"x" * 300)]
+    full = pb.Message(body=b"b", srcRegion=b"east", key=b"", publishTimeMs=5, redeliveryCount=2, deliverAtMs=9)
+    full.msgId.localComponent = 1 << 40
+    full.msgId.remoteComponents.add(region=b"west", seqId=3)
+    full.header.messageType = "History"
+    full.header.properties.entries.add(key="a", value=b"1")
+    variants += [full, pb.Message(body=b"id only", msgId=pb.MessageSeqId(localComponent=77))]
+    wires = [v.SerializeToString() for v in variants]
+    got = decode_wires(wires, shared=False)
+    want = [Message.from_proto(v, keep_wire=w, read_only=True) for v, w in zip(variants, wires, strict=True)]
+    assert got == want
+    for a, b in zip(got, want, strict=True):
+        assert (a.wire, type(a.properties), type(a.msg_id.remote), a.key) == (b.wire, ReadOnlyDict, ReadOnlyDict, b.key)
+    assert got[3].key == b"" and got[0].key is None and got[3].msg_id.remote == {"west": 3}
+    with pytest.raises(DecodeError):
+        decode_wires([b"\xff\xff"], shared=False)
+
+
 def test_a_different_redelivery_count_is_a_message_of_its_own() -> None:
     plain, = (_received(b"t", b"s", _sample(1)))
     again, = (_received(b"t", b"s", _sample(1, redelivery_count=2)))
