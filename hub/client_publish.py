@@ -64,9 +64,13 @@ class _Batch:
         self.timer: asyncio.TimerHandle | asyncio.Handle | None = None   # the flush to come, when delayed
 
     def request(self, topic: bytes) -> pb.PubSubRequest:
-        """The batch as a protobuf request, built from the bodies so far the first time."""
+        """The batch as a protobuf request, built from the bodies so far the first time: always as ``msgs``, which
+        more messages join (a single one goes as a plain publish when the batch is sent: ``_flush_batch``)."""
         if self.req is None:
-            self.req = _bodies_request(topic, self.bodies)
+            self.req = _publish_request(topic)
+            msgs = self.req.publishRequest.msgs
+            for body in self.bodies:
+                msgs.add(body=body)
             self.bodies = []
         return self.req
 

@@ -82,6 +82,33 @@ async def test_the_publishes_of_one_turn_leave_as_one_request_with_consecutive_s
         assert col.got[7].properties == {"i": b"7"} and col.got[7].src_region == "standalone"
 
 
+async def test_plain_and_richer_publishes_of_one_turn_share_one_request_in_order(cluster: LocalCluster) -> None:
+    topic = name()
+    r, col = await reader_of(cluster, topic)
+    async with r, await HedwigClient.connect(cluster.hub_addresses[0]) as c:
+        await c.publish(topic, b"m0")
+        sizes = requests_of(c, topic)
+        futures = [c.publish_async(topic, b"m1"), c.publish_async(topic, b"m2", key=b"k"),   # a key: a protobuf batch
+                   c.publish_async(topic, b"m3"), c.publish_async(topic, b"m4", {"p": b"v"}),
+                   c.publish_async(topic, b"m5")]
+        assert await asyncio.gather(*futures) == [2, 3, 4, 5, 6]
+        assert sizes == [5]
+        await col.wait(lambda g: len(g) == 6)
+        assert bodies(col) == [b"m%d" % i for i in range(6)]
+        assert [m.key for m in col.got] == [None, None, b"k", None, None, None]
+        assert col.got[4].properties == {"p": b"v"} and col.got[5].properties == {}
+        first = c.publish_async(topic, b"m6")     # a batch of bodies going: what joins it is still checked
+        with pytest.raises(errors.MessageTooLargeError):
+            c.publish_async(topic, b"x" * (c.conf.max_message_size + 1))
+        c.closed = True
+        try:
+            with pytest.raises(errors.PubSubError, match="closed"):
+                c.publish_async(topic, b"after close")
+        finally:
+            c.closed = False
+        assert await first == 7 and sizes == [5, 1]
+
+
 @pytest.mark.parametrize(("conf", "body", "count", "expected"), [
     ({"batching_max_messages": "100"}, 10, 250, [100, 100, 50]),
     ({"batching_max_bytes": "1000"}, 100, 25, [10, 10, 5]),
