@@ -170,6 +170,7 @@ class ClientPublishing:
     """The publishing half of ``HedwigClient``."""
 
     conf: HubClientConf
+    closed: bool
     conns: dict[str, _Conn]
     owner: dict[bytes, str]
     _sequences: dict[tuple[bytes, bytes], int]
