@@ -251,7 +251,45 @@ class Message:
         leads = _MSG_ID_LEADS
         has = _HAS_FIELD
         seq = first
+        # the usual run (a batched publish of bodies alone, hub.frames.stamped_wires): each wire is a body
+        # under 128 bytes, then the run's srcRegion and publishTimeMs fields, nothing else. A wire that ends
+        # with those two fields and is as long as they and its body field are holds no other field (each
+        # adds bytes), so its message is built from the wire and the run's values, without protobuf reads
+        region_field = time_field = b""
+        tail_len = 0
+        region_name = ""
+        stamp = 0
+        if msgs:
+            lead_msg = msgs[0]
+            region, stamp = lead_msg.srcRegion, lead_msg.publishTimeMs
+            region_field = b"\x12" + varint(len(region)) + region if region else b""
+            time_field = b"\x40" + varint(stamp) if stamp else b""
+            tail_len = len(region_field) + len(time_field)
+            region_name = _region_name(region)
+        tail = region_field + time_field
         for msg, wire in zip(msgs, wires, strict=True):
+            n = len(wire) - tail_len   # the body field's size, when the wire is the usual one
+            if 1 < n < 130 and wire[1] == n - 2 and wire[0] == 0x0A and wire.endswith(tail):
+                made = new(cls)
+                fields = made.__dict__
+                fields["body"] = wire[2:n]
+                fields["properties"] = EMPTY
+                fields["message_type"] = ""
+                msg_id = new(MessageId)
+                ids = msg_id.__dict__
+                ids["local"] = seq
+                ids["remote"] = EMPTY
+                fields["msg_id"] = msg_id
+                fields["src_region"] = region_name
+                fields["key"] = None
+                fields["publish_time_ms"] = stamp
+                fields["redelivery_count"] = 0
+                fields["deliver_at_ms"] = 0
+                local = varint(seq)
+                fields["wire"] = b"".join((wire[:n], region_field, leads[len(local)], local, time_field))
+                append(made)
+                seq += 1
+                continue
             if has(msg, "msgId"):
                 copy = pb.Message()
                 copy.CopyFrom(msg)

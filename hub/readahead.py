@@ -298,6 +298,9 @@ class ReadAheadCache:
         if t is None or self._closed:
             return
         stubs = t.stubs
+        if not stubs and self._ttl <= 0:
+            self._cache_run(t, messages)
+            return
         entries: list[tuple[int, Message]] = []
         append = entries.append
         for message in messages:
@@ -489,6 +492,34 @@ class ReadAheadCache:
                 continue
             size = held_size(msg)
             messages[seq] = msg
+            fifo[(name, seq)] = (size, now)
+            added += size
+        t.known_last = known_last
+        self._size += added
+        while self._size > self._cache_size and self._fifo:
+            self._evict_oldest()
+
+    def _cache_run(self, t: _Topic, messages: list[Message]) -> None:
+        """``_cache`` of a persisted entry's messages when no stub waits and entries do not expire: one loop,
+        ``held_size`` inline for a message without properties, type or remote components (the usual one)."""
+        now = self._clock()
+        messages_of, fifo, name, consumed, added = t.messages, self._fifo, t.name, t.consumed, 0
+        known_last = t.known_last
+        fixed, size_of = _FIXED + 2 * _BYTES, sys.getsizeof
+        for msg in messages:
+            msg_id = msg.msg_id
+            seq = msg_id.local
+            if seq < 1:
+                continue
+            if seq > known_last:
+                known_last = seq
+            if seq <= consumed or seq in messages_of:
+                continue
+            if msg.properties or msg.message_type or msg_id.remote:
+                size = held_size(msg)
+            else:
+                size = fixed + len(msg.wire) + len(msg.body) + size_of(msg.src_region)
+            messages_of[seq] = msg
             fifo[(name, seq)] = (size, now)
             added += size
         t.known_last = known_last

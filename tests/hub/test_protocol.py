@@ -507,3 +507,31 @@ def test_a_persisted_run_is_persisted_of_each_message_in_seq_order(
         expected.msgId.localComponent = first + i
         assert got == Message.from_proto(expected)
         assert got.wire == expected.SerializeToString()     # byte for byte what protobuf serializes
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=1, max_value=2**40), st.lists(
+    st.tuples(st.binary(max_size=140), st.sampled_from([b"", b"standalone", b"east", b"west"]),
+              st.sampled_from([0, 1, 1_700_000_000_000, 1_700_000_000_001]), st.booleans()),
+    min_size=1, max_size=8))
+def test_a_run_of_bodies_alone_is_built_from_its_wires_as_from_proto_would(
+        first: int, specs: list[tuple[bytes, bytes, int, bool]]) -> None:
+    """persisted_run's path for the usual run (bodies alone with the run's stamp, ``stamped_wires``) takes a
+    message only when its wire holds nothing else: another stamp or an unknown field takes the plain way."""
+    from hub.message import Message
+
+    msgs, wires = [], []
+    for body, region, time_ms, unknown in specs:
+        wire = stamped_wires([body], region, time_ms)[0]
+        if unknown:
+            wire += _UNKNOWN_FIELD
+        msgs.append(pb.Message.FromString(wire))
+        wires.append(wire)
+    run = Message.persisted_run(msgs, first, wires)
+    for i, (m, got) in enumerate(zip(msgs, run, strict=True)):
+        expected = pb.Message()
+        expected.CopyFrom(m)
+        expected.msgId.localComponent = first + i
+        assert got == Message.from_proto(expected)
+        assert got.wire == expected.SerializeToString()
+        assert got.body == m.body and got.seq_id == first + i
