@@ -534,3 +534,29 @@ async def test_a_synchronous_hit_reads_ahead_only_when_its_look_ahead_is_missing
     await settle(cache)
     assert [cache.cached(b"t", s).seq_id for s in range(11, 16)] == list(range(11, 16))  # type: ignore[union-attr]
     await cache.close()
+
+
+async def test_a_persisted_run_is_held_and_pruned_at_its_held_size() -> None:
+    """on_published_many without stubs (one loop, held_size inline for plain messages) holds what held_size
+    says for each message, plain or not, and consumed_up_to gives it all back."""
+    from hub.frames import stamped_wires
+
+    ledgers = FakeLedgers({b"t": 1}, size=10)
+    cache = ReadAheadCache(Conf(readahead_count=1), ledgers, last_seq=lambda topic: 1)
+    await read(cache, b"t", 1)
+    await settle(cache)
+    before = cache.stats()["size_bytes"]
+    plain = [pb.Message(body=bytes([i]) * (20 + i), srcRegion=b"standalone", publishTimeMs=1_700_000_000_000)
+             for i in range(6)]
+    plain[2].header.properties.entries.add(key="type", value=b"History")   # not plain: held_size itself
+    plain[4].key = b"k"
+    run = Message.persisted_run(plain, 2, [m.SerializeToString() for m in plain])
+    assert stamped_wires([plain[0].body], b"standalone", 1_700_000_000_000)[0] == plain[0].SerializeToString()
+    cache.on_published_many(b"t", run)
+    st = cache.stats()
+    assert st["entries"] == 7
+    assert st["size_bytes"] - before == sum(held_size(m) for m in run)
+    assert cache.cached(b"t", 4) is run[2]
+    cache.consumed_up_to(b"t", 7)
+    assert (cache.stats()["size_bytes"], cache.stats()["entries"]) == (0, 0)
+    await cache.close()
