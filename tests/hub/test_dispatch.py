@@ -242,3 +242,28 @@ async def test_messages_stored_before_the_new_fields_read_with_their_defaults() 
     assert (keyed.key, keyed.publish_time_ms) == (b"", 5)          # an empty key is a key, not None
     assert pb.Message.FromString(keyed.redelivered_wire(3)).redeliveryCount == 3
     assert keyed.redelivered_wire(0) is keyed.wire
+
+
+async def test_permits_at_the_tail_do_not_wake_the_dispatcher_but_permits_for_waiting_messages_do() -> None:
+    log = Log()
+    for _ in range(4):
+        log.add()
+    d = make(SharedDispatcher, log)
+    a = Conn()
+    slot = d.add(a, 1, 2)
+    await settle(d)
+    assert a.got == [1, 2]
+    d.flow(slot, 5)                      # messages 3 and 4 wait for permits: a pass hands them out
+    await asyncio.wait_for(a.arrived.wait(), 5)
+    await settle(d)
+    assert a.got == [1, 2, 3, 4]
+    d.flow(slot, 5)                      # nothing unread, nothing to redeliver: no pass
+    assert not d._wake.is_set()
+    d.redeliver(slot, [2])               # one goes back (a nack): handed out again
+    await settle(d)
+    assert a.got == [1, 2, 3, 4, 2] and d.counts == {2: 1}
+    log.add()                            # a new message wakes it as the owner's wake_all does
+    d.wake()
+    await settle(d)
+    assert a.got[-1] == 5
+    await d.stop()
