@@ -494,10 +494,7 @@ class ReadAheadCache:
             messages[seq] = msg
             fifo[(name, seq)] = (size, now)
             added += size
-        t.known_last = known_last
-        self._size += added
-        while self._size > self._cache_size and self._fifo:
-            self._evict_oldest()
+        self._cached(t, known_last, added)
 
     def _cache_run(self, t: _Topic, messages: list[Message]) -> None:
         """``_cache`` of a persisted entry's messages when no stub waits and entries do not expire: one loop,
@@ -522,6 +519,11 @@ class ReadAheadCache:
             messages_of[seq] = msg
             fifo[(name, seq)] = (size, now)
             added += size
+        self._cached(t, known_last, added)
+
+    def _cached(self, t: _Topic, known_last: int, added: int) -> None:
+        """After ``_cache`` or ``_cache_run``: the topic's highest known seq id, the cache's size grown by
+        ``added`` bytes, and the oldest messages evicted past ``cache_size``."""
         t.known_last = known_last
         self._size += added
         while self._size > self._cache_size and self._fifo:
