@@ -133,6 +133,31 @@ async def _ledgers(http: Any, stats_url: str) -> list[Any]:
         return list(body.get("ledgers", [])) if resp.status == 200 else []
 
 
+def stored_ledgers(bookie_dir: Path) -> int:
+    """Ledger records the bookie's entry storage at ``bookie_dir`` holds (its LMDB ``ledgers`` database), read
+    from this process through a read-only environment of its own (the bookie runs in another process)."""
+    import lmdb
+
+    env = lmdb.open(str(bookie_dir), readonly=True, max_dbs=4, lock=True)
+    try:
+        db = env.open_db(b"ledgers", create=False)
+        with env.begin(db=db) as txn:
+            return int(txn.stat(db)["entries"])
+    finally:
+        env.close()
+
+
+async def _deleted(bookie_dir: Path, keep: int, timeout: float) -> None:
+    """Until the bookie's storage holds at most ``keep`` ledgers: its garbage collection and the checkpoint after
+    it removed the deleted ledgers' entries, so their pages are free for the next cycle (under load that can
+    take longer than any fixed wait)."""
+    deadline = time.monotonic() + timeout
+    while (held := await asyncio.to_thread(stored_ledgers, bookie_dir)) > keep:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the bookie still holds {held} ledgers (at most {keep} expected) after {timeout:.0f} s")
+        await asyncio.sleep(0.1)
+
+
 async def _settled(bookie_dir: Path, wait: float, timeout: float) -> DiskSample:
     """A sample once the bookie's deletes had ``wait`` seconds and two samples ``wait`` apart agree."""
     await asyncio.sleep(wait)
@@ -172,10 +197,11 @@ async def soak(cluster: Any, gb: float, cycles: int, message_size: int, window: 
                          "seconds": round(time.monotonic() - t0, 1)})
             await c.consume(topic, b"soak", last)
             deadline = time.monotonic() + 120
-            while len(await _ledgers(http, stats_url)) > 1:
+            while len(kept := await _ledgers(http, stats_url)) > 1:
                 if time.monotonic() > deadline:
                     raise TimeoutError("the hub did not delete the consumed ledgers within 120 s")
                 await asyncio.sleep(0.2)
+            await _deleted(bookie_dir, len(kept), timeout=120)
             sample = await _settled(bookie_dir, wait, timeout=60)
             rows.append({"cycle": cycle, "phase": "deleted", "last_seq_id": last, **sample,
                          "seconds": round(time.monotonic() - t0, 1)})
