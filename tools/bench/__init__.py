@@ -16,11 +16,12 @@ need the ``plot`` extra (matplotlib; ``make bench-deps``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 BENCHMARKS = {
@@ -126,3 +127,17 @@ def timed(fn: Callable[[], Any], count: int) -> tuple[float, list[float]]:
         fn()
         lat.append(time.perf_counter() - s)
     return time.perf_counter() - t0, lat
+
+
+@contextlib.contextmanager
+def readonly_lmdb(path: str, max_dbs: int = 0) -> Iterator[Any]:
+    """A read-only LMDB environment at ``path`` that another process writes (a bookie's storage, the lmdb
+    metastore), closed on exit. Only where this process has no environment of its own open on ``path``
+    (LMDB allows one per path and process)."""
+    import lmdb
+
+    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=max_dbs, lock=True)
+    try:
+        yield env
+    finally:
+        env.close()

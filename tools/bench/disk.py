@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tools.bench import readonly_lmdb
 from tools.bench.publish import add_conf_argument, bench_data_dir, conf_fields, conf_overrides
 
 __all__ = ["DiskSample", "add_arguments", "disk_sample", "run", "soak"]
@@ -136,15 +137,10 @@ async def _ledgers(http: Any, stats_url: str) -> list[Any]:
 def stored_ledgers(bookie_dir: Path) -> int:
     """Ledger records the bookie's entry storage at ``bookie_dir`` holds (its LMDB ``ledgers`` database), read
     from this process through a read-only environment of its own (the bookie runs in another process)."""
-    import lmdb
-
-    env = lmdb.open(str(bookie_dir), readonly=True, max_dbs=4, lock=True)
-    try:
+    with readonly_lmdb(str(bookie_dir), max_dbs=4) as env:
         db = env.open_db(b"ledgers", create=False)
         with env.begin(db=db) as txn:
             return int(txn.stat(db)["entries"])
-    finally:
-        env.close()
 
 
 async def _deleted(bookie_dir: Path, keep: int, timeout: float) -> None:

@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from tools.bench import percentiles, rate
+from tools.bench import percentiles, rate, readonly_lmdb
 from tools.bench.peers import NatsPeer, PeerNotInstalled, RedisPeer
 from tools.bench.publish import (
     Outcome,
@@ -250,14 +250,8 @@ def metastore_commits(uri: str) -> int | None:
     (LMDB allows one environment per path and process)."""
     if not uri.startswith("lmdb://"):
         return None
-    import lmdb
-
-    path = uri.removeprefix("lmdb://").split("?", 1)[0]
-    env = lmdb.open(path, readonly=True, subdir=True, max_dbs=0)
-    try:
+    with readonly_lmdb(uri.removeprefix("lmdb://").split("?", 1)[0]) as env:
         return int(env.info()["last_txnid"])
-    finally:
-        env.close()
 
 
 def _line(system: str, n: int, m: int, measured: tuple[float, Handled, Outcome], args: argparse.Namespace,
