@@ -127,6 +127,33 @@ async def test_delete_ledger(storage: EntryStorage) -> None:
     assert storage.read_entry(2, LAST_ENTRY)[0] == 299
 
 
+async def test_the_checkpoint_after_a_deletion_takes_the_freed_pages(tmp_path: Path) -> None:
+    """The pages of deleted ledgers go to the very next checkpoint, a burst of writes whole in one, not to new
+    pages at the end of the file (LMDB takes a transaction's freed pages only from the second transaction after
+    it on: the storage commits the one between)."""
+    s = EntryStorage(tmp_path / "s", map_size=256 << 20, flush_interval=0)   # checkpoints only when asked
+    payload = b"p" * 65536
+    mib = 1 << 20
+
+    def burst(first: int) -> None:     # 8 MiB over 4 ledgers
+        for lid in range(first, first + 4):
+            for i in range(32):
+                s.submit_add(lid, i, KEY, payload, -1, lambda _exc: None)
+
+    try:
+        burst(1)
+        await s.checkpoint()
+        await s.delete_ledgers([1, 2, 3, 4])
+        before = s.index.env.info()["last_pgno"]
+        burst(5)
+        await s.checkpoint()
+        grown = (s.index.env.info()["last_pgno"] - before) * s.index.env.stat()["psize"]
+        assert grown < 2 * mib, f"the burst after the deletion took {grown / mib:.1f} MiB of new pages"
+        assert s.ledger_ids() == {5, 6, 7, 8} and s.read_entry(8, LAST_ENTRY) == (31, payload)
+    finally:
+        await s.close()
+
+
 async def test_bad_ids_and_closing(tmp_path: Path) -> None:
     s = EntryStorage(tmp_path / "s", map_size=64 << 20)
     with pytest.raises(BadRequestError):

@@ -40,20 +40,20 @@ async def test_usage_after_three_cycles_is_that_after_the_first(tmp_path: Path) 
     assert len(deleted) == 3 and published[-1]["published_bytes"] >= 3 * CYCLE_MB * MIB * 0.99
     # without reuse each cycle would add its CYCLE_MB to the LMDB file (48 MB over cycles 2 and 3); with it,
     # a few MB: a segment (up to about 1 MB, bookie.segments) needs a contiguous run of free pages, and what a
-    # fragmented free list cannot hold goes to new pages (seen: 0 to 8 MB). About one run in five (on the code
-    # of several sessions, alone or in the suite) one of the two later cycles took no freed page at all and
-    # grew the file by its whole size (seen: cycle 2 +1.1 MB, cycle 3 +26.5 MB; cause not found: a snapshot
-    # an LMDB reader still held, or a free list with no run long enough), so what is checked is that the
-    # space freed is reused: at least one later cycle within the slack, the two together under one cycle's
-    # worth plus the slack (without reuse: two cycles' worth).
+    # fragmented free list cannot hold goes to new pages (seen: 0 to 8 MB). A cycle is written in about one
+    # checkpoint; when the garbage collection's deletion was the bookie's last transaction before it (no other
+    # checkpoint between, as under load), that checkpoint took no freed page (LMDB gives a transaction's freed
+    # pages only to the second one after it) and grew the file by a whole cycle, one run in five, until the
+    # storage committed one transaction more after a deletion (bookie.checkpoints; tests/bookie/test_storage.py
+    # checks that without timing).
     slack = CYCLE_MB * MIB // 2
     files = [r["lmdb_file_bytes"] for r in deleted]
-    assert min(files[1] - files[0], files[2] - files[1]) <= slack, rows
-    assert files[2] <= files[0] + CYCLE_MB * MIB + slack, rows
+    assert max(files[1] - files[0], files[2] - files[1]) <= slack, rows
+    assert files[2] <= files[0] + slack, rows
     assert files[0] < 2 * CYCLE_MB * MIB, rows
     journal_file = 8 * MIB + 4 * MIB
-    assert deleted[2]["disk_bytes"] <= deleted[0]["disk_bytes"] + CYCLE_MB * MIB + slack + journal_file, rows
-    assert plateau(rows, CYCLE_MB * MIB + slack + journal_file)["plateau"]
+    assert deleted[2]["disk_bytes"] <= deleted[0]["disk_bytes"] + slack + journal_file, rows
+    assert plateau(rows, slack + journal_file)["plateau"]
 
 
 @pytest.mark.asyncio(loop_scope="function")
