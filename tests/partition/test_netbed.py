@@ -130,7 +130,9 @@ async def test_a_role_serves_on_its_host_and_dies_by_kill_9(netbed: NetBed) -> N
     bookie = await netbed.start_bookie("b0", f"lmdb://{netbed.workdir / 'metastore'}")
     assert bookie.address == f"{netbed.hosts['b0'].ip}:3181"
     ip, port = bookie.address.split(":")
-    assert await reaches_port(netbed, ip, int(port))
+    # the bookie listens (it printed its ready line), but b0's veth is new: its first SYN may be lost while the
+    # link comes up (as in test_cuts_and_heal), so the first reach is awaited
+    assert await eventually(lambda: reaches_port(netbed, ip, int(port)), timeout=10)
     await netbed.kill(bookie)
     assert bookie.proc.returncode == -9
     assert not await reaches_port(netbed, ip, int(port))
