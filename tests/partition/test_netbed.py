@@ -91,9 +91,11 @@ async def test_relay_delays_and_resets(netbed: NetBed) -> None:
     netbed.relays.append(relay)
     try:
         assert await eventually(lambda: reaches(netbed, None, netbed.bridge_ip), timeout=10)  # the new link is up
-        t0 = time.monotonic()
-        assert await reaches(netbed, None, netbed.bridge_ip)
-        clean = time.monotonic() - t0
+        clean = 1.0
+        for _ in range(3):   # the best of three: a loaded machine may stall one connection, never the delay
+            t0 = time.monotonic()
+            assert await reaches(netbed, None, netbed.bridge_ip)
+            clean = min(clean, time.monotonic() - t0)
         netbed.set_link(LinkFaults(delay=0.1, jitter=0.0))
         t0 = time.monotonic()
         assert await reaches(netbed, None, netbed.bridge_ip)
