@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import heapq
 import logging
 import math
@@ -185,6 +186,7 @@ class HubChannel(asyncio.Protocol):
         self.outbox = Outbox()
         self.last_heard = -math.inf      # loop time of the last bytes from the hub
         self.gone = False                # lost or dropped: nothing more goes through it
+        self.multi_publish = True        # PUBLISH_MULTI served (until a hub that predates it refuses one)
         self.dropped: str | None = None  # why the client dropped it (``drop``), None if it was lost
         self.pings = 0                   # PINGs sent (keep-alive)
         self._connected_at = self._loop.time()
@@ -289,11 +291,22 @@ class HubChannel(asyncio.Protocol):
     def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
         """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone; one body: a plain
         publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching."""
+        return self._framed(functools.partial(self.machine.send_publish_batch, topic, bodies), timeout)
+
+    def publish_multi(self, parts: Sequence[tuple[bytes, Sequence[bytes]]],
+                      timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        """``publish_batch`` of many topics' bodies, ``(topic, bodies)`` each, as one PUBLISH_MULTI
+        (``ClientConnection.send_publish_multi``): the client's producer batching across topics."""
+        return self._framed(functools.partial(self.machine.send_publish_multi, parts), timeout)
+
+    def _framed(self, send: Callable[[asyncio.Future[pb.PubSubResponse]], tuple[int, bytes]],
+                timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+        """``request`` of a request framed by hand: ``send(future)`` takes its txn id and gives it and its bytes."""
         fut: asyncio.Future[pb.PubSubResponse] = self._loop.create_future()
         if not self.alive:
             fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return fut
-        txn_id, frame = self.machine.send_publish_batch(topic, bodies, fut)
+        txn_id, frame = send(fut)
         self._write(frame)
         self.deadlines.watch(txn_id, fut, timeout)
         return fut

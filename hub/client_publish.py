@@ -382,11 +382,81 @@ class ClientPublishing:
 
     def _flush_turn(self, turn: list[tuple[bytes, _Batch]]) -> None:
         """The end of the loop turn that started the batches of ``turn`` (without a delay): each leaves, in
-        the order they started (one sent earlier, when full or by a later publish's flush, is skipped)."""
+        the order they started (one sent earlier, when full or by a later publish's flush, is skipped); the
+        batches of bodies alone to topics of one hub together, as PUBLISH_MULTI (``batching_multi_topic``)."""
         if self._turn_batches is turn:
             self._turn_batches = None
+        if len(turn) > 1 and self.conf.batching_multi_topic:
+            turn = self._flush_multi(turn)
         for topic, batch in turn:
             self._flush_batch(topic, batch)
+
+    def _flush_multi(self, turn: list[tuple[bytes, _Batch]]) -> list[tuple[bytes, _Batch]]:
+        """Send the batches of bodies alone in ``turn`` to topics whose owner's connection takes PUBLISH_MULTI,
+        two or more to a connection, as PUBLISH_MULTI requests (each up to ``batching_max_messages`` messages
+        and ``batching_max_bytes`` of bodies); the batches left to send one by one."""
+        batches = self._batches
+        by_conn: dict[_Conn, list[tuple[bytes, _Batch]]] = {}
+        rest: list[tuple[bytes, _Batch]] = []
+        for topic, batch in turn:
+            conn = batch.conn
+            if batch.req is None and conn.multi_publish and batches.get(topic) is batch and conn.alive:
+                by_conn.setdefault(conn, []).append((topic, batch))
+            else:
+                rest.append((topic, batch))
+        conf = self.conf
+        timeout = conf.server_ack_response_timeout / 1000.0
+        for conn, group in by_conn.items():
+            if len(group) < 2:
+                rest += group
+                continue
+            parts: list[tuple[bytes, list[bytes], list[asyncio.Future[int]]]] = []
+            messages = size = 0
+            for topic, batch in group:
+                del batches[topic]
+                if batch.timer is not None:
+                    batch.timer.cancel()
+                if messages + len(batch.bodies) > conf.batching_max_messages \
+                        or size + batch.bytes > conf.batching_max_bytes:
+                    self._send_multi(conn, parts, timeout)
+                    parts, messages, size = [], 0, 0
+                parts.append((topic, batch.bodies, batch.futures))
+                messages += len(batch.bodies)
+                size += batch.bytes
+            self._send_multi(conn, parts, timeout)
+        return rest
+
+    def _send_multi(self, conn: _Conn, parts: list[tuple[bytes, list[bytes], list[asyncio.Future[int]]]],
+                    timeout: float) -> None:
+        if parts:
+            conn.publish_multi([(topic, bodies) for topic, bodies, _ in parts], timeout).add_done_callback(
+                functools.partial(self._multi_answered, conn, parts))
+
+    def _multi_answered(self, conn: _Conn, parts: list[tuple[bytes, list[bytes], list[asyncio.Future[int]]]],
+                        answer: asyncio.Future[pb.PubSubResponse]) -> None:
+        """Each part settled by its own answer, as ``_publish_answered`` settles a batch; a request refused as a
+        whole stored nothing: its parts go again, each as a request of its own (and with UNKNOWN_OPERATION,
+        a hub that predates PUBLISH_MULTI, this connection sends none any more)."""
+        resp = _answer_of([fut for part in parts for fut in part[2]], answer)
+        if resp is None:
+            return
+        answers = resp.multiPublishResponse.answers
+        if resp.statusCode != pb.SUCCESS:
+            if resp.statusCode == pb.UNKNOWN_OPERATION and conn.multi_publish:
+                conn.multi_publish = False
+                log.info("hub %s does not take PUBLISH_MULTI: a publish request per topic from now on", conn.address)
+            for topic, bodies, futures in parts:
+                self._send_publish(topic, _bodies_request(topic, bodies), futures, conn)
+            return
+        if len(answers) != len(parts):
+            _fail_all([fut for part in parts for fut in part[2]], errors.UncertainStateError(
+                f"hub {conn.address} answered {len(answers)} parts of a PUBLISH_MULTI of {len(parts)}"))
+            return
+        for (topic, bodies, futures), part in zip(parts, answers, strict=True):
+            if part.statusCode != pb.SUCCESS and not part.publishResponse.stored:
+                self._publish_long(topic, _bodies_request(topic, bodies), futures)
+            else:
+                _publish_settled(futures, part)
 
     def _flush_batch(self, topic: bytes, only: _Batch | None = None) -> None:
         """Send what ``topic`` has batched (``only``: if it is still that batch)."""

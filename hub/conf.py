@@ -290,6 +290,9 @@ class HubClientConf:
                                       "larger message goes alone)", min=1)
     batching_max_publish_delay_ms: int = setting(0, "ms a batch waits for more publishes (0: until the end "
                                                  "of the event-loop turn, which adds no latency)", min=0)
+    batching_multi_topic: bool = setting(True, "send the batches of one event-loop turn to many topics one hub "
+                                         "owns as one request (PUBLISH_MULTI; a hub that predates it gets a "
+                                         "request per topic)")
     auth_token: str = setting("", "signed token sent to hubs that require authentication (empty: none)")
     auth_token_file: str = setting("", "file holding the token, read at connect (used when auth_token is empty)")
 

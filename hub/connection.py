@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors, protocol
-from hub.connection_publish import PublishPath
+from hub.connection_multi import MultiPublishPath
 from hub.frames import delivery_run
 from hub.message import Message
 from hub.owned_topics import Redirect
@@ -112,8 +112,9 @@ class ConnectionHost(Protocol):
     async def follow_regions(self, topic: bytes, subscriber: bytes, synchronous: bool) -> None: ...
 
 
-class HubConnection(PublishPath, asyncio.Protocol):
-    """One client connection (its publish path: ``hub.connection_publish``)."""
+class HubConnection(MultiPublishPath, asyncio.Protocol):
+    """One client connection (its publish path: ``hub.connection_publish``; of many topics at once:
+    ``hub.connection_multi``)."""
 
     server: ConnectionHost   # all of it here; the publish path declares the part it uses (PublishHost)
 
@@ -328,6 +329,9 @@ class HubConnection(PublishPath, asyncio.Protocol):
         if op == pb.CONSUME:
             self._consume(ev)
             return
+        if op == pb.PUBLISH_MULTI:
+            self._publish_multi(req)
+            return
         t = self.server.topics.get(ev.topic)
         if op == pb.PUBLISH:
             if t is None:
@@ -372,7 +376,11 @@ class HubConnection(PublishPath, asyncio.Protocol):
             self._fail(req, errors.NotAuthorizedError(f"role {self.role!r} may not subscribe as a region hub "
                                                       "(region_roles, superuser_roles)"))
             return False
-        refused = authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
+        if req.type == pb.PUBLISH_MULTI:   # each part as the PUBLISH it stands for: one refusal refuses all
+            refused = next(filter(None, (authorizer.check(self.role, pb.PUBLISH, part.topic, b"")
+                                         for part in req.multiPublishRequest.publishes)), None)
+        else:
+            refused = authorizer.check(self.role, req.type, ev.topic, ev.subscriber)
         if refused is not None:
             self.server.stats.incr("not_authorized")
             self._fail(req, refused)

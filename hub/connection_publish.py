@@ -236,7 +236,7 @@ class _BatchAnswer:
             self.error = self.error or error
         self.left -= 1
         if not self.left:
-            self.conn._batch_published(self)
+            self._settled()
 
     __call__ = settle   # a Done (hub.batcher), and a RunDone:
 
@@ -247,4 +247,8 @@ class _BatchAnswer:
         self.stored += n
         self.left -= n
         if not self.left:
-            self.conn._batch_published(self)
+            self._settled()
+
+    def _settled(self) -> None:
+        """Every message is settled: the answer (a PUBLISH_MULTI's part answers otherwise: hub.connection_multi)."""
+        self.conn._batch_published(self)

@@ -47,6 +47,7 @@ from hub.frames import (  # hand-assembled hot-path frames
     published,
     split_delivery,
 )
+from hub.frames_multi import publish_multi
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
 from hub.responses import (  # the answers and request readers, re-exported here
@@ -95,7 +96,7 @@ __all__ = [
 ]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
-                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK})
+                 pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK, pb.PUBLISH_MULTI})
 _PUBLISH = pb.PUBLISH
 _VERSION_ONE = pb.VERSION_ONE
 _BODY_FOR_OP = {
@@ -109,6 +110,7 @@ _BODY_FOR_OP = {
     pb.AUTHENTICATE: "authenticateRequest",
     pb.PING: "pingRequest",
     pb.SEEK: "seekRequest",
+    pb.PUBLISH_MULTI: "multiPublishRequest",
 }
 
 
@@ -364,8 +366,8 @@ class ServerConnection:
             if body != want:
                 return Reject(response(txn, pb.MALFORMED_REQUEST, f"operation {pb.OperationType.Name(op)} "
                                                                   f"needs a {want}"))
-            if op == pb.AUTHENTICATE or op == pb.PING:   # of the connection, not of a topic
-                return RequestReceived(req, b"", b"")
+            if op == pb.AUTHENTICATE or op == pb.PING or op == pb.PUBLISH_MULTI:   # no topic of its own
+                return RequestReceived(req, b"", b"")   # (a multi's parts: hub.connection_multi checks them)
             topic = request_topic(req)
         if len(topic) > MAX_TOPIC_BYTES or topic not in _VALID_NAMES:   # else valid: name_problem's cache
             problem = name_problem(topic, "topic", MAX_TOPIC_BYTES)
@@ -524,6 +526,11 @@ class ClientConnection(Generic[T]):
         (``hub.frames.publish_batch``): its txn id and its bytes."""
         txn_id = self._pending.take(value)
         return txn_id, publish_batch(txn_id, topic, bodies)
+
+    def send_publish_multi(self, parts: Sequence[tuple[bytes, Sequence[bytes]]], value: T) -> tuple[int, bytes]:
+        """``send_publish_batch`` of many topics' bodies in one PUBLISH_MULTI (``hub.frames_multi``)."""
+        txn_id = self._pending.take(value)
+        return txn_id, publish_multi(txn_id, parts)
 
     def forget(self, txn_id: int) -> T | None:
         """Drop an outstanding request (timed out)."""

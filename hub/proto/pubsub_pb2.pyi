@@ -25,6 +25,7 @@ class OperationType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     AUTHENTICATE: _ClassVar[OperationType]
     PING: _ClassVar[OperationType]
     SEEK: _ClassVar[OperationType]
+    PUBLISH_MULTI: _ClassVar[OperationType]
 
 class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -77,6 +78,7 @@ CLOSESUBSCRIPTION: OperationType
 AUTHENTICATE: OperationType
 PING: OperationType
 SEEK: OperationType
+PUBLISH_MULTI: OperationType
 SUCCESS: StatusCode
 MALFORMED_REQUEST: StatusCode
 NO_SUCH_TOPIC: StatusCode
@@ -311,7 +313,7 @@ class CloseSubscriptionRequest(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubRequest(_message.Message):
-    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest", "seekRequest")
+    __slots__ = ("protocolVersion", "type", "txnId", "shouldClaim", "topic", "publishRequest", "subscribeRequest", "consumeRequest", "unsubscribeRequest", "startDeliveryRequest", "stopDeliveryRequest", "closeSubscriptionRequest", "authenticateRequest", "pingRequest", "seekRequest", "multiPublishRequest")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +329,7 @@ class PubSubRequest(_message.Message):
     AUTHENTICATEREQUEST_FIELD_NUMBER: _ClassVar[int]
     PINGREQUEST_FIELD_NUMBER: _ClassVar[int]
     SEEKREQUEST_FIELD_NUMBER: _ClassVar[int]
+    MULTIPUBLISHREQUEST_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     type: OperationType
     txnId: int
@@ -342,7 +345,20 @@ class PubSubRequest(_message.Message):
     authenticateRequest: AuthenticateRequest
     pingRequest: PingRequest
     seekRequest: SeekRequest
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ..., seekRequest: _Optional[_Union[SeekRequest, _Mapping]] = ...) -> None: ...
+    multiPublishRequest: MultiPublishRequest
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., type: _Optional[_Union[OperationType, str]] = ..., txnId: _Optional[int] = ..., shouldClaim: _Optional[bool] = ..., topic: _Optional[bytes] = ..., publishRequest: _Optional[_Union[PublishRequest, _Mapping]] = ..., subscribeRequest: _Optional[_Union[SubscribeRequest, _Mapping]] = ..., consumeRequest: _Optional[_Union[ConsumeRequest, _Mapping]] = ..., unsubscribeRequest: _Optional[_Union[UnsubscribeRequest, _Mapping]] = ..., startDeliveryRequest: _Optional[_Union[StartDeliveryRequest, _Mapping]] = ..., stopDeliveryRequest: _Optional[_Union[StopDeliveryRequest, _Mapping]] = ..., closeSubscriptionRequest: _Optional[_Union[CloseSubscriptionRequest, _Mapping]] = ..., authenticateRequest: _Optional[_Union[AuthenticateRequest, _Mapping]] = ..., pingRequest: _Optional[_Union[PingRequest, _Mapping]] = ..., seekRequest: _Optional[_Union[SeekRequest, _Mapping]] = ..., multiPublishRequest: _Optional[_Union[MultiPublishRequest, _Mapping]] = ...) -> None: ...
+
+class MultiPublishRequest(_message.Message):
+    __slots__ = ("publishes",)
+    PUBLISHES_FIELD_NUMBER: _ClassVar[int]
+    publishes: _containers.RepeatedCompositeFieldContainer[PublishRequest]
+    def __init__(self, publishes: _Optional[_Iterable[_Union[PublishRequest, _Mapping]]] = ...) -> None: ...
+
+class MultiPublishResponse(_message.Message):
+    __slots__ = ("answers",)
+    ANSWERS_FIELD_NUMBER: _ClassVar[int]
+    answers: _containers.RepeatedCompositeFieldContainer[PubSubResponse]
+    def __init__(self, answers: _Optional[_Iterable[_Union[PubSubResponse, _Mapping]]] = ...) -> None: ...
 
 class SeekRequest(_message.Message):
     __slots__ = ("topic", "subscriberId", "seqId", "publishTimeMs", "byTime", "resolveOnly", "readCompacted", "maxMessages")
@@ -457,7 +473,7 @@ class SubscriptionEvent(_message.Message):
     def __init__(self, topic: _Optional[bytes] = ..., subscriberId: _Optional[bytes] = ..., event: _Optional[_Union[SubscriptionEvent.Event, str]] = ..., consumerId: _Optional[int] = ...) -> None: ...
 
 class PubSubResponse(_message.Message):
-    __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent", "seekResponse")
+    __slots__ = ("protocolVersion", "statusCode", "txnId", "statusMsg", "topic", "redirect_to", "publishResponse", "subscribeResponse", "delivery", "subscriptionEvent", "seekResponse", "multiPublishResponse")
     PROTOCOLVERSION_FIELD_NUMBER: _ClassVar[int]
     STATUSCODE_FIELD_NUMBER: _ClassVar[int]
     TXNID_FIELD_NUMBER: _ClassVar[int]
@@ -469,6 +485,7 @@ class PubSubResponse(_message.Message):
     DELIVERY_FIELD_NUMBER: _ClassVar[int]
     SUBSCRIPTIONEVENT_FIELD_NUMBER: _ClassVar[int]
     SEEKRESPONSE_FIELD_NUMBER: _ClassVar[int]
+    MULTIPUBLISHRESPONSE_FIELD_NUMBER: _ClassVar[int]
     protocolVersion: ProtocolVersion
     statusCode: StatusCode
     txnId: int
@@ -480,7 +497,8 @@ class PubSubResponse(_message.Message):
     delivery: Delivery
     subscriptionEvent: SubscriptionEvent
     seekResponse: SeekResponse
-    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ..., seekResponse: _Optional[_Union[SeekResponse, _Mapping]] = ...) -> None: ...
+    multiPublishResponse: MultiPublishResponse
+    def __init__(self, protocolVersion: _Optional[_Union[ProtocolVersion, str]] = ..., statusCode: _Optional[_Union[StatusCode, str]] = ..., txnId: _Optional[int] = ..., statusMsg: _Optional[str] = ..., topic: _Optional[bytes] = ..., redirect_to: _Optional[str] = ..., publishResponse: _Optional[_Union[PublishResponse, _Mapping]] = ..., subscribeResponse: _Optional[_Union[SubscribeResponse, _Mapping]] = ..., delivery: _Optional[_Union[Delivery, _Mapping]] = ..., subscriptionEvent: _Optional[_Union[SubscriptionEvent, _Mapping]] = ..., seekResponse: _Optional[_Union[SeekResponse, _Mapping]] = ..., multiPublishResponse: _Optional[_Union[MultiPublishResponse, _Mapping]] = ...) -> None: ...
 
 class SeekResponse(_message.Message):
     __slots__ = ("seqId", "messages", "compactedUpToSeqId")

@@ -1,0 +1,215 @@
+"""PUBLISH_MULTI on a hub connection (issue 34): the publishes of many topics in one request, one answer.
+
+    conn._publish_multi(request)     # each part queued on its topic's log now, in the parts' order
+
+A client publishing to many topics this hub owns sends the batches of one
+event-loop turn as one request (``hub.client_publish``, framed by
+``hub.frames_multi``). Each part is what a PUBLISH of its own would be, and
+is treated as one: stamped and queued on its topic's log synchronously (so
+a topic's publishes on a connection keep their order), its messages an entry
+of that topic's ledger; a topic not loaded here is first loaded or redirected
+as a PUBLISH's (``HubServer.topic``). The request is answered once every part
+is settled, each part's answer being what its PUBLISH would have got: its
+seq id (and how many were stored), or its error (NOT_RESPONSIBLE_FOR_TOPIC
+with the owner, SERVICE_DOWN, ...) for the client to retry that part alone.
+A part is answered only after its add is durable, as any publish.
+
+Refused as a whole, before anything is queued (MALFORMED_REQUEST,
+MESSAGE_TOO_LARGE, DELIVERY_DELAY_TOO_LONG, as a PUBLISH of the part would
+be; NOT_AUTHORIZED by ``hub.connection``): a part the hub would refuse. A hub
+that predates PUBLISH_MULTI answers UNKNOWN_OPERATION; both store nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from hub import protocol
+from hub.connection_publish import PublishHost, PublishPath, _BatchAnswer
+from hub.delayed import delay_problem
+from hub.frames_multi import multi_published, part_published
+from hub.owned_topics import Redirect
+from hub.proto import pubsub_pb2 as pb
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+
+    from hub.persistence import TopicLog
+    from hub.topic import Topic
+
+log = logging.getLogger("hub.connection")
+
+__all__ = ["MultiPublishPath", "multi_problem"]
+
+
+class MultiPublishHost(PublishHost, Protocol):
+    """What PUBLISH_MULTI uses of its hub beyond the publish path's: loading a topic not loaded yet."""
+
+    async def topic(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic: ...
+
+
+def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.PublishRequest]) -> tuple[int, str] | None:
+    """Why a PUBLISH_MULTI is refused as a whole: its first part that a PUBLISH of its own would be refused for
+    (``ServerConnection``'s checks: the topic's name, message sizes, delays, producers in a batch); else None."""
+    limit = machine.max_message_size
+    for i, pub in enumerate(parts):
+        problem = protocol.name_problem(pub.topic, "topic", protocol.MAX_TOPIC_BYTES)
+        if problem is not None:
+            return pb.MALFORMED_REQUEST, f"part {i}: {problem}"
+        if pub.msgs:
+            refused, _ = machine._batch_problem(pub)
+            if refused is not None:
+                return refused[0], f"part {i}: {refused[1]}"
+            continue
+        msg = pub.msg
+        if len(msg.body) > limit:
+            return pb.MESSAGE_TOO_LARGE, f"part {i}: message of {len(msg.body)} bytes exceeds max_message_size {limit}"
+        if msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs"):
+            refused = delay_problem(msg, machine.clock_ms, machine.max_delivery_delay_ms)
+            if refused is not None:
+                return refused[0], f"part {i}: {refused[1]}"
+    return None
+
+
+class MultiPublishPath(PublishPath):
+    """PUBLISH_MULTI of ``HubConnection`` (on top of its single-topic publish path)."""
+
+    server: MultiPublishHost
+    _published_to: list[TopicLog]
+
+    if TYPE_CHECKING:
+        def _track(self, coro: Coroutine[Any, Any, None]) -> Any: ...
+
+        def send(self, resp: pb.PubSubResponse) -> None: ...
+
+    def _publish_multi(self, req: pb.PubSubRequest) -> None:
+        """Queue each part of ``req`` (a PUBLISH_MULTI, counted in flight) on its topic's log, in order."""
+        parts = req.multiPublishRequest.publishes
+        refused = multi_problem(self.machine, parts)
+        if refused is not None:
+            self._finished()
+            self.server.stats.incr("requests_rejected")
+            self.send(protocol.response(req.txnId, refused[0], refused[1]))
+            return
+        answer = _MultiAnswer(self, req.txnId, len(parts), time.perf_counter())
+        if not parts:
+            self._multi_published(answer)
+            return
+        topics = self.server.topics
+        published_to = self._published_to
+        for i, pub in enumerate(parts):
+            t = topics.get(pub.topic)
+            if t is None:
+                self._track(self._part_when_loaded(answer, i, pub))
+                continue
+            self._enqueue_part(t, pub, answer, i)
+            if not published_to or published_to[-1] is not t.log:
+                published_to.append(t.log)
+
+    async def _part_when_loaded(self, answer: _MultiAnswer, i: int, pub: pb.PublishRequest) -> None:
+        """A part to a topic not loaded here: loaded (or redirected, failed) as a PUBLISH's topic is."""
+        try:
+            t = await self.server.topic(pub.topic, False, True)
+        except Exception as exc:
+            answer.part_done(i, _part_failed(exc, 0, None))
+            return
+        self._enqueue_part(t, pub, answer, i)
+
+    def _enqueue_part(self, t: Topic, pub: pb.PublishRequest, answer: _MultiAnswer, i: int) -> None:
+        """``_enqueue`` of one part: its message (or messages, with consecutive seq ids) on ``t``'s log."""
+        t.last_active = time.monotonic()
+        topic = pub.topic
+        stamp = self._stamp
+        msgs = pub.msgs
+        if msgs:
+            part = _Part(self, answer, i, t, len(msgs), True)
+            nbytes = 0
+            for msg in msgs:
+                stamp(topic, msg)
+                nbytes += len(msg.body)
+            self.server.stats.incr("publishes", len(msgs))
+            t.log.submit_all(msgs, part, nbytes)
+            return
+        msg = pub.msg
+        stamp(topic, msg)
+        self.server.stats.incr("publishes")
+        t.log.submit(msg, _Part(self, answer, i, t, 1, False))
+
+    def _multi_published(self, answer: _MultiAnswer) -> None:
+        """Every part is settled: one answer (``hub.frames_multi.multi_published``)."""
+        self._finished()
+        self._write(multi_published(answer.txn_id, answer.answers))
+        if self.machine.eof:
+            self._close_if_done()
+        stats = self.server.stats
+        stats.incr("packets_sent")
+        stats.observe("publish", time.perf_counter() - answer.t0)
+
+    def _part_failed(self, part: _Part) -> None:
+        """A part's failure: its answer, and a log that could not close its ledger released (as ``_publish_failed``)."""
+        exc = part.error
+        assert exc is not None
+        if not protocol.expected_failure(exc):
+            log.exception("unexpected failure of a part of a multi-topic publish", exc_info=exc)
+        part.answer.part_done(part.index, _part_failed(exc, part.first, part.stored if part.batched else None))
+        t = part.t
+        if t.log.closed and self.server.topics.get(t.log.topic) is t:
+            self.server.spawn(self.server.release_topic(t.log.topic))
+
+
+def _part_failed(exc: BaseException, first: int, stored: int | None) -> bytes:
+    """A part's answer for ``exc``, serialized: a PUBLISH's (``_fail``'s; a batched one's says how many were
+    stored first)."""
+    if isinstance(exc, Redirect):
+        resp = protocol.response(0, pb.NOT_RESPONSIBLE_FOR_TOPIC, exc.owner, redirect_to=exc.owner)
+    else:
+        resp = protocol.response(0, protocol.status_of(exc), str(exc))
+    if stored is not None:
+        if first:
+            resp.publishResponse.publishedMsgId.localComponent = first
+        resp.publishResponse.stored = stored
+    return resp.SerializeToString()
+
+
+class _MultiAnswer:
+    """The answer to a PUBLISH_MULTI, collected as its parts settle (each once, in any order)."""
+
+    __slots__ = ("answers", "conn", "left", "t0", "txn_id")
+
+    def __init__(self, conn: MultiPublishPath, txn_id: int, n: int, t0: float) -> None:
+        self.conn, self.txn_id, self.t0 = conn, txn_id, t0
+        self.answers: list[bytes] = [b""] * n
+        self.left = n
+
+    def part_done(self, index: int, data: bytes) -> None:
+        self.answers[index] = data
+        self.left -= 1
+        if not self.left:
+            self.conn._multi_published(self)
+
+
+class _Part(_BatchAnswer):
+    """One part's outcome: a batched publish's (``_BatchAnswer``: the stored ones are a prefix), given to the
+    request's ``_MultiAnswer`` instead of answered on its own; a part of one message is answered as a
+    plain publish (no ``stored``)."""
+
+    __slots__ = ("answer", "batched", "index")
+
+    def __init__(self, conn: MultiPublishPath, answer: _MultiAnswer, index: int, t: Topic, n: int,
+                 batched: bool) -> None:
+        self.conn = conn
+        self.t = t
+        self.left = n
+        self.first = 0
+        self.stored = 0
+        self.error = None
+        self.answer, self.index, self.batched = answer, index, batched
+
+    def _settled(self) -> None:
+        if self.error is None:
+            self.answer.part_done(self.index, part_published(self.first, self.stored, self.batched))
+        else:
+            self.conn._part_failed(self)  # type: ignore[attr-defined]
