@@ -128,6 +128,31 @@ async def test_a_grant_covers_its_prefix_only(cluster: LocalCluster, key: Path, 
             await c.subscribe(f"orders-{tag}/eu".encode(), b"s")       # produce does not grant consume
 
 
+@in_cluster
+async def test_a_multi_topic_publish_with_a_topic_not_granted_is_refused_whole_and_sent_again_singly(
+        cluster: LocalCluster, key: Path, http: aiohttp.ClientSession) -> None:
+    role, tag = f"writer-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    await grant_everywhere(cluster, http, role, f"orders-{tag}/", ["produce"])
+    mine = [f"orders-{tag}/{i}".encode() for i in range(2)]
+    other = f"payments-{tag}/eu".encode()
+    async with await connect(cluster, key, role) as c:
+        assert await asyncio.gather(*(c.publish(t, b"first") for t in mine)) == [1, 1]
+        owner = c.owner[mine[0]]
+        c.owner[mine[1]] = c.owner[other] = owner     # believed owned there: the three leave as one request
+        multis: list[int] = []
+        send = c.conns[owner].publish_multi
+
+        def publish_multi(parts: Any, timeout: float) -> Any:
+            multis.append(len(parts))
+            return send(parts, timeout)
+
+        c.conns[owner].publish_multi = publish_multi  # type: ignore[method-assign]
+        got = await asyncio.gather(*(c.publish_async(t, b"second") for t in (*mine, other)), return_exceptions=True)
+        assert multis == [3] and got[:2] == [2, 2]
+        assert isinstance(got[2], errors.NotAuthorizedError) and f"payments-{tag}/eu" in str(got[2])
+        assert c.conns[owner].multi_publish        # a refusal, not a hub that predates PUBLISH_MULTI
+
+
 def console(cluster: LocalCluster, *commands: str, options: tuple[str, ...] = (),
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     args = [sys.executable, "-m", "tools.cli", "console", "--server", cluster.hub_addresses[0],
