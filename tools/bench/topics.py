@@ -75,12 +75,14 @@ ledger's unbatched entries. Like-for-like aims are ``topics_ratio`` >= 0.7
 (about met) and ``fair_ratio`` rising towards it, which takes batching
 across topics on the wire (one publish request, and one answer, for the
 messages of many topics, as Kafka's produce request carries many
-partitions). PUBLISH_MULTI does that (issue 34, ``hub.connection_multi``):
-on one cluster, the same 2 000 topics, a fresh client per run as here,
-alternated with it off (load average 5-7), the hub's CPU per message fell
-from 0.054 to 0.039 ms, the bookies' from 0.059 to 0.034 (fewer, larger add
-frames) and the client's from 0.029 to 0.019; what is left per message is
-its entry of its own (the topic's pump, its ledger add and answer).
+partitions). PUBLISH_MULTI does that (issue 34, ``hub.connection_multi``).
+This bench, 5 runs of the code before it alternated with 5 after (load
+average 7-9 on the 2 shared cores; medians): spread 4 600 -> 6 300 msg/s,
+hub 0.061 -> 0.042 ms and bookies 0.064 -> 0.039 ms of CPU per message
+(fewer, larger add frames), ``ratio`` 0.20 -> 0.34, ``fair_ratio`` 0.37 ->
+0.38, ``topics_ratio`` 0.75 -> 1.0, ``multi_ratio`` 1.3 (0.8-1.7). What is
+left per message is its entry of its own: the topic's pump, its ledger add
+and its share of the bookies' answers.
 
 Figures measured on a shared machine are contended: the lines carry the
 configuration, not the machine's load.
