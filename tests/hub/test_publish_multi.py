@@ -136,6 +136,27 @@ async def test_the_hub_answers_each_part_as_its_publish_and_refuses_a_bad_reques
         assert [m.body for m in cols[b].got] == [b"b2", b"b3", b"b4"]
 
 
+async def test_a_part_the_hub_does_not_own_is_redirected_alone_and_the_others_are_stored(
+        cluster: LocalCluster) -> None:
+    here, moved = names(2)
+    hub0, hub1 = cluster.hub_addresses
+    assert (await raw_exchange(hub0, publish_req(here, b"h1", 1), 1))[0].statusCode == pb.SUCCESS
+    assert (await raw_exchange(hub1, publish_req(moved, b"m1", 1), 1))[0].statusCode == pb.SUCCESS
+    async with await HedwigClient.connect(hub0) as c, await HedwigClient.connect(hub0) as r:
+        cols = await collect(r, [here, moved])   # from seq id 2 on
+        assert await asyncio.gather(c.publish(here, b"h2"), c.publish(moved, b"m2")) == [2, 2]
+        assert c.owner[moved] != c.owner[here]
+        c.owner[moved] = c.owner[here]            # believed owned there, as after the topic moved
+        sent = count_requests(c)
+        assert await asyncio.gather(c.publish_async(here, b"h3"), c.publish_async(moved, b"m3")) == [3, 3]
+        assert sent["multi"] == 1 and sent["parts"] == 2      # the redirected part went again alone
+        assert c.owner[moved] != c.owner[here]    # learnt from the redirect
+        assert await asyncio.gather(c.publish_async(here, b"h4"), c.publish_async(moved, b"m4")) == [4, 4]
+        for topic, tag in ((here, b"h"), (moved, b"m")):
+            await cols[topic].wait(lambda g: len(g) == 3)
+            assert [m.body for m in cols[topic].got] == [tag + b"2", tag + b"3", tag + b"4"]
+
+
 @asynccontextmanager
 async def old_hub(hub: str) -> AsyncIterator[tuple[str, list[int]]]:
     """A proxy to ``hub`` that answers PUBLISH_MULTI as a hub that predates it does (UNKNOWN_OPERATION, nothing
