@@ -114,6 +114,10 @@ class MultiPublishPath(PublishPath):
         try:
             t = await self.server.topic(pub.topic, False, True)
         except Exception as exc:
+            if isinstance(exc, Redirect):
+                self.server.stats.incr("redirects")
+            elif not protocol.expected_failure(exc):
+                log.exception("unexpected failure loading %r for a multi-topic publish", pub.topic, exc_info=exc)
             answer.part_done(i, _part_failed(exc, 0, None))
             return
         self._enqueue_part(t, pub, answer, i)

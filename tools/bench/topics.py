@@ -76,11 +76,11 @@ ledger's unbatched entries. Like-for-like aims are ``topics_ratio`` >= 0.7
 across topics on the wire (one publish request, and one answer, for the
 messages of many topics, as Kafka's produce request carries many
 partitions). PUBLISH_MULTI does that (issue 34, ``hub.connection_multi``).
-This bench, 5 runs of the code before it alternated with 5 after (load
-average 7-9 on the 2 shared cores; medians): spread 4 600 -> 6 300 msg/s,
-hub 0.061 -> 0.042 ms and bookies 0.064 -> 0.039 ms of CPU per message
-(fewer, larger add frames), ``ratio`` 0.20 -> 0.34, ``fair_ratio`` 0.37 ->
-0.38, ``topics_ratio`` 0.75 -> 1.0, ``multi_ratio`` 1.3 (0.8-1.7). What is
+This bench, 9 runs of the code before it alternated with 9 after (load
+average 5-9 on the 2 shared cores; medians): spread 4 660 -> 6 510 msg/s,
+hub 0.061 -> 0.040 ms and bookies 0.063 -> 0.034 ms of CPU per message
+(fewer, larger add frames), ``ratio`` 0.20 -> 0.34, ``fair_ratio`` 0.36 ->
+0.45, ``topics_ratio`` 0.75 -> 0.95, ``multi_ratio`` 1.3 (0.8-1.7). What is
 left per message is its entry of its own: the topic's pump, its ledger add
 and its share of the bookies' answers.
 
