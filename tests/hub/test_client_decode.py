@@ -86,6 +86,73 @@ def test_a_consumers_loop_decode_is_from_proto_field_for_field() -> None:
         decode_wires([b"\xff\xff"], shared=False)
 
 
+
+def _plain(body: bytes, region: bytes, seq: int, key: bytes | None, stamp: int, count: int) -> bytes:
+    m = pb.Message(body=body, srcRegion=region, publishTimeMs=stamp, redeliveryCount=count)
+    if seq:
+        m.msgId.localComponent = seq
+    if key is not None:
+        m.key = key
+    return m.SerializeToString()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=140), st.sampled_from([b"", b"standalone", b"east", b"r" * 130]),
+                          st.sampled_from([0, 1, 127, 128, 1 << 20, 1 << 63]),
+                          st.one_of(st.none(), st.binary(max_size=140)),
+                          st.sampled_from([0, 1_700_000_000_000, 1_700_000_000_001, 1 << 63]),
+                          st.sampled_from([0, 1, 300])), min_size=1, max_size=10),
+       st.lists(st.tuples(st.integers(0, 9), st.binary(min_size=1, max_size=3)), max_size=2))
+def test_a_consumers_read_of_usual_bytes_is_protobufs(
+        specs: list[tuple[bytes, bytes, int, bytes | None, int, int]], extra: list[tuple[int, bytes]]) -> None:
+    """``from_wires`` reads the usual delivered message from its bytes (issue 29); whatever the bytes (a
+    field more, a field repeated, bytes cut short, a region or tail that changes within a run), each message
+    equals protobuf's reading, or the call raises as protobuf's parse does."""
+    wires = [_plain(*spec) for spec in specs]
+    for i, tail in extra:                   # appended fields or junk: protobuf's parse decides
+        wires[i % len(wires)] += tail
+    try:
+        want = [Message.from_proto(pb.Message.FromString(w), keep_wire=w, read_only=True) for w in wires]
+    except DecodeError:
+        with pytest.raises(DecodeError):
+            Message.from_wires(wires)
+        return
+    got = Message.from_wires(wires)
+    assert got == want
+    assert [m.wire for m in got] == wires and all(m.msg_id.remote is EMPTY for m in got if not m.msg_id.remote)
+
+
+def test_a_consumers_read_takes_protobufs_way_for_bytes_it_does_not_know() -> None:
+    base = _plain(b"body", b"standalone", 300, None, 1_700_000_000_000, 0)
+    cut = [base[:n] for n in range(1, len(base))]
+    odd = [base + _plain(b"again", b"", 0, None, 0, 0),            # body twice: protobuf keeps the last
+           base + b"\x1a\x02\x08\x05",                            # msgId twice: merged
+           b"\x1a\x02\x08\x05" + base,                            # a field out of order
+           base.replace(b"\x1a\x03\x08\xac\x02", b"\x1a\x04\x08\xac\x82\x00"),   # a long varint, the same value
+           base + b"\x48\xff\xff\xff\xff\x1f",                  # redeliveryCount past 32 bits
+           base + b"\x50\x05"]                                     # deliverAtMs
+    for wire in cut + odd:
+        try:
+            want = Message.from_proto(pb.Message.FromString(wire), keep_wire=wire, read_only=True)
+        except DecodeError:
+            with pytest.raises(DecodeError):
+                Message.from_wires([base, wire])
+            continue
+        assert Message.from_wires([base, wire, base]) == [Message.from_wires([base])[0], want,
+                                                           Message.from_wires([base])[0]], wire
+
+
+
+def test_a_consumers_usual_messages_are_read_without_protobuf(monkeypatch: pytest.MonkeyPatch) -> None:
+    wires = [_plain(b"x" * 100, b"standalone", 1000 + i, None, 1_700_000_000_000 + i // 3, i % 2) for i in range(9)]
+    wires.append(_plain(b"keyed", b"", 1 << 40, b"user-7", 0, 0))
+    parsed: list[bytes] = []
+    monkeypatch.setattr(Message, "_parsed", classmethod(lambda cls, w: parsed.append(w)))
+    got = Message.from_wires(wires)
+    assert parsed == [] and [m.seq_id for m in got] == [*range(1000, 1009), 1 << 40]
+    assert got[-1].key == b"user-7" and got[1].redelivery_count == 1 and got[0].src_region == "standalone"
+
+
 def test_a_different_redelivery_count_is_a_message_of_its_own() -> None:
     plain, = (_received(b"t", b"s", _sample(1)))
     again, = (_received(b"t", b"s", _sample(1, redelivery_count=2)))
