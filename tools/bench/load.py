@@ -12,6 +12,7 @@ acknowledgement; the systems under load (``tools.bench.publish``,
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import functools
 import os
@@ -62,16 +63,34 @@ class Outcome:
 
 
 class Window:
-    """At most ``size`` submissions in flight; each completion is recorded in ``out`` with its start time."""
+    """At most ``size`` submissions in flight; each completion is recorded in ``out`` with its start time.
+
+    A count and the waiting submitters' futures, not an ``asyncio.Semaphore``: the harness's share of a
+    client's CPU is every system's (``quire bench queue``: a semaphore's acquire and release were about a
+    microsecond of each message's, the same for every peer). Waiting submitters go on in arrival order.
+    """
 
     def __init__(self, size: int, out: Outcome) -> None:
-        self._sem = asyncio.Semaphore(size)
+        self._free = size
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._pending: set[asyncio.Future[Any]] = set()
         self._out = out
 
     async def submit(self, submit: Submit, start: float | None = None) -> None:
         """Wait for a free slot, then start ``submit()``; latency counts from ``start`` (default: now)."""
-        await self._sem.acquire()
+        if self._free <= 0 or self._waiters:
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter          # _done handed this submitter its slot
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._release()   # the slot came with the cancellation: pass it on
+                elif waiter in self._waiters:   # (a release may have passed over it already)
+                    self._waiters.remove(waiter)
+                raise
+        else:
+            self._free -= 1
         fut = asyncio.ensure_future(submit())
         self._pending.add(fut)
         fut.add_done_callback(functools.partial(self._done, time.perf_counter() if start is None else start))
@@ -79,7 +98,17 @@ class Window:
     def _done(self, start: float, fut: asyncio.Future[Any]) -> None:
         self._out.record(start, fut)
         self._pending.discard(fut)
-        self._sem.release()
+        self._release()
+
+    def _release(self) -> None:
+        """A slot is free: the first waiting submitter takes it, else it is counted free."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
     async def drain(self) -> None:
         if self._pending:
