@@ -191,12 +191,18 @@ class Message:
                     raise IndexError                            # the varint's and one (the tag 0x08)
                 end = at + 2 + wire[at + 1]
                 local = wire[at + 3]
-                if local >= 0x80:
+                width = end - at - 3         # the varint's bytes, if it fills the msgId
+                if width == 1:
+                    if local >= 0x80:
+                        raise IndexError
+                elif width == 2 and local >= 0x80 and wire[at + 4] < 0x80:   # seq ids up to 16 383
+                    local = (local & 0x7F) | wire[at + 4] << 7
+                elif width == 3 and local >= 0x80 and wire[at + 4] >= 0x80 and wire[at + 5] < 0x80:
+                    local = (local & 0x7F) | (wire[at + 4] & 0x7F) << 7 | wire[at + 5] << 14   # up to 2 097 151
+                else:
                     local, i = _varint_at(wire, at + 3)
                     if i != end or local >> 64:
                         raise IndexError
-                elif end != at + 4:
-                    raise IndexError
                 tail = wire[end:]
                 got = tails.get(tail)
                 if got is None:

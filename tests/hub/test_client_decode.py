@@ -98,7 +98,7 @@ def _plain(body: bytes, region: bytes, seq: int, key: bytes | None, stamp: int, 
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.binary(max_size=140), st.sampled_from([b"", b"standalone", b"east", b"r" * 130]),
-                          st.sampled_from([0, 1, 127, 128, 1 << 20, 1 << 63]),
+                          st.sampled_from([0, 1, 127, 128, 16_383, 16_384, 1 << 20, 1 << 21, 1 << 63]),
                           st.one_of(st.none(), st.binary(max_size=140)),
                           st.sampled_from([0, 1_700_000_000_000, 1_700_000_000_001, 1 << 63]),
                           st.sampled_from([0, 1, 300])), min_size=1, max_size=10),
