@@ -4,7 +4,7 @@
 
 Pulsar's ``PersistentDispatcherMultipleConsumers``: each message goes to the
 next attached consumer (in attach order, round-robin) that has a free
-permit, up to ``hub.dispatch.ROUND_ROBIN_BATCH`` (50; Pulsar's
+permit, up to ``hub.dispatch.ROUND_ROBIN_BATCH`` (100; Pulsar's
 ``dispatcherMaxRoundRobinBatchSize`` is 20) in a row while it has permits within
 one dispatch pass (the next pass starts with the next consumer), so frames and
 acks carry runs; a consumer without permits is passed over, so one that stops
