@@ -284,10 +284,8 @@ class Consumer:
     async def ack(self, msg: Message) -> None:
         """Acknowledge ``msg`` (individually; any order). See the module docstring for the errors."""
         seq = msg.msg_id.local
-        held = self._held
-        if self.closed or seq not in held:
-            self._outstanding(msg)     # raises the error that applies
-        del held[seq]
+        if self.closed or self._held.pop(seq, None) is None:   # (held: a loop time, never None)
+            self._outstanding(msg)     # raises the error that applies (nothing was taken from held)
         self._acks.append(seq)
         if self._flush_handle is None:
             self._flush_handle = self._loop.call_soon(self._flush_acks)
@@ -421,7 +419,11 @@ class Consumer:
             self._taken += 1
             if self._taken >= self._flow_at:
                 self.flow(self._taken)
-            return self._hand_out(msg)
+            now = self._loop.time()      # _hand_out, inline
+            self._held[msg.msg_id.local] = now
+            if self.ack_timeout_ms:
+                self._arm(now + self.ack_timeout_ms / 1000.0)
+            return msg
         try:
             return await self.receive()
         except errors.ConsumerClosedError:
