@@ -12,7 +12,8 @@ Pulsar's client-side rules, on Quire's wire (``ConsumeRequest`` kinds):
 * Flow control: the consumer attaches with ``receiver_queue_size`` permits;
   the hub hands it no more than that many messages beyond what the
   application has received. Once the application has received half the
-  queue, the consumer gives those permits back (``FLOW``). A consumer whose
+  queue, the consumer gives those permits back (``FLOW``, at the end of that
+  event-loop turn, with what the turn received after). A consumer whose
   application stops receiving stops getting messages; the others go on.
 * ``ack`` is sent one-way (the acks of one event-loop turn in one request);
   acking a message this consumer does not hold unacknowledged (never
@@ -117,6 +118,7 @@ class Consumer:
         self._taken = 0                              # received since the last permits went back
         self._timer: asyncio.TimerHandle | None = None
         self._flush_handle: asyncio.Handle | None = None
+        self._flow_handle: asyncio.Handle | None = None
         self._reattaching: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()     # made by the client's consumer() (per message: no lookup)
 
@@ -245,7 +247,15 @@ class Consumer:
 
     def _received_one(self) -> None:
         self._taken += 1
-        if self._taken >= self._flow_at:
+        if self._taken >= self._flow_at and self._flow_handle is None:
+            self._flow_handle = self._loop.call_soon(self._flow_taken)
+
+    def _flow_taken(self) -> None:
+        """The permits of what was received this loop turn go back in one ``FLOW`` (at the end of the turn, as
+        the request would be written then anyway: a turn that receives a whole delivery frame sends one, not
+        one per half queue)."""
+        self._flow_handle = None
+        if self._taken and not self.closed:
             self.flow(self._taken)
 
     def flow(self, permits: int) -> None:
@@ -417,8 +427,8 @@ class Consumer:
             # receive()'s path for a message already queued, without a second coroutine per message
             msg = queue.popleft()
             self._taken += 1
-            if self._taken >= self._flow_at:
-                self.flow(self._taken)
+            if self._taken >= self._flow_at and self._flow_handle is None:
+                self._flow_handle = self._loop.call_soon(self._flow_taken)
             now = self._loop.time()      # _hand_out, inline
             self._held[msg.msg_id.local] = now
             if self.ack_timeout_ms:
