@@ -15,12 +15,13 @@ import queue
 import struct
 import threading
 import time
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 
 from crc32c import crc32c
 
 from bookie import journal
+from bookie.digest import HEADER_SIZE as _ENTRY_HEADER_SIZE
 from bookie.disk import describe_commit_error
 from bookie.errors import (
     BadRequestError,
@@ -30,6 +31,7 @@ from bookie.errors import (
     UnauthorizedError,
 )
 from bookie.journal import JournalWriter, Position
+from bookie.messages import ENTRY_HEADER
 from bookie.storage_core import (
     _HEADER_PACK,
     _MAX_ID,
@@ -56,6 +58,7 @@ _INLINE_SYNC = 0.002
 """... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
 _ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 _ADD_KIND = bytes([journal.ADD])
+_ENTRY_HEADER_UNPACK = ENTRY_HEADER.unpack_from
 
 
 def _future_placeholder(exc: BaseException | None) -> None:
@@ -200,6 +203,60 @@ class GroupCommit:
         if entry_id > last.get(ledger_id, -1):
             last[ledger_id] = entry_id
         return batch
+
+    def admit_frame(self, entries: Sequence[bytes], ledger_id: int, multi: bool, master_key: bytes, recovery: bool,
+                    done: Done) -> int:
+        """Admit a frame's adds (ADD_ENTRIES of ``ledger_id``, or ADD_ENTRIES_MULTI when ``multi``) from the first
+        while each passes ``_admit``'s checks plainly; ``done`` waits for them all once all were admitted.
+
+        Returns how many were admitted (in order, into the open group). Fewer than all: the caller serves the
+        rest one by one (``submit_acked_add``), which raises or throttles what stopped this loop (a short
+        payload, another ledger's, an unknown ledger, a key or fencing refusal, an id out of range, a full write
+        cache), and adds the waiter of the admitted ones (``add_waiter``). The journal records are those of
+        ``_admit``, each add's kind and key joined to its payload (one checksum call, one buffer less).
+        """
+        cache = self._cache
+        if self.closing or cache.throttled or (cache.flushing is not None and cache.nbytes >= cache.half):
+            return 0
+        batch = self._batch or self._open_batch()
+        states = self._state.get
+        parts, keys, values, last, dirty = batch.parts, batch.keys, batch.values, batch.last, batch.dirty
+        header, add_head, pack_key, record_head = _ENTRY_HEADER_UNPACK, _ADD_HEAD_PACK, _pack_key, _HEADER_PACK
+        on_lac, watched = self.on_lac, self.lac_watched
+        kind = journal.ADD
+        n = 0
+        for payload in entries:
+            if len(payload) < _ENTRY_HEADER_SIZE:
+                return n
+            lid, entry_id, lac = header(payload)
+            if lid != ledger_id and not multi:
+                return n
+            state = states(lid)
+            if (state is None or state.master_key != master_key or (state.fenced and not recovery)
+                    or not (0 <= lid <= _MAX_ID and 0 <= entry_id <= _MAX_ID)):
+                return n
+            if lac > state.lac:
+                state.lac = lac
+                if lid not in dirty:
+                    dirty.add(lid)
+                if on_lac is not None and (watched is None or lid in watched):
+                    on_lac(lid, lac)
+            body = add_head(kind, lid, entry_id) + payload
+            parts += (record_head(len(body), crc32c(body)), body)
+            keys.append(pack_key(lid, entry_id))
+            values.append(payload)
+            if entry_id > last.get(lid, -1):
+                last[lid] = entry_id
+            n += 1
+        batch.waiters.append(done)
+        batch.run_sink = None
+        return n
+
+    def add_waiter(self, done: Done) -> None:
+        """``done`` runs once the open group is durable (or failed); after ``admit_frame`` admitted some adds."""
+        batch = self._batch or self._open_batch()
+        batch.waiters.append(done)
+        batch.run_sink = None
 
     def admit_throttled(self) -> None:
         """Room in the write cache: the adds waiting for it join the open group, in order (``GroupState``)."""
