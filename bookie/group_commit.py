@@ -58,6 +58,7 @@ _INLINE_SYNC = 0.002
 """... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
 _ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 _ADD_KIND = bytes([journal.ADD])
+_LAC_PACK = struct.Struct(">Bqq").pack
 _ENTRY_HEADER_UNPACK = ENTRY_HEADER.unpack_from
 
 
@@ -220,20 +221,21 @@ class GroupCommit:
             return 0
         batch = self._batch or self._open_batch()
         states = self._state.get
-        parts, keys, values, last, dirty = batch.parts, batch.keys, batch.values, batch.last, batch.dirty
+        parts, dirty, last = batch.parts, batch.dirty, batch.last
+        add_key, add_value, last_of = batch.keys.append, batch.values.append, last.get
         header, add_head, pack_key, record_head = _ENTRY_HEADER_UNPACK, _ADD_HEAD_PACK, _pack_key, _HEADER_PACK
         on_lac, watched = self.on_lac, self.lac_watched
-        kind = journal.ADD
+        kind, single, size = journal.ADD, not multi, _ENTRY_HEADER_SIZE
         n = 0
         for payload in entries:
-            if len(payload) < _ENTRY_HEADER_SIZE:
+            if len(payload) < size:
                 return n
             lid, entry_id, lac = header(payload)
-            if lid != ledger_id and not multi:
+            if single and lid != ledger_id:
                 return n
             state = states(lid)
-            if (state is None or state.master_key != master_key or (state.fenced and not recovery)
-                    or not (0 <= lid <= _MAX_ID and 0 <= entry_id <= _MAX_ID)):
+            # a known ledger's id is in range; the entry id, read signed, is at most _MAX_ID
+            if state is None or entry_id < 0 or state.master_key != master_key or (state.fenced and not recovery):
                 return n
             if lac > state.lac:
                 state.lac = lac
@@ -243,9 +245,9 @@ class GroupCommit:
                     on_lac(lid, lac)
             body = add_head(kind, lid, entry_id) + payload
             parts += (record_head(len(body), crc32c(body)), body)
-            keys.append(pack_key(lid, entry_id))
-            values.append(payload)
-            if entry_id > last.get(lid, -1):
+            add_key(pack_key(lid, entry_id))
+            add_value(payload)
+            if entry_id > last_of(lid, -1):
                 last[lid] = entry_id
             n += 1
         batch.waiters.append(done)
@@ -380,9 +382,13 @@ class GroupCommit:
             thread.start()
             self._thread = thread
         if batch.dirty:
-            state = self._state
-            batch.parts.extend(journal.encode_lac(lid, st.lac) for lid in batch.dirty
-                              if (st := state.get(lid)) is not None and st.lac >= 0)
+            states = self._state.get
+            parts = batch.parts
+            for lid in batch.dirty:   # ``journal.encode_lac``'s records, without two calls each
+                st = states(lid)
+                if st is not None and st.lac >= 0:
+                    body = _LAC_PACK(journal.LAC, lid, st.lac)
+                    parts += (_HEADER_PACK(17, crc32c(body)), body)
             self._index.dirty |= batch.dirty
         self._batch = None
         self._committing = True

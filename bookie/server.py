@@ -402,8 +402,12 @@ class BookieServer:
 
     def _on_commit(self, entries: int, seconds: float) -> None:
         storage = self._storage
-        self.stats.on_commit(entries, seconds, storage.last_sync_seconds if storage is not None else 0.0)
-        if storage is not None and self._disk.note_written(storage.last_commit_bytes):
+        if storage is None:
+            self.stats.on_commit(entries, seconds)
+            return
+        journal = storage.journal   # its figures read directly: once per journal group
+        self.stats.on_commit(entries, seconds, journal.last_sync_seconds)
+        if self._disk.note_written(journal.last_commit_bytes):
             self._disk_wakeup.set()  # the disk loop samples at once (one statvfs per disk_check_bytes)
 
     def _on_commit_error(self, reason: str, no_space: bool) -> None:

@@ -22,6 +22,8 @@ from bookie.stats import BookieStats
 log = logging.getLogger(__name__)
 
 ADD_ENTRY = proto.ADD_ENTRY
+ADD_ENTRIES = proto.ADD_ENTRIES
+ADD_ENTRIES_MULTI = proto.ADD_ENTRIES_MULTI
 OK = proto.OK
 ADD_OK = (ADD_ENTRY, OK)
 
@@ -50,6 +52,10 @@ class RequestSink(Protocol):
 
     def add_entry(self, req: proto.Request, conn: BookieServerProtocol) -> None:
         """Serve an ADD_ENTRY (``handle``'s hot path)."""
+        ...
+
+    def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
+        """Serve an ADD_ENTRIES or ADD_ENTRIES_MULTI (``handle``'s other hot path)."""
         ...
 
     @property
@@ -98,6 +104,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self._reading = True
         self._group = requests.group
         self._in_read = False  # answers queued now leave with the read's flush: none is scheduled
+        self._charged = False  # holds bytes of a partial frame in ``server.budget``
         self.adder = False     # counted in ``server.adders``
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -162,7 +169,10 @@ class BookieServerProtocol(asyncio.Protocol):
             self._in_read = False
             self.outbox.flush()
         if self.transport is not None:
-            self._server.charge(self, state.buffered)
+            held = state.decoder.buffered
+            if held or self._charged:   # else the budget has nothing to change
+                self._charged = held > 0
+                self._server.charge(self, held)
 
     # --- serving --------------------------------------------------------------------------------
 
@@ -171,13 +181,17 @@ class BookieServerProtocol(asyncio.Protocol):
         state = self.state
         handle = self._requests.handle
         add = self._requests.add_entry
+        add_entries = self._requests.add_entries
         next_event = state.next_event
         request_type = proto.Request
         while self.transport is not None:
             event = next_event()
             if type(event) is request_type:
-                if event.op == ADD_ENTRY:
-                    add(event, self)  # ``handle``'s hot path, without its dispatch
+                op = event.op
+                if op == ADD_ENTRY:
+                    add(event, self)  # ``handle``'s hot paths, without its dispatch
+                elif op == ADD_ENTRIES_MULTI or op == ADD_ENTRIES:
+                    add_entries(event, self)
                 else:
                     handle(event, self)
             elif event is proto.NEED_DATA:
@@ -190,7 +204,7 @@ class BookieServerProtocol(asyncio.Protocol):
                     break
             else:
                 self._answer_bad_frame(cast(proto.Response, event))
-        if state.close_now:
+        if state.broken and state.close_now:
             self._close_if_idle()
         self._update_reading()
 
