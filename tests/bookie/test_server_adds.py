@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from bookie import journal
 from bookie import protocol as proto
 from bookie.digest import encode_entry, master_key
 from bookie.server import BookieServer
@@ -160,6 +161,35 @@ async def test_add_entries_stores_every_add_and_answers_once(server: BookieServe
     assert requests[(proto.ADD_ENTRIES, proto.OK)] == 1
     (conn,) = server.connections
     assert conn.state.in_flight == 0
+
+
+async def test_an_add_entries_multi_frame_of_known_ledgers_is_journaled_with_each_ledger_s_highest_lac(
+        server: BookieServer, client: RawBookieClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    for ledger_id in (1, 2):   # known ledgers: the frame's adds are admitted by one call (GroupCommit.admit_frame)
+        assert (await client.call(add_req(ledger_id, 0))).status == proto.OK
+    storage = server.storage
+    admitted: list[int] = []
+    admit_frame = storage.journal.admit_frame
+
+    def spy(*args: Any) -> int:
+        admitted.append(admit_frame(*args))
+        return admitted[-1]
+
+    monkeypatch.setattr(storage.journal, "admit_frame", spy)
+    start = storage.journal.synced
+    frame = [payload(1, 1, lac=0), payload(2, 1, lac=0), payload(1, 2, lac=1), payload(2, 2, lac=1),
+             payload(1, 3, lac=0)]   # ledger 1's last add carries a lower LAC than the one before it
+    answer = await client.call(proto.Request(op=proto.ADD_ENTRIES_MULTI, master_key=KEY, entries=frame))
+    assert (answer.op, answer.status, list(answer.adds)) == (proto.ADD_ENTRIES_MULTI, proto.OK, [])
+    assert admitted == [len(frame)]   # all five at once
+    assert (storage.read_lac(1), storage.read_lac(2)) == (1, 1)
+    assert (storage.last_entry_id(1), storage.last_entry_id(2)) == (3, 2)
+    assert [storage.read_entry(1, i)[1] for i in (1, 2, 3)] == frame[0::2]
+    assert server.stats.requests[(proto.ADD_ENTRY, proto.OK)] == 2 + 5
+    records = list(journal.read_journal(storage.journal_dir, start))   # what a restart replays
+    assert [(r.ledger_id, r.entry_id, r.value) for r in records if r.kind == journal.ADD] == [
+        (1, 1, frame[0]), (2, 1, frame[1]), (1, 2, frame[2]), (2, 2, frame[3]), (1, 3, frame[4])]
+    assert sorted((r.ledger_id, r.lac) for r in records if r.kind == journal.LAC) == [(1, 1), (2, 1)]
 
 
 async def test_add_entries_answers_each_failed_add_and_keeps_the_others(server: BookieServer,
