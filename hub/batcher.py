@@ -229,12 +229,13 @@ class EntryBatcher:
         self.submit(message, functools.partial(_resolve, fut))
         return fut
 
-    def submit(self, message: pb.Message, done: Done) -> None:
+    def submit(self, message: pb.Message, done: Done, wire: bytes | None = None) -> None:
         """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
 
         The callback form of ``enqueue`` (no future, no extra loop turn): the
         server answers a publish from inside the add's acknowledgement.
-        ``done`` runs on the loop, in publish order, exactly once.
+        ``done`` runs on the loop, in publish order, exactly once. ``wire``:
+        the message serialized, as it will be stored, when the caller has it.
         """
         if self.closed:
             done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
@@ -251,7 +252,7 @@ class EntryBatcher:
         queue = self._queue
         if queue is IDLE:
             queue = self._queue = collections.deque()
-        queue.append((message, done, None))
+        queue.append((message, done, wire))
         self._queued_bytes += len(message.body)
         self._queued()
 

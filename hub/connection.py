@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors, protocol
+from hub.body_publish import BodyPublish
 from hub.connection_multi import MultiPublishPath
 from hub.frames import delivery_run
 from hub.message import Message
@@ -123,7 +124,7 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         self.conf = server.conf
         self.machine = protocol.ServerConnection(self.conf.max_frame_size, self.conf.max_message_size,
                                                  self.conf.max_requests_per_turn, self.conf.max_pending_requests,
-                                                 self.conf.max_delivery_delay_ms)
+                                                 self.conf.max_delivery_delay_ms, body_publishes=True)
         self.transport: asyncio.Transport | None = None
         self.writable = asyncio.Event()
         self.writable.set()
@@ -234,9 +235,12 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         unsent = 0
         received = 0
         for event in events:
-            if isinstance(event, protocol.RequestReceived):
+            if isinstance(event, BodyPublish) or isinstance(event, protocol.RequestReceived):
                 received += 1
-                self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
+                if isinstance(event, BodyPublish):
+                    self._publish_body(event)   # the most frequent request, the short way (hub.body_publish)
+                else:
+                    self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
                 if self._published_to:
                     unsent += 1
                     if unsent >= PIPELINE_PUBLISHES:

@@ -33,8 +33,8 @@ from hub.proto import pubsub_pb2 as pb
 if TYPE_CHECKING:
     from hub.message import Message
 
-__all__ = ["batch_entry", "delivery", "delivery_batch", "delivery_run", "message_batch", "publish_batch",
-           "publish_request_size", "published", "split_delivery", "stamped_wires"]
+__all__ = ["batch_entry", "delivery", "delivery_batch", "delivery_run", "long_varint", "message_batch",
+           "publish_batch", "publish_request_size", "published", "split_delivery", "stamped_wire", "stamped_wires"]
 
 
 def delivery(topic: bytes, subscriber: bytes, message: pb.Message | bytes) -> bytes:
@@ -180,18 +180,20 @@ def published(txn_id: int, topic: bytes, seq_id: int) -> bytes:
     """
     if seq_id:   # publishResponse { publishedMsgId { localComponent (varint 1) } }: lengths under 0x80
         seq = _varint(seq_id)
-        n = len(seq)
-        tail = _published_tail(topic) + _SMALL_VARINTS[n + 3] + b"\x0a" + _SMALL_VARINTS[n + 1] + b"\x08" + seq
+        tail = _published_tail(topic) + _PUBLISHED_LEADS[len(seq)] + seq
     else:
         tail = _published_tail(topic) + b"\x02\x0a\x00"
-    if txn_id:
-        body = _VERSION_TXN + _varint(txn_id) + tail                # txnId (varint 3)
-    else:
-        body = _VERSION_ONE_FIELD + tail
-    return LENGTH_PREFIX.pack(len(body)) + body
+    if txn_id:   # the length prefix first: the frame is made in one copy, not two
+        txn = _varint(txn_id)                                       # txnId (varint 3)
+        return _pack_length(len(_VERSION_TXN) + len(txn) + len(tail)) + _VERSION_TXN + txn + tail
+    return _pack_length(len(_VERSION_ONE_FIELD) + len(tail)) + _VERSION_ONE_FIELD + tail
 
 
 _VERSION_TXN = _VERSION_ONE_FIELD + b"\x18"
+_PUBLISHED_LEADS = [bytes((n + 3, 0x0A, n + 1, 0x08)) for n in range(11)]
+"""``published``: by the seq id varint's length, the publish response's length, the ``publishedMsgId`` tag, its
+length and the ``localComponent`` tag."""
+_pack_length = LENGTH_PREFIX.pack
 
 
 def published_batch_ok(txn_id: int, topic: bytes, first: int, stored: int) -> bytes:
@@ -258,6 +260,15 @@ def stamped_wires(bodies: Iterable[bytes], region: bytes, time_ms: int) -> list[
                 leads[n] = lead
         append(lead + body + suffix)
     return out
+
+
+def stamped_wire(body: bytes, region: bytes, time_ms: int) -> bytes:
+    """``stamped_wires`` of one body (the owner's stamp of a single publish of a body alone, issue 32)."""
+    n = len(body)
+    lead = _BODY_FIELD_LEADS.get(n)
+    if lead is None:
+        lead = _BODY_TAG + _varint(n) if n else b""
+    return lead + body + _stamp_fields(region, time_ms)
 
 
 @functools.lru_cache(maxsize=8)
@@ -357,13 +368,13 @@ def _split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None
             size = body[i]
             i += 1
             if size >= 0x80:
-                size, i = _long_varint(body, i, size)
+                size, i = long_varint(body, i, size)
             start, end = i, i + size
             i = end
         elif tag == 0x08 or tag == 0x10:  # protocolVersion, statusCode: nothing a delivery uses
             i += 1
             if body[i - 1] >= 0x80:
-                _, i = _long_varint(body, i, body[i - 1])
+                _, i = long_varint(body, i, body[i - 1])
         elif tag == 0x18:                 # txnId: a delivery has none
             if body[i]:
                 return None
@@ -372,7 +383,7 @@ def _split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None
             size = body[i]
             i += 1
             if size >= 0x80:
-                size, i = _long_varint(body, i, size)
+                size, i = long_varint(body, i, size)
             i += size
         else:
             return None
@@ -390,14 +401,14 @@ def _split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None
             consumer = body[i]
             i += 1
             if consumer >= 0x80:
-                consumer, i = _long_varint(body, i, consumer)
+                consumer, i = long_varint(body, i, consumer)
                 if consumer >> 64:
                     return None
             continue
         size = body[i]
         i += 1
         if size >= 0x80:
-            size, i = _long_varint(body, i, size)
+            size, i = long_varint(body, i, size)
         j = i + size
         if j > end:
             return None
@@ -418,7 +429,7 @@ def _split_delivery(body: bytes) -> tuple[bytes, bytes, list[bytes], int] | None
     return topic, subscriber, wires or [single], consumer
 
 
-def _long_varint(body: bytes, i: int, first: int) -> tuple[int, int]:
+def long_varint(body: bytes, i: int, first: int) -> tuple[int, int]:
     """The varint whose first byte ``first`` (>= 0x80) was read, ending at or after ``i``; and the index after it."""
     value = first & 0x7F
     shift = 7

@@ -37,6 +37,7 @@ from google.protobuf.message import DecodeError
 from bookie.errors import FrameTooLargeError
 from bookie.wire.framing import FrameDecoder
 from bookie.wire.txns import TxnTable
+from hub.body_publish import BodyPublish, body_publish
 from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
 from hub.frames import (  # hand-assembled hot-path frames
@@ -200,7 +201,7 @@ class ConnectionBroken:
     reason: str
 
 
-ServerEvent = RequestReceived | Reject | ConnectionBroken
+ServerEvent = RequestReceived | BodyPublish | Reject | ConnectionBroken
 
 
 DEFAULT_MAX_REQUESTS_PER_TURN = 256
@@ -245,7 +246,7 @@ class ServerConnection:
     def __init__(self, max_frame_size: int, max_message_size: int,
                  max_requests_per_turn: int = DEFAULT_MAX_REQUESTS_PER_TURN,
                  max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS, max_delivery_delay_ms: int = 0,
-                 clock_ms: Callable[[], int] = now_ms) -> None:
+                 clock_ms: Callable[[], int] = now_ms, body_publishes: bool = False) -> None:
         if max_requests_per_turn < 1:
             raise ValueError(f"max_requests_per_turn must be positive, not {max_requests_per_turn}")
         if max_pending_requests < 1:
@@ -256,6 +257,7 @@ class ServerConnection:
         self.max_message_size = max_message_size
         self.max_delivery_delay_ms = max_delivery_delay_ms   # 0: no limit (hub.delayed)
         self.clock_ms = clock_ms
+        self.body_publishes = body_publishes   # a valid single publish of a body alone is a BodyPublish
         self.max_requests_per_turn = max_requests_per_turn
         self.broken = False
         self.backlogged = False   # stopped at the per-turn budget: call next_events on the next turn
@@ -345,6 +347,9 @@ class ServerConnection:
         return self.eof and self.in_flight <= 0 and not self.backlogged
 
     def _check(self, frame: bytes) -> ServerEvent:
+        if self.body_publishes and (ev := body_publish(frame)) is not None and len(ev.topic) <= MAX_TOPIC_BYTES \
+                and ev.topic in _VALID_NAMES and len(ev.body) <= self.max_message_size:
+            return ev   # else protobuf parses it, and the checks below answer it
         try:
             req = pb.PubSubRequest.FromString(frame)
         except (DecodeError, ValueError, RuntimeError) as exc:

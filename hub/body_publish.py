@@ -1,0 +1,125 @@
+"""The hub's most frequent request read without protobuf: a PUBLISH of one message holding a body alone.
+
+    ev = body_publish(frame)     # a BodyPublish, or None: protobuf parses the frame and the hub checks it
+    req = ev.request()           # the same request as protobuf parses it (the long way, when one is needed)
+
+A client's single publish (``hub.frames.publish_batch`` of one body, or
+protobuf's serialization of the same request) is ``protocolVersion``,
+``type``, ``txnId``, an optional ``topic``, and a ``publishRequest`` of an
+optional topic and a ``msg`` of an optional ``body``, in field order. Such
+a frame is split by hand (issue 32): the hub stamps and stores the body
+without a protobuf request, a checked event, a stamp of the parsed message
+and its serialization (``hub.connection_publish.PublishPath._publish_body``).
+Anything else (another field, another order, a repeated field, a varint or
+length past the end) is None, so a frame split here is one protobuf would
+parse to exactly these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hub.frames import long_varint
+from hub.proto import pubsub_pb2 as pb
+
+__all__ = ["BodyPublish", "body_publish"]
+
+_HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"
+"""The frame's first bytes: ``protocolVersion``, ``type``, then the ``txnId`` tag (varint 3)."""
+
+
+@dataclass(slots=True)
+class BodyPublish:
+    """A single publish of a body alone, split from its ``frame`` (``hub.protocol.ServerConnection``'s event).
+
+    ``topic`` is the topic published to (``hub.protocol.request_topic``'s);
+    ``request_topic`` the request's own ``topic`` field, which its answer
+    echoes (``b""`` when only the publish request names the topic).
+    """
+
+    frame: bytes
+    txn_id: int
+    topic: bytes
+    request_topic: bytes
+    body: bytes
+
+    def request(self) -> pb.PubSubRequest:
+        """The request as protobuf parses it (the hub's long way: a failure's answer, an unowned topic)."""
+        return pb.PubSubRequest.FromString(self.frame)
+
+
+def body_publish(frame: bytes) -> BodyPublish | None:
+    """``frame`` (a request frame's body, no length prefix) as a ``BodyPublish``, else None (module docstring)."""
+    if not frame.startswith(_HEAD):
+        return None
+    try:
+        return _split(frame)
+    except IndexError:   # a varint or length past the end
+        return None
+
+
+def _split(frame: bytes) -> BodyPublish | None:
+    global _last
+    end = len(frame)
+    i = len(_HEAD)
+    txn = frame[i]
+    i += 1
+    if txn >= 0x80:
+        txn, i = long_varint(frame, i, txn)
+        if txn >> 64:
+            return None
+    middle, last_topic, last_request_topic, size = _last
+    if end - i - len(middle) == size and frame.startswith(middle, i):   # the fields of the last one, again
+        return BodyPublish(frame, txn, last_topic, last_request_topic, frame[end - size:])
+    after_txn = i
+    topic = b""
+    if frame[i] == 0x2A:                 # topic (5), length-delimited; a long name goes the long way
+        n = frame[i + 1]
+        if n >= 0x80:
+            return None
+        i += 2
+        topic = frame[i:i + n]
+        i += n
+    if frame[i] != 0x52:                 # publishRequest (10), to the end of the frame
+        return None
+    size = frame[i + 1]
+    i += 2
+    if size >= 0x80:
+        size, i = long_varint(frame, i, size)
+    if i + size != end:
+        return None
+    pub_topic = b""
+    if frame[i] == 0x0A:                 # PublishRequest.topic (1)
+        n = frame[i + 1]
+        if n >= 0x80:
+            return None
+        i += 2
+        pub_topic = frame[i:i + n]
+        i += n
+    if frame[i] != 0x12:                 # PublishRequest.msg (2), to the end
+        return None
+    size = frame[i + 1]
+    i += 2
+    if size >= 0x80:
+        size, i = long_varint(frame, i, size)
+    if i + size != end:
+        return None
+    body = b""
+    if size:
+        if frame[i] != 0x0A:             # Message.body (1), to the end: the message holds nothing else
+            return None
+        n = frame[i + 1]
+        i += 2
+        if n >= 0x80:
+            n, i = long_varint(frame, i, n)
+        if i + n != end:
+            return None
+        body = frame[i:]
+    _last = (frame[after_txn:end - len(body)], topic or pub_topic, topic, len(body))
+    return BodyPublish(frame, txn, topic or pub_topic, topic, body)
+
+
+_last: tuple[bytes, bytes, bytes, int] = (b"\xff", b"", b"", 0)
+"""The bytes after the txn id up to the body of the last frame split, its topics and its body's length: the next
+frame that holds the same bytes there, and a body of that length after them, is split without another look
+(a publisher's messages to one topic, of one size, differ in their txn ids and bodies alone)."""

@@ -1,0 +1,172 @@
+"""hub.body_publish: a single publish of a body alone, split by hand, is what protobuf parses; anything else is not
+split; and the hub stores and answers it as it does a request protobuf parsed (issue 32)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import struct
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookie.wire.framing import FrameDecoder
+from hub.body_publish import BodyPublish, body_publish
+from hub.conf import load_hub_conf
+from hub.entry_index import EntryIndex
+from hub.frames import publish_batch, stamped_wire
+from hub.persistence import TopicLog, decode_batch
+from hub.proto import pubsub_pb2 as pb
+from hub.protocol import RequestReceived, ServerConnection
+from hub.server import HubConnection, HubServer
+from hub.subscriptions import TopicSubscriptions
+from hub.topic import Topic
+from tests.hub.test_connection import FakeTransport
+
+TOPIC = b"body-publish-topic"
+
+
+def frame_body(txn: int, topic: bytes, body: bytes) -> bytes:
+    return publish_batch(txn, topic, [body])[4:]
+
+
+def same_as_protobuf(frame: bytes, ev: BodyPublish) -> None:
+    req = pb.PubSubRequest.FromString(frame)
+    pub = req.publishRequest
+    assert req.type == pb.PUBLISH and req.protocolVersion == pb.VERSION_ONE and not req.shouldClaim
+    assert req.WhichOneof("body") == "publishRequest" and pub.HasField("msg") and not pub.msgs and not pub.trace
+    assert ev.txn_id == req.txnId and ev.request_topic == req.topic and ev.topic == (req.topic or pub.topic)
+    assert pub.msg == pb.Message(body=ev.body)   # the message holds the body and nothing else
+    assert ev.request() == req
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.binary(min_size=1, max_size=127), st.binary(max_size=300))
+def test_a_single_publish_of_a_body_is_split_as_protobuf_parses_it(txn: int, topic: bytes, body: bytes) -> None:
+    frame = frame_body(txn, topic, body)
+    for _ in range(2):   # the second time from the remembered fields of the first
+        ev = body_publish(frame)
+        assert ev is not None
+        same_as_protobuf(frame, ev)
+    serialized = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=txn, topic=topic,
+                                  publishRequest=pb.PublishRequest(topic=topic, msg=pb.Message(body=body)))
+    if txn:   # protobuf's own serialization of the same request (it leaves a txn id of 0 out: not split)
+        ev = body_publish(serialized.SerializeToString())
+        assert ev is not None and (ev.txn_id, ev.topic, ev.body) == (txn, topic, body)
+
+
+def test_the_topic_may_be_named_by_the_publish_request_alone_and_the_answer_echoes_the_request_s() -> None:
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=9,
+                           publishRequest=pb.PublishRequest(topic=b"inner", msg=pb.Message(body=b"b")))
+    ev = body_publish(req.SerializeToString())
+    assert ev is not None and (ev.topic, ev.request_topic, ev.body) == (b"inner", b"", b"b")
+
+
+def test_anything_more_than_a_body_is_not_split() -> None:
+    def req(**msg: object) -> pb.PubSubRequest:
+        return pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=3, topic=b"t",
+                                publishRequest=pb.PublishRequest(topic=b"t", msg=pb.Message(body=b"b", **msg)))
+    others = [req(key=b""), req(key=b"k"), req(header=pb.MessageHeader(messageType="x")), req(producer=b"p"),
+              req(sequenceId=1), req(srcRegion=b"r"), req(publishTimeMs=1), req(deliverAfterMs=5), req(deliverAtMs=5)]
+    traced = req()
+    traced.publishRequest.trace = True
+    claim = req()
+    claim.shouldClaim = True
+    batched = req()
+    batched.publishRequest.msgs.add(body=b"c")
+    subscribe = req()
+    subscribe.type = pb.SUBSCRIBE
+    long_topic = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH, txnId=3, topic=b"t" * 200,
+                                  publishRequest=pb.PublishRequest(msg=pb.Message(body=b"b")))
+    for r in [*others, traced, claim, batched, subscribe, long_topic]:
+        assert body_publish(r.SerializeToString()) is None, r
+    frame = frame_body(3, b"t", b"body")
+    assert body_publish(frame + b"\x08\x01") is None                  # a field after the body
+    assert body_publish(frame[:-1]) is None                           # cut short
+    assert body_publish(publish_batch(3, b"t", [b"a", b"b"])[4:]) is None   # msgs
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 2**20), st.binary(min_size=1, max_size=20), st.binary(max_size=200), st.randoms())
+def test_a_damaged_frame_is_split_only_as_protobuf_would_parse_it(txn: int, topic: bytes, body: bytes,
+                                                                    rnd: random.Random) -> None:
+    frame = bytearray(frame_body(txn, topic, body))
+    for _ in range(rnd.randint(1, 3)):
+        what = rnd.randrange(3)
+        at = rnd.randrange(len(frame))
+        if what == 0:
+            frame[at] = rnd.randrange(256)
+        elif what == 1:
+            del frame[at]
+        else:
+            frame.insert(at, rnd.randrange(256))
+    ev = body_publish(bytes(frame))
+    if ev is not None:
+        same_as_protobuf(bytes(frame), ev)
+
+
+def test_the_server_connection_makes_one_only_when_asked_and_only_for_a_valid_request() -> None:
+    frame = publish_batch(4, b"topic", [b"x" * 10])
+    plain = ServerConnection(max_frame_size=4096, max_message_size=100)
+    (event,) = plain.receive_data(frame)
+    assert isinstance(event, RequestReceived)    # the default: protobuf parses every request
+    conn = ServerConnection(max_frame_size=4096, max_message_size=100, body_publishes=True)
+    (event,) = conn.receive_data(frame)
+    assert isinstance(event, BodyPublish) and (event.txn_id, event.topic, event.body) == (4, b"topic", b"x" * 10)
+    (event,) = conn.receive_data(publish_batch(5, b"topic", [b"x" * 101]))   # over max_message_size: refused
+    assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
+    (event,) = conn.receive_data(publish_batch(6, b"bad\x00topic", [b"x"]))  # an invalid name: refused
+    assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MALFORMED_REQUEST
+
+
+async def test_the_hub_stores_and_answers_a_body_publish_as_the_long_way() -> None:
+    class Ledger:
+        ledger_id = 7
+        next_entry_id = 0
+
+        def __init__(self) -> None:
+            self.entries: list[bytes] = []
+
+        def async_add_entry(self, data: bytes, cb: object) -> None:
+            self.entries.append(data)
+            cb(len(self.entries) - 1, None)   # type: ignore[operator]
+
+    server = HubServer(load_hub_conf(None, {}))
+    tlog = TopicLog(TOPIC, None, None, server.conf)
+    lh = Ledger()
+    tlog.lh, tlog._last_index = lh, EntryIndex(lh.ledger_id)   # type: ignore[assignment]
+    server.topics[TOPIC] = Topic(tlog, TopicSubscriptions(TOPIC, None, server.conf, log=tlog))  # type: ignore[arg-type]
+    conn = HubConnection(server)
+    transport = FakeTransport()
+    conn.connection_made(transport)
+    short_way: list[BodyPublish] = []
+    publish_body = conn._publish_body
+    conn._publish_body = lambda ev: (short_way.append(ev), publish_body(ev))[1]   # type: ignore[method-assign]
+    conn.data_received(publish_batch(1, TOPIC, [b"first"]))   # the topic name's first look: the long way
+    conn.data_received(publish_batch(2, TOPIC, [b"second"]))  # a BodyPublish
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [ev.txn_id for ev in short_way] == [2]
+    stored = [m for e in lh.entries for m in decode_batch(e)]
+    assert [m.body for m in stored] == [b"first", b"second"] and [m.msgId.localComponent for m in stored] == [1, 2]
+    for m in stored:   # stamped as the long way stamps: the owner's clock, the hub's region, nothing else
+        assert m.publishTimeMs > 0 and m.srcRegion == server.region_bytes and not m.HasField("key")
+        plain = pb.Message(body=m.body, srcRegion=m.srcRegion, publishTimeMs=m.publishTimeMs)
+        assert stamped_wire(m.body, m.srcRegion, m.publishTimeMs) == plain.SerializeToString()
+    answers = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(bytes(transport.written))]
+    assert [(a.txnId, a.topic, a.statusCode, a.publishResponse.publishedMsgId.localComponent) for a in answers] == \
+        [(1, TOPIC, pb.SUCCESS, 1), (2, TOPIC, pb.SUCCESS, 2)]
+    assert server.stats.counters["publishes"] == 2 and conn.machine.in_flight == 0
+    del server.topics[TOPIC]   # a failure is answered from the parsed request (and the topic is not released)
+    tlog.closed = True
+    server.topics[TOPIC + b"-other"] = Topic(tlog, TopicSubscriptions(TOPIC, None, server.conf, log=tlog))  # type: ignore[arg-type]
+    written = len(transport.written)
+    conn.data_received(publish_batch(3, TOPIC + b"-other", [b"third"]))
+    conn.data_received(publish_batch(4, TOPIC + b"-other", [b"fourth"]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [ev.txn_id for ev in short_way] == [2, 4]
+    failed = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(bytes(transport.written[written:]))]
+    assert [(a.txnId, a.topic, a.statusCode) for a in failed] == \
+        [(3, TOPIC + b"-other", pb.SERVICE_DOWN), (4, TOPIC + b"-other", pb.SERVICE_DOWN)]
+    assert conn.machine.in_flight == 0 and struct.unpack(">I", bytes(transport.written[:4]))[0] > 0
