@@ -1,4 +1,4 @@
-"""The hub's most frequent request read without protobuf: a PUBLISH of one message holding a body alone.
+"""The hub's most frequent requests read without protobuf: a PUBLISH of messages holding a body alone.
 
     ev = body_publish(frame)     # a BodyPublish, or None: protobuf parses the frame and the hub checks it
     req = ev.request()           # the same request as protobuf parses it (the long way, when one is needed)
@@ -6,8 +6,9 @@
 A client's single publish (``hub.frames.publish_batch`` of one body, or
 protobuf's serialization of the same request) is ``protocolVersion``,
 ``type``, ``txnId``, an optional ``topic``, and a ``publishRequest`` of an
-optional topic and a ``msg`` of an optional ``body``, in field order. Such
-a frame is split by hand (issue 32): the hub stamps and stores the body
+optional topic and a ``msg`` of an optional ``body``, in field order (a
+batched one, ``msgs`` of such messages instead of ``msg``). Such a frame
+is split by hand (issue 32): the hub stamps and stores the body
 without a protobuf request, a checked event, a stamp of the parsed message
 and its serialization (``hub.connection_publish.PublishPath._publish_body``).
 Anything else (another field, another order, a repeated field, a varint or
@@ -42,6 +43,11 @@ class BodyPublish:
     topic: bytes
     request_topic: bytes
     body: bytes
+    bodies: list[bytes] | None = None
+    """A batched publish's bodies (``msgs``, two or more, each holding a body alone), in order; ``body`` is then
+    ``b""``. None for a single publish (``msg``)."""
+    longest: int = -1
+    """The longest body's length (-1: ``body``'s)."""
 
     def request(self) -> pb.PubSubRequest:
         """The request as protobuf parses it (the hub's long way: a failure's answer, an unowned topic)."""
@@ -64,10 +70,18 @@ def _split(frame: bytes) -> BodyPublish | None:
     i = len(_HEAD)
     txn = frame[i]
     i += 1
-    if txn >= 0x80:
-        txn, i = long_varint(frame, i, txn)
-        if txn >> 64:
-            return None
+    if txn >= 0x80:   # a client's txn ids grow: two and three bytes without long_varint's loop
+        b = frame[i]
+        if b < 0x80:
+            txn = txn & 0x7F | b << 7
+            i += 1
+        elif frame[i + 1] < 0x80:
+            txn = txn & 0x7F | (b & 0x7F) << 7 | frame[i + 1] << 14
+            i += 2
+        else:
+            txn, i = long_varint(frame, i, txn)
+            if txn >> 64:
+                return None
     middle, last_topic, last_request_topic, size = _last
     if end - i - len(middle) == size and frame.startswith(middle, i):   # the fields of the last one, again
         return BodyPublish(frame, txn, last_topic, last_request_topic, frame[end - size:])
@@ -96,6 +110,8 @@ def _split(frame: bytes) -> BodyPublish | None:
         i += 2
         pub_topic = frame[i:i + n]
         i += n
+    if frame[i] == 0x1A:                 # PublishRequest.msgs (3), each a body alone, to the end
+        return _batch(frame, i, txn, topic or pub_topic, topic)
     if frame[i] != 0x12:                 # PublishRequest.msg (2), to the end
         return None
     size = frame[i + 1]
@@ -117,6 +133,39 @@ def _split(frame: bytes) -> BodyPublish | None:
         body = frame[i:]
     _last = (frame[after_txn:end - len(body)], topic or pub_topic, topic, len(body))
     return BodyPublish(frame, txn, topic or pub_topic, topic, body)
+
+
+def _batch(frame: bytes, i: int, txn: int, topic: bytes, request_topic: bytes) -> BodyPublish | None:
+    """``_split``'s batched publish: from ``i``, two or more ``msgs`` of a body alone up to the end, else None."""
+    end = len(frame)
+    bodies: list[bytes] = []
+    longest = 0
+    while i < end:
+        if frame[i] != 0x1A:
+            return None
+        size = frame[i + 1]
+        i += 2
+        if size >= 0x80:
+            size, i = long_varint(frame, i, size)
+        j = i + size
+        if j > end:
+            return None
+        if size:
+            if frame[i] != 0x0A:
+                return None
+            n = frame[i + 1]
+            i += 2
+            if n >= 0x80:
+                n, i = long_varint(frame, i, n)
+            if i + n != j:
+                return None
+            if n > longest:
+                longest = n
+        bodies.append(frame[i:j])
+        i = j
+    if len(bodies) < 2:   # a batch of one: the long way (it is a batched publish, not a plain one)
+        return None
+    return BodyPublish(frame, txn, topic, request_topic, b"", bodies, longest)
 
 
 _last: tuple[bytes, bytes, bytes, int] = (b"\xff", b"", b"", 0)

@@ -23,8 +23,9 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol, tracing
+from hub.body_publish import BodyPublish
 from hub.delayed import resolve_due
-from hub.frames import published, stamped_wire, stamped_wires
+from hub.frames import published, published_batch_ok, stamped_wire, stamped_wires
 from hub.proto import pubsub_pb2 as pb
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
 
     from bookie.wire.outbox import Outbox
     from hub.auth import TokenAuthenticator
-    from hub.body_publish import BodyPublish
     from hub.persistence import TopicLog
     from hub.regions import RegionManager
     from hub.stats import HubStats
@@ -168,10 +168,16 @@ class PublishPath:
         t.last_active = time.monotonic()
         now = time.time_ns() // 1_000_000   # _stamp's (the owner's clock when stored)
         region = server.region_bytes
-        body = ev.body
-        server.stats.incr("publishes")
-        wire = stamped_wire(body, region, now)
-        t.log.submit(_parse_message(wire), functools.partial(self._body_published, ev, t, t0), wire)
+        bodies = ev.bodies
+        if bodies is None:
+            server.stats.incr("publishes")
+            wire = stamped_wire(ev.body, region, now)
+            t.log.submit(_parse_message(wire), functools.partial(self._body_published, ev, t, t0), wire)
+        else:   # a batched one: as _enqueue's bodies path, its messages parsed from their stamped wires
+            server.stats.incr("publishes", len(bodies))
+            wires = stamped_wires(bodies, region, now)
+            t.log.submit_all(list(map(_parse_message, wires)), _BatchAnswer(self, ev, t, t0, len(bodies)),
+                             sum(map(len, bodies)), wires)
         published_to = self._published_to
         if not published_to or published_to[-1] is not t.log:
             published_to.append(t.log)
@@ -241,9 +247,13 @@ class PublishPath:
         self._finished()
         req = answer.req
         if answer.error is not None:
-            self._publish_failed(req, answer.t, answer.error, answer.first, answer.stored)
+            self._publish_failed(req.request() if isinstance(req, BodyPublish) else req, answer.t, answer.error,
+                                 answer.first, answer.stored)
             return
-        self._write(protocol.published_batch(req.txnId, req.topic, answer.first, answer.stored))
+        if isinstance(req, BodyPublish):
+            self._write(published_batch_ok(req.txn_id, req.request_topic, answer.first, answer.stored))
+        else:
+            self._write(protocol.published_batch(req.txnId, req.topic, answer.first, answer.stored))
         if self.machine.eof:
             self._close_if_done()
         stats = self.server.stats
@@ -280,7 +290,7 @@ class _BatchAnswer:
 
     __slots__ = ("conn", "error", "first", "left", "req", "stored", "t", "t0")
 
-    def __init__(self, conn: PublishPath, req: pb.PubSubRequest, t: Topic, t0: float, n: int) -> None:
+    def __init__(self, conn: PublishPath, req: pb.PubSubRequest | BodyPublish, t: Topic, t0: float, n: int) -> None:
         self.conn, self.req, self.t, self.t0 = conn, req, t, t0
         self.left = n
         self.first = 0

@@ -348,7 +348,7 @@ class ServerConnection:
 
     def _check(self, frame: bytes) -> ServerEvent:
         if self.body_publishes and (ev := body_publish(frame)) is not None and len(ev.topic) <= MAX_TOPIC_BYTES \
-                and ev.topic in _VALID_NAMES and len(ev.body) <= self.max_message_size:
+                and ev.topic in _VALID_NAMES and max(ev.longest, len(ev.body)) <= self.max_message_size:
             return ev   # else protobuf parses it, and the checks below answer it
         try:
             req = pb.PubSubRequest.FromString(frame)

@@ -34,9 +34,15 @@ def same_as_protobuf(frame: bytes, ev: BodyPublish) -> None:
     req = pb.PubSubRequest.FromString(frame)
     pub = req.publishRequest
     assert req.type == pb.PUBLISH and req.protocolVersion == pb.VERSION_ONE and not req.shouldClaim
-    assert req.WhichOneof("body") == "publishRequest" and pub.HasField("msg") and not pub.msgs and not pub.trace
+    assert req.WhichOneof("body") == "publishRequest" and not pub.trace
     assert ev.txn_id == req.txnId and ev.request_topic == req.topic and ev.topic == (req.topic or pub.topic)
-    assert pub.msg == pb.Message(body=ev.body)   # the message holds the body and nothing else
+    if ev.bodies is None:
+        assert pub.HasField("msg") and not pub.msgs
+        assert pub.msg == pb.Message(body=ev.body)   # the message holds the body and nothing else
+    else:
+        assert not pub.HasField("msg") and len(pub.msgs) == len(ev.bodies) >= 2 and ev.body == b""
+        assert list(pub.msgs) == [pb.Message(body=b) for b in ev.bodies]
+        assert ev.longest == max(map(len, ev.bodies))
     assert ev.request() == req
 
 
@@ -53,6 +59,17 @@ def test_a_single_publish_of_a_body_is_split_as_protobuf_parses_it(txn: int, top
     if txn:   # protobuf's own serialization of the same request (it leaves a txn id of 0 out: not split)
         ev = body_publish(serialized.SerializeToString())
         assert ev is not None and (ev.txn_id, ev.topic, ev.body) == (txn, topic, body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**64 - 1), st.binary(min_size=1, max_size=127),
+       st.lists(st.binary(max_size=300), min_size=2, max_size=20))
+def test_a_batched_publish_of_bodies_is_split_as_protobuf_parses_it(txn: int, topic: bytes,
+                                                                    bodies: list[bytes]) -> None:
+    frame = publish_batch(txn, topic, bodies)[4:]
+    ev = body_publish(frame)
+    assert ev is not None and ev.bodies == bodies
+    same_as_protobuf(frame, ev)
 
 
 def test_the_topic_may_be_named_by_the_publish_request_alone_and_the_answer_echoes_the_request_s() -> None:
@@ -83,14 +100,28 @@ def test_anything_more_than_a_body_is_not_split() -> None:
     frame = frame_body(3, b"t", b"body")
     assert body_publish(frame + b"\x08\x01") is None                  # a field after the body
     assert body_publish(frame[:-1]) is None                           # cut short
-    assert body_publish(publish_batch(3, b"t", [b"a", b"b"])[4:]) is None   # msgs
+    for extra in ({"key": b"k"}, {"srcRegion": b"r"}, {"deliverAtMs": 5}):
+        for where in (0, 2):
+            batch = req()
+            batch.publishRequest.ClearField("msg")
+            for i in range(3):
+                batch.publishRequest.msgs.add(body=b"b", **(extra if i == where else {}))   # type: ignore[arg-type]
+            assert body_publish(batch.SerializeToString()) is None, batch
+    one = req()
+    one.publishRequest.ClearField("msg")
+    one.publishRequest.msgs.add(body=b"b")
+    assert body_publish(one.SerializeToString()) is None              # a batch of one: the long way
+    both = pb.PubSubRequest.FromString(publish_batch(3, b"t", [b"a", b"b"])[4:])
+    both.publishRequest.msg.body = b"c"
+    assert body_publish(both.SerializeToString()) is None             # msg and msgs: refused the long way
 
 
 @settings(max_examples=500, deadline=None)
 @given(st.integers(0, 2**20), st.binary(min_size=1, max_size=20), st.binary(max_size=200), st.randoms())
 def test_a_damaged_frame_is_split_only_as_protobuf_would_parse_it(txn: int, topic: bytes, body: bytes,
                                                                     rnd: random.Random) -> None:
-    frame = bytearray(frame_body(txn, topic, body))
+    frame = bytearray(frame_body(txn, topic, body) if rnd.random() < 0.5 else
+                      publish_batch(txn, topic, [body, body[:5], b""])[4:])
     for _ in range(rnd.randint(1, 3)):
         what = rnd.randrange(3)
         at = rnd.randrange(len(frame))
@@ -117,6 +148,10 @@ def test_the_server_connection_makes_one_only_when_asked_and_only_for_a_valid_re
     assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
     (event,) = conn.receive_data(publish_batch(6, b"bad\x00topic", [b"x"]))  # an invalid name: refused
     assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MALFORMED_REQUEST
+    (event,) = conn.receive_data(publish_batch(7, b"topic", [b"x", b"y" * 10]))
+    assert isinstance(event, BodyPublish) and event.bodies == [b"x", b"y" * 10]
+    (event,) = conn.receive_data(publish_batch(8, b"topic", [b"x", b"y" * 101]))   # one body over the limit
+    assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
 
 
 async def test_the_hub_stores_and_answers_a_body_publish_as_the_long_way() -> None:
@@ -144,29 +179,34 @@ async def test_the_hub_stores_and_answers_a_body_publish_as_the_long_way() -> No
     conn._publish_body = lambda ev: (short_way.append(ev), publish_body(ev))[1]   # type: ignore[method-assign]
     conn.data_received(publish_batch(1, TOPIC, [b"first"]))   # the topic name's first look: the long way
     conn.data_received(publish_batch(2, TOPIC, [b"second"]))  # a BodyPublish
+    conn.data_received(publish_batch(5, TOPIC, [b"third", b"fourth"]))   # and a batched one
     for _ in range(5):
         await asyncio.sleep(0)
-    assert [ev.txn_id for ev in short_way] == [2]
+    assert [ev.txn_id for ev in short_way] == [2, 5]
     stored = [m for e in lh.entries for m in decode_batch(e)]
-    assert [m.body for m in stored] == [b"first", b"second"] and [m.msgId.localComponent for m in stored] == [1, 2]
+    assert [m.body for m in stored] == [b"first", b"second", b"third", b"fourth"]
+    assert [m.msgId.localComponent for m in stored] == [1, 2, 3, 4]
     for m in stored:   # stamped as the long way stamps: the owner's clock, the hub's region, nothing else
         assert m.publishTimeMs > 0 and m.srcRegion == server.region_bytes and not m.HasField("key")
         plain = pb.Message(body=m.body, srcRegion=m.srcRegion, publishTimeMs=m.publishTimeMs)
         assert stamped_wire(m.body, m.srcRegion, m.publishTimeMs) == plain.SerializeToString()
     answers = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(bytes(transport.written))]
-    assert [(a.txnId, a.topic, a.statusCode, a.publishResponse.publishedMsgId.localComponent) for a in answers] == \
-        [(1, TOPIC, pb.SUCCESS, 1), (2, TOPIC, pb.SUCCESS, 2)]
-    assert server.stats.counters["publishes"] == 2 and conn.machine.in_flight == 0
+    assert [(a.txnId, a.topic, a.statusCode, a.publishResponse.publishedMsgId.localComponent,
+             a.publishResponse.stored) for a in answers] == \
+        [(1, TOPIC, pb.SUCCESS, 1, 0), (2, TOPIC, pb.SUCCESS, 2, 0), (5, TOPIC, pb.SUCCESS, 3, 2)]
+    assert server.stats.counters["publishes"] == 4 and conn.machine.in_flight == 0
     del server.topics[TOPIC]   # a failure is answered from the parsed request (and the topic is not released)
     tlog.closed = True
     server.topics[TOPIC + b"-other"] = Topic(tlog, TopicSubscriptions(TOPIC, None, server.conf, log=tlog))  # type: ignore[arg-type]
     written = len(transport.written)
     conn.data_received(publish_batch(3, TOPIC + b"-other", [b"third"]))
     conn.data_received(publish_batch(4, TOPIC + b"-other", [b"fourth"]))
+    conn.data_received(publish_batch(6, TOPIC + b"-other", [b"fifth", b"sixth"]))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert [ev.txn_id for ev in short_way] == [2, 4]
+    assert [ev.txn_id for ev in short_way] == [2, 5, 4, 6]
     failed = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(bytes(transport.written[written:]))]
-    assert [(a.txnId, a.topic, a.statusCode) for a in failed] == \
-        [(3, TOPIC + b"-other", pb.SERVICE_DOWN), (4, TOPIC + b"-other", pb.SERVICE_DOWN)]
+    assert [(a.txnId, a.topic, a.statusCode, a.publishResponse.stored) for a in failed] == \
+        [(3, TOPIC + b"-other", pb.SERVICE_DOWN, 0), (4, TOPIC + b"-other", pb.SERVICE_DOWN, 0),
+         (6, TOPIC + b"-other", pb.SERVICE_DOWN, 0)]
     assert conn.machine.in_flight == 0 and struct.unpack(">I", bytes(transport.written[:4]))[0] > 0
