@@ -44,9 +44,10 @@ The rules, as the developers' guide states them:
 * Pruning: ``consumed_up_to`` drops every message up to that seq id; when
   the bytes the cached messages hold (``held_size``: body, serialized form,
   properties, ids, objects and index) pass ``cache_size`` the oldest
-  entries go first (FIFO); with
+  entries go first (FIFO), a run at a time (the messages one persisted
+  entry or one scan added); with
   ``cache_entry_ttl`` > 0 (milliseconds) each addition first drops the
-  entries older than that. Stubs take no space and are never evicted.
+  runs older than that. Stubs take no space and are never evicted.
 
 Failure: a scanner that raises is retried after ``scan_backoff_ms`` for as
 long as a reader waits on one of its stubs (stubs nobody waits on are then
@@ -65,7 +66,7 @@ import asyncio
 import logging
 import sys
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Protocol
 
@@ -160,12 +161,13 @@ class _Stub:
 class _Topic:
     """Everything the cache holds for one topic."""
 
-    __slots__ = ("consumed", "known_last", "max_read", "maybe_more", "messages", "name", "stubs",
+    __slots__ = ("consumed", "known_last", "max_read", "maybe_more", "messages", "name", "sizes", "stubs",
                  "tasks")
 
     def __init__(self, name: bytes) -> None:
         self.name = name
         self.messages: dict[int, Message] = {}
+        self.sizes: dict[int, int] = {}    # each cached message's held_size, by seq id
         self.stubs: dict[int, _Stub] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.known_last = 0      # the highest seq id known to exist
@@ -175,6 +177,20 @@ class _Topic:
 
     def present(self, seq: int) -> bool:
         return seq in self.messages or seq in self.stubs
+
+
+_COMPACT_FROM = 64
+
+
+class _Run:
+    """The messages one addition cached (``_cache``, ``_cache_run``): FIFO eviction and the TTL go a run at a
+    time, not a message at a time (issue 32: a FIFO entry per message cost about 0.3 us a message)."""
+
+    __slots__ = ("at", "last", "seqs", "topic")
+
+    def __init__(self, topic: _Topic, seqs: list[int], at: float) -> None:
+        # seqs ascend; one pruned, then cached again (a late reader), is in two runs: the first eviction takes it
+        self.topic, self.seqs, self.last, self.at = topic, seqs, seqs[-1], at
 
 
 class ReadAheadCache:
@@ -193,8 +209,10 @@ class ReadAheadCache:
         self._ttl = float(conf.cache_entry_ttl) / 1000.0
         self._backoff = max(0.0, float(conf.scan_backoff_ms) / 1000.0)
         self._topics: dict[bytes, _Topic] = {}
-        self._fifo: OrderedDict[tuple[bytes, int], tuple[int, float]] = OrderedDict()
+        self._fifo: deque[_Run] = deque()
+        self._compact_at = _COMPACT_FROM   # FIFO runs from which the ones nothing is left of are dropped
         self._size = 0
+        self._entries = 0
         self._closed = False
         self._counters = {"hits": 0, "misses": 0, "stub_waits": 0, "scans": 0, "scan_failures": 0,
                           "evicted": 0, "pruned": 0}
@@ -326,13 +344,14 @@ class ReadAheadCache:
             gone: Iterable[int] = range(previous + 1, seq_id + 1)
         else:
             gone = [s for s in messages if s <= seq_id]
-        fifo, name, freed, pruned = self._fifo, t.name, 0, 0
-        for s in gone:                   # _remove of each, inline (a consumer's acks prune a run at a time)
+        sizes, freed, pruned = t.sizes, 0, 0
+        for s in gone:                   # a consumer's acks prune a run at a time (its _Run goes by _compact)
             if messages.pop(s, None) is not None:
-                freed += fifo.pop((name, s))[0]
+                freed += sizes.pop(s)
                 pruned += 1
         if pruned:
             self._size -= freed
+            self._entries -= pruned
             self._counters["pruned"] += pruned
         for s in [s for s, stub in t.stubs.items() if s <= seq_id and not stub.waiters]:
             self._drop_stub(t, s)
@@ -345,7 +364,7 @@ class ReadAheadCache:
 
     def stats(self) -> dict[str, int]:
         """Counters and gauges: size_bytes, entries, hits, misses, stubs, stub_waits, scans, ..."""
-        return {"size_bytes": self._size, "entries": len(self._fifo),
+        return {"size_bytes": self._size, "entries": self._entries,
                 "stubs": sum(len(t.stubs) for t in self._topics.values()),
                 "topics": len(self._topics), **self._counters}
 
@@ -479,8 +498,9 @@ class ReadAheadCache:
         now = self._clock()
         if self._ttl > 0:
             self._evict_expired(now)
-        messages, fifo, name, consumed, added = t.messages, self._fifo, t.name, t.consumed, 0
+        messages, sizes, consumed, added = t.messages, t.sizes, t.consumed, 0
         known_last = t.known_last
+        seqs: list[int] = []
         for seq, msg in entries:
             if from_scan:
                 stub = t.stubs.pop(seq, None)
@@ -492,16 +512,18 @@ class ReadAheadCache:
                 continue
             size = held_size(msg)
             messages[seq] = msg
-            fifo[(name, seq)] = (size, now)
+            sizes[seq] = size
+            seqs.append(seq)
             added += size
-        self._cached(t, known_last, added)
+        self._cached(t, known_last, added, seqs, now)
 
     def _cache_run(self, t: _Topic, messages: list[Message]) -> None:
         """``_cache`` of a persisted entry's messages when no stub waits and entries do not expire: one loop,
         ``held_size`` inline for a message without properties, type or remote components (the usual one)."""
         now = self._clock()
-        messages_of, fifo, name, consumed, added = t.messages, self._fifo, t.name, t.consumed, 0
+        messages_of, sizes, consumed, added = t.messages, t.sizes, t.consumed, 0
         known_last = t.known_last
+        seqs: list[int] = []
         fixed, size_of = _FIXED + 2 * _BYTES, sys.getsizeof
         for msg in messages:
             msg_id = msg.msg_id
@@ -517,42 +539,57 @@ class ReadAheadCache:
             else:
                 size = fixed + len(msg.wire) + len(msg.body) + size_of(msg.src_region)
             messages_of[seq] = msg
-            fifo[(name, seq)] = (size, now)
+            sizes[seq] = size
+            seqs.append(seq)
             added += size
-        self._cached(t, known_last, added)
+        self._cached(t, known_last, added, seqs, now)
 
-    def _cached(self, t: _Topic, known_last: int, added: int) -> None:
-        """After ``_cache`` or ``_cache_run``: the topic's highest known seq id, the cache's size grown by
-        ``added`` bytes, and the oldest messages evicted past ``cache_size``."""
+    def _cached(self, t: _Topic, known_last: int, added: int, seqs: list[int], now: float) -> None:
+        """After ``_cache`` or ``_cache_run``: the topic's highest known seq id, the run ``seqs`` (``added``
+        bytes, at ``now``) at the FIFO's end, and the oldest runs evicted past ``cache_size``."""
         t.known_last = known_last
-        self._size += added
-        while self._size > self._cache_size and self._fifo:
+        fifo = self._fifo
+        if seqs:
+            self._size, self._entries = self._size + added, self._entries + len(seqs)
+            fifo.append(_Run(t, seqs, now))
+            if len(fifo) >= self._compact_at:
+                self._compact()
+        while self._size > self._cache_size and fifo:
             self._evict_oldest()
 
+    def _compact(self) -> None:
+        """Drop the runs nothing is left of (pruned by ``consumed_up_to``, or of a forgotten topic): at most
+        twice as many runs as there are live ones stay in the FIFO, for one pass over them per doubling."""
+        topics = self._topics
+        self._fifo = deque(r for r in self._fifo if r.last > r.topic.consumed and topics.get(r.topic.name) is r.topic)
+        self._compact_at = max(_COMPACT_FROM, 2 * len(self._fifo))
+
     def _evict_expired(self, now: float) -> None:
-        while self._fifo:
-            _, added = next(iter(self._fifo.values()))
-            if now - added < self._ttl:
-                return
+        fifo = self._fifo
+        while fifo and now - fifo[0].at >= self._ttl:
             self._evict_oldest()
 
     def _evict_oldest(self) -> None:
-        name, seq = next(iter(self._fifo))
-        self._remove(self._topics[name], seq)   # every FIFO entry belongs to a known topic
-        self._counters["evicted"] += 1
-
-    def _remove(self, t: _Topic, seq: int) -> bool:
-        if t.messages.pop(seq, None) is None:
-            return False
-        size, _ = self._fifo.pop((t.name, seq))
-        self._size -= size
-        return True
+        """Evict the oldest run: what is left of its messages."""
+        run = self._fifo.popleft()
+        t = run.topic
+        messages, sizes = t.messages, t.sizes
+        freed = evicted = 0
+        for seq in run.seqs:
+            size = sizes.pop(seq, None)
+            if size is not None:   # else pruned or forgotten already
+                del messages[seq]
+                freed += size
+                evicted += 1
+        self._size, self._entries = self._size - freed, self._entries - evicted
+        self._counters["evicted"] += evicted
 
     def _forget(self, t: _Topic, why: str) -> None:
         for task in list(t.tasks):
             task.cancel()
-        for seq in list(t.messages):
-            self._remove(t, seq)
+        self._size, self._entries = self._size - sum(t.sizes.values()), self._entries - len(t.sizes)
+        t.messages.clear()   # its runs go by _compact
+        t.sizes.clear()
         for stub in t.stubs.values():
             if stub.future.done():
                 continue

@@ -431,7 +431,13 @@ OPS = st.one_of(
 def _check_invariants(cache: ReadAheadCache) -> None:
     cached = [(t, s, m) for t in cache._topics.values() for s, m in t.messages.items()]
     stats = cache.stats()
-    assert stats["entries"] == len(cached) == len(cache._fifo)
+    assert stats["entries"] == len(cached)
+    # each cached message is in a run of the FIFO (eviction finds it there; one cached again after a reader
+    # went back below what was consumed is in the older run too), with its held size
+    in_runs = {(id(r.topic), s) for r in cache._fifo for s in r.seqs if s in r.topic.messages}
+    assert in_runs == {(id(t), s) for t, s, _ in cached}
+    for t in cache._topics.values():
+        assert t.sizes == {s: held_size(m) for s, m in t.messages.items()}
     assert stats["size_bytes"] == sum(held_size(m) for _, _, m in cached) <= PROP_CONF.cache_size
     for t, s, m in cached:
         assert m.seq_id == s and s > t.consumed
@@ -559,4 +565,27 @@ async def test_a_persisted_run_is_held_and_pruned_at_its_held_size() -> None:
     assert cache.cached(b"t", 4) is run[2]
     cache.consumed_up_to(b"t", 7)
     assert (cache.stats()["size_bytes"], cache.stats()["entries"]) == (0, 0)
+    await cache.close()
+
+
+async def test_the_fifo_keeps_no_run_of_what_was_pruned_or_released() -> None:
+    """FIFO entries are runs (one per addition): a reader's acks prune their messages, and a released topic
+    drops its own, so the runs nothing is left of go too (the FIFO stays within twice the live runs)."""
+    ledgers = FakeLedgers({b"t": 5, b"u": 5})
+    cache = ReadAheadCache(Conf(readahead_count=4), ledgers)
+    await read_in_order(cache, b"t", 5)
+    await read_in_order(cache, b"u", 5)
+    seq = 6
+    for _ in range(1000):   # a subscriber at the tail: each entry cached, then acked
+        cache.on_published_many(b"t", [msg(seq + i) for i in range(3)])
+        seq += 3
+        cache.consumed_up_to(b"t", seq - 1)
+    assert cache.stats()["entries"] == len(cache._topics[b"u"].messages) and len(cache._fifo) < 200
+    cache.on_published_many(b"u", [msg(6), msg(7)])
+    cache.release_topic(b"u")
+    assert cache.stats()["entries"] == 0 and cache.stats()["size_bytes"] == 0
+    for _ in range(300):
+        cache.on_published_many(b"t", [msg(seq)])
+        seq += 1
+    assert all(r.topic is cache._topics[b"t"] for r in cache._fifo) and len(cache._fifo) < 700
     await cache.close()
