@@ -347,9 +347,9 @@ class ServerConnection:
         return self.eof and self.in_flight <= 0 and not self.backlogged
 
     def _check(self, frame: bytes) -> ServerEvent:
-        if self.body_publishes and (ev := body_publish(frame)) is not None and len(ev.topic) <= MAX_TOPIC_BYTES \
-                and ev.topic in _VALID_NAMES and max(ev.longest, len(ev.body)) <= self.max_message_size:
-            return ev   # else protobuf parses it, and the checks below answer it
+        if self.body_publishes and (ev := body_publish(frame)) is not None and ev.topic in _VALID_NAMES \
+                and max(ev.longest, len(ev.body)) <= self.max_message_size:   # else protobuf's parse and checks
+            return ev
         try:
             req = pb.PubSubRequest.FromString(frame)
         except (DecodeError, ValueError, RuntimeError) as exc:
