@@ -109,8 +109,7 @@ _BODY_FOR_OP = {
     pb.STOP_DELIVERY: "stopDeliveryRequest",
     pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
     pb.AUTHENTICATE: "authenticateRequest",
-    pb.PING: "pingRequest",
-    pb.SEEK: "seekRequest",
+    pb.PING: "pingRequest", pb.SEEK: "seekRequest",
     pb.PUBLISH_MULTI: "multiPublishRequest",
 }
 
