@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookie.wire.framing import varint
+from hub.frames import long_varint
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["EMPTY", "Message", "MessageId", "ReadOnlyDict", "SubscriptionPreferences"]
@@ -412,16 +413,8 @@ def _field_size(n: int) -> int:
 
 def _varint_at(wire: bytes, i: int) -> tuple[int, int]:
     """The varint at ``wire[i]`` and the index after it; ``IndexError`` when it runs past the end or 10 bytes."""
-    value = shift = 0
-    while True:
-        b = wire[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-        if shift > 63:
-            raise IndexError("varint longer than 10 bytes")
+    b = wire[i]
+    return (b, i + 1) if b < 0x80 else long_varint(wire, i + 1, b)
 
 
 def _tail(tail: bytes) -> tuple[bytes | None, int, int] | tuple[()]:
