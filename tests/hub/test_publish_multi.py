@@ -227,14 +227,7 @@ async def test_a_hub_that_predates_publish_multi_gets_each_part_as_a_request_of_
 @pytest.mark.parametrize("txn", [0, 1, 300, 2**40])
 async def test_the_hand_made_frames_are_what_protobuf_serializes(txn: int) -> None:
     parts = [(b"t1", [b"a"]), (b"t2", [b"b", b"", b"c" * 200]), (b"t3", [b""]), (b"t" * 255, [b"d" * 20000])]
-    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH_MULTI, txnId=txn)
-    for topic, bodies in parts:
-        pub = req.multiPublishRequest.publishes.add(topic=topic)
-        if len(bodies) == 1:
-            pub.msg.body = bodies[0]
-        else:
-            pub.msgs.extend(pb.Message(body=b) for b in bodies)
-    assert publish_multi(txn, parts) == encode(req)
+    assert publish_multi(txn, parts) == multi_req(txn, *parts)
     resp = pb.PubSubResponse(protocolVersion=pb.VERSION_ONE, txnId=txn)
     answers = resp.multiPublishResponse.answers
     answers.add().publishResponse.publishedMsgId.localComponent = 5
