@@ -18,13 +18,30 @@ from typing import Protocol
 from bookie import protocol
 from bookie.errors import BKError, ProtocolError
 
-__all__ = ["Frames", "Refusals", "ResponseCallback"]
+__all__ = ["AddAcks", "Frames", "Refusals", "ResponseCallback"]
 
 _ADD_ENTRY = protocol.ADD_ENTRY
 _OK = protocol.OK
 
 ResponseCallback = Callable[[protocol.Response | BKError], None]
 """Gets the response to one request (any status), or the error that lost the connection."""
+
+
+class AddAcks:
+    """A ``ResponseCallback`` of adds that also takes an OK answer as the entry id alone (``ok``).
+
+    A ledger writer's per-bookie callback is one: a frame's all-OK answer
+    calls ``ok(entry_id)`` for each of its adds, with no ``Response`` to fill
+    in and read back (protobuf field writes and reads per add: issue 34).
+    """
+
+    __slots__ = ()
+
+    def ok(self, entry_id: int) -> None:
+        raise NotImplementedError
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        raise NotImplementedError
 
 
 class Refusals(Protocol):
@@ -107,8 +124,13 @@ class _LedgersRun(_FrameAnswer):
         self.ledgers = ledgers
 
     def _all_ok(self) -> None:
-        ok = protocol.Response(op=_ADD_ENTRY)   # one answer object for the frame: callbacks read it at once
+        ok = None   # one answer object for the frame's other callbacks, made if one needs it; they read it at once
         for ledger, entry_id, callback in zip(self.ledgers, self.ids, self.callbacks, strict=True):
+            if isinstance(callback, AddAcks):
+                callback.ok(entry_id)
+                continue
+            if ok is None:
+                ok = protocol.Response(op=_ADD_ENTRY)
             ok.ledger_id = ledger.ledger_id
             ok.entry_id = entry_id
             callback(ok)
@@ -128,8 +150,13 @@ class _AddRun(_FrameAnswer):
         self.ledger = ledger
 
     def _all_ok(self) -> None:
-        ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)   # one answer object for the run
+        ok = None   # one answer object for the run's other callbacks, made if one needs it
         for entry_id, callback in zip(self.ids, self.callbacks, strict=True):
+            if isinstance(callback, AddAcks):
+                callback.ok(entry_id)
+                continue
+            if ok is None:
+                ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)
             ok.entry_id = entry_id
             callback(ok)
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Callable
+from typing import Protocol
 
 from bookie import digest as digests
+from bookie import protocol
 from bookie.errors import BKError
+from bookie.frame_answers import AddAcks
 
 __all__ = ["AddCallback"]
 
@@ -42,6 +45,36 @@ class _PendingAdd:
         self.acked = 0
         self.sent = 0
         self.done = False
+
+
+class _Acked(Protocol):
+    """What ``_BookieAcks`` needs of its writer (``bookie.writer.LedgerWriter``)."""
+
+    _index_of: dict[str, int]
+
+    def _acked(self, idx: int, entry_id: int) -> None: ...
+
+    def _on_response(self, addr: str, result: protocol.Response | BKError) -> None: ...
+
+
+class _BookieAcks(AddAcks):
+    """A writer's callback for the answers of one bookie, by address (a replaced bookie's answers are ignored)."""
+
+    __slots__ = ("addr", "writer")
+
+    def __init__(self, writer: _Acked, addr: str) -> None:
+        self.writer = writer
+        self.addr = addr
+
+    def __call__(self, result: protocol.Response | BKError) -> None:
+        self.writer._on_response(self.addr, result)
+
+    def ok(self, entry_id: int) -> None:
+        """An OK answer to the add of ``entry_id`` (from a frame's all-OK answer: no ``Response``)."""
+        writer = self.writer
+        idx = writer._index_of.get(self.addr)
+        if idx is not None:
+            writer._acked(idx, entry_id)
 
 
 _NO_BOOKIES: frozenset[str] = frozenset()

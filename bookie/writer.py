@@ -58,7 +58,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from bookie import digest as digests
 from bookie import errors, protocol, tracing
@@ -77,6 +77,7 @@ from bookie.metadata import LedgerMetadata, close_ledger
 from bookie.pending_add import (
     _NO_BOOKIES,
     AddCallback,
+    _BookieAcks,
     _encoder,
     _ensemble_index,
     _master_key,
@@ -207,7 +208,7 @@ class LedgerWriter(ExplicitLac):
         self._ensemble, self._index_of = _ensemble_index(tuple(md.current_ensemble))
         self._write_sets = _write_sets(size, md.write_quorum)
         self._conns: list[BookieConnection | None] = [None] * size
-        self._callbacks: list[Callable[[protocol.Response | BKError], None]] | None = None   # built by _send
+        self._callbacks: list[_BookieAcks] | None = None   # built by _send
         self._blocked = 0
         for addr in self._replacing | self._to_replace | self._delayed:
             idx = self._index_of.get(addr)
@@ -303,7 +304,7 @@ class LedgerWriter(ExplicitLac):
     def _send(self, p: _PendingAdd) -> None:
         callbacks = self._callbacks
         if callbacks is None:   # one per bookie of the ensemble while adds are pending (dropped when idle)
-            callbacks = self._callbacks = [functools.partial(self._on_response, addr) for addr in self._ensemble]
+            callbacks = self._callbacks = [_BookieAcks(self, addr) for addr in self._ensemble]
         skip = p.acked | p.sent | self._blocked
         conns = self._conns
         ledger = self._ledger
@@ -353,24 +354,7 @@ class LedgerWriter(ExplicitLac):
             self._bookie_failed(addr, result)
             return
         if result.status == _OK:
-            bit = 1 << idx
-            if self._blocked & bit:
-                return
-            pending = self._pending
-            if not pending:
-                return
-            head = pending[0]
-            i = result.entry_id - head.entry_id
-            if i < 0 or i >= len(pending):
-                return
-            p = pending[i] if i else head
-            if not p.sent & bit:
-                return
-            p.acked |= bit
-            if not p.done and p.acked.bit_count() >= self._quorum:
-                p.done = True
-                if p is head:
-                    self._complete_in_order()
+            self._acked(idx, result.entry_id)
             return
         err = protocol.error_for(result)
         assert err is not None
@@ -378,6 +362,27 @@ class LedgerWriter(ExplicitLac):
             self.fail_all(err)
         else:
             self._bookie_failed(addr, err)
+
+    def _acked(self, idx: int, entry_id: int) -> None:
+        """Bookie ``idx`` of the current ensemble acknowledged ``entry_id``: it counts if the add was sent there."""
+        bit = 1 << idx
+        if self._blocked & bit:
+            return
+        pending = self._pending
+        if not pending:
+            return
+        head = pending[0]
+        i = entry_id - head.entry_id
+        if i < 0 or i >= len(pending):
+            return
+        p = pending[i] if i else head
+        if not p.sent & bit:
+            return
+        p.acked |= bit
+        if not p.done and p.acked.bit_count() >= self._quorum:
+            p.done = True
+            if p is head:
+                self._complete_in_order()
 
     def _complete_in_order(self) -> None:
         pending = self._pending
@@ -590,3 +595,4 @@ class LedgerWriter(ExplicitLac):
         if self._error is not None and not isinstance(self._error, LedgerClosedError):
             log.info("ledger %d closed after error %s", self.ledger_id, self._error)
         return md, version
+
