@@ -107,11 +107,10 @@ def _seconds(ms: int) -> float:
 class LedgerWriter(ExplicitLac):
     """See the module docstring. ``recovery=True`` writes recovery adds (they pass a fence).
 
-    Slots, immutable (shared) sets of bookies being replaced, no queue of
-    adds while none is pending and the metadata kept serialized (``metadata``
-    decodes a copy: a parsed ``LedgerMetadata`` with its lists and properties
-    held about 600 bytes, its encoding about 170): a hub keeps a writer open
-    per topic, most of them idle (issue 34).
+    Slots, immutable (shared) sets of bookies being replaced, no queue of adds or callbacks once idle
+    (dropped at the add timer's next look) and the metadata kept serialized (``metadata`` decodes a copy: a
+    parsed ``LedgerMetadata`` with its lists and properties held about 600 bytes, its encoding about 170): a
+    hub keeps a writer open per topic, most of them idle (issue 34).
     """
 
     __slots__ = ("_blocked", "_callbacks", "_change_task", "_closing", "_connecting", "_conns", "_ctx", "_delay",
@@ -394,9 +393,10 @@ class LedgerWriter(ExplicitLac):
                 fut.set_result(p.entry_id)
             if p.callback is not None:
                 p.callback(p.entry_id, None)
-        if not pending:
-            self._pending = IDLE
-            self._callbacks = None
+
+    def _drop_idle(self) -> None:
+        """Idle: drop the queue of adds and the per-bookie callbacks (kept while adds come, made again after)."""
+        self._pending, self._callbacks = IDLE, None
 
     def _arm_timer(self, when: float) -> None:
         self._timer_due = when
@@ -407,6 +407,7 @@ class LedgerWriter(ExplicitLac):
         if self._error is not None or not self._pending:
             self._lag_rechecked = False
             self._timer_due = 0.0    # an idle writer keeps no float of its own for it
+            self._drop_idle()
             return
         now = self._loop.time()
         if now - self._timer_due > _LOOP_LAG and not self._lag_rechecked:
@@ -555,7 +556,7 @@ class LedgerWriter(ExplicitLac):
                 fut.set_exception(exc)
             if p.callback is not None:
                 p.callback(p.entry_id, exc)
-        self._pending = IDLE
+        self._drop_idle()
 
     async def drain(self) -> None:
         """Wait until no add is pending (each completed or failed) and no ensemble change runs."""
@@ -585,6 +586,7 @@ class LedgerWriter(ExplicitLac):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._drop_idle()   # drained
         md, version = await close_ledger(self._ctx.ledgers, self.ledger_id, self.last_add_confirmed,
                                          self.acked_length(), current=(self.metadata, self.version),
                                          recovering=self._recovery)
