@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from bookie import protocol
 from bookie.client_conf import PLACEMENT_KEYS, ClientConf, load_client_conf, render_client_conf
-from bookie.errors import ConfError, LedgerFencedError, NoSuchLedgerError
+from bookie.errors import BKError, BookieUnavailableError, ConfError, LedgerFencedError, NoSuchLedgerError
 from bookie.failures import FailureHistory
 from bookie.metadata import LedgerMetadata, LedgerMetadataManager, LedgerState, MetadataVersionError, close_ledger
 from metastore import open_metastore
@@ -256,3 +256,36 @@ async def test_a_connection_writes_adds_early_once_flush_bytes_wait_and_the_rest
     frames = protocol.FrameDecoder().feed(b"".join(writes))
     assert [protocol.parse_request(f).txn_id for f in frames] == list(range(1, count + 1))
     conn.close()
+
+
+def test_an_all_ok_multi_answer_acks_add_acks_by_entry_id_and_others_with_a_response() -> None:
+    """A frame's all-OK answer: an ``AddAcks`` callback gets ``ok(entry_id)`` (no ``Response``), any other
+    callback a ``Response`` naming the ledger and entry; an error answer reaches both through ``__call__``."""
+    from bookie.frame_answers import AddAcks, _LedgersRun
+
+    class Acks(AddAcks):
+        def __init__(self) -> None:
+            self.oks: list[int] = []
+            self.calls: list[object] = []
+
+        def ok(self, entry_id: int) -> None:
+            self.oks.append(entry_id)
+
+        def __call__(self, result: protocol.Response | BKError) -> None:
+            self.calls.append(result)
+
+    seen: list[object] = []
+
+    def plain(result: protocol.Response | BKError) -> None:
+        seen.append(result if isinstance(result, BKError) else (result.ledger_id, result.entry_id))
+
+    acks = Acks()
+    l1, l2 = protocol.AddBodies(1, b"k" * 20), protocol.AddBodies(2, b"k" * 20)
+    run = _LedgersRun(None, [b"a", b"b", b"c"], [l1, l2, l1], [5, 7, 6],  # type: ignore[arg-type]
+                      [acks, plain, acks])
+    run(protocol.Response(op=protocol.ADD_ENTRIES_MULTI, status=protocol.OK))
+    assert acks.oks == [5, 6] and acks.calls == []
+    assert seen == [(2, 7)]
+    lost = BookieUnavailableError("gone")
+    run(lost)
+    assert acks.calls == [lost, lost] and acks.oks == [5, 6] and seen == [(2, 7), lost]
