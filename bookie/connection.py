@@ -177,7 +177,8 @@ class BookieConnection(asyncio.Protocol):
         if adds and self._adds_out:
             self._adds_out = max(0, self._adds_out - adds)
             self._add_wait_since = now
-        self.flush()
+        # what the answers' callbacks queued (the next adds) leaves at the end of the turn, not now: the other
+        # bookies' answers read in this turn queue more for this connection, and all go in one write
 
     def _traced_answer(self, response: protocol.Response) -> None:
         """A traced frame's answer (``bookie.tracing``): its copies get the bookie's stages and the read time."""
