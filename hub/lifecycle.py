@@ -231,11 +231,11 @@ class BacklogQuota:
         """The log's gate: True lets the publish be queued now; False when this took it (held or failed)."""
         if self._passing or self.log.closed:
             return True
-        policy = self.policy()
-        if self.held and policy.backlog_quota_policy == PRODUCER_REQUEST_HOLD:
-            self._hold(message, done)      # behind the held ones: publish order stays
-            return False
+        policy = self.policy_for(self.log.topic)   # policy()'s, without the call (once per publish)
         if self.held:
+            if policy.backlog_quota_policy == PRODUCER_REQUEST_HOLD:
+                self._hold(message, done)  # behind the held ones: publish order stays
+                return False
             self.wake()                    # the policy changed: what is held goes on first
         if policy.backlog_quota_limit_bytes <= 0 or not quota_exceeded(policy, self.backlog_bytes()):
             return True
