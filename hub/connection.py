@@ -136,6 +136,7 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         self.closed = False
         self._serve_scheduled = False
         self._charged = False   # this connection's unparsed bytes are on the server's FrameBudget
+        self._reading = True    # what _update_reading last asked of the transport (a new one reads)
         self.key = server.next_connection_key()   # newer connections have larger keys (FrameBudget)
         self.role: str | None = None   # the authenticated token's subject (hub.auth)
         self.region_hub = False        # authenticated with superuser_roles/region_roles: may set srcRegion
@@ -196,7 +197,8 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         """Read while the client reads what we write and no requests wait for a later turn."""
         if self.transport is None or self.closed:
             return
-        if self.machine.should_read(self.writable.is_set()):
+        self._reading = self.machine.should_read(self.writable.is_set())
+        if self._reading:
             self.transport.resume_reading()
         else:
             self.transport.pause_reading()
@@ -266,7 +268,8 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         if held or self._charged:   # else the budget holds nothing of this connection already
             self.server.charge(self, held)
             self._charged = held > 0
-        self._update_reading()
+        if not (self._reading and machine.should_read(self.writable.is_set())):
+            self._update_reading()   # else reading already, as it should (the most frequent case: no call)
         if machine.eof:
             self._close_if_done()
         if self._published_to:   # the publishes of this read go out as one entry per topic, now
