@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol
 from hub.connection_publish import PublishHost, PublishPath, _BatchAnswer
-from hub.delayed import delay_problem
 from hub.frames_multi import multi_published, part_published
 from hub.owned_topics import Redirect
 from hub.proto import pubsub_pb2 as pb
@@ -54,7 +53,6 @@ class MultiPublishHost(PublishHost, Protocol):
 def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.PublishRequest]) -> tuple[int, str] | None:
     """Why a PUBLISH_MULTI is refused as a whole: its first part that a PUBLISH of its own would be refused for
     (``ServerConnection``'s checks: the topic's name, message sizes, delays, producers in a batch); else None."""
-    limit = machine.max_message_size
     for i, pub in enumerate(parts):
         problem = protocol.name_problem(pub.topic, "topic", protocol.MAX_TOPIC_BYTES)
         if problem is not None:
@@ -64,13 +62,9 @@ def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.Publish
             if refused is not None:
                 return refused[0], f"part {i}: {refused[1]}"
             continue
-        msg = pub.msg
-        if len(msg.body) > limit:
-            return pb.MESSAGE_TOO_LARGE, f"part {i}: message of {len(msg.body)} bytes exceeds max_message_size {limit}"
-        if msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs"):
-            refused = delay_problem(msg, machine.clock_ms, machine.max_delivery_delay_ms)
-            if refused is not None:
-                return refused[0], f"part {i}: {refused[1]}"
+        refused = machine.message_problem(pub.msg)
+        if refused is not None:
+            return refused[0], f"part {i}: {refused[1]}"
     return None
 
 

@@ -65,36 +65,11 @@ from hub.responses import (  # the answers and request readers, re-exported here
     subscription_event,
 )
 
-__all__ = [
-    "BODIES_ALONE_FROM",
-    "DEFAULT_MAX_REQUESTS_PER_TURN",
-    "MAX_SUBSCRIBER_BYTES",
-    "MAX_TOPIC_BYTES",
-    "OPS",
-    "ClientConnection",
-    "ConnectionBroken",
-    "DeliveryReceived",
-    "Reject",
-    "RequestReceived",
-    "ResponseReceived",
-    "ServerConnection",
-    "SubscriptionEventReceived",
-    "delivery",
-    "delivery_batch",
-    "encode",
-    "expected_failure",
-    "failure_response",
-    "name_problem",
-    "published",
-    "published_batch",
-    "redirect_response",
-    "request_topic",
-    "response",
-    "status_name",
-    "status_of",
-    "subscriber_of",
-    "subscription_event",
-]
+__all__ = ["BODIES_ALONE_FROM", "DEFAULT_MAX_REQUESTS_PER_TURN", "MAX_SUBSCRIBER_BYTES", "MAX_TOPIC_BYTES", "OPS",
+           "ClientConnection", "ConnectionBroken", "DeliveryReceived", "Reject", "RequestReceived", "ResponseReceived",
+           "ServerConnection", "SubscriptionEventReceived", "delivery", "delivery_batch", "encode", "expected_failure",
+           "failure_response", "name_problem", "published", "published_batch", "redirect_response", "request_topic",
+           "response", "status_name", "status_of", "subscriber_of", "subscription_event"]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
                  pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK, pb.PUBLISH_MULTI})
@@ -109,7 +84,8 @@ _BODY_FOR_OP = {
     pb.STOP_DELIVERY: "stopDeliveryRequest",
     pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
     pb.AUTHENTICATE: "authenticateRequest",
-    pb.PING: "pingRequest", pb.SEEK: "seekRequest",
+    pb.PING: "pingRequest",
+    pb.SEEK: "seekRequest",
     pb.PUBLISH_MULTI: "multiPublishRequest",
 }
 
@@ -389,14 +365,10 @@ class ServerConnection:
                     return Reject(response(txn, status, text, topic=topic))
                 return RequestReceived(req, topic, b"", plain_bytes)
             msg = pub.msg
-            size = len(msg.body)
-            if size > self.max_message_size:
-                return Reject(response(txn, pb.MESSAGE_TOO_LARGE, f"message of {size} bytes exceeds "
-                                                                  f"max_message_size {self.max_message_size}",
-                                       topic=topic))
-            if not (msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs")):
-                return RequestReceived(req, topic, b"", -1, pub)   # the common case: no delay to check
-            refused = delay_problem(msg, self.clock_ms, self.max_delivery_delay_ms)
+            if not (msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs")) \
+                    and len(msg.body) <= self.max_message_size:
+                return RequestReceived(req, topic, b"", -1, pub)   # the common case: nothing to refuse
+            refused = self.message_problem(msg)
             if refused is not None:
                 return Reject(response(txn, refused[0], refused[1], topic=topic))
             return RequestReceived(req, topic, b"")
@@ -408,6 +380,15 @@ class ServerConnection:
                 req.consumeRequest.ackType == pb.ConsumeRequest.CUMULATIVE:
             return Reject(response(txn, pb.MALFORMED_REQUEST, "consume needs a msgId", topic=topic))
         return RequestReceived(req, topic, sub)
+
+    def message_problem(self, msg: pb.Message) -> tuple[int, str] | None:
+        """Why a single publish's ``msg`` is refused (its size, its delay fields: a PUBLISH's, a multi's part's)."""
+        if len(msg.body) > self.max_message_size:
+            return pb.MESSAGE_TOO_LARGE, f"message of {len(msg.body)} bytes exceeds max_message_size " \
+                                         f"{self.max_message_size}"
+        if msg.HasField("deliverAtMs") or msg.HasField("deliverAfterMs"):
+            return delay_problem(msg, self.clock_ms, self.max_delivery_delay_ms)
+        return None
 
     def _batch_problem(self, pub: pb.PublishRequest) -> tuple[tuple[int, str] | None, int]:
         """Why a batched publish (``msgs``) is refused, or None: each message is checked as a single one.
