@@ -67,10 +67,7 @@ class _Batch:
         """The batch as a protobuf request, built from the bodies so far the first time: always as ``msgs``, which
         more messages join (a single one goes as a plain publish when the batch is sent: ``_flush_batch``)."""
         if self.req is None:
-            self.req = _publish_request(topic)
-            msgs = self.req.publishRequest.msgs
-            for body in self.bodies:
-                msgs.add(body=body)
+            self.req = _bodies_request(topic, self.bodies, batched=True)
             self.bodies = []
         return self.req
 
@@ -81,10 +78,11 @@ def _publish_request(topic: bytes) -> pb.PubSubRequest:
     return req
 
 
-def _bodies_request(topic: bytes, bodies: list[bytes]) -> pb.PubSubRequest:
-    """The PUBLISH of ``bodies`` as a protobuf request: a plain one of one body, else a batched one."""
+def _bodies_request(topic: bytes, bodies: list[bytes], batched: bool = False) -> pb.PubSubRequest:
+    """The PUBLISH of ``bodies`` as a protobuf request: a plain one of one body (unless ``batched``: more
+    messages are to join it), else a batched one."""
     req = _publish_request(topic)
-    if len(bodies) == 1:
+    if len(bodies) == 1 and not batched:
         req.publishRequest.msg.body = bodies[0]
         return req
     msgs = req.publishRequest.msgs
