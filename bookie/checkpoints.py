@@ -87,6 +87,8 @@ class Checkpoints:
         self.flushing: _Flush | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._timer: asyncio.TimerHandle | None = None
+        self.armed = False
+        """The periodic timer is set (``CheckpointTrigger.armed``)."""
         self._jobs: queue.SimpleQueue[_Flush | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -98,6 +100,7 @@ class Checkpoints:
         if self._timer is None and self._interval > 0:
             loop = self._loop = self._loop or asyncio.get_running_loop()
             self._timer = loop.call_later(self._interval, self._tick)
+            self.armed = True
 
     def cache_filled(self) -> None:
         """The write cache is half full: checkpoint it unless a checkpoint runs."""
@@ -106,6 +109,7 @@ class Checkpoints:
 
     def _tick(self) -> None:
         self._timer = None
+        self.armed = False
         if self._closed:
             return
         index = self._index
@@ -118,6 +122,7 @@ class Checkpoints:
             loop = self._loop
             assert loop is not None
             self._timer = loop.call_later(self._interval, self._tick)
+            self.armed = True
 
     # --- the checkpoint ----------------------------------------------------------------------
 
@@ -258,6 +263,7 @@ class Checkpoints:
     def close(self) -> None:
         """Stop the timer and the flush thread (after the last checkpoint)."""
         self._closed = True
+        self.armed = False
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -55,7 +55,11 @@ _SLICE = 32
 _INLINE_ENTRIES = 16
 """A group of at most this many adds is written by the loop thread itself (see ``_start_commit``)."""
 _INLINE_SYNC = 0.002
-"""... and only while the last journal sync took less than this (seconds): a slow disk never stalls the loop."""
+"""... and only while journal syncs take less than this (seconds, ``sync_estimate``): a slow disk never stalls
+the loop."""
+_SYNC_WEIGHT = 0.125
+"""The weight of the last sync in ``sync_estimate`` (a moving average): one sync slowed by a busy machine (the
+loop thread descheduled, the GIL held by the flush thread) does not send the next groups through the thread."""
 _ADD_HEAD_PACK = struct.Struct(">BQQ").pack
 _ADD_KIND = bytes([journal.ADD])
 _LAC_PACK = struct.Struct(">Bqq").pack
@@ -107,6 +111,9 @@ class GroupCommit:
         self.lac_watched: Container[int] | None = None
         self.last_commit_bytes = 0
         self.last_sync_seconds = 0.0
+        self.sync_estimate = 0.0
+        """A moving average of the journal syncs' seconds (``_SYNC_WEIGHT``): small groups are written on the loop
+        while it is under ``_INLINE_SYNC``."""
         self.last_group_entries = 0
         self.commits = 0
         self.entries_committed = 0
@@ -323,7 +330,8 @@ class GroupCommit:
     def _open_batch(self) -> _Batch:
         batch = self._batch = _Batch()
         if not self._committing and not self._kicked:
-            self._checkpoints.arm()
+            if not self._checkpoints.armed:
+                self._checkpoints.arm()
             if self.reading:
                 self.held = True  # ``end_read`` commits it or kicks
             else:
@@ -360,7 +368,7 @@ class GroupCommit:
 
     def _inline(self, batch: _Batch) -> bool:
         """Whether the loop thread writes ``batch`` itself: small, and the disk syncs fast."""
-        return len(batch.keys) <= _INLINE_ENTRIES and self.last_sync_seconds < _INLINE_SYNC
+        return len(batch.keys) <= _INLINE_ENTRIES and self.sync_estimate < _INLINE_SYNC
 
     def _start_commit(self, inline: bool = True) -> bool:
         """Hand the open group to the journal thread (on the loop; one write in flight at most).
@@ -451,7 +459,8 @@ class GroupCommit:
             self.commits += 1
             self.entries_committed += n
             self.last_commit_bytes = batch.nbytes
-            self.last_sync_seconds = batch.sync_seconds
+            seconds = self.last_sync_seconds = batch.sync_seconds
+            self.sync_estimate += (seconds - self.sync_estimate) * _SYNC_WEIGHT
             self.last_group_entries = n
             if self.on_commit is not None:
                 try:

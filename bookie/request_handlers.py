@@ -87,9 +87,7 @@ class _AddsAnswer:
         conn, errs = self._conn, self._errors
         requests = self._stats.requests
         if not errs and self._trace is None:   # the common case: every add durable, one hand-framed OK
-            requests[ADD_OK] = requests.get(ADD_OK, 0) + len(self._entries)
-            conn.send_frame_later(self._op, proto.OK, proto.ok_frame(self._txn_id, self._op))
-            conn.finished()
+            conn.frame_answered(self._op, proto.ok_frame(self._txn_id, self._op), len(self._entries))
             return
         ok = len(self._entries) - len(errs.keys() - {-1})
         if ok:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
@@ -121,12 +119,9 @@ class _AddsAnswer:
 def _frame_done(stats: BookieStats, conn: BookieServerProtocol, req: proto.Request, exc: BaseException | None) -> None:
     """The waiter of an ADD_ENTRIES frame whose adds were all admitted (``GroupCommit.admit_frame``): one OK answer,
     else (the group failed) every add answered with the error, as ``_AddsAnswer`` does."""
-    if exc is None:
-        requests = stats.requests   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
-        requests[ADD_OK] = requests.get(ADD_OK, 0) + len(req.entries)
+    if exc is None:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
         op = req.op
-        conn.send_frame_later(op, proto.OK, proto.ok_frame(req.txn_id, op))
-        conn.finished()
+        conn.frame_answered(op, proto.ok_frame(req.txn_id, op), len(req.entries))
         return
     answer = _AddsAnswer(stats, conn, req.txn_id, req.ledger_id, req.entries, req.op)
     answer.settled(range(len(req.entries)), exc)

@@ -206,7 +206,8 @@ class BookieServerProtocol(asyncio.Protocol):
                 self._answer_bad_frame(cast(proto.Response, event))
         if state.broken and state.close_now:
             self._close_if_idle()
-        self._update_reading()
+        if state.paused == self._reading:   # ``_update_reading`` would change the transport's reading
+            self._update_reading()
 
     def _answer_bad_frame(self, response: proto.Response) -> None:
         if response.status == proto.TOO_LARGE:
@@ -242,6 +243,24 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.state.response_queued(len(frame)):
             self.outbox.flush()
 
+    def frame_answered(self, op: int, frame: bytes, adds: int) -> None:
+        """An add frame's framed OK answer, once its ``adds`` are durable: counted (the frame as ``op``, each add
+        as an ADD_ENTRY), queued as ``send_frame_later`` does, and the request finished (``finished``): one
+        call per group on the hot path."""
+        requests = self._server.stats.requests
+        requests[ADD_OK] = requests.get(ADD_OK, 0) + adds
+        if self.transport is not None:
+            key = (op, OK)
+            requests[key] = requests.get(key, 0) + 1
+            if self._in_read:
+                self.outbox.put(frame)  # the read's flush writes it
+            else:
+                self.outbox.send(frame)
+            if self.state.response_queued(len(frame)):
+                self.outbox.flush()
+        if self.state.requests_finished(1):
+            self._act_on_finished()
+
     def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
         """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
 
@@ -274,10 +293,14 @@ class BookieServerProtocol(asyncio.Protocol):
     def finished(self, n: int = 1) -> None:
         """``n`` requests counted by ``started`` (``state.request_started``) were answered."""
         if self.state.requests_finished(n):
-            if self.state.close_now:
-                self._close_if_idle()
-            elif not self.state.paused and self.transport is not None:
-                self._server.loop.call_soon(self._resume)
+            self._act_on_finished()
+
+    def _act_on_finished(self) -> None:
+        """Finished requests lifted a hold (``requests_finished`` said so): close, or serve again."""
+        if self.state.close_now:
+            self._close_if_idle()
+        elif not self.state.paused and self.transport is not None:
+            self._server.loop.call_soon(self._resume)
 
     def _resume(self) -> None:
         self._serve()

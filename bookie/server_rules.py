@@ -74,8 +74,8 @@ class ServerConnection:
     a broken connection has answered everything it read.
     """
 
-    __slots__ = ("_held", "_stop", "broken", "decoder", "draining", "in_flight", "max_pending_requests",
-                 "max_response_bytes", "queued_bytes", "write_paused")
+    __slots__ = ("_held", "broken", "decoder", "draining", "in_flight", "max_pending_requests",
+                 "max_response_bytes", "paused", "queued_bytes", "write_paused")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
                  max_pending_requests: int = DEFAULT_MAX_PENDING_REQUESTS,
@@ -89,7 +89,8 @@ class ServerConnection:
         self.draining = False
         self.broken = False
         self._held = False  # paused for requests in flight: hold until half of them finished
-        self._stop = False  # cached ``paused``
+        self.paused = False
+        """No more requests are to be served now (they stay buffered); kept up to date by every report."""
 
     # --- input ----------------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ class ServerConnection:
 
     def next_event(self) -> Event:
         """The next thing to do; see the class docstring."""
-        if self._stop:
+        if self.paused:
             return PAUSED
         try:
             frame = self.decoder.next_frame()
@@ -126,7 +127,7 @@ class ServerConnection:
         self.in_flight += 1
         if self.in_flight >= self.max_pending_requests:
             self._held = True
-            self._stop = True
+            self.paused = True
 
     def request_finished(self) -> bool:
         """Count a request answered; True when the shell must act (serve again, or ``close_now``)."""
@@ -150,18 +151,18 @@ class ServerConnection:
         """Count a queued response; True when the shell should flush now (too much is queued)."""
         self.queued_bytes += nbytes
         if self.queued_bytes >= self.max_response_bytes:
-            self._stop = True
+            self.paused = True
             return True
         return False
 
     def flushed(self) -> None:
         self.queued_bytes = 0
-        if self._stop:
+        if self.paused:
             self._update()
 
     def writing_paused(self) -> None:
         self.write_paused = True
-        self._stop = True
+        self.paused = True
 
     def writing_resumed(self) -> None:
         self.write_paused = False
@@ -170,28 +171,23 @@ class ServerConnection:
     def drain(self) -> None:
         """Shutting down: serve nothing more that is read."""
         self.draining = True
-        self._stop = True
+        self.paused = True
 
     # --- decisions ------------------------------------------------------------------------------
 
     def _update(self) -> None:
-        self._stop = (self.write_paused or self.draining or self.broken or self._held
+        self.paused = (self.write_paused or self.draining or self.broken or self._held
                       or self.queued_bytes >= self.max_response_bytes)
-
-    @property
-    def paused(self) -> bool:
-        """No more requests are to be served now (they stay buffered)."""
-        return self._stop
 
     @property
     def held_by_output(self) -> bool:
         """Paused only because responses wait for a flush (``flushed`` lifts it)."""
-        return self._stop and not (self.write_paused or self.draining or self.broken or self._held)
+        return self.paused and not (self.write_paused or self.draining or self.broken or self._held)
 
     @property
     def reading(self) -> bool:
         """Whether the transport should read: not while paused (what is read would pile up)."""
-        return not self._stop
+        return not self.paused
 
     @property
     def close_now(self) -> bool:

@@ -32,29 +32,36 @@ from bookie.disk import DiskUsage
 __all__ = ["BookieStats"]
 
 
+_bisect = bisect.bisect_left
+
+
 class _Histogram:
     """A Prometheus histogram observed with one ``bisect`` and two additions (no lock, no Python loop
     over the buckets, as ``prometheus_client.Histogram`` has); ``metric()`` builds it at scrape time."""
 
-    __slots__ = ("bounds", "counts", "documentation", "name", "total")
+    __slots__ = ("bounds", "counts", "documentation", "name", "source", "total")
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float],
+                 source: _Histogram | None = None) -> None:
         self.name = name
         self.documentation = documentation
         self.bounds = tuple(float(b) for b in buckets)
         self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
         self.total = 0.0
+        self.source = source
+        """Another histogram (same buckets) whose samples this one exports under its own name: never observed."""
 
     def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: the first bound >= value
+        self.counts[_bisect(self.bounds, value)] += 1  # le: the first bound >= value
         self.total += value
 
     def metric(self) -> HistogramMetricFamily:
+        samples = self.source or self
         buckets, seen = [], 0
-        for bound, n in zip((*self.bounds, math.inf), list(self.counts), strict=True):
+        for bound, n in zip((*samples.bounds, math.inf), list(samples.counts), strict=True):
             seen += n
             buckets.append(("+Inf" if bound == math.inf else repr(bound), float(seen)))  # prometheus' le
-        return HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.total)
+        return HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=samples.total)
 
 
 class BookieStats(Collector):
@@ -79,9 +86,9 @@ class BookieStats(Collector):
         self.journal_sync_seconds = _Histogram(
             "bookie_journal_sync_seconds", "time of one journal group's write and fdatasync",
             (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0))
-        self.journal_group_entries = _Histogram(
+        self.journal_group_entries = _Histogram(   # the same samples (each group is one commit)
             "bookie_journal_group_entries", "adds synced per journal group",
-            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384))
+            (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096, 16384), source=self.commit_entries)
         self.checkpoint_seconds = _Histogram(
             "bookie_checkpoint_seconds", "time of one checkpoint (write cache into LMDB)",
             (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0))
@@ -95,10 +102,17 @@ class BookieStats(Collector):
         self.requests[key] = self.requests.get(key, 0) + 1
 
     def on_commit(self, entries: int, seconds: float, sync_seconds: float = 0.0) -> None:
-        self.commit_entries.observe(entries)
-        self.commit_seconds.observe(seconds)
-        self.journal_group_entries.observe(entries)
-        self.journal_sync_seconds.observe(sync_seconds)
+        """One journal group: its adds, its seconds from first write to durable, its sync's seconds (per group on
+        the loop: ``observe`` inline, the entries once for both histograms of them)."""
+        h = self.commit_entries
+        h.counts[_bisect(h.bounds, entries)] += 1
+        h.total += entries
+        h = self.commit_seconds
+        h.counts[_bisect(h.bounds, seconds)] += 1
+        h.total += seconds
+        h = self.journal_sync_seconds
+        h.counts[_bisect(h.bounds, sync_seconds)] += 1
+        h.total += sync_seconds
 
     def collect(self) -> Iterable[Metric]:
         c = CounterMetricFamily("bookie_requests", "requests served, by op and status",

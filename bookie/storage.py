@@ -26,7 +26,7 @@ The write path (an add is acknowledged once durable):
    ``fdatasync``. Groups that fill meanwhile go next. One hand-off each way
    per group: a queue put to the thread, one ``call_soon_threadsafe`` back.
    A small group (at most ``_INLINE_ENTRIES`` adds, while syncs take under
-   ``_INLINE_SYNC``) handed over at the end of a loop turn is written by the
+   ``_INLINE_SYNC`` on a moving average) handed over at the end of a loop turn is written by the
    loop thread itself: at low rates the hand-off and the wake-ups cost more
    CPU than the write, and the adds wait for a sync either way.
 3. Back on the loop the group's entries enter the *write cache* (a dict

@@ -233,6 +233,9 @@ class GroupState(Protocol):
 class CheckpointTrigger(Protocol):
     """What the journal hand-off needs of checkpoints (``bookie.checkpoints.Checkpoints``)."""
 
+    armed: bool
+    """The periodic checkpoint runs: ``arm`` has nothing to do (the journal hand-off skips the call)."""
+
     def arm(self) -> None:
         """Writes are coming: make sure the periodic checkpoint runs."""
         ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -185,10 +186,42 @@ async def test_small_groups_are_written_on_the_loop_and_large_ones_on_the_journa
         await asyncio.gather(*(s.add_entry(1, i, KEY, b"x") for i in range(1, 101)))  # one turn, 100 adds
         assert writers[0][0] == "bookie-journal"
         writers.clear()
-        s.journal.last_sync_seconds = 0.5  # a slow disk: the loop never waits for it
+        s.journal.sync_estimate = 0.5  # a slow disk: the loop never waits for it
         await s.add_entry(1, 101, KEY, b"x")
         assert [name for name, _ in writers] == ["bookie-journal"]
         assert s.read_entry(1, LAST_ENTRY)[0] == 101
+    finally:
+        await s.close()
+
+
+async def test_one_slow_sync_leaves_small_groups_on_the_loop_but_a_slow_disk_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = EntryStorage(tmp_path / "s", map_size=64 << 20)
+    writers: list[str] = []
+    slow: list[float] = []   # extra seconds of the next syncs (a slow device), one per sync
+    real = s.journal.writer.append
+
+    def append(data: bytes) -> Position:
+        writers.append(threading.current_thread().name)
+        if slow:
+            time.sleep(slow.pop())   # the device takes this long: what the journal times is the write
+        return real(data)
+
+    monkeypatch.setattr(s.journal.writer, "append", append)
+    loop_thread = threading.main_thread().name
+    try:
+        await s.add_entry(1, 0, KEY, b"x")
+        slow.append(0.01)   # one sync five times the limit (the machine was busy)
+        await s.add_entry(1, 1, KEY, b"x")
+        assert s.journal.last_sync_seconds >= 0.01
+        await s.add_entry(1, 2, KEY, b"x")
+        assert writers == [loop_thread] * 3   # the next small group is still written on the loop
+        slow.extend([0.01] * 10)   # a slow disk: every sync takes 10 ms
+        for entry_id in range(3, 13):
+            await s.add_entry(1, entry_id, KEY, b"x")
+        assert writers[-1] == "bookie-journal"   # the loop no longer waits for the disk
+        assert s.journal.sync_estimate >= 0.002
+        assert s.read_entry(1, LAST_ENTRY)[0] == 12
     finally:
         await s.close()
 
