@@ -22,7 +22,10 @@ keys, ``b"".join``, ``accumulate``). A segment holds at most
 ascend but need not be consecutive (a bookie holds only the entries of its
 write sets). The segments of one ledger never overlap: a write whose ids
 fall inside stored segments merges with them (the new payload of an id
-wins) and rewrites them.
+wins) and rewrites them. The common checkpoint of many ledgers with a few
+entries each (one entry per ledger per message over thousands of topics)
+costs a lookup and a segment per ledger; those segments are put together
+(``PUT_BATCH`` a call).
 
 Data written before the journal existed is in database ``entries``, one
 value per entry (key = the storage key); it is still read and deleted.
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import operator
 import struct
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -46,7 +50,11 @@ SLICE = 4 * SEGMENT_ENTRIES
 """Keys a checkpoint sorts, looks up or encodes in one C call: the flush thread returns to the
 interpreter between slices, so the loop thread waits at most about a slice's work (~1 ms), not the
 whole checkpoint's (tens of ms for 200 000 entries), for the GIL."""
+PUT_BATCH = 512
+"""New segments a checkpoint puts in one call (``SegmentStore.write``'s common case), for the same reason."""
 _KEY = struct.Struct(">QQ")
+_LEDGER_PREFIX = operator.itemgetter(slice(0, 8))
+"""A storage key's ledger id bytes."""
 _COUNT = struct.Struct(">I")
 _END = struct.Struct(">I")
 _MAX_ID = (1 << 63) - 1
@@ -63,18 +71,20 @@ def _ledger_runs(entries: Mapping[bytes, bytes]) -> list[tuple[int, list[bytes]]
     keys = list(entries)
     pieces: dict[bytes, list[list[bytes]]] = {}
     for i in range(0, len(keys), SLICE):
-        chunk = sorted(keys[i:i + SLICE])
-        j, n = 0, len(chunk)
-        while j < n:
-            prefix = chunk[j][:8]
-            after = int.from_bytes(prefix, "big") + 1
-            k = bisect.bisect_left(chunk, after.to_bytes(8, "big"), j) if after >> 64 == 0 else n
-            pieces.setdefault(prefix, []).append(chunk[j:k])
-            j = k
+        # one groupby step per ledger (many ledgers with an entry or two each are the common checkpoint)
+        for prefix, group in itertools.groupby(sorted(keys[i:i + SLICE]), _LEDGER_PREFIX):
+            part = list(group)
+            seen = pieces.get(prefix)
+            if seen is None:
+                pieces[prefix] = [part]
+            else:
+                seen.append(part)
     runs = []
     for prefix in sorted(pieces):
         parts = pieces[prefix]
-        if all(a[-1] < b[0] for a, b in itertools.pairwise(parts)):
+        if len(parts) == 1:
+            run = parts[0]
+        elif all(a[-1] < b[0] for a, b in itertools.pairwise(parts)):
             run = list(itertools.chain.from_iterable(parts))
         else:
             run = sorted(itertools.chain.from_iterable(parts))
@@ -112,6 +122,20 @@ def _payload(value: Any, n: int, i: int) -> bytes:
     end = _END.unpack_from(value, 4 + 16 * n + 4 * i)[0]
     base = 4 + 20 * n
     return bytes(value[base + start:base + end])
+
+
+def _overlaps(cur: lmdb.Cursor, lo: bytes, hi: bytes) -> bool:
+    """Whether a stored segment holds keys in ``[lo, hi]`` (storage keys of one ledger): one starts inside, or the
+    one before ``lo`` (same ledger) reaches it. ``SegmentStore._write_run`` merges such runs."""
+    if cur.set_range(lo):
+        if bytes(cur.key()) <= hi:
+            return True
+        if not cur.prev():
+            return False
+    elif not cur.last():
+        return False
+    key = bytes(cur.key())
+    return key[:8] == lo[:8] and _last_key(cur.value()) >= lo
 
 
 def _find(value: Any, key: bytes) -> bytes | None:
@@ -205,12 +229,26 @@ class SegmentStore:
         in slices of ``SLICE`` keys (see ``SLICE``).
         """
         get = entries.__getitem__
+        cur = txn.cursor(db=self.segments)
+        puts: list[tuple[bytes, bytes]] = []   # new segments that touch no stored one, put together
         for ledger_id, keys in _ledger_runs(entries):
             if ledger_id in skip:
                 continue
+            if len(keys) <= SEGMENT_ENTRIES and not _overlaps(cur, keys[0], keys[-1]):
+                # the common case (a ledger's entries come after what is stored): one new segment, no
+                # merge; many ledgers with a few entries each cost a put each, not a cursor and a call each
+                values = list(map(get, keys))
+                if sum(map(len, values)) <= SEGMENT_BYTES:
+                    puts.append((keys[0], encode_segment(keys, values)))
+                    if len(puts) >= PUT_BATCH:
+                        cur.putmulti(puts)
+                        puts = []
+                    continue
             for i in range(0, len(keys), SLICE):
                 part = keys[i:i + SLICE]
                 self._write_run(txn, part, list(map(get, part)))
+        if puts:
+            cur.putmulti(puts)
 
     def _write_run(self, txn: lmdb.Transaction, keys: list[bytes], values: list[bytes]) -> None:
         """Entries of one ledger (sorted keys): merge with overlapping segments, then put in chunks.

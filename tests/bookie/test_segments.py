@@ -10,7 +10,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from bookie.segments import SLICE, SegmentStore
+from bookie.segments import PUT_BATCH, SLICE, SegmentStore
 
 KEY = struct.Struct(">QQ")
 
@@ -52,6 +52,47 @@ def test_checkpoints_in_slices_match_a_dict(tmp_path: Path, seed: int) -> None:
             cur = txn.cursor(db=store.segments)  # segments of one ledger never overlap
             spans = []
             for key, value in cur:
+                (n,) = struct.unpack_from(">I", value, 0)
+                spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
+            for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
+                assert a_first <= a_last < b_first
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_checkpoints_of_many_ledgers_with_few_entries_match_a_dict(tmp_path: Path, seed: int) -> None:
+    """Many ledgers with an entry or a few each (the new segments put together, more than ``PUT_BATCH``) mixed with
+    runs that fall inside or against stored segments (merged): every entry reads back, segments never overlap."""
+    rng = random.Random(seed)
+    env = lmdb.open(str(tmp_path / "env"), map_size=1 << 30, max_dbs=4)
+    store = SegmentStore(env)
+    model: dict[bytes, bytes] = {}
+    ledgers = range(1, PUT_BATCH * 2 + 50)
+    next_id = dict.fromkeys(ledgers, 0)
+    try:
+        for rnd in range(5):
+            entries: dict[bytes, bytes] = {}
+            for ledger in ledgers:
+                if rng.random() < 0.2:
+                    continue
+                if rnd and rng.random() < 0.1:   # back inside what is stored (a recovery add)
+                    first = rng.randrange(0, next_id[ledger] + 1)
+                else:
+                    first = next_id[ledger]
+                count = rng.choice((1, 1, 2, 3, 40))
+                for eid in range(first, first + count):
+                    entries[KEY.pack(ledger, eid)] = b"%d:%d:%d" % (rnd, ledger, eid)
+                next_id[ledger] = max(next_id[ledger], first + count)
+            with env.begin(write=True) as txn:
+                store.write(txn, entries)
+            model.update(entries)
+        with env.begin(buffers=True) as txn:
+            assert store.count(txn) == len(model)
+            for key, value in model.items():
+                assert store.read(txn, *KEY.unpack(key)) == value
+            spans = []
+            for key, value in txn.cursor(db=store.segments):
                 (n,) = struct.unpack_from(">I", value, 0)
                 spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
             for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
