@@ -19,7 +19,9 @@ from bookie.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
+from bookie.proto.bookie_pb2 import LedgerIndexRecord
 from bookie.storage import LAST_ENTRY, EntryStorage, corrupt_stored_entry, entry_key
+from bookie.storage_core import _LedgerState
 
 KEY = b"k" * 20
 
@@ -28,6 +30,17 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_key_layout() -> None:
     assert entry_key(1, 2) == bytes.fromhex("0000000000000001" "0000000000000002")
+
+
+@pytest.mark.parametrize("master_key", [b"", b"k", bytes(range(20)), b"x" * 200])
+def test_a_ledger_record_is_the_bytes_protobuf_encodes(master_key: bytes) -> None:
+    for fenced in (False, True):
+        for lac in (-1, 0, 1, 127, 128, 300, 1 << 35, (1 << 63) - 1, -(1 << 63)):
+            state = _LedgerState(master_key, fenced, lac)
+            expected = LedgerIndexRecord(master_key=master_key, fenced=fenced, lac=lac).SerializeToString()
+            assert state.record() == expected
+            back = LedgerIndexRecord.FromString(state.record())
+            assert (back.master_key, back.fenced, back.lac) == (master_key, fenced, lac)
 
 
 async def test_add_read_and_last_entry(storage: EntryStorage) -> None:
