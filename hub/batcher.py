@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import errors, tracing
+from hub.body_publish import StampedBody
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -53,15 +54,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hub.persistence")   # these lines have always been the log's
 
-__all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted", "RunDone"]
+__all__ = ["Batch", "Done", "EntryBatcher", "Gate", "InflightAdd", "Persisted", "Queued", "RunDone"]
 
 
 Done = Callable[[int, BaseException | None], None]
 """A publish's completion: ``(seq_id, None)`` once durable, ``(0, error)`` when it failed."""
-Batch = list[tuple[pb.Message, Done, bytes | None]]
+Queued = pb.Message | StampedBody
+"""A queued publish's message: a ``pb.Message``, or a body publish's ``StampedBody`` (the server's most frequent
+publish, queued without a protobuf message: it reads as the fields the log uses)."""
+Batch = list[tuple[Queued, Done, bytes | None]]
 """Queued publishes: ``(message, done, wire)``, ``wire`` the message serialized when the server made it
 already (``submit_all``), else None."""
-Persisted = Callable[[bytes, int, list[pb.Message], list[bytes]], None]
+Persisted = Callable[[bytes, int, list[Queued], list[bytes]], None]
 """``on_persisted(topic, first, messages, wires)``: an acknowledged entry's messages (seq ids ``first``,
 ``first + 1``, ...; their ``msgId`` is not set) and each one's serialization as stored."""
 
@@ -84,7 +88,7 @@ class Gate(Protocol):
     """What the log asks of its gate (``hub.lifecycle.BacklogQuota``) before queueing publishes: the object
     itself, not bound methods, so an owned topic holds no extra object for it (issue 34)."""
 
-    def admit(self, message: pb.Message, done: Done) -> bool:
+    def admit(self, message: Queued, done: Done) -> bool:
         """True lets the publish be queued now; False when the gate took it (held or failed)."""
 
     def admits_all(self) -> bool:
@@ -162,7 +166,7 @@ class EntryBatcher:
     closed: bool
     gate: Gate | None
     _first_time_ms: int
-    _queue: collections.deque[tuple[pb.Message, Done, bytes | None]]
+    _queue: collections.deque[tuple[Queued, Done, bytes | None]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
     _pump_soon: bool
@@ -229,7 +233,7 @@ class EntryBatcher:
         self.submit(message, functools.partial(_resolve, fut))
         return fut
 
-    def submit(self, message: pb.Message, done: Done, wire: bytes | None = None) -> None:
+    def submit(self, message: Queued, done: Done, wire: bytes | None = None) -> None:
         """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
 
         The callback form of ``enqueue`` (no future, no extra loop turn): the
@@ -268,7 +272,7 @@ class EntryBatcher:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
 
-    def submit_all(self, messages: Iterable[pb.Message], done: Done, nbytes: int,
+    def submit_all(self, messages: Iterable[Queued], done: Done, nbytes: int,
                    wires: Iterable[bytes] | None = None) -> None:
         """``submit`` of each of ``messages`` (none carries a producer), in order, with the same ``done``.
 

@@ -19,11 +19,12 @@ parse to exactly these values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from hub.frames import long_varint
 from hub.proto import pubsub_pb2 as pb
 
-__all__ = ["BodyPublish", "body_publish"]
+__all__ = ["BodyPublish", "StampedBody", "body_publish", "stamped_bodies"]
 
 _HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"
 """The frame's first bytes: ``protocolVersion``, ``type``, then the ``txnId`` tag (varint 3)."""
@@ -166,6 +167,41 @@ def _batch(frame: bytes, i: int, txn: int, topic: bytes, request_topic: bytes) -
     if len(bodies) < 2:   # a batch of one: the long way (it is a batched publish, not a plain one)
         return None
     return BodyPublish(frame, txn, topic, request_topic, b"", bodies, longest)
+
+
+class StampedBody(tuple):  # type: ignore[type-arg]   # (body, publishTimeMs, srcRegion, wire)
+    """A stamped body publish as its topic log queues it: ``(body, publishTimeMs, srcRegion, wire)``, ``wire`` the
+    stored serialization (``hub.frames.stamped_wire``), without a protobuf message (issue 32).
+
+    It reads as the ``pb.Message`` fields the log looks at (``body``, ``publishTimeMs``, ``srcRegion``,
+    ``producer`` and ``sequenceId``, empty) and ``SerializeToString()`` gives ``wire``; ``message()`` is the
+    ``pb.Message`` itself, parsed, for whoever needs more (``hub.message.Message.persisted_run``).
+    Made with ``tuple.__new__(StampedBody, fields)`` (``stamped_bodies``), no ``__init__`` call.
+    """
+
+    __slots__ = ()
+
+    body: bytes = property(itemgetter(0))  # type: ignore[assignment]
+    publishTimeMs: int = property(itemgetter(1))  # type: ignore[assignment]
+    srcRegion: bytes = property(itemgetter(2))  # type: ignore[assignment]
+    wire: bytes = property(itemgetter(3))  # type: ignore[assignment]
+    producer = b""
+    sequenceId = 0
+
+    def SerializeToString(self) -> bytes:  # pb.Message's name
+        return self[3]  # type: ignore[no-any-return]
+
+    def message(self) -> pb.Message:
+        return pb.Message.FromString(self[3])
+
+
+_new_stamped = tuple.__new__
+
+
+def stamped_bodies(bodies: list[bytes], wires: list[bytes], time_ms: int, region: bytes) -> list[StampedBody]:
+    """``StampedBody`` of each of ``bodies`` (``wires``: their stamped serializations, in order)."""
+    new = _new_stamped
+    return [new(StampedBody, (body, time_ms, region, wire)) for body, wire in zip(bodies, wires, strict=True)]
 
 
 _last: tuple[bytes, bytes, bytes, int] = (b"\xff", b"", b"", 0)

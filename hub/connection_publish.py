@@ -23,7 +23,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol, tracing
-from hub.body_publish import BodyPublish
+from hub.body_publish import BodyPublish, StampedBody, stamped_bodies
 from hub.delayed import resolve_due
 from hub.frames import published, published_batch_ok, stamped_wire, stamped_wires
 from hub.proto import pubsub_pb2 as pb
@@ -42,8 +42,8 @@ log = logging.getLogger("hub.connection")   # these lines have always been the c
 
 __all__ = ["PublishPath"]
 
-_parse_message = pb.Message.FromString
-"""The stamped message of a ``BodyPublish``, from its stored serialization (cheaper than setting its fields)."""
+_new_stamped = tuple.__new__
+"""A ``BodyPublish``'s queued message: ``_new_stamped(StampedBody, (body, time_ms, region, wire))``."""
 
 
 class PublishHost(Protocol):
@@ -171,12 +171,14 @@ class PublishPath:
         bodies = ev.bodies
         if bodies is None:
             server.stats.incr("publishes")
-            wire = stamped_wire(ev.body, region, now)
-            t.log.submit(_parse_message(wire), functools.partial(self._body_published, ev, t, t0), wire)
-        else:   # a batched one: as _enqueue's bodies path, its messages parsed from their stamped wires
+            body = ev.body
+            wire = stamped_wire(body, region, now)
+            t.log.submit(_new_stamped(StampedBody, (body, now, region, wire)),
+                         functools.partial(self._body_published, ev, t, t0), wire)
+        else:   # a batched one: as _enqueue's bodies path, its messages StampedBody too
             server.stats.incr("publishes", len(bodies))
             wires = stamped_wires(bodies, region, now)
-            t.log.submit_all(list(map(_parse_message, wires)), _BatchAnswer(self, ev, t, t0, len(bodies)),
+            t.log.submit_all(stamped_bodies(bodies, wires, now, region), _BatchAnswer(self, ev, t, t0, len(bodies)),
                              sum(map(len, bodies)), wires)
         published_to = self._published_to
         if not published_to or published_to[-1] is not t.log:

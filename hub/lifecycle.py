@@ -78,9 +78,8 @@ from hub.policies import (
 from metastore.idle import IDLE
 
 if TYPE_CHECKING:
-    from hub.batcher import Done
+    from hub.batcher import Done, Queued
     from hub.persistence import TopicLog
-    from hub.proto import pubsub_pb2 as pb
     from hub.subscriptions import TopicSubscriptions
     from hub.substate import Attachment
 
@@ -210,7 +209,7 @@ class BacklogQuota:
         self.hold_timeout = hold_timeout
         self.track = track
         self.on_refused = on_refused      # counts (the policy's name) for the hub's stats
-        self.held: collections.deque[tuple[pb.Message, Done, float]] = IDLE   # a deque of its own once one is held
+        self.held: collections.deque[tuple[Queued, Done, float]] = IDLE   # a deque of its own once one is held
         self._timer: asyncio.TimerHandle | None = None
         self._passing = False             # a held publish going on into the log
 
@@ -227,7 +226,7 @@ class BacklogQuota:
             f"bytes is at or over its quota of {policy.backlog_quota_limit_bytes} "
             f"({policy.backlog_quota_policy}); nothing was stored")
 
-    def admit(self, message: pb.Message, done: Done) -> bool:
+    def admit(self, message: Queued, done: Done) -> bool:
         """The log's gate: True lets the publish be queued now; False when this took it (held or failed)."""
         if self._passing or self.log.closed:
             return True
@@ -260,7 +259,7 @@ class BacklogQuota:
         policy = self.policy()
         return policy.backlog_quota_limit_bytes <= 0 or not quota_exceeded(policy, self.backlog_bytes())
 
-    def _hold(self, message: pb.Message, done: Done) -> None:
+    def _hold(self, message: Queued, done: Done) -> None:
         loop = asyncio.get_running_loop()
         if self.held is IDLE:
             self.held = collections.deque()

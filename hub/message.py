@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bookie.wire.framing import varint
+from hub.body_publish import StampedBody
 from hub.frames import long_varint
 from hub.proto import pubsub_pb2 as pb
 
@@ -312,9 +313,11 @@ class Message:
         return cls.persisted_run([msg], seq, [wire])[0]
 
     @classmethod
-    def persisted_run(cls, msgs: Sequence[pb.Message], first: int, wires: Sequence[bytes]) -> list[Message]:
+    def persisted_run(cls, msgs: Sequence[pb.Message | StampedBody], first: int,
+                      wires: Sequence[bytes]) -> list[Message]:
         """``persisted`` of each of ``msgs`` (seq ids ``first``, ``first + 1``, ...; ``wires`` their
-        serializations), in one loop: a persisted entry's messages without a call per message."""
+        serializations), in one loop: a persisted entry's messages without a call per message. A
+        ``StampedBody`` (``hub.body_publish``) is parsed from its wire only when the usual run does not fit."""
         out: list[Message] = []
         append = out.append
         new = _new
@@ -361,6 +364,8 @@ class Message:
                 append(made)
                 seq += 1
                 continue
+            if isinstance(msg, StampedBody):
+                msg = msg.message()
             if has(msg, "msgId"):
                 copy = pb.Message()
                 copy.CopyFrom(msg)

@@ -31,13 +31,13 @@ from hub.topic import Topic
 
 if TYPE_CHECKING:
     from bookie.client import BookKeeper
+    from hub.batcher import Persisted, Queued
     from hub.conf import HubConf
     from hub.gcwatch import GcWatch
     from hub.metadata import SubscriptionDataManager, TopicDedupManager, TopicPersistenceManager
     from hub.ownership import Ownership
     from hub.policies import Policy
     from hub.policy_store import PolicyCache
-    from hub.proto import pubsub_pb2 as pb
     from hub.readahead import ReadAheadCache
     from hub.regions import RegionManager
     from hub.stats import HubStats
@@ -57,7 +57,7 @@ class Redirect(Exception):
 
 
 class _TopicCallbacks(NamedTuple):
-    persisted: Callable[[bytes, int, list[pb.Message], list[bytes]], None]
+    persisted: Persisted
     consumed: Callable[[bytes], None]
     track: Callable[[asyncio.Task[Any]], None]
     quota_refused: Callable[[str], None]
@@ -218,7 +218,7 @@ class OwnedTopics:
     def _quota_refused(self, which: str) -> None:
         self.stats.incr(f"backlog_quota_{which}")
 
-    def _persisted(self, topic: bytes, first: int, msgs: list[pb.Message], wires: list[bytes]) -> None:
+    def _persisted(self, topic: bytes, first: int, msgs: list[Queued], wires: list[bytes]) -> None:
         t = self.topics.get(topic)
         if t is not None and t.quota is not None:
             t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)

@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bookie.errors import BKError
 from hub import errors
-from hub.batcher import Batch, Done, EntryBatcher, Gate, InflightAdd, Persisted
+from hub.batcher import Batch, Done, EntryBatcher, Gate, InflightAdd, Persisted, Queued
 from hub.conf import HubConf
 from hub.dedup import ProducerDedup
 from hub.entry_index import EntryIndex
@@ -157,7 +157,7 @@ class TopicLog(EntryBatcher, LogReader, LogUsage):
         self._known: dict[int, list[tuple[int, int]]] = IDLE_DICT  # other ledgers: sorted (first seq id, entry id) read
         self._readers: dict[int, LedgerHandle] = IDLE_DICT  # read-only handles on ledgers that are not current
         self._closing: LedgerHandle | None = None   # the writer handle being closed (reads go through it meanwhile)
-        self._queue: collections.deque[tuple[pb.Message, Done, bytes | None]] = IDLE   # a deque of its own once used
+        self._queue: collections.deque[tuple[Queued, Done, bytes | None]] = IDLE   # a deque of its own once used
         self._queued_bytes = 0
         self._inflight: collections.deque[InflightAdd] = IDLE   # sent, in entry order
         self._pump_soon = False           # a _pump is scheduled for the end of this loop turn

@@ -55,7 +55,7 @@ def start(message: pb.Message) -> HubTrace:
     return trace
 
 
-def sent(batch: Sequence[tuple[pb.Message, Any, Any]], ledger_id: int, entry_id: int) -> None:
+def sent(batch: Sequence[tuple[object, Any, Any]], ledger_id: int, entry_id: int) -> None:
     """The entry ``(ledger_id, entry_id)`` of ``batch`` is about to be added: watch its traced messages' adds."""
     add: bookie_tracing.AddTrace | None = None
     for item in batch:
