@@ -165,6 +165,8 @@ class EntryBatcher:
     on_persisted: Persisted | None
     closed: bool
     gate: Gate | None
+    owned: Callable[[], bool] | None
+    _broken: str | None
     _first_time_ms: int
     _queue: collections.deque[tuple[Queued, Done, bytes | None]]
     _queued_bytes: int
@@ -265,9 +267,10 @@ class EntryBatcher:
         if (not self._pump_soon and self._slow is None
                 and (len(self._inflight) < self.conf.batch_hold_after_adds
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
-            # at the end of this loop turn, so the publishes of one read share an entry
+            # at the end of this loop turn, so the publishes of one read share an entry (send_queued: nothing
+            # more to do when the server sent them already, as it does after each read)
             self._pump_soon = True
-            asyncio.get_running_loop().call_soon(self._pump)
+            asyncio.get_running_loop().call_soon(self.send_queued)
         elif self._hold_timer is None and self.conf.batch_flush_delay_ms and self._inflight:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
@@ -365,49 +368,57 @@ class EntryBatcher:
         if self._slow is not None or self._pumping:
             return
         self._pumping = True
-        try:
-            self._pump_once()
+        try:   # one call, not two, per ack and per read (issue 32): the loop is inline, hence the try
+            inflight = self._inflight
+            if inflight is IDLE:       # a deque of its own while it publishes (dropped once drained)
+                inflight = self._inflight = collections.deque()
+            conf = self.conf
+            while True:
+                while inflight and inflight[0].settled:
+                    head = inflight[0]
+                    if head.error is not None:
+                        self._slow = asyncio.get_running_loop().create_task(self._add_failed(head))
+                        return
+                    inflight.popleft()
+                    self._acked(head)
+                queue = self._queue
+                if not (queue and len(inflight) < conf.max_outstanding_adds
+                        and (len(inflight) < conf.batch_hold_after_adds or self._hold_over
+                             or self._queued_bytes >= conf.batch_flush_bytes)):
+                    break
+                if self._needs_arm:
+                    self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())
+                    return
+                maxe = conf.max_entries_per_ledger
+                if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
+                    if not inflight:   # roll once the entries in flight are settled
+                        loop = asyncio.get_running_loop()
+                        wait = self._start_not_before - loop.time()
+                        if wait > 0 and self.lh is None:
+                            self._fail_queue(errors.ServiceDownError(
+                                f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
+                                f"{wait * 1000:.0f} ms"))
+                            break
+                        self._slow = loop.create_task(self._roll())
+                    return
+                # a hub that lost the topic sends nothing more (the entries in flight may land): _may_write's
+                # test, without its call while the topic is writable
+                if self._broken is not None or (self.owned is not None and not self.owned()):
+                    try:
+                        self._may_write()
+                    except errors.ServiceDownError as exc:
+                        self._fail_queue(exc)
+                        break
+                if len(queue) <= conf.max_batch_messages and self._queued_bytes <= conf.max_batch_bytes:
+                    batch = list(queue)   # _take_batch's usual case (all of it fits one entry), without its call
+                    queue.clear()
+                    self._queued_bytes = 0
+                else:
+                    batch = self._take_batch()
+                self._send(batch)
         finally:
             self._pumping = False
-
-    def _pump_once(self) -> None:
-        inflight = self._inflight
-        if inflight is IDLE:       # a deque of its own while it publishes (dropped once drained)
-            inflight = self._inflight = collections.deque()
-        conf = self.conf
-        while True:
-            while inflight and inflight[0].settled:
-                head = inflight[0]
-                if head.error is not None:
-                    self._slow = asyncio.get_running_loop().create_task(self._add_failed(head))
-                    return
-                inflight.popleft()
-                self._acked(head)
-            if not (self._queue and len(inflight) < conf.max_outstanding_adds
-                    and (len(inflight) < conf.batch_hold_after_adds or self._hold_over
-                         or self._queued_bytes >= conf.batch_flush_bytes)):
-                break
-            if self._needs_arm:
-                self._slow = asyncio.get_running_loop().create_task(self._arm_dedup())
-                return
-            maxe = conf.max_entries_per_ledger
-            if self.lh is None or (maxe and self.entries_in_ledger >= maxe):
-                if not inflight:   # roll once the entries in flight are settled
-                    loop = asyncio.get_running_loop()
-                    wait = self._start_not_before - loop.time()
-                    if wait > 0 and self.lh is None:
-                        self._fail_queue(errors.ServiceDownError(
-                            f"topic {self.topic!r}: no ledger ({self._start_error}); next attempt in "
-                            f"{wait * 1000:.0f} ms"))
-                        break
-                    self._slow = loop.create_task(self._roll())
-                return
-            try:
-                self._may_write()   # a hub that lost the topic sends nothing more (the entries in flight may land)
-            except errors.ServiceDownError as exc:
-                self._fail_queue(exc)
-                break
-            self._send(self._take_batch())
+        # the loop ended without handing over to a task: the hold is over, an idle log drops its queues
         self._hold_over = False
         if not self._queue and self._hold_timer is not None:   # sent before its bound
             self._hold_timer.cancel()
@@ -557,6 +568,7 @@ class EntryBatcher:
                 except Exception:
                     log.exception("publish completion callback raised")
                 seq += 1
-        self._snapshot_soon(len(batch))
+        if self._dedup_store is not None:   # else no snapshot to count towards
+            self._snapshot_soon(len(batch))
         if self.on_persisted is not None:
             self.on_persisted(self.topic, first, list(map(_MESSAGE, batch)), add.wires)

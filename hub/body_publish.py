@@ -57,87 +57,83 @@ class BodyPublish:
 
 def body_publish(frame: bytes) -> BodyPublish | None:
     """``frame`` (a request frame's body, no length prefix) as a ``BodyPublish``, else None (module docstring)."""
+    global _last
     if not frame.startswith(_HEAD):
         return None
-    try:
-        return _split(frame)
-    except IndexError:   # a varint or length past the end
-        return None
-
-
-def _split(frame: bytes) -> BodyPublish | None:
-    global _last
-    end = len(frame)
-    i = len(_HEAD)
-    txn = frame[i]
-    i += 1
-    if txn >= 0x80:   # a client's txn ids grow: two and three bytes without long_varint's loop
-        b = frame[i]
-        if b < 0x80:
-            txn = txn & 0x7F | b << 7
-            i += 1
-        elif frame[i + 1] < 0x80:
-            txn = txn & 0x7F | (b & 0x7F) << 7 | frame[i + 1] << 14
-            i += 2
-        else:
-            txn, i = long_varint(frame, i, txn)
-            if txn >> 64:
+    try:   # one call a frame (issue 32); an IndexError is a varint or length past the end: None
+        end = len(frame)
+        i = len(_HEAD)
+        txn = frame[i]
+        i += 1
+        if txn >= 0x80:   # a client's txn ids grow: two and three bytes without long_varint's loop
+            b = frame[i]
+            if b < 0x80:
+                txn = txn & 0x7F | b << 7
+                i += 1
+            elif frame[i + 1] < 0x80:
+                txn = txn & 0x7F | (b & 0x7F) << 7 | frame[i + 1] << 14
+                i += 2
+            else:
+                txn, i = long_varint(frame, i, txn)
+                if txn >> 64:
+                    return None
+        middle, last_topic, last_request_topic, size = _last
+        if end - i - len(middle) == size and frame.startswith(middle, i):   # the fields of the last one, again
+            return BodyPublish(frame, txn, last_topic, last_request_topic, frame[end - size:])
+        after_txn = i
+        topic = b""
+        if frame[i] == 0x2A:                 # topic (5), length-delimited; a long name goes the long way
+            n = frame[i + 1]
+            if n >= 0x80:
                 return None
-    middle, last_topic, last_request_topic, size = _last
-    if end - i - len(middle) == size and frame.startswith(middle, i):   # the fields of the last one, again
-        return BodyPublish(frame, txn, last_topic, last_request_topic, frame[end - size:])
-    after_txn = i
-    topic = b""
-    if frame[i] == 0x2A:                 # topic (5), length-delimited; a long name goes the long way
-        n = frame[i + 1]
-        if n >= 0x80:
+            i += 2
+            topic = frame[i:i + n]
+            i += n
+        if frame[i] != 0x52:                 # publishRequest (10), to the end of the frame
             return None
+        size = frame[i + 1]
         i += 2
-        topic = frame[i:i + n]
-        i += n
-    if frame[i] != 0x52:                 # publishRequest (10), to the end of the frame
-        return None
-    size = frame[i + 1]
-    i += 2
-    if size >= 0x80:
-        size, i = long_varint(frame, i, size)
-    if i + size != end:
-        return None
-    pub_topic = b""
-    if frame[i] == 0x0A:                 # PublishRequest.topic (1)
-        n = frame[i + 1]
-        if n >= 0x80:
+        if size >= 0x80:
+            size, i = long_varint(frame, i, size)
+        if i + size != end:
             return None
+        pub_topic = b""
+        if frame[i] == 0x0A:                 # PublishRequest.topic (1)
+            n = frame[i + 1]
+            if n >= 0x80:
+                return None
+            i += 2
+            pub_topic = frame[i:i + n]
+            i += n
+        if frame[i] == 0x1A:                 # PublishRequest.msgs (3), each a body alone, to the end
+            return _batch(frame, i, txn, topic or pub_topic, topic)
+        if frame[i] != 0x12:                 # PublishRequest.msg (2), to the end
+            return None
+        size = frame[i + 1]
         i += 2
-        pub_topic = frame[i:i + n]
-        i += n
-    if frame[i] == 0x1A:                 # PublishRequest.msgs (3), each a body alone, to the end
-        return _batch(frame, i, txn, topic or pub_topic, topic)
-    if frame[i] != 0x12:                 # PublishRequest.msg (2), to the end
-        return None
-    size = frame[i + 1]
-    i += 2
-    if size >= 0x80:
-        size, i = long_varint(frame, i, size)
-    if i + size != end:
-        return None
-    body = b""
-    if size:
-        if frame[i] != 0x0A:             # Message.body (1), to the end: the message holds nothing else
+        if size >= 0x80:
+            size, i = long_varint(frame, i, size)
+        if i + size != end:
             return None
-        n = frame[i + 1]
-        i += 2
-        if n >= 0x80:
-            n, i = long_varint(frame, i, n)
-        if i + n != end:
-            return None
-        body = frame[i:]
-    _last = (frame[after_txn:end - len(body)], topic or pub_topic, topic, len(body))
-    return BodyPublish(frame, txn, topic or pub_topic, topic, body)
+        body = b""
+        if size:
+            if frame[i] != 0x0A:             # Message.body (1), to the end: the message holds nothing else
+                return None
+            n = frame[i + 1]
+            i += 2
+            if n >= 0x80:
+                n, i = long_varint(frame, i, n)
+            if i + n != end:
+                return None
+            body = frame[i:]
+        _last = (frame[after_txn:end - len(body)], topic or pub_topic, topic, len(body))
+        return BodyPublish(frame, txn, topic or pub_topic, topic, body)
+    except IndexError:
+        return None
 
 
 def _batch(frame: bytes, i: int, txn: int, topic: bytes, request_topic: bytes) -> BodyPublish | None:
-    """``_split``'s batched publish: from ``i``, two or more ``msgs`` of a body alone up to the end, else None."""
+    """``body_publish``'s batched publish: from ``i``, two or more ``msgs`` of a body alone up to the end, else None."""
     end = len(frame)
     bodies: list[bytes] = []
     longest = 0

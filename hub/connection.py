@@ -237,28 +237,29 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         unsent = 0
         received = 0
         for event in events:
-            if isinstance(event, BodyPublish) or isinstance(event, protocol.RequestReceived):
-                received += 1
-                if isinstance(event, BodyPublish):
-                    self._publish_body(event)   # the most frequent request, the short way (hub.body_publish)
-                else:
-                    self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
-                if self._published_to:
-                    unsent += 1
-                    if unsent >= PIPELINE_PUBLISHES:
-                        # a long read: its first publishes leave now, the rest batch behind them
-                        self._send_published()
-                        self.server.bk.pool.flush()   # to the bookies now, before the rest is parsed
-                        unsent = 0
+            if isinstance(event, BodyPublish):
+                self._publish_body(event)   # the most frequent request, the short way (hub.body_publish)
+            elif isinstance(event, protocol.RequestReceived):
+                self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
             elif isinstance(event, protocol.Reject):
                 stats.incr("requests_rejected")
                 self.send(event.response)
+                continue
             else:
                 log.info("closing connection: %s", event.reason)
                 if self.transport is not None:
                     self.transport.close()
+                continue
+            received += 1
+            if self._published_to:
+                unsent += 1
+                if unsent >= PIPELINE_PUBLISHES:
+                    # a long read: its first publishes leave now, the rest batch behind them
+                    self._send_published()
+                    self.server.bk.pool.flush()   # to the bookies now, before the rest is parsed
+                    unsent = 0
         if received:
-            stats.incr("packets_received", received)   # once per read, not per request
+            stats.counters["packets_received"] += received   # incr's, once per read, not per request
         if machine.backlogged:
             stats.incr("turns_yielded")
             self._serve_soon()
@@ -417,9 +418,13 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
     def _finished(self) -> None:
         """A request read earlier was answered (or failed): read again if that lifted ``max_pending_requests``."""
         if self.machine.request_finished():
-            if self.machine.backlogged:
-                self._serve_soon()
-            self._update_reading()
+            self._lifted()
+
+    def _lifted(self) -> None:
+        """``request_finished`` lifted the hold of ``max_pending_requests``: serve what waits, read again."""
+        if self.machine.backlogged:
+            self._serve_soon()
+        self._update_reading()
 
     def _fail(self, req: pb.PubSubRequest, exc: BaseException) -> None:
         """Answer ``req`` that failed with ``exc`` (the status is ``hub.protocol``'s decision)."""

@@ -220,9 +220,11 @@ class OwnedTopics:
 
     def _persisted(self, topic: bytes, first: int, msgs: list[Queued], wires: list[bytes]) -> None:
         t = self.topics.get(topic)
-        if t is not None and t.quota is not None:
+        if t is None or not t.subs.subs:
+            return   # no subscription: nothing to evict (BacklogQuota.persisted's test) and no one to deliver to
+        if t.quota is not None:
             t.quota.persisted()       # consumer_backlog_eviction (hub.lifecycle)
-        if t is not None and t.subs.delivering():
+        if t.subs.delivering():
             self.flush()   # the publish answers of this batch leave before the deliveries are built
             # a hint for the cache: only worth building messages someone may read soon
             self.cache.on_published_many(topic, Message.persisted_run(msgs, first, wires))

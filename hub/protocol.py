@@ -35,19 +35,12 @@ from typing import Generic, TypeVar
 from google.protobuf.message import DecodeError
 
 from bookie.errors import FrameTooLargeError
-from bookie.wire.framing import FrameDecoder
+from bookie.wire.framing import LENGTH_PREFIX, PREFIX_SIZE, FrameDecoder
 from bookie.wire.txns import TxnTable
 from hub.body_publish import BodyPublish, body_publish
 from hub.client_decode import decode_delivered, decode_wires
 from hub.delayed import delay_problem, now_ms
-from hub.frames import (  # hand-assembled hot-path frames
-    delivery,
-    delivery_batch,
-    publish_batch,
-    publish_request_size,
-    published,
-    split_delivery,
-)
+from hub.frames import delivery, delivery_batch, publish_batch, publish_request_size, published, split_delivery
 from hub.frames_multi import publish_multi
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
@@ -74,6 +67,7 @@ __all__ = ["BODIES_ALONE_FROM", "DEFAULT_MAX_REQUESTS_PER_TURN", "MAX_SUBSCRIBER
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
                  pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK, pb.PUBLISH_MULTI})
 _PUBLISH = pb.PUBLISH
+_unpack_length = LENGTH_PREFIX.unpack_from
 _VERSION_ONE = pb.VERSION_ONE
 _BODY_FOR_OP = {
     pb.PUBLISH: "publishRequest",
@@ -249,12 +243,37 @@ class ServerConnection:
         """Take ``data``; the events of the first ``max_requests_per_turn`` complete frames."""
         if self.broken:
             return []
-        self._decoder.receive(data)
-        return self.next_events()
+        decoder = self._decoder
+        if decoder.buffered or type(data) is not bytes:
+            decoder.receive(data)
+            return self.next_events()
+        # nothing held (the usual case): complete frames split from ``data`` itself, no call per frame (issue 32);
+        # the rest (an incomplete or oversized frame, frames past the turn's budget) goes the decoder's way
+        out: list[ServerEvent] = []
+        pos, end = 0, len(data)
+        limit = decoder.max_frame_size
+        budget = self.max_requests_per_turn
+        unpack = _unpack_length
+        check = self._check
+        while end - pos >= PREFIX_SIZE and len(out) < budget:
+            (size,) = unpack(data, pos)
+            stop = pos + PREFIX_SIZE + size
+            if size > limit or stop > end:
+                break
+            out.append(check(data[pos + PREFIX_SIZE:stop]))
+            pos = stop
+        if pos == end:
+            self.backlogged = False
+            return out
+        decoder.receive(data[pos:] if pos else data)
+        return self._more_events(out)
 
     def next_events(self) -> list[ServerEvent]:
         """Up to ``max_requests_per_turn`` events from bytes already received; sets ``backlogged``."""
-        out: list[ServerEvent] = []
+        return self._more_events([])
+
+    def _more_events(self, out: list[ServerEvent]) -> list[ServerEvent]:
+        """``next_events`` after the events ``out`` of this turn already."""
         if self.broken:
             self.backlogged = False
             return out
