@@ -168,6 +168,7 @@ class EntryBatcher:
     owned: Callable[[], bool] | None
     _broken: str | None
     _first_time_ms: int
+    _last_index: EntryIndex | None
     _queue: collections.deque[tuple[Queued, Done, bytes | None]]
     _queued_bytes: int
     _inflight: collections.deque[InflightAdd]
@@ -324,11 +325,8 @@ class EntryBatcher:
             self._slow = None
         self._pump()
 
-    def _snapshot_soon(self, batch_len: int) -> None:
-        self._since_snapshot += batch_len
-        if self._dedup_store is None or not self._dedup_armed or \
-                self._since_snapshot < self.conf.dedup_snapshot_interval:
-            return
+    def _snapshot_soon(self) -> None:
+        """``dedup_snapshot_interval`` messages were stored since the last snapshot (``_acked`` counts): write one."""
         self._since_snapshot = 0
         if self._tasks is None:
             self._tasks = set()
@@ -431,13 +429,18 @@ class EntryBatcher:
                     w.set_result(None)
 
     def _send(self, batch: Batch) -> None:
-        first = self.last_seq + 1 + sum(len(a.batch) for a in self._inflight)
-        wires = [message.SerializeToString() if wire is None else wire for message, _, wire in batch]
+        inflight = self._inflight
+        first = self.last_seq + 1 + (sum(len(a.batch) for a in inflight) if inflight else 0)
+        if len(batch) == 1:   # the usual entry at a low rate: no comprehension's call
+            message, _, wire = batch[0]
+            wires = [message.SerializeToString() if wire is None else wire]
+        else:
+            wires = [message.SerializeToString() if wire is None else wire for message, _, wire in batch]
         entry = batch_entry(first, wires)
         lh = self.lh
         assert lh is not None          # _pump sends only into an open ledger
         add = InflightAdd(lh, first, batch, wires)
-        self._inflight.append(add)
+        inflight.append(add)
         self.entries_in_ledger += 1
         if tracing.MESSAGES:   # a sampled publish is in it (hub.tracing): watched before its frames are made
             try:
@@ -551,7 +554,9 @@ class EntryBatcher:
     def _acked(self, add: InflightAdd) -> None:
         self._start_failures = 0
         first, batch = add.first, add.batch
-        idx = self._index_of(add.lh.ledger_id)
+        idx = self._last_index   # _index_of's first look, without its call (the ledger written now)
+        if idx is None or idx.ledger_id != add.lh.ledger_id:
+            idx = self._index_of(add.lh.ledger_id)
         assert idx is not None   # started with the ledger (TopicLog._start_ledger)
         if not len(idx) and batch:   # the ledger's first message: its time goes in the range when closed (hub.seek)
             self._first_time_ms = int(batch[0][0].publishTimeMs)
@@ -569,6 +574,8 @@ class EntryBatcher:
                     log.exception("publish completion callback raised")
                 seq += 1
         if self._dedup_store is not None:   # else no snapshot to count towards
-            self._snapshot_soon(len(batch))
+            self._since_snapshot += len(batch)
+            if self._dedup_armed and self._since_snapshot >= self.conf.dedup_snapshot_interval:
+                self._snapshot_soon()
         if self.on_persisted is not None:
             self.on_persisted(self.topic, first, list(map(_MESSAGE, batch)), add.wires)

@@ -269,12 +269,17 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         if held or self._charged:   # else the budget holds nothing of this connection already
             self.server.charge(self, held)
             self._charged = held > 0
-        if not (self._reading and machine.should_read(self.writable.is_set())):
+        # should_read's test, without its calls: while _reading, the transport is writable (pause_writing
+        # asked _update_reading at once)
+        if not self._reading or machine.backlogged or machine.eof or machine.held:
             self._update_reading()   # else reading already, as it should (the most frequent case: no call)
         if machine.eof:
             self._close_if_done()
-        if self._published_to:   # the publishes of this read go out as one entry per topic, now
-            self._send_published()
+        logs = self._published_to
+        if logs:   # the publishes of this read go out as one entry per topic, now (_send_published's)
+            self._published_to = []
+            for tlog in logs:
+                tlog.send_queued()
 
     def _send_published(self) -> None:
         """Each topic published to by this read makes its entry now (``send_queued``).

@@ -232,8 +232,13 @@ def message_batch(first: int, messages: Iterable[pb.Message], wires: list[bytes]
     return batch_entry(first, serialized)
 
 
-def batch_entry(first: int, serialized: Iterable[bytes]) -> bytes:
+def batch_entry(first: int, serialized: Sequence[bytes]) -> bytes:
     """``message_batch`` of messages already serialized (``serialized``, in order)."""
+    if len(serialized) == 1:   # the usual entry at a low rate: its lead made once (as _add_fields'), no call
+        wire = serialized[0]
+        lead = _BATCH_LEADS.get(len(wire))
+        if lead is not None:
+            return (b"\x08" + _varint(first) if first else b"") + lead + wire
     parts = [b"\x08" + _varint(first)] if first else []   # first_local_seq_id (varint 1)
     _add_fields(parts, serialized, _BATCH_LEADS, _BATCH_MESSAGES_TAG)   # messages (2), length-delimited
     return b"".join(parts)

@@ -233,18 +233,14 @@ class ServerConnection:
         self.in_flight = 0        # requests dispatched and not answered yet
         self.eof = False          # the client half-closed its side
         self.partial_since: float | None = None   # clock time the incomplete frame now held was started
-
-    @property
-    def buffered(self) -> int:
-        """Bytes read and not parsed yet (an incomplete frame, and frames left for the next turn)."""
-        return self._decoder.buffered
+        self.buffered = 0   # bytes read and not parsed yet (an incomplete frame, frames left for the next turn)
 
     def receive_data(self, data: bytes) -> list[ServerEvent]:
         """Take ``data``; the events of the first ``max_requests_per_turn`` complete frames."""
         if self.broken:
             return []
         decoder = self._decoder
-        if decoder.buffered or type(data) is not bytes:
+        if self.buffered or type(data) is not bytes:
             decoder.receive(data)
             return self.next_events()
         # nothing held (the usual case): complete frames split from ``data`` itself, no call per frame (issue 32);
@@ -274,29 +270,28 @@ class ServerConnection:
 
     def _more_events(self, out: list[ServerEvent]) -> list[ServerEvent]:
         """``next_events`` after the events ``out`` of this turn already."""
-        if self.broken:
-            self.backlogged = False
-            return out
-        next_frame = self._decoder.next_frame
-        budget = self.max_requests_per_turn
-        while len(out) < budget:
-            try:
-                frame = next_frame()
-            except FrameTooLargeError as exc:
-                self.broken = True
-                self.backlogged = False
-                out.append(ConnectionBroken(str(exc)))
-                return out
-            if frame is None:
-                self.backlogged = False
-                return out
-            out.append(self._check(frame))
-        self.backlogged = True
+        self.backlogged = not self.broken
+        if self.backlogged:
+            next_frame = self._decoder.next_frame
+            budget = self.max_requests_per_turn
+            while len(out) < budget:
+                try:
+                    frame = next_frame()
+                except FrameTooLargeError as exc:
+                    self.broken = True
+                    out.append(ConnectionBroken(str(exc)))
+                    frame = None
+                if frame is None:
+                    self.backlogged = False
+                    break
+                out.append(self._check(frame))
+        self.buffered = self._decoder.buffered
         return out
 
     def clear(self) -> None:
         """Drop every byte held (the connection is gone)."""
         self._decoder.clear()
+        self.buffered = 0
         self.backlogged = False
         self.partial_since = None
 
@@ -308,7 +303,7 @@ class ServerConnection:
         later turn (our delay, not the client's): no clock. The shell closes a
         connection whose clock runs past ``incomplete_frame_timeout``.
         """
-        if not self._decoder.buffered or self.backlogged:
+        if not self.buffered or self.backlogged:
             self.partial_since = None
         elif progressed or self.partial_since is None:
             self.partial_since = now()
