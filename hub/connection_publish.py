@@ -161,7 +161,7 @@ class PublishPath:
         t = server.topics.get(ev.topic)
         regions = server.regions
         if t is None or server.authenticator is not None or self.region_hub or \
-                (regions is not None and regions.stamps(ev.topic)):
+                (regions is not None and regions.vectors.get(ev.topic)):   # regions.stamps', without its call
             req = ev.request()
             self._dispatch(protocol.RequestReceived(req, ev.topic, b"", -1, req.publishRequest))
             return

@@ -259,7 +259,7 @@ class ServerConnection:
             out.append(check(data[pos + PREFIX_SIZE:stop]))
             pos = stop
         if pos == end:
-            self.backlogged = False
+            self.backlogged = len(out) >= budget   # as the decoder's way: a full budget yields the turn
             return out
         decoder.receive(data[pos:] if pos else data)
         return self._more_events(out)

@@ -4,6 +4,7 @@ split; and the hub stores and answers it as it does a request protobuf parsed (i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 import struct
 
@@ -11,19 +12,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bookie.wire.framing import FrameDecoder
-from hub.body_publish import BodyPublish, body_publish
+from hub.body_publish import BodyPublish, StampedBody, body_publish, stamped_bodies
 from hub.conf import load_hub_conf
 from hub.entry_index import EntryIndex
-from hub.frames import publish_batch, stamped_wire
+from hub.frames import publish_batch, stamped_wire, stamped_wires
+from hub.message import Message
 from hub.persistence import TopicLog, decode_batch
 from hub.proto import pubsub_pb2 as pb
-from hub.protocol import RequestReceived, ServerConnection
+from hub.protocol import MAX_TOPIC_BYTES, ConnectionBroken, RequestReceived, ServerConnection, name_problem
 from hub.server import HubConnection, HubServer
 from hub.subscriptions import TopicSubscriptions
 from hub.topic import Topic
 from tests.hub.test_connection import FakeTransport
 
 TOPIC = b"body-publish-topic"
+SPLIT_TOPIC = b"body-publish-split-topic"   # a name of its own: TOPIC's first publish must go the long way
 
 
 def frame_body(txn: int, topic: bytes, body: bytes) -> bytes:
@@ -152,6 +155,63 @@ def test_the_server_connection_makes_one_only_when_asked_and_only_for_a_valid_re
     assert isinstance(event, BodyPublish) and event.bodies == [b"x", b"y" * 10]
     (event,) = conn.receive_data(publish_batch(8, b"topic", [b"x", b"y" * 101]))   # one body over the limit
     assert not isinstance(event, BodyPublish) and event.response.statusCode == pb.MESSAGE_TOO_LARGE
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.sampled_from([b"", b"standalone", b"east"]),
+       st.sampled_from([0, 1, 1_700_000_000_000]), st.integers(1, 2**40))
+def test_a_stamped_body_reads_as_the_message_its_wire_parses_to(bodies: list[bytes], region: bytes, ms: int,
+                                                                first: int) -> None:
+    """What the topic log queues for a body publish (no protobuf message) reads as the message parsed from its
+    wire, and the read-ahead cache builds the same messages from either (long bodies take persisted_run's
+    plain way, which parses the wire)."""
+    wires = stamped_wires(bodies, region, ms)
+    stamped = stamped_bodies(bodies, wires, ms, region)
+    parsed = [pb.Message.FromString(w) for w in wires]
+    for s, m, w in zip(stamped, parsed, wires, strict=True):
+        assert isinstance(s, StampedBody) and s.wire == w and s.SerializeToString() == w
+        assert (s.body, s.publishTimeMs, s.srcRegion, s.producer, s.sequenceId) == \
+            (m.body, m.publishTimeMs, m.srcRegion, m.producer, m.sequenceId)
+        assert s.message() == m
+    assert Message.persisted_run(stamped, first, wires) == Message.persisted_run(parsed, first, wires)
+
+
+def _chunks(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.binary(max_size=40).map(lambda b: ("body", b)),
+                          st.binary(max_size=12).map(lambda b: ("garbage", b)),
+                          st.just(("huge", b""))), min_size=1, max_size=12),
+       st.lists(st.integers(0, 10_000), max_size=8), st.integers(1, 4))
+def test_frames_split_from_a_read_are_the_decoder_s_frames(items: list[tuple[str, bytes]], cuts: list[int],
+                                                          budget: int) -> None:
+    """receive_data splits the frames of a read itself when nothing is held (issue 32): per call, the same
+    events, backlog and bytes held as the decoder's way (taken for a bytearray), for any cut of the stream,
+    partial and oversized frames and the per-turn budget included."""
+    parts = []
+    for i, (kind, data) in enumerate(items):
+        if kind == "body":
+            parts.append(publish_batch(i + 1, SPLIT_TOPIC, [data]))
+        elif kind == "garbage":
+            parts.append(struct.pack(">I", len(data)) + data)
+        else:
+            parts.append(struct.pack(">I", 5000) + b"x" * 10)   # over max_frame_size: breaks the stream
+    fast, slow = (ServerConnection(max_frame_size=4096, max_message_size=100, max_requests_per_turn=budget,
+                                   body_publishes=True) for _ in range(2))
+    assert name_problem(SPLIT_TOPIC, "topic", MAX_TOPIC_BYTES) is None   # checked once: both split its publishes
+    for chunk in _chunks(b"".join(parts), cuts):
+        got, want = fast.receive_data(chunk), slow.receive_data(bytearray(chunk))
+        assert got == want
+        while True:
+            assert (fast.backlogged, fast.buffered, fast.broken) == (slow.backlogged, slow.buffered, slow.broken)
+            if not fast.backlogged:
+                break
+            assert fast.next_events() == slow.next_events()
+        if any(isinstance(e, ConnectionBroken) for e in got):
+            break
 
 
 async def test_the_hub_stores_and_answers_a_body_publish_as_the_long_way() -> None:
