@@ -336,8 +336,9 @@ class ServerConnection:
         return self.eof and self.in_flight <= 0 and not self.backlogged
 
     def _check(self, frame: bytes) -> ServerEvent:
+        limit = self.max_message_size   # a single one's longest is -1, a batched one's body b"": both in one test
         if self.body_publishes and (ev := body_publish(frame)) is not None and ev.topic in _VALID_NAMES \
-                and max(ev.longest, len(ev.body)) <= self.max_message_size:   # else protobuf's parse and checks
+                and len(ev.body) <= limit and ev.longest <= limit:   # else protobuf's parse and checks
             return ev
         try:
             req = pb.PubSubRequest.FromString(frame)
