@@ -236,13 +236,15 @@ class EntryBatcher:
         self.submit(message, functools.partial(_resolve, fut))
         return fut
 
-    def submit(self, message: Queued, done: Done, wire: bytes | None = None) -> None:
+    def submit(self, message: Queued, done: Done, wire: bytes | None = None, *, sends: bool = False) -> None:
         """Queue ``message`` now; ``done(seq_id, None)`` once it is durable, else ``done(0, error)``.
 
         The callback form of ``enqueue`` (no future, no extra loop turn): the
         server answers a publish from inside the add's acknowledgement.
         ``done`` runs on the loop, in publish order, exactly once. ``wire``:
         the message serialized, as it will be stored, when the caller has it.
+        ``sends``: the caller calls ``send_queued`` before this loop turn ends
+        (the server does after each read), so no end-of-turn pump is scheduled.
         """
         if self.closed:
             done(0, errors.ServiceDownError(f"topic {self.topic!r} is being released"))
@@ -261,23 +263,25 @@ class EntryBatcher:
             queue = self._queue = collections.deque()
         queue.append((message, done, wire))
         self._queued_bytes += len(message.body)
-        self._queued()
+        self._queued(sends)
 
-    def _queued(self) -> None:
-        """Publishes joined the queue: a pump at the end of this loop turn if they may go, else the hold's bound."""
+    def _queued(self, sends: bool = False) -> None:
+        """Publishes joined the queue: a pump at the end of this loop turn if they may go, else the hold's bound
+        (``sends``: the caller's ``send_queued`` is that pump)."""
         if (not self._pump_soon and self._slow is None
                 and (len(self._inflight) < self.conf.batch_hold_after_adds
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
             # at the end of this loop turn, so the publishes of one read share an entry (send_queued: nothing
-            # more to do when the server sent them already, as it does after each read)
+            # more to do when the server sent them already)
             self._pump_soon = True
-            asyncio.get_running_loop().call_soon(self.send_queued)
+            if not sends:   # issue 32: a loop callback a read less
+                asyncio.get_running_loop().call_soon(self.send_queued)
         elif self._hold_timer is None and self.conf.batch_flush_delay_ms and self._inflight:
             self._hold_timer = asyncio.get_running_loop().call_later(
                 self.conf.batch_flush_delay_ms / 1000.0, self._hold_expired)
 
     def submit_all(self, messages: Iterable[Queued], done: Done, nbytes: int,
-                   wires: Iterable[bytes] | None = None) -> None:
+                   wires: Iterable[bytes] | None = None, *, sends: bool = False) -> None:
         """``submit`` of each of ``messages`` (none carries a producer), in order, with the same ``done``.
 
         The server's path for a batched publish: the messages join the queue
@@ -285,19 +289,19 @@ class EntryBatcher:
         all (``gate.admits_all()``: no backlog quota holds them); otherwise, and on a
         closed log, each goes through ``submit``. ``done`` runs once per
         message, as ``submit``'s. ``wires``: each message serialized, as it
-        will be stored (``hub.frames.stamped_wires``), when the caller has it.
+        will be stored (``hub.frames.stamped_wires``), when the caller has it. ``sends``: as ``submit``'s.
         """
         if self.closed or (self.gate is not None and not self.gate.admits_all()):
             submit = self.submit
             for message in messages:
-                submit(message, done)
+                submit(message, done, sends=sends)
             return
         queue = self._queue
         if queue is IDLE:
             queue = self._queue = collections.deque()
         queue.extend(zip(messages, itertools.repeat(done), itertools.repeat(None) if wires is None else wires))
         self._queued_bytes += nbytes
-        self._queued()
+        self._queued(sends)
 
     def _hold_expired(self) -> None:
         """``batch_flush_delay_ms`` passed since a publish queued behind the adds in flight: send the queue."""

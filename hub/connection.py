@@ -236,50 +236,52 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         machine = self.machine
         unsent = 0
         received = 0
-        for event in events:
-            if isinstance(event, BodyPublish):
-                self._publish_body(event)   # the most frequent request, the short way (hub.body_publish)
-            elif isinstance(event, protocol.RequestReceived):
-                self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
-            elif isinstance(event, protocol.Reject):
-                stats.incr("requests_rejected")
-                self.send(event.response)
-                continue
-            else:
-                log.info("closing connection: %s", event.reason)
-                if self.transport is not None:
-                    self.transport.close()
-                continue
-            received += 1
-            if self._published_to:
-                unsent += 1
-                if unsent >= PIPELINE_PUBLISHES:
-                    # a long read: its first publishes leave now, the rest batch behind them
-                    self._send_published()
-                    self.server.bk.pool.flush()   # to the bookies now, before the rest is parsed
-                    unsent = 0
-        if received:
-            stats.counters["packets_received"] += received   # incr's, once per read, not per request
-        if machine.backlogged:
-            stats.incr("turns_yielded")
-            self._serve_soon()
-        held = machine.buffered
-        if held or machine.partial_since is not None:   # else the clock is stopped already
-            machine.track_partial(bool(events), _loop_time)
-        if held or self._charged:   # else the budget holds nothing of this connection already
-            self.server.charge(self, held)
-            self._charged = held > 0
-        # should_read's test, without its calls: while _reading, the transport is writable (pause_writing
-        # asked _update_reading at once)
-        if not self._reading or machine.backlogged or machine.eof or machine.held:
-            self._update_reading()   # else reading already, as it should (the most frequent case: no call)
-        if machine.eof:
-            self._close_if_done()
-        logs = self._published_to
-        if logs:   # the publishes of this read go out as one entry per topic, now (_send_published's)
-            self._published_to = []
-            for tlog in logs:
-                tlog.send_queued()
+        try:   # the sends below also after a failure: the publishes queued with sends=True must leave
+            for event in events:
+                if isinstance(event, BodyPublish):
+                    self._publish_body(event)   # the most frequent request, the short way (hub.body_publish)
+                elif isinstance(event, protocol.RequestReceived):
+                    self._dispatch(event)   # counts it in flight (request_started) unless it is a CONSUME
+                elif isinstance(event, protocol.Reject):
+                    stats.incr("requests_rejected")
+                    self.send(event.response)
+                    continue
+                else:
+                    log.info("closing connection: %s", event.reason)
+                    if self.transport is not None:
+                        self.transport.close()
+                    continue
+                received += 1
+                if self._published_to:
+                    unsent += 1
+                    if unsent >= PIPELINE_PUBLISHES:
+                        # a long read: its first publishes leave now, the rest batch behind them
+                        self._send_published()
+                        self.server.bk.pool.flush()   # to the bookies now, before the rest is parsed
+                        unsent = 0
+            if received:
+                stats.counters["packets_received"] += received   # incr's, once per read, not per request
+            if machine.backlogged:
+                stats.incr("turns_yielded")
+                self._serve_soon()
+            held = machine.buffered
+            if held or machine.partial_since is not None:   # else the clock is stopped already
+                machine.track_partial(bool(events), _loop_time)
+            if held or self._charged:   # else the budget holds nothing of this connection already
+                self.server.charge(self, held)
+                self._charged = held > 0
+            # should_read's test, without its calls: while _reading, the transport is writable (pause_writing
+            # asked _update_reading at once)
+            if not self._reading or machine.backlogged or machine.eof or machine.held:
+                self._update_reading()   # else reading already, as it should (the most frequent case: no call)
+            if machine.eof:
+                self._close_if_done()
+        finally:
+            logs = self._published_to
+            if logs:   # the publishes of this read go out as one entry per topic, now (_send_published's)
+                self._published_to = []
+                for tlog in logs:
+                    tlog.send_queued()
 
     def _send_published(self) -> None:
         """Each topic published to by this read makes its entry now (``send_queued``).

@@ -176,13 +176,13 @@ class PublishPath:
             body = ev.body
             wire = stamped_wire(body, region, now)
             t.log.submit(_new_stamped(StampedBody, (body, now, region, wire)),
-                         functools.partial(self._body_published, ev, t, t0), wire)
+                         functools.partial(self._body_published, ev, t, t0), wire, sends=True)
         else:   # a batched one: as _enqueue's bodies path, its messages StampedBody too
             server.stats.incr("publishes", len(bodies))
             wires = stamped_wires(bodies, region, now)
             t.log.submit_all(stamped_bodies(bodies, wires, now, region), _BatchAnswer(self, ev, t, t0, len(bodies)),
-                             sum(map(len, bodies)), wires)
-        published_to = self._published_to
+                             sum(map(len, bodies)), wires, sends=True)
+        published_to = self._published_to   # sends=True: _serve sends what this read queued (send_queued)
         if not published_to or published_to[-1] is not t.log:
             published_to.append(t.log)
 
