@@ -273,6 +273,8 @@ def stamped_wire(body: bytes, region: bytes, time_ms: int) -> bytes:
     lead = _BODY_FIELD_LEADS.get(n)
     if lead is None:
         lead = _BODY_TAG + _varint(n) if n else b""
+        if n < 1 << 14:   # kept, as stamped_wires keeps it: made once per length
+            _BODY_FIELD_LEADS[n] = lead
     return lead + body + _stamp_fields(region, time_ms)
 
 
