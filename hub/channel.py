@@ -3,14 +3,18 @@
     conn = HubChannel(client, "host:port")        # the protocol factory of loop.create_connection
     fut = conn.request(req, timeout)              # the response; ResponseTimeoutError after timeout s
     conn.one_way(consume_req)                     # no response expected (CONSUME)
+    conn.publish_batch(topic, bodies, timeout, answer)   # the response goes to answer.set_result (no future)
     conn.alive; await conn.lost                   # the connection is usable; resolves once it is gone
     conn.drop("why")                              # close it now: as if the connection had been lost
 
 Bytes go through the sans-IO ``hub.protocol.ClientConnection`` (txn ids,
 response matching); requests leave through an ``Outbox`` (``bookie.wire``),
-one write per loop turn. Deliveries, subscription events and the loss of
-the connection go to the owning client (``ChannelOwner``, a
-``HedwigClient``).
+one write per loop turn (or at once, by ``corked``'s holder: ``uncork``).
+A request waits for its answer as a future, or, for the client's publishes,
+as an ``Answer`` that the read settles in place (``set_result`` inside
+``data_received``: no future of the request, no callback a loop turn later).
+Deliveries, subscription events and the loss of the connection go to the
+owning client (``ChannelOwner``, a ``HedwigClient``).
 
 Failure: a request in flight when the connection drops fails with
 ``UncertainStateError``; one without an answer in time with
@@ -47,7 +51,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import functools
 import heapq
 import logging
 import math
@@ -70,7 +73,7 @@ from hub.protocol import (
 
 log = logging.getLogger("hub.client")   # the client's log keeps the name it always had
 
-__all__ = ["ChannelOwner", "Deadlines", "HubChannel", "tcp_keepalive"]
+__all__ = ["Answer", "ChannelOwner", "Deadlines", "HubChannel", "tcp_keepalive"]
 
 _KEEPALIVE_PROBES = 3
 
@@ -85,6 +88,17 @@ def tcp_keepalive(sock: socket.socket | None, idle: float) -> bool:
     whole = max(1, math.ceil(idle))
     return set_tcp_liveness(sock, idle=whole, interval=max(1, whole // _KEEPALIVE_PROBES), probes=_KEEPALIVE_PROBES,
                             user_timeout=2 * whole)
+
+
+class Answer(Protocol):
+    """What waits for a request's response: an ``asyncio.Future`` or an object settled in place (``done``,
+    ``set_result`` with the response as read, ``set_exception`` on a timeout or the connection's loss)."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, response: pb.PubSubResponse, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 
 class ChannelOwner(Protocol):
@@ -112,20 +126,20 @@ class Deadlines:
     small heap. The timer is armed for the earliest deadline only.
     """
 
-    def __init__(self, on_expired: Callable[[int, asyncio.Future[pb.PubSubResponse], float], None],
+    def __init__(self, on_expired: Callable[[int, Answer, float], None],
                  loop: asyncio.AbstractEventLoop | None = None) -> None:
         """``on_expired(txn_id, future, sent_at)`` for each request unanswered at its deadline (``sent_at``:
         the loop time it was watched). ``loop``: the connection's (else the running loop, looked up per
         request: a system call each, a publish's worth when every publish goes to a topic of its own)."""
         self._on_expired = on_expired
         self._loop = loop
-        self._order: collections.deque[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = \
+        self._order: collections.deque[tuple[float, int, Answer, float]] = \
             collections.deque()
-        self._late: list[tuple[float, int, asyncio.Future[pb.PubSubResponse], float]] = []
+        self._late: list[tuple[float, int, Answer, float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
 
-    def watch(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], timeout: float) -> None:
+    def watch(self, txn_id: int, fut: Answer, timeout: float) -> None:
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         at = now + timeout
@@ -176,7 +190,7 @@ class HubChannel(asyncio.Protocol):
     def __init__(self, client: ChannelOwner, address: str) -> None:
         self.client = client
         self.address = address
-        self.machine: ClientConnection[asyncio.Future[pb.PubSubResponse]] = ClientConnection(
+        self.machine: ClientConnection[Answer] = ClientConnection(
             max(client.conf.max_message_size * 2 + 65536, 8 << 20))
         self.transport: asyncio.Transport | None = None
         self._loop = asyncio.get_running_loop()
@@ -191,6 +205,7 @@ class HubChannel(asyncio.Protocol):
         self.pings = 0                   # PINGs sent (keep-alive)
         self._connected_at = self._loop.time()
         self._keep_alive: asyncio.TimerHandle | None = None
+        self.corked = False              # requests wait in the outbox for ``uncork`` (``ClientPublishing._flush_turn``)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
@@ -271,7 +286,16 @@ class HubChannel(asyncio.Protocol):
     def _write(self, data: bytes) -> None:
         # one write per loop turn: the requests a turn makes (a burst of publishes, the consumes
         # of a run of handled messages) reach the hub as one segment, one read there
-        self.outbox.send(data)
+        if self.corked:
+            self.outbox.put(data)
+        else:
+            self.outbox.send(data)
+
+    def uncork(self) -> None:
+        """Write what was queued while ``corked`` now (the caller set ``corked`` before its requests)."""
+        self.corked = False
+        if len(self.outbox):
+            self.outbox.flush()
 
     @property
     def alive(self) -> bool:
@@ -288,30 +312,28 @@ class HubChannel(asyncio.Protocol):
         self.deadlines.watch(req.txnId, fut, timeout)
         return fut
 
-    def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+    def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float, answer: Answer) -> None:
         """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone; one body: a plain
-        publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching."""
-        return self._framed(functools.partial(self.machine.send_publish_batch, topic, bodies), timeout)
+        publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching.
+        The response (or the failure) goes to ``answer``, as a request's to its future."""
+        if not self.alive:
+            answer.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+            return
+        txn_id, frame = self.machine.send_publish_batch(topic, bodies, answer)
+        self._write(frame)
+        self.deadlines.watch(txn_id, answer, timeout)
 
-    def publish_multi(self, parts: Sequence[tuple[bytes, Sequence[bytes]]],
-                      timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+    def publish_multi(self, parts: Sequence[tuple[bytes, Sequence[bytes]]], timeout: float, answer: Answer) -> None:
         """``publish_batch`` of many topics' bodies, ``(topic, bodies)`` each, as one PUBLISH_MULTI
         (``ClientConnection.send_publish_multi``): the client's producer batching across topics."""
-        return self._framed(functools.partial(self.machine.send_publish_multi, parts), timeout)
-
-    def _framed(self, send: Callable[[asyncio.Future[pb.PubSubResponse]], tuple[int, bytes]],
-                timeout: float) -> asyncio.Future[pb.PubSubResponse]:
-        """``request`` of a request framed by hand: ``send(future)`` takes its txn id and gives it and its bytes."""
-        fut: asyncio.Future[pb.PubSubResponse] = self._loop.create_future()
         if not self.alive:
-            fut.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
-            return fut
-        txn_id, frame = send(fut)
+            answer.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
+            return
+        txn_id, frame = self.machine.send_publish_multi(parts, answer)
         self._write(frame)
-        self.deadlines.watch(txn_id, fut, timeout)
-        return fut
+        self.deadlines.watch(txn_id, answer, timeout)
 
-    def _expired(self, txn_id: int, fut: asyncio.Future[pb.PubSubResponse], sent_at: float) -> None:
+    def _expired(self, txn_id: int, fut: Answer, sent_at: float) -> None:
         """No answer in time; when nothing at all was heard since ``sent_at``, the connection is dropped."""
         self.machine.forget(txn_id)
         # while the client itself stopped reading (its handlers are behind), silence proves nothing

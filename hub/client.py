@@ -68,14 +68,15 @@ import ssl
 import time
 from collections.abc import Coroutine, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, wait_exponential, wait_random
 
 from hub import errors
 from hub.channel import Deadlines, HubChannel
+from hub.client_answers import PUBLISH_ANSWERS, _publish_settled  # noqa: F401 (_publish_settled: its old home)
 from hub.client_hedwig import ClientSubscriptions, SubscriptionListener
-from hub.client_publish import _RETRY_WAIT, ClientPublishing, _publish_settled  # noqa: F401 (its old home)
+from hub.client_publish import _RETRY_WAIT, ClientPublishing
 from hub.client_reader import ClientReaders, Reader  # noqa: F401 (Reader: the type reader() returns)
 from hub.client_subscription import ClientSubscription, Handler
 from hub.conf import HubClientConf, client_conf
@@ -378,8 +379,9 @@ class HedwigClient(ClientPublishing, ClientReaders, ClientSubscriptions):
             self._flush_batch(topic)
         # ... and the publishes in flight are answered first (a Pulsar producer's close waits for its
         # pending sends), for at most server_ack_response_timeout
-        waiting: list[asyncio.Future[Any]] = [
-            f for conn in self.conns.values() if conn.alive for f in conn.machine.pending() if not f.done()]
+        waiting: list[asyncio.Future[Any]] = [   # a request's future, or a publish batch's (its Answer's futures)
+            f for conn in self.conns.values() if conn.alive for answer in conn.machine.pending() if not answer.done()
+            for f in (answer.futures if isinstance(answer, PUBLISH_ANSWERS) else (cast(asyncio.Future[Any], answer),))]
         waiting += self._publishing
         if waiting:
             await asyncio.wait(waiting, timeout=self.conf.server_ack_response_timeout / 1000.0)

@@ -20,6 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from hub import errors
 from hub.channel import HubChannel
+from hub.client_answers import (
+    BatchAnswer,
+    MultiAnswer,
+    _answer_of,
+    _fail_all,
+    _long_answered,
+    _publish_settled,
+)
 from hub.conf import HubClientConf
 from hub.proto import pubsub_pb2 as pb
 from hub.protocol import status_name
@@ -120,47 +128,6 @@ def _set_delay(msg: pb.Message, deliver_after_ms: int | None, deliver_at_ms: int
     elif deliver_at_ms is not None:
         msg.deliverAtMs = deliver_at_ms
 
-
-def _publish_settled(futures: list[asyncio.Future[int]], resp: pb.PubSubResponse) -> None:
-    """Each publish of the answered request gets its seq id, or the answer's error if it was not stored."""
-    status = resp.statusCode
-    first = int(resp.publishResponse.publishedMsgId.localComponent)
-    stored = len(futures) if status == pb.SUCCESS else resp.publishResponse.stored
-    for i, fut in enumerate(futures):
-        if fut.done():       # the caller cancelled it
-            continue
-        if i < stored:
-            fut.set_result(first + i)
-        else:
-            fut.set_exception(errors.error_for_status(status_name(status), resp.statusMsg or status_name(status)))
-
-
-def _fail_all(futures: list[asyncio.Future[int]], exc: BaseException | None) -> None:
-    """``exc`` for each publish still waiting (None: cancel them)."""
-    for fut in futures:
-        if not fut.done():
-            if exc is None:
-                fut.cancel()
-            else:
-                fut.set_exception(exc)
-
-
-def _answer_of(futures: list[asyncio.Future[int]], done: asyncio.Future[Any]) -> Any | None:
-    """``done``'s result; when it was cancelled or failed, so are the publishes, and None is returned."""
-    if done.cancelled():
-        _fail_all(futures, None)
-        return None
-    exc = done.exception()
-    if exc is not None:
-        _fail_all(futures, exc)
-        return None
-    return done.result()
-
-
-def _long_answered(futures: list[asyncio.Future[int]], task: asyncio.Future[tuple[Any, pb.PubSubResponse]]) -> None:
-    got = _answer_of(futures, task)
-    if got is not None:
-        _publish_settled(futures, got[1])
 
 
 
@@ -381,13 +348,30 @@ class ClientPublishing:
     def _flush_turn(self, turn: list[tuple[bytes, _Batch]]) -> None:
         """The end of the loop turn that started the batches of ``turn`` (without a delay): each leaves, in
         the order they started (one sent earlier, when full or by a later publish's flush, is skipped); the
-        batches of bodies alone to topics of one hub together, as PUBLISH_MULTI (``batching_multi_topic``)."""
+        batches of bodies alone to topics of one hub together, as PUBLISH_MULTI (``batching_multi_topic``).
+        Their requests are written at once, one write per connection (``HubChannel.corked``): this is the
+        end of the turn already, so another end-of-turn callback to write them would only add a loop turn."""
         if self._turn_batches is turn:
             self._turn_batches = None
-        if len(turn) > 1 and self.conf.batching_multi_topic:
-            turn = self._flush_multi(turn)
-        for topic, batch in turn:
-            self._flush_batch(topic, batch)
+        if len(turn) == 1:   # one topic's batch (a publisher that sends one message a turn)
+            conn = turn[0][1].conn
+            conn.corked = True
+            try:
+                self._flush_batch(*turn[0])
+            finally:
+                conn.uncork()
+            return
+        conns = {batch.conn for _, batch in turn}
+        for conn in conns:
+            conn.corked = True
+        try:
+            if self.conf.batching_multi_topic:
+                turn = self._flush_multi(turn)
+            for topic, batch in turn:
+                self._flush_batch(topic, batch)
+        finally:
+            for conn in conns:
+                conn.uncork()
 
     def _flush_multi(self, turn: list[tuple[bytes, _Batch]]) -> list[tuple[bytes, _Batch]]:
         """Send the batches of bodies alone in ``turn`` to topics whose owner's connection takes PUBLISH_MULTI,
@@ -427,17 +411,14 @@ class ClientPublishing:
     def _send_multi(self, conn: _Conn, parts: list[tuple[bytes, list[bytes], list[asyncio.Future[int]]]],
                     timeout: float) -> None:
         if parts:
-            conn.publish_multi([(topic, bodies) for topic, bodies, _ in parts], timeout).add_done_callback(
-                functools.partial(self._multi_answered, conn, parts))
+            conn.publish_multi([(topic, bodies) for topic, bodies, _ in parts], timeout,
+                               MultiAnswer(self, conn, parts))
 
     def _multi_answered(self, conn: _Conn, parts: list[tuple[bytes, list[bytes], list[asyncio.Future[int]]]],
-                        answer: asyncio.Future[pb.PubSubResponse]) -> None:
+                        resp: pb.PubSubResponse) -> None:
         """Each part settled by its own answer, as ``_publish_answered`` settles a batch; a request refused as a
         whole stored nothing: its parts go again, each as a request of its own (and with UNKNOWN_OPERATION,
         a hub that predates PUBLISH_MULTI, this connection sends none any more)."""
-        resp = _answer_of([fut for part in parts for fut in part[2]], answer)
-        if resp is None:
-            return
         answers = resp.multiPublishResponse.answers
         if resp.statusCode != pb.SUCCESS:
             if resp.statusCode == pb.UNKNOWN_OPERATION and conn.multi_publish:
@@ -473,8 +454,8 @@ class ClientPublishing:
             bodies = batch.bodies
             conn = batch.conn
             if conn.alive:
-                conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
-                    functools.partial(self._publish_answered, topic, bodies, batch.futures))
+                conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0,
+                                   BatchAnswer(self, topic, bodies, batch.futures))
             else:
                 self._send_publish(topic, _bodies_request(topic, bodies), batch.futures, conn)
             return
@@ -501,17 +482,20 @@ class ClientPublishing:
         conn.request(req, self.conf.server_ack_response_timeout / 1000.0).add_done_callback(
             functools.partial(self._publish_answered, topic, req, futures))
 
-    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest | list[bytes], futures: list[asyncio.Future[int]],
+    def _publish_answered(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]],
                           answer: asyncio.Future[pb.PubSubResponse]) -> None:
-        """``req``: the request answered, or the bodies of one framed by hand (``_Batch``)."""
+        """``req`` answered (a batch of bodies alone is answered by its ``hub.client_answers.BatchAnswer``)."""
         resp = _answer_of(futures, answer)
         if resp is None:
             return
         if resp.statusCode != pb.SUCCESS and not resp.publishResponse.stored:
-            self._publish_long(topic, req if isinstance(req, pb.PubSubRequest) else _bodies_request(topic, req),
-                               futures)
+            self._publish_long(topic, req, futures)
             return
         _publish_settled(futures, resp)
+
+    def _publish_bodies_long(self, topic: bytes, bodies: list[bytes], futures: list[asyncio.Future[int]]) -> None:
+        """``_publish_long`` of a batch of bodies alone (``BatchAnswer``: its request stored nothing)."""
+        self._publish_long(topic, _bodies_request(topic, bodies), futures)
 
     def _publish_long(self, topic: bytes, req: pb.PubSubRequest, futures: list[asyncio.Future[int]]) -> None:
         # held in _publishing until done (close does not cancel publishes; they fail with their connection)

@@ -12,6 +12,7 @@ import pytest
 
 from bookie.wire import FrameDecoder
 from hub import errors
+from hub.channel import Answer
 from hub.client import HedwigClient, _publish_settled
 from hub.connection_publish import _BatchAnswer
 from hub.proto import pubsub_pb2 as pb
@@ -38,9 +39,9 @@ def requests_of(c: HedwigClient, topic: bytes) -> list[int]:
             sizes.append(len(req.publishRequest.msgs) or 1)
         return send(req, timeout)
 
-    def publish_batch(topic: bytes, bodies: list[bytes], timeout: float) -> asyncio.Future[pb.PubSubResponse]:
+    def publish_batch(topic: bytes, bodies: list[bytes], timeout: float, answer: Answer) -> None:
         sizes.append(len(bodies))   # a batch of bodies alone, framed by hand
-        return send_bodies(topic, bodies, timeout)
+        send_bodies(topic, bodies, timeout, answer)
 
     conn.request = request  # type: ignore[method-assign]
     conn.publish_batch = publish_batch  # type: ignore[method-assign]
