@@ -296,17 +296,27 @@ class ClientPublishing:
 
     def _join_batch(self, topic: bytes, body: bytes) -> asyncio.Future[int] | None:
         """A plain body's publish added to the batch ``topic`` has going (its name was checked when the batch
-        started), as ``_batched`` would add it; None when that is not how it would go (the long way decides)."""
+        started), or to a new one when the topic has none and its owner is known (the hub took the name
+        already), as ``_batched`` would add it; None when that is not how it would go (the long way decides)."""
         batch = self._batches.get(topic)
-        if batch is None or batch.req is not None or self.closed:
+        if self.closed:
             return None
         conf = self.conf
-        conn = batch.conn
         size = len(body)
-        if size > conf.max_message_size or conf.producer_name or not conf.batching_enabled \
-                or batch.bytes + size > conf.batching_max_bytes or not conn.alive \
-                or self.conns.get(self.owner.get(topic, "")) is not conn:
+        if batch is None:   # a publisher that sends one message a turn: the first of a new batch
+            conn = self.conns.get(self.owner.get(topic, ""))
+            if conn is None or size > conf.max_message_size or conf.producer_name or not conf.batching_enabled \
+                    or not conn.alive:
+                return None
+            batch = self._open_batch(topic, conn)
+        elif batch.req is not None:
             return None
+        else:
+            conn = batch.conn
+            if size > conf.max_message_size or conf.producer_name or not conf.batching_enabled \
+                    or batch.bytes + size > conf.batching_max_bytes or not conn.alive \
+                    or self.conns.get(self.owner.get(topic, "")) is not conn:
+                return None
         fut: asyncio.Future[int] = conn._loop.create_future()
         batch.bodies.append(body)
         futures = batch.futures
@@ -322,28 +332,33 @@ class ClientPublishing:
         if batch is not None and (batch.conn is not conn or batch.bytes + len(body) > self.conf.batching_max_bytes):
             self._flush_batch(topic)
             batch = None
-        loop = conn._loop
         if batch is None:
-            batch = self._batches[topic] = _Batch(conn)
-            delay = self.conf.batching_max_publish_delay_ms
-            if delay:
-                batch.timer = loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
-            else:   # one end-of-turn callback for every topic's batch, not one per topic (issue 34)
-                turn = self._turn_batches
-                if turn is None:
-                    turn = self._turn_batches = []
-                    loop.call_soon(self._flush_turn, turn)
-                turn.append((topic, batch))
+            batch = self._open_batch(topic, conn)
         if properties or message_type or key is not None or batch.req is not None:
             _fill(batch.request(topic).publishRequest.msgs.add(), body, properties, message_type, key)
         else:
             batch.bodies.append(body)
-        fut: asyncio.Future[int] = loop.create_future()
+        fut: asyncio.Future[int] = conn._loop.create_future()
         batch.futures.append(fut)
         batch.bytes += len(body)
         if len(batch.futures) >= self.conf.batching_max_messages:
             self._flush_batch(topic)
         return fut
+
+    def _open_batch(self, topic: bytes, conn: _Conn) -> _Batch:
+        """A new batch of ``topic`` to ``conn``, to be sent after ``batching_max_publish_delay_ms``, else at the
+        end of this loop turn."""
+        batch = self._batches[topic] = _Batch(conn)
+        delay = self.conf.batching_max_publish_delay_ms
+        if delay:
+            batch.timer = conn._loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
+        else:   # one end-of-turn callback for every topic's batch, not one per topic (issue 34)
+            turn = self._turn_batches
+            if turn is None:
+                turn = self._turn_batches = []
+                conn._loop.call_soon(self._flush_turn, turn)
+            turn.append((topic, batch))
+        return batch
 
     def _flush_turn(self, turn: list[tuple[bytes, _Batch]]) -> None:
         """The end of the loop turn that started the batches of ``turn`` (without a delay): each leaves, in
