@@ -13,7 +13,8 @@ by ``max_batch_messages`` / ``max_batch_bytes``, once no add is in flight
 or ``batch_flush_bytes`` have queued (up to ``max_outstanding_adds``). Two
 keys shorten that hold: with ``batch_hold_after_adds`` N, a publish goes
 out at once while fewer than N adds are in flight (BookKeeper's pipelined
-adds; 1 holds behind any add); with ``batch_flush_delay_ms`` T, a queue
+adds; 1 holds behind any add; the default 3 holds only once the bookies fall
+behind, issue 32); with ``batch_flush_delay_ms`` T, a queue
 goes out at most T after its first publish queued (DistributedLog's
 periodic flush; 0 is no bound). Neither changes what an acknowledgement
 means: entries complete in entry order, so seq ids stay dense. An

@@ -47,7 +47,9 @@ async def turns(n: int = 5) -> None:
 
 
 def held_log(**conf: Any) -> tuple[TopicLog, HeldLedger]:
-    log = TopicLog(b"t", None, None, load_hub_conf(None, conf))
+    """A log on a ``HeldLedger``; publishes queue behind any add in flight (``batch_hold_after_adds`` 1, not the
+    default) unless ``conf`` says otherwise, so each test sees the hold it is about."""
+    log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_hold_after_adds": 1, **conf}))
     lh = HeldLedger()
     log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
     return log, lh
@@ -145,7 +147,8 @@ class SignallingLedger(HeldLedger):
 
 
 async def test_queued_publishes_go_once_batch_flush_delay_ms_passed() -> None:
-    log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_flush_delay_ms": 5, "batch_flush_bytes": 1000}))
+    log = TopicLog(b"t", None, None, load_hub_conf(None, {"batch_flush_delay_ms": 5, "batch_flush_bytes": 1000,
+                                                                  "batch_hold_after_adds": 1}))
     lh = SignallingLedger()
     log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
     loop = asyncio.get_running_loop()
