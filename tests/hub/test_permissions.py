@@ -142,9 +142,9 @@ async def test_a_multi_topic_publish_with_a_topic_not_granted_is_refused_whole_a
         multis: list[int] = []
         send = c.conns[owner].publish_multi
 
-        def publish_multi(parts: Any, timeout: float) -> Any:
+        def publish_multi(parts: Any, timeout: float, answer: Any) -> None:
             multis.append(len(parts))
-            return send(parts, timeout)
+            send(parts, timeout, answer)
 
         c.conns[owner].publish_multi = publish_multi  # type: ignore[method-assign]
         got = await asyncio.gather(*(c.publish_async(t, b"second") for t in (*mine, other)), return_exceptions=True)
