@@ -144,6 +144,9 @@ _BATCH_LEADS: dict[int, bytes] = {}
 """``MessageBatch.messages``' leads, as ``_MESSAGES_LEADS``."""
 _BODY_LEADS: dict[int, bytes] = {}
 """``PublishRequest.msgs`` leads of messages holding only a body, by the body's length (``publish_batch``)."""
+_MSG_LEADS: dict[int, bytes] = {}
+"""``PublishRequest.msg`` leads (its tag, length and its body's lead) of a message holding only a body, by the
+body's length (``publish_batch`` of one body)."""
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
@@ -303,17 +306,28 @@ def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
     message per body.
     """
     parts = [b""]
-    if len(bodies) == 1:   # msg (2): a message of the body alone
+    if len(bodies) == 1:   # msg (2): a message of the body alone (its lead kept by length, as msgs' are)
         body = bodies[0]
-        inner = _field(_BODY_TAG, body) if body else b""
-        parts.append(_PUBLISH_MSG_TAG + _varint(len(inner)))
-        parts.append(inner)
-        size = len(parts[1]) + len(inner)
+        n = len(body)
+        lead = _MSG_LEADS.get(n)
+        if lead is None:
+            inner = _BODY_TAG + _varint(n) if n else b""   # an empty body is no field at all
+            lead = _PUBLISH_MSG_TAG + _varint(len(inner) + n) + inner
+            if n < 1 << 14:
+                _MSG_LEADS[n] = lead
+        parts.append(lead)
+        parts.append(body)
+        size = len(lead) + n
     else:
         size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
-    topic_field = _field(b"\x0a", topic) if topic else b""                   # PublishRequest.topic (1)
-    head = (_PUBLISH_HEAD + _varint(txn_id) + (_field(b"\x2a", topic) if topic else b"")   # txnId (3), topic (5)
-            + _PUBLISH_REQUEST_TAG + _varint(len(topic_field) + size) + topic_field)      # publishRequest (10)
+    if topic:
+        topic_lead = _varint(len(topic))
+        topic_size = 1 + len(topic_lead) + len(topic)
+        head = b"".join((_PUBLISH_HEAD, _varint(txn_id), b"\x2a", topic_lead, topic,   # txnId (3), topic (5)
+                         _PUBLISH_REQUEST_TAG, _varint(topic_size + size),             # publishRequest (10)
+                         b"\x0a", topic_lead, topic))                                  # its topic (1)
+    else:
+        head = _PUBLISH_HEAD + _varint(txn_id) + _PUBLISH_REQUEST_TAG + _varint(size)
     parts[0] = LENGTH_PREFIX.pack(len(head) + size) + head
     return b"".join(parts)
 
