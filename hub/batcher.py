@@ -12,9 +12,10 @@ flight queue up and leave together as one ``MessageBatch`` entry, bounded
 by ``max_batch_messages`` / ``max_batch_bytes``, once no add is in flight
 or ``batch_flush_bytes`` have queued (up to ``max_outstanding_adds``). Two
 keys shorten that hold: with ``batch_hold_after_adds`` N, a publish goes
-out at once while fewer than N adds are in flight (BookKeeper's pipelined
-adds; 1 holds behind any add; the default 3 holds only once the bookies fall
-behind, issue 32); with ``batch_flush_delay_ms`` T, a queue
+out at once while fewer than N adds are in flight and the newest of them is
+light (at most ``LIGHT_ENTRY_MESSAGES`` messages: BookKeeper's pipelined adds
+for single publishes, while publishes that batch anyway hold as with 1; 1
+holds behind any add; the default is 3, issue 32); with ``batch_flush_delay_ms`` T, a queue
 goes out at most T after its first publish queued (DistributedLog's
 periodic flush; 0 is no bound). Neither changes what an acknowledgement
 means: entries complete in entry order, so seq ids stay dense. An
@@ -141,6 +142,24 @@ def _settle_runs(batch: Batch, first: int) -> None:
         except Exception:
             log.exception("publish completion callback raised")
         seq += n
+
+
+LIGHT_ENTRY_MESSAGES = 2
+"""An entry of at most this many messages is light: publishes pipeline behind it (``batch_hold_after_adds``)."""
+
+
+def _pipelined(inflight: collections.deque[InflightAdd], depth: int) -> bool:
+    """Whether queued publishes may go out now as an entry of their own, with ``inflight`` adds out.
+
+    With none out, always; else while fewer than ``depth`` are out and the
+    newest of them is light (``LIGHT_ENTRY_MESSAGES``): single publishes
+    pipeline (BookKeeper's adds), while publishes that batch anyway (a
+    loaded hub's reads bring several, or the queue grew behind a hold) keep
+    holding behind the add in flight, so the entries stay as full as with
+    ``depth`` 1 and cost no more CPU per message.
+    """
+    n = len(inflight)
+    return not n or (n < depth and len(inflight[-1].batch) <= LIGHT_ENTRY_MESSAGES)
 
 
 def _call(done: Done, seq: int, error: BaseException | None) -> None:
@@ -270,7 +289,7 @@ class EntryBatcher:
         """Publishes joined the queue: a pump at the end of this loop turn if they may go, else the hold's bound
         (``sends``: the caller's ``send_queued`` is that pump)."""
         if (not self._pump_soon and self._slow is None
-                and (len(self._inflight) < self.conf.batch_hold_after_adds
+                and (_pipelined(self._inflight, self.conf.batch_hold_after_adds)
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
             # at the end of this loop turn, so the publishes of one read share an entry (send_queued: nothing
             # more to do when the server sent them already)
@@ -386,7 +405,7 @@ class EntryBatcher:
                     self._acked(head)
                 queue = self._queue
                 if not (queue and len(inflight) < conf.max_outstanding_adds
-                        and (len(inflight) < conf.batch_hold_after_adds or self._hold_over
+                        and (_pipelined(inflight, conf.batch_hold_after_adds) or self._hold_over
                              or self._queued_bytes >= conf.batch_flush_bytes)):
                     break
                 if self._needs_arm:

@@ -144,8 +144,8 @@ class HubConf:
     max_batch_messages: int = setting(1000, "messages one ledger entry may batch", min=1)
     max_outstanding_adds: int = setting(16, "ledger entries in flight per topic", min=1)
     batch_hold_after_adds: int = setting(3, "adds in flight from which publishes queue for a batch instead "
-                                         "of going out as an entry at once (1: queue behind any add; 3 pipelines "
-                                         "up to 3 adds, then holds)", min=1)
+                                         "of going out as an entry at once (1: queue behind any add; above 1, only "
+                                         "behind light entries of at most 2 messages)", min=1)
     batch_flush_delay_ms: float = setting(0.0, "with adds in flight, queued publishes go out as another entry "
                                           "at most this long after the first queued (0: no time bound)", min=0)
     batch_flush_bytes: int = setting(8192, "with adds in flight, queued publishes go out as another entry once "

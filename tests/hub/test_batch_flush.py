@@ -134,6 +134,33 @@ async def test_publishes_go_at_once_until_batch_hold_after_adds_are_in_flight() 
     assert [f.result() for f in futs] == [1, 2, 3, 4]  # in order, dense
 
 
+async def test_publishes_pipeline_behind_light_entries_and_hold_behind_a_heavy_one() -> None:
+    from hub.batcher import LIGHT_ENTRY_MESSAGES
+
+    log, lh = held_log(batch_hold_after_adds=4, batch_flush_bytes=1000, max_outstanding_adds=8)
+    futs = [log.enqueue(body(10))]
+    await turns()
+    futs.append(log.enqueue(body(10)))
+    await turns()
+    heavy = LIGHT_ENTRY_MESSAGES + 1
+    futs += [log.enqueue(body(10)) for _ in range(heavy)]   # one read's worth: more than a light entry
+    await turns()
+    assert lh.entries() == [[1], [2], list(range(3, 3 + heavy))]   # behind light entries: each at once
+    futs.append(log.enqueue(body(10)))
+    await turns()
+    assert len(lh.entries()) == 3          # 3 in flight < 4, but the newest is heavy: this one holds
+    lh.settle(0)
+    lh.settle(1)
+    await turns()
+    assert len(lh.entries()) == 3          # still behind the heavy entry
+    lh.settle(2)
+    await turns()
+    assert lh.entries()[3] == [3 + heavy]  # none in flight: it goes
+    lh.settle(3)
+    await turns()
+    assert [f.result() for f in futs] == list(range(1, 4 + heavy))   # in order, dense
+
+
 class SignallingLedger(HeldLedger):
     """A ``HeldLedger`` that sets ``added`` on each add."""
 
