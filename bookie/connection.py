@@ -365,7 +365,12 @@ class BookieConnection(asyncio.Protocol):
     def _frame_ledgers(self, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
                        callbacks: list[ResponseCallback]) -> None:
         """One ADD_ENTRIES_MULTI frame per set of ledgers sharing a master key and recovery flag (a hub's
-        topics all do); a set of one ledger goes as its runs (``_frame_runs``)."""
+        topics all do); a set of one ledger goes as its runs (``_frame_runs``). Called with the adds of more
+        than one ledger."""
+        fields = ledgers[0].multi_fields
+        if all(ledger.multi_fields is fields for ledger in ledgers):   # one master key (a hub's): one frame
+            self._frame_multi(fields, payloads, ledgers, ids, callbacks)
+            return
         groups: dict[bytes, list[int]] = {}
         for i, ledger in enumerate(ledgers):
             groups.setdefault(ledger.multi_fields, []).append(i)
@@ -378,16 +383,20 @@ class BookieConnection(asyncio.Protocol):
             first = part[1][0]
             if all(ledger is first for ledger in part[1]):
                 self._frame_runs(*part)
-                continue
-            self._add_sent()
-            run = _LedgersRun(self, *part)
-            traced = self._traced(part[1], part[2]) if tracing.WATCHED else None
-            txn_id = self._pending.add_next(_ADD_ENTRIES_MULTI, run)
-            frame, nbytes = protocol.add_entries_frame(txn_id, fields, run.payloads, _ADD_ENTRIES_MULTI,
-                                                       trace=bool(traced))
-            if traced:
-                self._trace_frame(txn_id, traced)
-            self._outbox.put_all(frame, nbytes)
+            else:
+                self._frame_multi(fields, *part)
+
+    def _frame_multi(self, fields: bytes, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
+                     callbacks: list[ResponseCallback]) -> None:
+        """One ADD_ENTRIES_MULTI frame of these adds (of several ledgers sharing ``multi_fields``), into the outbox."""
+        self._add_sent()
+        run = _LedgersRun(self, payloads, ledgers, ids, callbacks)
+        traced = self._traced(ledgers, ids) if tracing.WATCHED else None
+        txn_id = self._pending.add_next(_ADD_ENTRIES_MULTI, run)
+        frame, nbytes = protocol.add_entries_frame(txn_id, fields, payloads, _ADD_ENTRIES_MULTI, trace=bool(traced))
+        if traced:
+            self._trace_frame(txn_id, traced)
+        self._outbox.put_all(frame, nbytes)
 
     def _frame_runs(self, payloads: list[bytes], ledgers: list[protocol.AddBodies], ids: list[int],
                     callbacks: list[ResponseCallback]) -> None:
