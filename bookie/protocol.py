@@ -296,16 +296,20 @@ def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
     parts = [b""]
     total = 0
     two, three, four = _ENTRY_LEADS
+    size = -1   # the length the lead was made for: a frame's payloads are mostly of one length
+    lead = b""
     for payload in payloads:
         n = len(payload)
-        if n < 0x80:
-            lead = two.pack(_ENTRIES_TAG, n)
-        elif n < 0x4000:
-            lead = three.pack(_ENTRIES_TAG, n & 0x7F | 0x80, n >> 7)
-        elif n < 0x200000:
-            lead = four.pack(_ENTRIES_TAG, n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
-        else:
-            lead = bytes((_ENTRIES_TAG,)) + _varint(n)
+        if n != size:
+            size = n
+            if n < 0x80:
+                lead = two.pack(_ENTRIES_TAG, n)
+            elif n < 0x4000:
+                lead = three.pack(_ENTRIES_TAG, n & 0x7F | 0x80, n >> 7)
+            elif n < 0x200000:
+                lead = four.pack(_ENTRIES_TAG, n & 0x7F | 0x80, (n >> 7) & 0x7F | 0x80, n >> 14)
+            else:
+                lead = bytes((_ENTRIES_TAG,)) + _varint(n)
         parts.append(lead)
         parts.append(payload)
         total += len(lead) + n

@@ -288,8 +288,7 @@ class LedgerWriter(ExplicitLac):
         self.next_entry_id = entry_id + 1
         self.length = ledger_length
         fut: asyncio.Future[int] = self._loop.create_future()
-        now = self._loop.time()
-        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), now, fut, None))
+        self._enqueue(_PendingAdd(entry_id, payload, ledger_length, len(payload), self._loop.time(), fut, None))
         return fut
 
     def _enqueue(self, p: _PendingAdd) -> None:
@@ -305,9 +304,9 @@ class LedgerWriter(ExplicitLac):
         if callbacks is None:   # one per bookie of the ensemble while adds are pending (dropped when idle)
             callbacks = self._callbacks = [_BookieAcks(self, addr) for addr in self._ensemble]
         skip = p.acked | p.sent | self._blocked
-        conns = self._conns
-        ledger = self._ledger
-        for idx in self._write_sets[p.entry_id % len(conns)]:
+        conns, ledger, entry_id, payload = self._conns, self._ledger, p.entry_id, p.payload
+        small = len(payload) < _LARGE_ADD or (tracing.WATCHED and (self.ledger_id, entry_id) in tracing.WATCHED)
+        for idx in self._write_sets[entry_id % len(conns)]:
             bit = 1 << idx
             if skip & bit:
                 continue
@@ -318,11 +317,11 @@ class LedgerWriter(ExplicitLac):
                     self._connect(idx)
                     continue
             p.sent |= bit
-            if len(p.payload) < _LARGE_ADD or (tracing.WATCHED and (self.ledger_id, p.entry_id) in tracing.WATCHED):
-                conn.submit_entry(ledger, p.entry_id, p.payload, callbacks[idx])
+            if small:
+                conn.submit_entry(ledger, entry_id, payload, callbacks[idx])
                 continue
             if not p.request:   # goes alone anyway: one body shared by every bookie, not one copy each
-                p.request = ledger.body(p.entry_id, p.payload)
+                p.request = ledger.body(entry_id, payload)
             conn.submit_add(p.request, callbacks[idx])
 
     def _connect(self, idx: int) -> None:
