@@ -76,6 +76,8 @@ DEFAULT_TCP_USER_TIMEOUT = 2.0
 FLUSH_BYTES = 64 * 1024
 """A connection writes what it queued once this many bytes wait, not only at the end of the loop turn."""
 DEFAULT_TCP_KEEPALIVE = 1.0
+JOIN_BYTES = 16 * 1024
+"""A write of several parts up to this long is joined into one buffer first (``Outbox``: less CPU than a writev)."""
 
 
 def set_tcp_liveness(sock: socket.socket | None, user_timeout: float, keepalive: float) -> None:
@@ -110,7 +112,7 @@ class BookieConnection(asyncio.Protocol):
         self._decoder = protocol.FrameDecoder(max_frame_size)
         self._pending: protocol.ClientTxns[ResponseCallback] = protocol.ClientTxns()
         self._transport: asyncio.Transport | None = None
-        self._outbox = Outbox(flush_bytes=FLUSH_BYTES)
+        self._outbox = Outbox(flush_bytes=FLUSH_BYTES, join_bytes=JOIN_BYTES)
         self._loop = asyncio.get_running_loop()
         self.is_closed = False
         """True once the connection is lost or closed (then ``pool.get`` opens a new one)."""

@@ -43,6 +43,25 @@ def test_a_scheduled_outbox_flushes_once_per_schedule_and_at_once_past_flush_byt
     assert t.writes[-1] == [b"x"]
 
 
+def test_an_outbox_joins_the_parts_of_a_small_write_and_keeps_those_of_a_large_one() -> None:
+    out = Outbox(join_bytes=8)
+    t = Transport()
+    out.attach(t)
+    out.put(b"abc")
+    out.put_all([b"de", b"fgh"], 5)          # 8 bytes: one joined part
+    out.flush()
+    out.put(b"single")                       # one part: as it is
+    out.flush()
+    out.put_all([b"abcd", b"efghi"], 9)      # past join_bytes: the parts themselves (no copy)
+    out.flush()
+    assert t.writes == [[b"abcdefgh"], [b"single"], [b"abcd", b"efghi"]] and out.queued_bytes == 0
+    plain = Outbox()                         # join_bytes 0 (the default): never joined
+    plain.attach(t)
+    plain.put_all([b"a", b"b"], 2)
+    plain.flush()
+    assert t.writes[-1] == [b"a", b"b"]
+
+
 def test_a_detached_outbox_drops_what_it_held() -> None:
     scheduled: list[Callable[[], None]] = []
     out = Outbox(schedule=scheduled.append)
