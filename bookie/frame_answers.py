@@ -40,10 +40,6 @@ class AddAcks:
     def ok(self, entry_id: int) -> None:
         raise NotImplementedError
 
-    def answered_ok(self, entry_id: int) -> None:
-        """An ADD_ENTRY's OK answer read by hand (``ClientTxns.answer``): ``ok``."""
-        self.ok(entry_id)
-
     def __call__(self, result: protocol.Response | BKError) -> None:
         raise NotImplementedError
 
@@ -93,7 +89,7 @@ class _FrameAnswer:
     def _refused(self) -> None:
         raise NotImplementedError
 
-    def answered_ok(self, entry_id: int) -> None:
+    def answered_ok(self) -> None:
         """The frame's OK answer without per-add answers, read by hand (``ClientTxns.answer``): every add is OK."""
         self._all_ok()
 
@@ -189,9 +185,9 @@ class _LacsRun:
         if result.status == protocol.UNKNOWN_OP:
             self.conn._refused_lacs(self)
             return
-        self.answered_ok(0)
+        self.answered_ok()
 
-    def answered_ok(self, entry_id: int) -> None:
+    def answered_ok(self) -> None:
         """The frame's OK answer (read by hand: ``ClientTxns.answer``): each LAC hears OK."""
         ok = protocol.Response(op=protocol.WRITE_LAC)   # one answer object for the frame: callbacks read it at once
         for _, ledger_id, lac, callback in self.items:

@@ -76,8 +76,6 @@ class _BookieAcks(AddAcks):
         if idx is not None:
             writer._acked(idx, entry_id)
 
-    answered_ok = ok   # an ADD_ENTRY's OK answer read by hand (``ClientTxns.answer``): no call more
-
 
 _NO_BOOKIES: frozenset[str] = frozenset()
 

@@ -33,7 +33,7 @@ this module; everything here is testable with byte strings alone::
     head = add_frame_head(txns.add_next(ADD_ENTRY, callback), body)   # send head, then body
     parts, size = add_entries_frame(txns.add_next(ADD_ENTRIES, callback), bodies.ledger_fields, [payload, ...])
     adds_answered = txns.answer(frames, misfit)  # parse every response read, run each callback in order
-    ok_answer(frame)                            # (txn_id, op, entry_id) of a plain OK answer, by hand; else None
+    ok_answer(frame)                            # (txn_id, op) of an all-OK frame answer, by hand; else None
 
 Frames are a 4-byte big-endian unsigned length followed by that many bytes
 of one protobuf ``Request`` or ``Response`` (``bookie/proto/bookie.proto``).
@@ -321,59 +321,35 @@ def add_entries_frame(txn_id: int, ledger_fields: bytes, payloads: list[bytes],
     return parts, total + PREFIX_SIZE
 
 
-_OK_ANSWER_MAX = 32   # bytes of the longest answer ``ok_answer`` reads: txn id, op, ledger id, entry id
+_OK_ANSWER_MAX = 12   # bytes of the longest answer ``ok_answer`` reads: a txn id of 9 bytes, the op
 
 
-def _varint_at(frame: bytes, i: int) -> tuple[int, int]:
-    """The varint at ``frame[i]`` of at most 9 bytes (under 2**63) and the index after it; ``(-1, i)`` else."""
-    value = shift = 0
-    n = len(frame)
-    while i < n and shift <= 56:
-        b = frame[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-    return -1, i
+def ok_answer(frame: bytes) -> tuple[int, int] | None:
+    """``(txn_id, op)`` of an OK answer of nothing but those two, else ``None``.
 
-
-def ok_answer(frame: bytes) -> tuple[int, int, int] | None:
-    """``(txn_id, op, entry_id)`` of an OK answer holding no more than those and a ledger id, else ``None``.
-
-    Hand-parsed, no ``Response`` (the ledger client's read path, issue 32): the
-    bodies of ``ok_frame`` (an ADD_ENTRIES whose adds all succeeded, a
-    WRITE_LAC_MULTI) and ``add_ok_frame`` (an ADD_ENTRY's OK), i.e. the bytes
-    protobuf writes for ``Response(txn_id=..., op=..., ledger_id=...,
-    entry_id=...)`` (status OK, zero fields left out). What it returns is what
-    ``parse_response`` reads from the same bytes. Anything else (a txn id of 0,
-    a status, a message, a trace, per-add answers, another field, fields out
-    of order, an id of 2**63 or more) is ``None``: parse it with
-    ``parse_response``.
+    Hand-parsed, no ``Response`` (the ledger client's read path, issue 32):
+    the body of ``ok_frame`` (an ADD_ENTRIES or ADD_ENTRIES_MULTI whose adds
+    all succeeded, a WRITE_LAC_MULTI), i.e. the bytes protobuf writes for
+    ``Response(txn_id=..., op=...)`` with status OK; what it returns is what
+    ``parse_response`` reads from them. Anything else (a txn id of 0 or of
+    2**63 or more, a status, an id, a message, a trace, per-add answers,
+    another field) is ``None``: parse it with ``parse_response``.
     """
     n = len(frame)
-    if n < 4 or n > _OK_ANSWER_MAX or frame[0] != 0x08:
+    if n < 4 or n > _OK_ANSWER_MAX or frame[0] != 0x08 or frame[n - 2] != 0x10:
         return None
-    txn_id = frame[1]
-    i = 2
-    if txn_id >= 0x80:
-        txn_id, i = _varint_at(frame, 1)
-    if txn_id <= 0 or i + 1 >= n or frame[i] != 0x10:   # txn_id < 0: too long; an answer has an op
+    op = frame[n - 1]
+    last = frame[n - 3]   # the txn id's varint is frame[1:n-2]: only its last byte below 0x80
+    if last >= 0x80 or not 0 < op < 0x80:
         return None
-    op = frame[i + 1]
-    i += 2
-    if i == n:
-        return (txn_id, op, 0) if 0 < op < 0x80 else None
-    if op != ADD_ENTRY:
-        return None
-    entry_id = 0
-    if frame[i] == 0x20:   # ledger_id (field 4, varint): not needed, but it must be well formed
-        ledger_id, i = _varint_at(frame, i + 1)
-        if ledger_id < 0:
+    txn_id = shift = 0
+    for b in frame[1:n - 3]:
+        if b < 0x80:
             return None
-    if i < n and frame[i] == 0x28:   # entry_id (field 5, varint)
-        entry_id, i = _varint_at(frame, i + 1)
-    return (txn_id, op, entry_id) if i == n and entry_id >= 0 else None
+        txn_id |= (b & 0x7F) << shift
+        shift += 7
+    txn_id |= last << shift
+    return (txn_id, op) if txn_id else None
 
 
 _Callback = TypeVar("_Callback", bound=Callable[[Response], object])
@@ -404,8 +380,8 @@ class ClientTxns(PendingRequests[T]):
         ``complete`` raises it) is skipped. The client's read path: one call
         per read, not per frame. ``traced`` (while traced frames are out:
         ``bookie.tracing``) sees each add's answer carrying stage times first.
-        An OK answer of nothing but its ids (``ok_answer``) goes to the
-        value's ``answered_ok(entry_id)`` when it has one, parsed by hand (no
+        An OK answer of nothing but its txn id and op (``ok_answer``) goes to
+        the value's ``answered_ok()`` when it has one, parsed by hand (no
         ``Response``); a value without one gets the ``Response``.
         """
         pending = self._pending
@@ -413,8 +389,8 @@ class ClientTxns(PendingRequests[T]):
         adds = 0
         for frame in frames:
             ok = ok_answer(frame) if len(frame) <= _OK_ANSWER_MAX else None
-            if ok is not None:   # the usual answer, read by hand (``ok_answer``): no Response for a callback
-                txn_id, op, entry_id = ok   # that takes it without one (``answered_ok``)
+            if ok is not None:   # a frame's all-OK answer, read by hand (``ok_answer``): no Response for a
+                txn_id, op = ok   # callback that takes it without one (``answered_ok``)
                 entry = pending.get(txn_id)
                 if entry is not None and entry[0] == op:
                     answered_ok = getattr(entry[1], "answered_ok", None)
@@ -422,7 +398,7 @@ class ClientTxns(PendingRequests[T]):
                         del pending[txn_id]
                         if op in ADD_OPS:
                             adds += 1
-                        answered_ok(entry_id)
+                        answered_ok()
                         continue
             try:
                 response = parse(frame)
