@@ -236,6 +236,11 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         self._server.stats.count(op, status)
+        self._queue_answer(frame)
+
+    def _queue_answer(self, frame: bytes) -> None:
+        """A framed answer from a completion: put for the read's flush while reading, else sent; flushed once the
+        queued responses reach their bound."""
         if self._in_read:
             self.outbox.put(frame)  # the read's flush writes it
         else:
@@ -252,12 +257,7 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.transport is not None:
             key = (op, OK)
             requests[key] = requests.get(key, 0) + 1
-            if self._in_read:
-                self.outbox.put(frame)  # the read's flush writes it
-            else:
-                self.outbox.send(frame)
-            if self.state.response_queued(len(frame)):
-                self.outbox.flush()
+            self._queue_answer(frame)
         if self.state.requests_finished(1):
             self._act_on_finished()
 

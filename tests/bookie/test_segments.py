@@ -49,13 +49,7 @@ def test_checkpoints_in_slices_match_a_dict(tmp_path: Path, seed: int) -> None:
                 mine = [KEY.unpack(k)[1] for k in model if KEY.unpack(k)[0] == ledger]
                 last = store.last_entry(txn, ledger)
                 assert (last[0] if last else None) == (max(mine) if mine else None)
-            cur = txn.cursor(db=store.segments)  # segments of one ledger never overlap
-            spans = []
-            for key, value in cur:
-                (n,) = struct.unpack_from(">I", value, 0)
-                spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
-            for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
-                assert a_first <= a_last < b_first
+            _assert_segments_disjoint(txn, store)   # segments of one ledger never overlap
     finally:
         env.close()
 
@@ -91,11 +85,16 @@ def test_checkpoints_of_many_ledgers_with_few_entries_match_a_dict(tmp_path: Pat
             assert store.count(txn) == len(model)
             for key, value in model.items():
                 assert store.read(txn, *KEY.unpack(key)) == value
-            spans = []
-            for key, value in txn.cursor(db=store.segments):
-                (n,) = struct.unpack_from(">I", value, 0)
-                spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
-            for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
-                assert a_first <= a_last < b_first
+            _assert_segments_disjoint(txn, store)
     finally:
         env.close()
+
+
+def _assert_segments_disjoint(txn: lmdb.Transaction, store: SegmentStore) -> None:
+    """Every stored segment's first key is at most its last, and below the next segment's first."""
+    spans = []
+    for key, value in txn.cursor(db=store.segments):
+        (n,) = struct.unpack_from(">I", value, 0)
+        spans.append((bytes(key), bytes(value[4 + 16 * (n - 1):4 + 16 * n])))
+    for (a_first, a_last), (b_first, _) in itertools.pairwise(spans):
+        assert a_first <= a_last < b_first
