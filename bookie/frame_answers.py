@@ -139,6 +139,8 @@ class _LedgersRun(_FrameAnswer):
             ok.entry_id = entry_id
             callback(ok)
 
+    answered_ok = _all_ok   # (``_FrameAnswer.answered_ok``, one call less per frame)
+
     def _refused(self) -> None:
         self.conn._refused_ledgers(self)
 
@@ -163,6 +165,8 @@ class _AddRun(_FrameAnswer):
                 ok = protocol.Response(op=_ADD_ENTRY, ledger_id=self.ledger.ledger_id)
             ok.entry_id = entry_id
             callback(ok)
+
+    answered_ok = _all_ok
 
     def _refused(self) -> None:
         self.conn._refused_batches(self)

@@ -11,6 +11,7 @@ entry's write set.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 from collections.abc import Callable
 from typing import Protocol
@@ -21,6 +22,8 @@ from bookie.errors import BKError
 from bookie.frame_answers import AddAcks
 
 __all__ = ["AddCallback"]
+
+_OK = protocol.OK
 
 AddCallback = Callable[[int, BKError | None], None]
 """``callback(entry_id, error)``: ``error`` is ``None`` once the entry is acknowledged."""
@@ -51,14 +54,21 @@ class _Acked(Protocol):
     """What ``_BookieAcks`` needs of its writer (``bookie.writer.LedgerWriter``)."""
 
     _index_of: dict[str, int]
-
-    def _acked(self, idx: int, entry_id: int) -> None: ...
+    _blocked: int
+    _pending: collections.deque[_PendingAdd]
+    _quorum: int
+    last_add_confirmed: int
 
     def _on_response(self, addr: str, result: protocol.Response | BKError) -> None: ...
 
 
 class _BookieAcks(AddAcks):
-    """A writer's callback for the answers of one bookie, by address (a replaced bookie's answers are ignored)."""
+    """A writer's callback for the answers of one bookie, by address (a replaced bookie's answers are ignored).
+
+    An OK answer is counted here, in one call per bookie answer (``ok``: the
+    ack, the quorum, the in-order completion), the hot path of every add; any
+    other answer or a lost connection goes to the writer's ``_on_response``.
+    """
 
     __slots__ = ("addr", "writer")
 
@@ -67,14 +77,51 @@ class _BookieAcks(AddAcks):
         self.addr = addr
 
     def __call__(self, result: protocol.Response | BKError) -> None:
-        self.writer._on_response(self.addr, result)
+        if isinstance(result, BKError) or result.status != _OK:
+            self.writer._on_response(self.addr, result)
+        else:
+            self.ok(result.entry_id)
 
     def ok(self, entry_id: int) -> None:
-        """An OK answer to the add of ``entry_id`` (from a frame's all-OK answer: no ``Response``)."""
+        """An OK answer to the add of ``entry_id``: it counts if the bookie is still in the ensemble at an index
+        not being replaced and the add was sent there; once ``quorum`` acknowledged it and every earlier add
+        completed, it completes (then the later ones already done), in entry-id order."""
         writer = self.writer
         idx = writer._index_of.get(self.addr)
-        if idx is not None:
-            writer._acked(idx, entry_id)
+        if idx is None:
+            return  # a bookie replaced since
+        bit = 1 << idx
+        if writer._blocked & bit:
+            return
+        pending = writer._pending
+        if not pending:
+            return
+        head = pending[0]
+        i = entry_id - head.entry_id
+        if i < 0 or i >= len(pending):
+            return
+        p = pending[i] if i else head
+        if not p.sent & bit:
+            return
+        p.acked |= bit
+        if p.done or p.acked.bit_count() < writer._quorum:
+            return
+        p.done = True
+        if p is not head:
+            return
+        while True:   # complete in order (a callback may add, or fail the writer: that empties ``pending``)
+            pending.popleft()
+            writer.last_add_confirmed = entry_id = p.entry_id
+            fut = p.future
+            if fut is not None and not fut.done():
+                fut.set_result(entry_id)
+            if p.callback is not None:
+                p.callback(entry_id, None)
+            if not pending:
+                return
+            p = pending[0]
+            if not p.done:
+                return
 
 
 _NO_BOOKIES: frozenset[str] = frozenset()

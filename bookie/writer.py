@@ -345,14 +345,15 @@ class LedgerWriter(ExplicitLac):
                 self._send(p)
 
     def _on_response(self, addr: str, result: protocol.Response | BKError) -> None:
+        """A bookie's answer other than OK, or its lost connection (``_BookieAcks``; an OK is counted there)."""
         idx = self._index_of.get(addr)
         if idx is None:
             return  # a reply from a bookie replaced since
         if isinstance(result, BKError):
             self._bookie_failed(addr, result)
             return
-        if result.status == _OK:
-            self._acked(idx, result.entry_id)
+        if result.status == _OK:   # (``_BookieAcks`` counts it)
+            _BookieAcks(self, addr).ok(result.entry_id)
             return
         err = protocol.error_for(result)
         assert err is not None
@@ -360,38 +361,6 @@ class LedgerWriter(ExplicitLac):
             self.fail_all(err)
         else:
             self._bookie_failed(addr, err)
-
-    def _acked(self, idx: int, entry_id: int) -> None:
-        """Bookie ``idx`` of the current ensemble acknowledged ``entry_id``: it counts if the add was sent there."""
-        bit = 1 << idx
-        if self._blocked & bit:
-            return
-        pending = self._pending
-        if not pending:
-            return
-        head = pending[0]
-        i = entry_id - head.entry_id
-        if i < 0 or i >= len(pending):
-            return
-        p = pending[i] if i else head
-        if not p.sent & bit:
-            return
-        p.acked |= bit
-        if not p.done and p.acked.bit_count() >= self._quorum:
-            p.done = True
-            if p is head:
-                self._complete_in_order()
-
-    def _complete_in_order(self) -> None:
-        pending = self._pending
-        while pending and pending[0].done:
-            p = pending.popleft()
-            self.last_add_confirmed = p.entry_id
-            fut = p.future
-            if fut is not None and not fut.done():
-                fut.set_result(p.entry_id)
-            if p.callback is not None:
-                p.callback(p.entry_id, None)
 
     def _drop_idle(self) -> None:
         """Idle: drop the queue of adds and the per-bookie callbacks (kept while adds come, made again after)."""
