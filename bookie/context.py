@@ -10,8 +10,9 @@ instead of the client itself, so none of them imports ``bookie.client``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bookie.add_timers import AddTimers
 from bookie.client_conf import LedgerClientConf
 from bookie.connection import BookieConnectionPool
 from bookie.failures import FailureHistory
@@ -32,6 +33,8 @@ class ClientContext:
     conf: LedgerClientConf
     pool: BookieConnectionPool
     failures: FailureHistory
+    add_timers: AddTimers = field(default_factory=AddTimers, compare=False, repr=False)
+    """The writers' add timers (``bookie.add_timers``): one wheel for the client's writers."""
 
     def quarantined(self) -> set[str]:
         """Bookies that failed an add or a read in the last ``bookie_quarantine_time_s`` seconds."""

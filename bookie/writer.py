@@ -116,8 +116,9 @@ class LedgerWriter(ExplicitLac):
     __slots__ = ("_blocked", "_callbacks", "_change_task", "_closing", "_connecting", "_conns", "_ctx", "_delay",
                  "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lag_rechecked", "_ledger",
                  "_loop", "_master_key", "_max_entry", "_md", "_password", "_pending", "_quorum", "_quorum_timeout",
-                 "_recovery", "_replacing", "_retry_timer", "_sealed", "_timeout", "_timer", "_timer_due",
-                 "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length", "next_entry_id")
+                 "_recovery", "_replacing", "_retry_timer", "_sealed", "_timeout", "_timer_due", "_timer_slot",
+                 "_timers", "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length",
+                 "next_entry_id")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
                  password: bytes, *, recovery: bool = False, last_add_confirmed: int = -1, length: int = 0,
@@ -152,7 +153,8 @@ class LedgerWriter(ExplicitLac):
         self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
         self._change_task: asyncio.Task[None] | None = None
         self._connecting: dict[str, asyncio.Task[None]] = IDLE_DICT   # a dict of its own while connecting
-        self._timer: asyncio.TimerHandle | None = None
+        self._timers = ctx.add_timers   # the client's wheel (``bookie.add_timers``): no TimerHandle per writer
+        self._timer_slot = 0            # the wheel's slot this writer's add timer is in; 0: none
         self._timer_due = 0.0
         self._lag_rechecked = False
         self._error: BKError | None = None
@@ -252,7 +254,7 @@ class LedgerWriter(ExplicitLac):
         if pending is IDLE:
             pending = self._pending = collections.deque()
         pending.append(p)  # ``_enqueue`` inlined: the add path
-        if self._timer is None:
+        if not self._timer_slot:
             self._arm_timer(now + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
         return entry_id
@@ -295,7 +297,7 @@ class LedgerWriter(ExplicitLac):
         if self._pending is IDLE:
             self._pending = collections.deque()
         self._pending.append(p)
-        if self._timer is None:
+        if not self._timer_slot:
             self._arm_timer(p.started + min(self._timeout, self._quorum_timeout or self._timeout))
         self._send(p)
 
@@ -363,18 +365,17 @@ class LedgerWriter(ExplicitLac):
             self._bookie_failed(addr, err)
 
     def _drop_idle(self) -> None:
-        """Idle: drop the queue of adds and the per-bookie callbacks (kept while adds come, made again after)."""
+        """Idle: drop the queue of adds, the per-bookie callbacks (kept while adds come, made again after) and
+        the add timer (an idle writer keeps no timer, nor a float of its own for it)."""
         self._pending, self._callbacks = IDLE, None
+        self._timer_slot, self._timer_due, self._lag_rechecked = 0, 0.0, False
 
     def _arm_timer(self, when: float) -> None:
-        self._timer_due = when
-        self._timer = self._loop.call_at(when, self._on_timer)
+        self._timer_due = self._timers.arm(self, when)
 
     def _on_timer(self) -> None:
-        self._timer = None
+        """The add timer (``AddTimers`` runs it while adds are pending; ``_drop_idle`` once none is)."""
         if self._error is not None or not self._pending:
-            self._lag_rechecked = False
-            self._timer_due = 0.0    # an idle writer keeps no float of its own for it
             self._drop_idle()
             return
         now = self._loop.time()
@@ -511,9 +512,7 @@ class LedgerWriter(ExplicitLac):
             self._error = exc
         self._stop_lac_timer()
         self._stop_replace_retry()
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer_slot = 0   # the wheel skips this writer at that tick
         for task in list(self._connecting.values()):
             task.cancel()
         pending = self._pending
@@ -551,9 +550,7 @@ class LedgerWriter(ExplicitLac):
         for task in list(self._connecting.values()):
             task.cancel()
         await asyncio.gather(*self._connecting.values(), return_exceptions=True)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._timer_slot = 0   # the wheel skips this writer at that tick
         self._drop_idle()   # drained
         md, version = await close_ledger(self._ctx.ledgers, self.ledger_id, self.last_add_confirmed,
                                          self.acked_length(), current=(self.metadata, self.version),

@@ -84,13 +84,33 @@ async def test_a_writer_keeps_its_queue_between_adds_and_drops_it_once_idle(bk: 
     assert kept is not IDLE and not kept and callbacks is not None
     assert await lh.add_entry(b"b") == 1
     assert writer._pending is kept and writer._callbacks is callbacks
-    assert writer._timer is not None
-    writer._timer.cancel()
-    writer._on_timer()   # the add timer's look (due add_entry_timeout after the first add), now
-    assert writer._pending is IDLE and writer._callbacks is None and writer._timer is None
+    slot = writer._timer_slot
+    assert slot and writer in bk._ctx.add_timers._buckets[slot]
+    bk._ctx.add_timers._fire(slot)   # the add timer's look (due add_entry_timeout after the first add), now
+    assert writer._pending is IDLE and writer._callbacks is None and not writer._timer_slot
     assert await lh.add_entry(b"c") == 2 and lh.last_add_confirmed == 2
     await lh.close()
     assert [e.data async for e in lh.read(0, 2)] == [b"a", b"b", b"c"]
+
+
+@in_shared
+async def test_an_idle_writer_holds_no_add_timer(bk: BookKeeper) -> None:
+    """Once its adds are answered, the client's wheel drops an idle writer at the add timer's look: no slot,
+    no entry in the wheel, no queue (issue 34: no timer per idle topic)."""
+    from metastore.idle import IDLE
+
+    lh = await bk.create_ledger(3, 2, 2, password=b"pw")
+    writer = lh._writer
+    assert writer is not None and not writer._timer_slot and len(bk._ctx.add_timers) == 0
+    await lh.add_entries([b"a", b"b"])
+    assert writer._timer_slot and len(bk._ctx.add_timers) == 1
+
+    async def dropped() -> bool:
+        return not writer._timer_slot
+
+    await wait_for(dropped, bk._ctx.conf.add_entry_timeout + 5)   # the look: add_entry_timeout after the adds
+    assert writer._pending is IDLE and writer._callbacks is None and len(bk._ctx.add_timers) == 0
+    await lh.close()
 
 
 @in_shared
