@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from bookie.add_timers import AddTimers
+from bookie.add_timers import AddTimers, LacTimers
 from bookie.client_conf import LedgerClientConf
 from bookie.connection import BookieConnectionPool
 from bookie.failures import FailureHistory
@@ -35,6 +35,8 @@ class ClientContext:
     failures: FailureHistory
     add_timers: AddTimers = field(default_factory=AddTimers, compare=False, repr=False)
     """The writers' add timers (``bookie.add_timers``): one wheel for the client's writers."""
+    lac_timers: LacTimers = field(default_factory=LacTimers, compare=False, repr=False)
+    """The writers' explicit-LAC checks (``bookie.add_timers.LacTimers``)."""
 
     def quarantined(self) -> set[str]:
         """Bookies that failed an add or a read in the last ``bookie_quarantine_time_s`` seconds."""

@@ -8,7 +8,9 @@ together: one WRITE_LAC_MULTI per bookie), if the LAC
 advanced past the last one sent (piggybacked or explicit), the writer sends
 it in a WRITE_LAC to the write set of that entry in the current ensemble, so
 tailing readers (``LedgerHandle.wait_last_add_confirmed``) see the last
-entry of an idle ledger. One timer per writer, armed by adds, checks this;
+entry of an idle ledger. A timer per writer, armed by adds, checks this: a
+place in the client's wheel (``bookie.add_timers.LacTimers``), which moves
+a writer that had an add since on to its new due time by itself;
 a failed WRITE_LAC is only logged (the next add carries the LAC anyway).
 Recovery writers send none; close and failure stop the timer.
 
@@ -23,9 +25,9 @@ import asyncio
 import collections
 import functools
 import logging
-import math
 
 from bookie import protocol
+from bookie.add_timers import LacTimers
 from bookie.connection import BookieConnection
 from bookie.context import ClientContext
 from bookie.errors import BKError
@@ -39,7 +41,7 @@ __all__ = ["ExplicitLac"]
 class ExplicitLac:
     """The explicit-LAC methods of ``LedgerWriter`` (see the module docstring)."""
 
-    __slots__ = ("_lac_interval", "_lac_sent", "_lac_timer", "_last_add_at")
+    __slots__ = ("_lac_due", "_lac_interval", "_lac_sent", "_lac_timers", "_last_add_at")
 
     ledger_id: int
     _sealed: bool
@@ -57,28 +59,24 @@ class ExplicitLac:
     _lac_interval: float
     _lac_sent: int
     _last_add_at: float
-    _lac_timer: asyncio.TimerHandle | None
+    _lac_due: float               # when the client's ``LacTimers`` runs this writer's check; 0.0: not armed
+    _lac_timers: LacTimers
 
     def _on_lac_timer(self) -> None:
-        self._lac_timer = None
+        """The LAC check (``LacTimers``: due ``explicit_lac_interval`` after the last add, on ticks of an eighth
+        of it, so the WRITE_LACs of the writers due together leave in one WRITE_LAC_MULTI per bookie)."""
+        self._lac_due = 0.0
         if self._error is not None or self._closing or self._sealed:
             return
         now = self._loop.time()
         due = self._last_add_at + self._lac_interval
         if now < due:  # an add since: the interval starts again from it
-            self._lac_timer = self._loop.call_at(self._lac_tick(due), self._on_lac_timer)
+            self._lac_timers.arm(self, due)
             return
         if self.last_add_confirmed > self._lac_sent:
             self.send_lac(self.last_add_confirmed)
         if self._pending:  # their acknowledgements may advance the LAC without another add
-            self._lac_timer = self._loop.call_at(self._lac_tick(now + self._lac_interval), self._on_lac_timer)
-
-    def _lac_tick(self, when: float) -> float:
-        """``when`` rounded up to the next eighth of the interval on the loop's clock: the LAC checks of the
-        writers that fall due about together run in one loop turn, so their WRITE_LACs to one bookie leave
-        in one WRITE_LAC_MULTI frame (``BookieConnection.submit_lac``)."""
-        tick = self._lac_interval / 8
-        return math.ceil(when / tick) * tick
+            self._lac_timers.arm(self, now + self._lac_interval)
 
     def send_lac(self, lac: int) -> None:
         """Send a WRITE_LAC of ``lac`` to the write set of entry ``lac`` in the current ensemble (no waiting).
@@ -105,6 +103,4 @@ class ExplicitLac:
             log.info("ledger %d: explicit LAC %d not recorded by %s: %s", self.ledger_id, lac, addr, err)
 
     def _stop_lac_timer(self) -> None:
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
-            self._lac_timer = None
+        self._lac_due = 0.0   # the wheel skips this writer at that time

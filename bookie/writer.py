@@ -163,7 +163,8 @@ class LedgerWriter(ExplicitLac):
         self._lac_interval = 0.0 if recovery else _seconds(ctx.conf.explicit_lac_interval)
         self._lac_sent = last_add_confirmed  # the highest LAC the bookies were sent (piggybacked or explicit)
         self._last_add_at = 0.0               # loop time of the last add submitted
-        self._lac_timer: asyncio.TimerHandle | None = None
+        self._lac_timers = ctx.lac_timers
+        self._lac_due = 0.0
         self._use_ensemble(metadata)
 
     # --- state ------------------------------------------------------------------------------------
@@ -247,8 +248,8 @@ class LedgerWriter(ExplicitLac):
         lac = self._lac_sent = self.last_add_confirmed  # piggybacked on this add
         payload = self._encode(self.ledger_id, entry_id, lac, length, data)
         now = self._last_add_at = self._loop.time()
-        if self._lac_timer is None and self._lac_interval:
-            self._lac_timer = self._loop.call_at(self._lac_tick(now + self._lac_interval), self._on_lac_timer)
+        if not self._lac_due and self._lac_interval:
+            self._lac_timers.arm(self, now + self._lac_interval)
         p = _PendingAdd(entry_id, payload, length, size, now, future, callback)
         pending = self._pending
         if pending is IDLE:
