@@ -27,7 +27,6 @@ import functools
 import logging
 
 from bookie import protocol
-from bookie.add_timers import LacTimers
 from bookie.connection import BookieConnection
 from bookie.context import ClientContext
 from bookie.errors import BKError
@@ -41,7 +40,7 @@ __all__ = ["ExplicitLac"]
 class ExplicitLac:
     """The explicit-LAC methods of ``LedgerWriter`` (see the module docstring)."""
 
-    __slots__ = ("_lac_due", "_lac_interval", "_lac_sent", "_lac_timers", "_last_add_at")
+    __slots__ = ("_lac_due", "_lac_interval", "_lac_sent", "_last_add_at")
 
     ledger_id: int
     _sealed: bool
@@ -60,7 +59,6 @@ class ExplicitLac:
     _lac_sent: int
     _last_add_at: float
     _lac_due: float               # when the client's ``LacTimers`` runs this writer's check; 0.0: not armed
-    _lac_timers: LacTimers
 
     def _on_lac_timer(self) -> None:
         """The LAC check (``LacTimers``: due ``explicit_lac_interval`` after the last add, on ticks of an eighth
@@ -71,12 +69,12 @@ class ExplicitLac:
         now = self._loop.time()
         due = self._last_add_at + self._lac_interval
         if now < due:  # an add since: the interval starts again from it
-            self._lac_timers.arm(self, due)
+            self._ctx.lac_timers.arm(self, due)
             return
         if self.last_add_confirmed > self._lac_sent:
             self.send_lac(self.last_add_confirmed)
         if self._pending:  # their acknowledgements may advance the LAC without another add
-            self._lac_timers.arm(self, now + self._lac_interval)
+            self._ctx.lac_timers.arm(self, now + self._lac_interval)
 
     def send_lac(self, lac: int) -> None:
         """Send a WRITE_LAC of ``lac`` to the write set of entry ``lac`` in the current ensemble (no waiting).

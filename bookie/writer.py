@@ -16,7 +16,9 @@ acknowledged. Sends to one bookie in one loop turn leave in one
 Cost per add: the entry (payload and one small record with bit masks for
 the bookies it was sent to and acknowledged by), one request per bookie,
 and the caller's future if it asked for one. There is no timer per add: one
-timer per ledger watches the oldest pending add.
+timer per ledger watches the oldest pending add, a place in the client's
+wheel (``bookie.add_timers``: no loop timer of its own; an idle writer holds
+none).
 
 Failure detection (BookKeeper's two add timeouts): a bookie this writer
 waits on counts as failed once its connection has had adds outstanding for
@@ -24,7 +26,7 @@ waits on counts as failed once its connection has had adds outstanding for
 ``BookieConnection.add_silence``): a bookie that stopped answering (a
 cut-off host, a stopped or hung process) is noticed in about
 ``add_entry_timeout``, one that answers slowly (fsync or link latency, a
-queue under load) is waited for. The timer looks again exactly when a
+queue under load) is waited for. The timer looks again (to a tick of the wheel) when a
 bookie would have been silent that long. Its connection is dropped
 from the pool (``BookieConnectionPool.drop``), so every other user fails
 over at once and the next ledger opens a fresh connection. An add that has
@@ -117,7 +119,7 @@ class LedgerWriter(ExplicitLac):
                  "_delayed", "_digest", "_encode", "_ensemble", "_error", "_index_of", "_lag_rechecked", "_ledger",
                  "_loop", "_master_key", "_max_entry", "_md", "_password", "_pending", "_quorum", "_quorum_timeout",
                  "_recovery", "_replacing", "_retry_timer", "_sealed", "_timeout", "_timer_due", "_timer_slot",
-                 "_timers", "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length",
+                 "_to_replace", "_version", "_write_sets", "last_add_confirmed", "ledger_id", "length",
                  "next_entry_id")
 
     def __init__(self, ctx: ClientContext, ledger_id: int, metadata: LedgerMetadata, version: Version,
@@ -153,8 +155,7 @@ class LedgerWriter(ExplicitLac):
         self._blocked = 0  # ensemble indexes being replaced: no sends, acks ignored
         self._change_task: asyncio.Task[None] | None = None
         self._connecting: dict[str, asyncio.Task[None]] = IDLE_DICT   # a dict of its own while connecting
-        self._timers = ctx.add_timers   # the client's wheel (``bookie.add_timers``): no TimerHandle per writer
-        self._timer_slot = 0            # the wheel's slot this writer's add timer is in; 0: none
+        self._timer_slot = 0   # the slot of the add timer in the client's wheel (``ctx.add_timers``); 0: none
         self._timer_due = 0.0
         self._lag_rechecked = False
         self._error: BKError | None = None
@@ -163,8 +164,7 @@ class LedgerWriter(ExplicitLac):
         self._lac_interval = 0.0 if recovery else _seconds(ctx.conf.explicit_lac_interval)
         self._lac_sent = last_add_confirmed  # the highest LAC the bookies were sent (piggybacked or explicit)
         self._last_add_at = 0.0               # loop time of the last add submitted
-        self._lac_timers = ctx.lac_timers
-        self._lac_due = 0.0
+        self._lac_due = 0.0   # the LAC check's time in the client's wheel (``ctx.lac_timers``); 0.0: none
         self._use_ensemble(metadata)
 
     # --- state ------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ class LedgerWriter(ExplicitLac):
         payload = self._encode(self.ledger_id, entry_id, lac, length, data)
         now = self._last_add_at = self._loop.time()
         if not self._lac_due and self._lac_interval:
-            self._lac_timers.arm(self, now + self._lac_interval)
+            self._ctx.lac_timers.arm(self, now + self._lac_interval)
         p = _PendingAdd(entry_id, payload, length, size, now, future, callback)
         pending = self._pending
         if pending is IDLE:
@@ -372,7 +372,7 @@ class LedgerWriter(ExplicitLac):
         self._timer_slot, self._timer_due, self._lag_rechecked = 0, 0.0, False
 
     def _arm_timer(self, when: float) -> None:
-        self._timer_due = self._timers.arm(self, when)
+        self._timer_due = self._ctx.add_timers.arm(self, when)
 
     def _on_timer(self) -> None:
         """The add timer (``AddTimers`` runs it while adds are pending; ``_drop_idle`` once none is)."""
