@@ -60,6 +60,7 @@ from typing import Protocol, cast
 
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors
+from hub.client_answers import BatchAnswer
 from hub.conf import HubClientConf
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
@@ -67,6 +68,7 @@ from hub.protocol import (
     ClientConnection,
     ConnectionBroken,
     DeliveryReceived,
+    PublishedReceived,
     ResponseReceived,
     SubscriptionEventReceived,
 )
@@ -236,7 +238,14 @@ class HubChannel(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.last_heard = self._loop.time()
         for ev in self.machine.receive_data(data):
-            if isinstance(ev, ResponseReceived):
+            if type(ev) is PublishedReceived:   # a publish's SUCCESS, read by hand: the most frequent answer
+                value = ev.value
+                if not value.done():
+                    if type(value) is BatchAnswer:
+                        value.published(ev.first)
+                    else:
+                        value.set_result(ev.response)
+            elif isinstance(ev, ResponseReceived):
                 if not ev.value.done():
                     ev.value.set_result(ev.response)
             elif isinstance(ev, DeliveryReceived):

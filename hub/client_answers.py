@@ -104,6 +104,14 @@ class BatchAnswer:
         else:
             _publish_settled(self.futures, resp)
 
+    def published(self, first: int) -> None:
+        """``set_result`` of a SUCCESS answer whose first seq id is ``first`` (read by hand,
+        ``hub.client_published``): each publish its seq id, as ``_publish_settled`` gives them."""
+        self.finished = True
+        for i, fut in enumerate(self.futures):
+            if not fut.done():   # the caller cancelled it
+                fut.set_result(first + i)
+
     def set_exception(self, exc: BaseException, /) -> None:
         self.finished = True
         _fail_all(self.futures, exc)

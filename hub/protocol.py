@@ -16,8 +16,8 @@ lives here, so the hub server and the client are thin asyncio shells::
 
     client = ClientConnection(max_frame_size=...)
     data = client.send_request(request, value)   # assigns the txn id; value comes back with the response
-    for event in client.receive_data(data):      # ResponseReceived(response, value) | DeliveryReceived |
-        ...                                      # SubscriptionEventReceived | ConnectionBroken
+    for event in client.receive_data(data):      # ResponseReceived(response, value) | PublishedReceived |
+        ...                                      # DeliveryReceived | SubscriptionEventReceived | ConnectionBroken
 
 Failure: nothing here raises on bad input; bad bytes become ``Reject``
 (answer and continue) or ``ConnectionBroken`` (close) events.
@@ -39,6 +39,7 @@ from bookie.wire.framing import LENGTH_PREFIX, PREFIX_SIZE, FrameDecoder
 from bookie.wire.txns import TxnTable
 from hub.body_publish import BodyPublish, body_publish
 from hub.client_decode import decode_delivered, decode_wires
+from hub.client_published import ANSWER_LEAD, PublishedReceived, read_published
 from hub.delayed import delay_problem, now_ms
 from hub.frames import delivery, delivery_batch, publish_batch, publish_request_size, published, split_delivery
 from hub.frames_multi import publish_multi
@@ -59,29 +60,22 @@ from hub.responses import (  # the answers and request readers, re-exported here
 )
 
 __all__ = ["BODIES_ALONE_FROM", "DEFAULT_MAX_REQUESTS_PER_TURN", "MAX_SUBSCRIBER_BYTES", "MAX_TOPIC_BYTES", "OPS",
-           "ClientConnection", "ConnectionBroken", "DeliveryReceived", "Reject", "RequestReceived", "ResponseReceived",
-           "ServerConnection", "SubscriptionEventReceived", "delivery", "delivery_batch", "encode", "expected_failure",
-           "failure_response", "name_problem", "published", "published_batch", "redirect_response", "request_topic",
-           "response", "status_name", "status_of", "subscriber_of", "subscription_event"]
+           "ClientConnection", "ClientEvent", "ConnectionBroken", "DeliveryReceived", "PublishedReceived", "Reject",
+           "RequestReceived", "ResponseReceived", "ServerConnection", "SubscriptionEventReceived", "delivery",
+           "delivery_batch", "encode", "expected_failure", "failure_response", "name_problem", "published",
+           "published_batch", "redirect_response", "request_topic", "response", "status_name", "status_of",
+           "subscriber_of", "subscription_event"]
 
 OPS = frozenset({pb.PUBLISH, pb.SUBSCRIBE, pb.CONSUME, pb.UNSUBSCRIBE, pb.START_DELIVERY, pb.STOP_DELIVERY,
                  pb.CLOSESUBSCRIPTION, pb.AUTHENTICATE, pb.PING, pb.SEEK, pb.PUBLISH_MULTI})
 _PUBLISH = pb.PUBLISH
 _unpack_length = LENGTH_PREFIX.unpack_from
 _VERSION_ONE = pb.VERSION_ONE
-_BODY_FOR_OP = {
-    pb.PUBLISH: "publishRequest",
-    pb.SUBSCRIBE: "subscribeRequest",
-    pb.CONSUME: "consumeRequest",
-    pb.UNSUBSCRIBE: "unsubscribeRequest",
-    pb.START_DELIVERY: "startDeliveryRequest",
-    pb.STOP_DELIVERY: "stopDeliveryRequest",
-    pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
-    pb.AUTHENTICATE: "authenticateRequest",
-    pb.PING: "pingRequest",
-    pb.SEEK: "seekRequest",
-    pb.PUBLISH_MULTI: "multiPublishRequest",
-}
+_BODY_FOR_OP = {pb.PUBLISH: "publishRequest", pb.SUBSCRIBE: "subscribeRequest", pb.CONSUME: "consumeRequest",
+                pb.UNSUBSCRIBE: "unsubscribeRequest", pb.START_DELIVERY: "startDeliveryRequest",
+                pb.STOP_DELIVERY: "stopDeliveryRequest", pb.CLOSESUBSCRIPTION: "closeSubscriptionRequest",
+                pb.AUTHENTICATE: "authenticateRequest", pb.PING: "pingRequest", pb.SEEK: "seekRequest",
+                pb.PUBLISH_MULTI: "multiPublishRequest"}
 
 
 MAX_TOPIC_BYTES = 255
@@ -501,6 +495,11 @@ class SubscriptionEventReceived:
     consumer: int = 0
 
 
+ClientEvent = (ResponseReceived[T] | PublishedReceived[T] | DeliveryReceived | SubscriptionEventReceived
+               | ConnectionBroken)
+"""What ``ClientConnection.receive_data`` reads (``PublishedReceived``: a publish's SUCCESS, read by hand)."""
+
+
 class ClientConnection(Generic[T]):
     """The client's view of one hub connection: txn ids out, responses matched back in.
 
@@ -550,18 +549,23 @@ class ClientConnection(Generic[T]):
     def __iter__(self) -> Iterator[int]:
         return iter(self._pending)
 
-    def receive_data(self, data: bytes) -> list[ResponseReceived[T] | DeliveryReceived | SubscriptionEventReceived
-                                                | ConnectionBroken]:
+    def receive_data(self, data: bytes) -> list[ClientEvent[T]]:
         if self.broken:
             return []
-        out: list[ResponseReceived[T] | DeliveryReceived | SubscriptionEventReceived | ConnectionBroken] = []
+        out: list[ClientEvent[T]] = []
         try:
             frames = self._decoder.feed(data)
             tail: ConnectionBroken | None = None
         except FrameTooLargeError as exc:
             frames, tail = exc.frames, ConnectionBroken(str(exc))
         parse = pb.PubSubResponse.FromString
+        pending = self._pending
         for frame in frames:
+            if frame.startswith(ANSWER_LEAD) and (got := read_published(frame)) is not None:
+                value = pending.forget(got[0])   # the most frequent answer, read by hand (hub.client_published)
+                if value is not None:
+                    out.append(PublishedReceived(value, got[1], frame))
+                continue
             split = split_delivery(frame)   # a delivery's messages as bytes, each decoded once per process
             try:
                 if split is not None:   # a consumer's share is decoded apart (hub.client_decode)
@@ -582,7 +586,7 @@ class ClientConnection(Generic[T]):
                 e = resp.subscriptionEvent
                 out.append(SubscriptionEventReceived(e.topic, e.subscriberId, e.event, e.consumerId))
             else:
-                value = self._pending.forget(resp.txnId)
+                value = pending.forget(resp.txnId)
                 if value is None:
                     if resp.txnId == 0:
                         tail = ConnectionBroken(f"hub rejected a frame: {status_name(resp.statusCode)} "
