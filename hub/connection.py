@@ -288,7 +288,7 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         """Each topic published to by this read makes its entry now (``send_queued``).
 
         ``_serve`` then writes their adds to the bookies at once (the pool's
-        ``flush``: one write per bookie per read at most), not at the end of
+        ``flush``: one write per bookie at the end of a read), not at the end of
         the loop turn (``BookieConnection.submit_entry``'s fallback, for adds
         queued elsewhere, e.g. after an ack): behind the turn's other
         callbacks (answers, deliveries) the adds waited 100s of us, most of a
