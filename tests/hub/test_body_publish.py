@@ -7,7 +7,6 @@ import asyncio
 import itertools
 import random
 import struct
-from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -228,7 +227,6 @@ async def test_the_hub_stores_and_answers_a_body_publish_as_the_long_way() -> No
             cb(len(self.entries) - 1, None)   # type: ignore[operator]
 
     server = HubServer(load_hub_conf(None, {}))
-    server.bk = SimpleNamespace(pool=SimpleNamespace(flush=lambda: None))  # type: ignore[assignment]  # not started
     tlog = TopicLog(TOPIC, None, None, server.conf)
     lh = Ledger()
     tlog.lh, tlog._last_index = lh, EntryIndex(lh.ledger_id)   # type: ignore[assignment]
