@@ -149,15 +149,9 @@ LIGHT_ENTRY_MESSAGES = 2
 
 
 def _pipelined(inflight: collections.deque[InflightAdd], depth: int) -> bool:
-    """Whether queued publishes may go out now as an entry of their own, with ``inflight`` adds out.
-
-    With none out, always; else while fewer than ``depth`` are out and the
-    newest of them is light (``LIGHT_ENTRY_MESSAGES``): single publishes
-    pipeline (BookKeeper's adds), while publishes that batch anyway (a
-    loaded hub's reads bring several, or the queue grew behind a hold) keep
-    holding behind the add in flight, so the entries stay as full as with
-    ``depth`` 1 and cost no more CPU per message.
-    """
+    """Whether queued publishes may go out now as an entry of their own: with no add out, or fewer than ``depth``
+    and the newest light (``LIGHT_ENTRY_MESSAGES``). Single publishes pipeline (BookKeeper's adds); publishes that
+    batch anyway (a loaded hub's reads, a queue grown behind a hold) hold as with ``depth`` 1, entries as full."""
     n = len(inflight)
     return not n or (n < depth and len(inflight[-1].batch) <= LIGHT_ENTRY_MESSAGES)
 
