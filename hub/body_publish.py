@@ -115,17 +115,9 @@ def body_publish(frame: bytes) -> BodyPublish | None:
             size, i = long_varint(frame, i, size)
         if i + size != end:
             return None
-        body = b""
-        if size:
-            if frame[i] != 0x0A:             # Message.body (1), to the end: the message holds nothing else
-                return None
-            n = frame[i + 1]
-            i += 2
-            if n >= 0x80:
-                n, i = long_varint(frame, i, n)
-            if i + n != end:
-                return None
-            body = frame[i:]
+        body = _body(frame, i, end)
+        if body is None:
+            return None
         _last = (frame[after_txn:end - len(body)], topic or pub_topic, topic, len(body))
         return BodyPublish(frame, txn, topic or pub_topic, topic, body)
     except IndexError:
@@ -147,22 +139,32 @@ def _batch(frame: bytes, i: int, txn: int, topic: bytes, request_topic: bytes) -
         j = i + size
         if j > end:
             return None
-        if size:
-            if frame[i] != 0x0A:
-                return None
-            n = frame[i + 1]
-            i += 2
-            if n >= 0x80:
-                n, i = long_varint(frame, i, n)
-            if i + n != j:
-                return None
-            if n > longest:
-                longest = n
-        bodies.append(frame[i:j])
+        body = _body(frame, i, j)
+        if body is None:
+            return None
+        if len(body) > longest:
+            longest = len(body)
+        bodies.append(body)
         i = j
     if len(bodies) < 2:   # a batch of one: the long way (it is a batched publish, not a plain one)
         return None
     return BodyPublish(frame, txn, topic, request_topic, b"", bodies, longest)
+
+
+def _body(frame: bytes, i: int, j: int) -> bytes | None:
+    """The body of the ``Message`` in ``frame[i:j]`` when it holds a body alone (empty: no body), else None; a
+    length past the end raises ``IndexError`` (``body_publish`` answers None). Only off the repeated layout's way."""
+    if i == j:
+        return b""
+    if frame[i] != 0x0A:                     # Message.body (1), to the end: the message holds nothing else
+        return None
+    n = frame[i + 1]
+    i += 2
+    if n >= 0x80:
+        n, i = long_varint(frame, i, n)
+    if i + n != j:
+        return None
+    return frame[i:j]
 
 
 class StampedBody(tuple):  # type: ignore[type-arg]   # (body, publishTimeMs, srcRegion, wire)
