@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import socket
 import time
 from collections.abc import Callable
@@ -68,6 +69,7 @@ _ADD_ENTRY = protocol.ADD_ENTRY
 _ADD_ENTRIES = protocol.ADD_ENTRIES
 _ADD_ENTRIES_MULTI = protocol.ADD_ENTRIES_MULTI
 _WRITE_LAC_MULTI = protocol.WRITE_LAC_MULTI
+_MULTI_FIELDS = operator.attrgetter("multi_fields")
 _add_frame_head = protocol.add_frame_head
 
 C = TypeVar("C", bound="BookieConnection")
@@ -356,9 +358,8 @@ class BookieConnection(asyncio.Protocol):
         payloads, ledgers, ids, callbacks = self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks
         self._entries, self._entry_ledgers, self._entry_ids, self._entry_callbacks = [], [], [], []
         self._entries_bytes = 0
-        first = ledgers[0]
-        if all(ledger is first for ledger in ledgers):
-            self._frame_runs(payloads, ledgers, ids, callbacks)
+        if ledgers.count(ledgers[0]) == len(ledgers):   # all one ledger (AddBodies compare by identity): no
+            self._frame_runs(payloads, ledgers, ids, callbacks)   # generator step per add (issue 32)
         elif self.batch_ledgers and self.batch_adds:
             self._frame_ledgers(payloads, ledgers, ids, callbacks)
         else:
@@ -370,7 +371,7 @@ class BookieConnection(asyncio.Protocol):
         topics all do); a set of one ledger goes as its runs (``_frame_runs``). Called with the adds of more
         than one ledger."""
         fields = ledgers[0].multi_fields
-        if all(ledger.multi_fields is fields for ledger in ledgers):   # one master key (a hub's): one frame
+        if all(map(fields.__eq__, map(_MULTI_FIELDS, ledgers))):   # one master key (a hub's): one frame
             self._frame_multi(fields, payloads, ledgers, ids, callbacks)
             return
         groups: dict[bytes, list[int]] = {}

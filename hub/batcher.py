@@ -282,11 +282,11 @@ class EntryBatcher:
     def _queued(self, sends: bool = False) -> None:
         """Publishes joined the queue: a pump at the end of this loop turn if they may go, else the hold's bound
         (``sends``: the caller's ``send_queued`` is that pump)."""
+        n = len(inflight := self._inflight)   # _pipelined's test, without its call (once per publish)
         if (not self._pump_soon and self._slow is None
-                and (_pipelined(self._inflight, self.conf.batch_hold_after_adds)
+                and (not n or (n < self.conf.batch_hold_after_adds and len(inflight[-1].batch) <= LIGHT_ENTRY_MESSAGES)
                      or self._queued_bytes >= self.conf.batch_flush_bytes)):
-            # at the end of this loop turn, so the publishes of one read share an entry (send_queued: nothing
-            # more to do when the server sent them already)
+            # at the end of this loop turn: one read's publishes share an entry (send_queued: none left if sent)
             self._pump_soon = True
             if not sends:   # issue 32: a loop callback a read less
                 asyncio.get_running_loop().call_soon(self.send_queued)
@@ -448,7 +448,8 @@ class EntryBatcher:
 
     def _send(self, batch: Batch) -> None:
         inflight = self._inflight
-        first = self.last_seq + 1 + (sum(len(a.batch) for a in inflight) if inflight else 0)
+        # the adds in flight hold consecutive seq ids: this entry's follow the newest's (no walk of them all)
+        first = inflight[-1].first + len(inflight[-1].batch) if inflight else self.last_seq + 1
         if len(batch) == 1:   # the usual entry at a low rate: no comprehension's call
             message, _, wire = batch[0]
             wires = [message.SerializeToString() if wire is None else wire]

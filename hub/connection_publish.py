@@ -165,7 +165,10 @@ class PublishPath:
             req = ev.request()
             self._dispatch(protocol.RequestReceived(req, ev.topic, b"", -1, req.publishRequest))
             return
-        self.machine.request_started()
+        machine = self.machine   # request_started's, without its call (once per publish)
+        n = machine.in_flight = machine.in_flight + 1
+        if n >= machine.max_pending_requests:
+            machine.held = True
         t0 = time.perf_counter()
         t.last_active = time.monotonic()
         now = time.time_ns() // 1_000_000   # _stamp's (the owner's clock when stored)
@@ -191,8 +194,10 @@ class PublishPath:
         if exc is not None:
             self._published(ev.request(), t, t0, seq, exc)
             return
-        machine = self.machine
-        if machine.request_finished():   # _finished's, without its call while no hold is lifted
+        machine = self.machine   # request_finished's, without its call while no hold is lifted
+        n = machine.in_flight = machine.in_flight - 1
+        if machine.held and n <= machine.max_pending_requests // 2:
+            machine.held = False
             self._lifted()
         if self.transport is not None and not self.closed:
             self._out.send(published(ev.txn_id, ev.request_topic, seq))

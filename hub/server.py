@@ -106,6 +106,7 @@ class HubServer(OwnedTopics, HubHousekeeping):
         self._alive_checks: dict[Any, Callable[[], bool]] = {}   # the current session's liveness (_alive_check)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._unflushed: list[Callable[[], None]] = []
+        self._flush_loop: asyncio.AbstractEventLoop | None = None   # flush_soon's loop (taken at its first call)
         self._servers: list[asyncio.Server | TlsListener] = []
         # store, bk and cache exist from start() on (class annotations above); session once registered
         self.session: Session | None = None
@@ -170,9 +171,13 @@ class HubServer(OwnedTopics, HubHousekeeping):
 
     def flush_soon(self, flush: Callable[[], None]) -> None:
         """A connection's ``Outbox`` has frames: write them at the end of this loop turn (``flush``)."""
-        self._unflushed.append(flush)
-        if len(self._unflushed) == 1:
-            asyncio.get_running_loop().call_soon(self.flush)
+        unflushed = self._unflushed
+        unflushed.append(flush)
+        if len(unflushed) == 1:   # the first of this turn: the loop kept (get_running_loop makes a getpid syscall)
+            loop = self._flush_loop
+            if loop is None or loop.is_closed():
+                loop = self._flush_loop = asyncio.get_running_loop()
+            loop.call_soon(self.flush)
 
     def flush(self) -> None:
         """Write every connection's queued frames now."""

@@ -89,8 +89,9 @@ class Outbox:
     def send(self, frame: bytes) -> None:
         """Queue ``frame`` and make sure a flush runs at the end of this loop turn (now: past ``flush_bytes``)."""
         self._frames.append(frame)
-        self.queued_bytes += len(frame)
-        self._flush_due()
+        queued = self.queued_bytes = self.queued_bytes + len(frame)
+        if not self._scheduled or queued >= self.flush_bytes > 0:  # else ``_flush_due`` would do nothing
+            self._flush_due()
 
     def send_pair(self, head: bytes, body: bytes) -> None:
         """``send`` of one frame in two parts (a per-connection head, a body shared by several connections)."""
