@@ -43,6 +43,20 @@ def test_a_scheduled_outbox_flushes_once_per_schedule_and_at_once_past_flush_byt
     assert t.writes[-1] == [b"x"]
 
 
+def test_sends_without_flush_bytes_wait_for_the_one_scheduled_flush() -> None:
+    scheduled: list[Callable[[], None]] = []
+    out = Outbox(schedule=scheduled.append)   # flush_bytes 0: no write before the end of the turn
+    t = Transport()
+    out.attach(t)
+    for i in range(100):
+        out.send(bytes(1000 + i % 2))
+    assert len(scheduled) == 1 and t.writes == [] and out.queued_bytes == 100_050 and len(out) == 100
+    scheduled[0]()
+    assert len(t.writes) == 1 and len(t.writes[0]) == 100 and out.queued_bytes == 0
+    out.send(b"next turn")                     # a send after the flush schedules the next one
+    assert len(scheduled) == 2
+
+
 def test_an_outbox_joins_the_parts_of_a_small_write_and_keeps_those_of_a_large_one() -> None:
     out = Outbox(join_bytes=8)
     t = Transport()
