@@ -63,6 +63,10 @@ _TIMED = {pb.SUBSCRIBE: "subscribe", pb.UNSUBSCRIBE: "unsubscribe"}
 OUT_FLUSH_BYTES = 64 * 1024
 """Queued answer bytes past which a connection writes at once (``pause_writing`` is then seen promptly)."""
 
+OUT_JOIN_BYTES = 16 * 1024
+"""A turn's answers totalling no more than this leave as one joined buffer, not a ``writev`` of one part per
+answer (``Outbox.join_bytes``; issue 32: a loop turn's publish answers are a few dozen bytes each)."""
+
 
 def _loop_time() -> float:
     return asyncio.get_running_loop().time()
@@ -131,7 +135,7 @@ class HubConnection(MultiPublishPath, asyncio.Protocol):
         self.subs: dict[tuple[bytes, bytes], SubState] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.chains: dict[tuple[bytes, bytes], asyncio.Task[None]] = {}
-        self._out = Outbox(schedule=server.flush_soon, flush_bytes=OUT_FLUSH_BYTES)
+        self._out = Outbox(schedule=server.flush_soon, flush_bytes=OUT_FLUSH_BYTES, join_bytes=OUT_JOIN_BYTES)
         self._published_to: list[TopicLog] = []   # topics this read published to (data_received)
         self.closed = False
         self._serve_scheduled = False

@@ -456,3 +456,18 @@ async def test_a_batched_publish_goes_through_the_gate_message_by_message_unless
     lh.settle(0)
     await turns()
     assert seen == [b"a", b"no", b"b"] and lh.entries() == [[1, 2], [3]]
+
+
+async def test_the_answers_of_one_turn_leave_as_one_joined_buffer() -> None:
+    """A turn's publish answers are one part of one ``writelines`` (``OUT_JOIN_BYTES``), not one part each."""
+    log, lh = held_log()
+    conn, server, _, _ = _serving(log, lh)
+    writes: list[list[bytes]] = []
+    conn.transport.writelines = lambda data: writes.append(list(data))   # the parts of each write
+    conn.data_received(_publishes(range(1, 6)))          # one read of five publishes: one entry
+    lh.settle(0)
+    server.flush()
+    assert len(writes) == 1 and len(writes[0]) == 1      # one write of one buffer
+    answers = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(writes[0][0])]
+    seqs = [(r.txnId, r.publishResponse.publishedMsgId.localComponent) for r in answers]
+    assert seqs == [(i, i) for i in range(1, 6)]         # every answer, in order
