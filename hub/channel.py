@@ -78,6 +78,9 @@ log = logging.getLogger("hub.client")   # the client's log keeps the name it alw
 __all__ = ["Answer", "ChannelOwner", "Deadlines", "HubChannel", "tcp_keepalive"]
 
 _KEEPALIVE_PROBES = 3
+_PRUNE_SLACK = 64
+"""``Deadlines``: the answered requests at the head of its queue are dropped once it has grown by this many
+entries (and doubled) since the last time: memory stays within about twice what is unanswered, plus this."""
 
 
 def tcp_keepalive(sock: socket.socket | None, idle: float) -> bool:
@@ -140,14 +143,17 @@ class Deadlines:
         self._late: list[tuple[float, int, Answer, float]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._at = math.inf
+        self._prune_at = _PRUNE_SLACK
 
     def watch(self, txn_id: int, fut: Answer, timeout: float) -> None:
         loop = self._loop or asyncio.get_running_loop()
         now = loop.time()
         at = now + timeout
         order = self._order
-        while order and order[0][2].done():
-            order.popleft()
+        if len(order) >= self._prune_at:   # answered heads dropped now and then, not looked at per request
+            while order and order[0][2].done():
+                order.popleft()
+            self._prune_at = 2 * len(order) + _PRUNE_SLACK
         if order and at < order[-1][0]:
             heapq.heappush(self._late, (at, txn_id, fut, now))
         else:
@@ -184,6 +190,7 @@ class Deadlines:
         self._timer, self._at = None, math.inf
         self._order.clear()
         self._late.clear()
+        self._prune_at = _PRUNE_SLACK
 
 
 class HubChannel(asyncio.Protocol):
@@ -240,11 +247,11 @@ class HubChannel(asyncio.Protocol):
         for ev in self.machine.receive_data(data):
             if type(ev) is PublishedReceived:   # a publish's SUCCESS, read by hand: the most frequent answer
                 value = ev.value
-                if not value.done():
-                    if type(value) is BatchAnswer:
+                if isinstance(value, BatchAnswer):   # (a client's batch is one: hub.client_publish)
+                    if not value.finished:
                         value.published(ev.first)
-                    else:
-                        value.set_result(ev.response)
+                elif not value.done():
+                    value.set_result(ev.response)
             elif isinstance(ev, ResponseReceived):
                 if not ev.value.done():
                     ev.value.set_result(ev.response)
@@ -321,15 +328,28 @@ class HubChannel(asyncio.Protocol):
         self.deadlines.watch(req.txnId, fut, timeout)
         return fut
 
-    def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float, answer: Answer) -> None:
+    def publish_batch(self, topic: bytes, bodies: Sequence[bytes], timeout: float, answer: Answer,
+                      now: bool = False) -> None:
         """``request`` of the PUBLISH of ``bodies`` to ``topic`` (messages of a body alone; one body: a plain
         publish), framed by hand (``ClientConnection.send_publish_batch``): the client's producer batching.
-        The response (or the failure) goes to ``answer``, as a request's to its future."""
-        if not self.alive:
+        The response (or the failure) goes to ``answer``, as a request's to its future. ``now``: written at
+        once, with whatever waits before it (the caller is the end of the loop turn already), unless
+        ``corked``; alone, straight to the transport, without the outbox."""
+        transport = self.transport
+        if self.gone or transport is None or transport.is_closing():
             answer.set_exception(errors.UncertainStateError(f"connection to {self.address} lost"))
             return
         txn_id, frame = self.machine.send_publish_batch(topic, bodies, answer)
-        self._write(frame)
+        outbox = self.outbox
+        if self.corked:
+            outbox.put(frame)
+        elif not now:
+            outbox.send(frame)
+        elif outbox.queued_bytes:   # requests of this turn queued before it: all leave now, in order
+            outbox.put(frame)
+            outbox.flush()
+        else:
+            transport.write(frame)
         self.deadlines.watch(txn_id, answer, timeout)
 
     def publish_multi(self, parts: Sequence[tuple[bytes, Sequence[bytes]]], timeout: float, answer: Answer) -> None:

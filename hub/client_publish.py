@@ -52,18 +52,23 @@ _Conn = HubChannel
 _RETRY_WAIT = 0.05         # seconds before the first retry of a request; doubles (hub.client)
 
 
-class _Batch:
+class _Batch(BatchAnswer):
     """Publishes to one topic waiting to leave as one request (``HedwigClient._batched``).
 
     While every message is a body alone (no properties, type or key: the
     usual case) only the bodies are kept, and the request is framed by hand
     (``hub.frames.publish_batch``); the first message that needs more turns
-    the batch into a protobuf request (``request``).
+    the batch into a protobuf request (``request``). A batch of bodies alone
+    is its request's answer too (a ``BatchAnswer``): one object per request,
+    not two (issue 32).
     """
 
-    __slots__ = ("bodies", "bytes", "conn", "futures", "req", "timer")
+    __slots__ = ("bytes", "conn", "req", "timer")
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, client: ClientPublishing, topic: bytes, conn: _Conn) -> None:   # BatchAnswer's, inline
+        self.client = client
+        self.topic = topic
+        self.finished = False
         self.conn = conn
         self.req: pb.PubSubRequest | None = None
         self.bodies: list[bytes] = []     # the messages so far while ``req`` is None
@@ -348,7 +353,7 @@ class ClientPublishing:
     def _open_batch(self, topic: bytes, conn: _Conn) -> _Batch:
         """A new batch of ``topic`` to ``conn``, to be sent after ``batching_max_publish_delay_ms``, else at the
         end of this loop turn."""
-        batch = self._batches[topic] = _Batch(conn)
+        batch = self._batches[topic] = _Batch(self, topic, conn)
         delay = self.conf.batching_max_publish_delay_ms
         if delay:
             batch.timer = conn._loop.call_later(delay / 1000.0, self._flush_batch, topic, batch)
@@ -369,7 +374,11 @@ class ClientPublishing:
         if self._turn_batches is turn:
             self._turn_batches = None
         if len(turn) == 1:   # one topic's batch (a publisher that sends one message a turn)
-            conn = turn[0][1].conn
+            topic, batch = turn[0]
+            if batch.req is None:   # bodies alone: written at once (``HubChannel.publish_batch``'s ``now``)
+                self._flush_batch(topic, batch, now=True)
+                return
+            conn = batch.conn
             conn.corked = True
             try:
                 self._flush_batch(*turn[0])
@@ -452,8 +461,9 @@ class ClientPublishing:
             else:
                 _publish_settled(futures, part)
 
-    def _flush_batch(self, topic: bytes, only: _Batch | None = None) -> None:
-        """Send what ``topic`` has batched (``only``: if it is still that batch)."""
+    def _flush_batch(self, topic: bytes, only: _Batch | None = None, now: bool = False) -> None:
+        """Send what ``topic`` has batched (``only``: if it is still that batch; ``now``: a batch of bodies alone
+        is written at once, not at the end of the turn)."""
         if only is None:
             # sent ahead of its turn (what a producer's or a delayed publish sends next may be a task):
             # batches started from now on leave in a callback of their own, after what this call started
@@ -469,8 +479,7 @@ class ClientPublishing:
             bodies = batch.bodies
             conn = batch.conn
             if conn.alive:
-                conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0,
-                                   BatchAnswer(self, topic, bodies, batch.futures))
+                conn.publish_batch(topic, bodies, self.conf.server_ack_response_timeout / 1000.0, batch, now)
             else:
                 self._send_publish(topic, _bodies_request(topic, bodies), batch.futures, conn)
             return

@@ -60,61 +60,58 @@ def read_published(frame: bytes) -> tuple[int, int] | None:
     Read inline, one pass, no call per field: a varint read by a helper costs more than protobuf's whole
     parse (measured), the inline read a little less, and the answer then skips the rest of protobuf's way.
     """
-    try:
-        return _read_published(frame)
+    b = frame
+    try:   # the read inline here, not a call of its own: a call less per answer (issue 32)
+        if not b.startswith(ANSWER_LEAD):
+            return None
+        i = 3                                # txnId (3): a varint of up to 10 bytes, under 2**64, not 0
+        byte = b[3]
+        txn = byte & 0x7F
+        shift = 7
+        while byte >= 0x80:
+            i += 1
+            byte = b[i]
+            txn |= (byte & 0x7F) << shift
+            shift += 7
+            if shift > 70:
+                return None
+        i += 1
+        if not 0 < txn < _MAX_VARINT:
+            return None
+        if b[i] == 0x2A:                     # topic (bytes 5): not read
+            size = b[i + 1]
+            if size >= 0x80:
+                return None
+            i += 2 + size
+        n = len(b)
+        size = b[i + 1]                      # publishResponse (10), up to the end of the frame ...
+        if b[i] != 0x52 or size >= 0x80 or size != n - i - 2 or b[i + 2] != 0x0A:   # ... its publishedMsgId (1) first
+            return None
+        size = b[i + 3]
+        if size >= 0x80 or b[i + 4] != 0x08:  # localComponent (1) alone
+            return None
+        end = i + 4 + size
+        i += 5
+        byte = b[i]
+        seq = byte & 0x7F
+        shift = 7
+        while byte >= 0x80:
+            i += 1
+            byte = b[i]
+            seq |= (byte & 0x7F) << shift
+            shift += 7
+            if shift > 70:
+                return None
+        i += 1
+        if i != end or not 0 < seq < _MAX_VARINT:
+            return None
+        if i < n:                            # stored (2): SUCCESS stored all of them; its varint ends the frame
+            if b[i] != 0x10:
+                return None
+            stored = b[i + 1:]
+            if not 0 < len(stored) <= 10 or stored[-1] >= 0x80 or (len(stored) == 10 and stored[-1] > 1) \
+                    or any(c < 0x80 for c in stored[:-1]):
+                return None
+        return txn, seq
     except IndexError:   # a varint or a field past the end
         return None
-
-
-def _read_published(b: bytes) -> tuple[int, int] | None:
-    if not b.startswith(ANSWER_LEAD):
-        return None
-    i = 3                                # txnId (3): a varint of up to 10 bytes, under 2**64, not 0
-    byte = b[3]
-    txn = byte & 0x7F
-    shift = 7
-    while byte >= 0x80:
-        i += 1
-        byte = b[i]
-        txn |= (byte & 0x7F) << shift
-        shift += 7
-        if shift > 70:
-            return None
-    i += 1
-    if not 0 < txn < _MAX_VARINT:
-        return None
-    if b[i] == 0x2A:                     # topic (bytes 5): not read
-        size = b[i + 1]
-        if size >= 0x80:
-            return None
-        i += 2 + size
-    n = len(b)
-    size = b[i + 1]                      # publishResponse (10), up to the end of the frame ...
-    if b[i] != 0x52 or size >= 0x80 or size != n - i - 2 or b[i + 2] != 0x0A:   # ... its publishedMsgId (1) first
-        return None
-    size = b[i + 3]
-    if size >= 0x80 or b[i + 4] != 0x08:  # localComponent (1) alone
-        return None
-    end = i + 4 + size
-    i += 5
-    byte = b[i]
-    seq = byte & 0x7F
-    shift = 7
-    while byte >= 0x80:
-        i += 1
-        byte = b[i]
-        seq |= (byte & 0x7F) << shift
-        shift += 7
-        if shift > 70:
-            return None
-    i += 1
-    if i != end or not 0 < seq < _MAX_VARINT:
-        return None
-    if i < n:                            # stored (2): SUCCESS stored all of them; its varint ends the frame
-        if b[i] != 0x10:
-            return None
-        stored = b[i + 1:]
-        if not 0 < len(stored) <= 10 or stored[-1] >= 0x80 or (len(stored) == 10 and stored[-1] > 1) \
-                or any(c < 0x80 for c in stored[:-1]):
-            return None
-    return txn, seq

@@ -144,9 +144,6 @@ _BATCH_LEADS: dict[int, bytes] = {}
 """``MessageBatch.messages``' leads, as ``_MESSAGES_LEADS``."""
 _BODY_LEADS: dict[int, bytes] = {}
 """``PublishRequest.msgs`` leads of messages holding only a body, by the body's length (``publish_batch``)."""
-_MSG_LEADS: dict[int, bytes] = {}
-"""``PublishRequest.msg`` leads (its tag, length and its body's lead) of a message holding only a body, by the
-body's length (``publish_batch`` of one body)."""
 
 
 def _field(tag: bytes, data: bytes) -> bytes:
@@ -305,21 +302,16 @@ def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
     request's ``topic`` and ``msgs`` or ``msg``; tested), without a protobuf
     message per body.
     """
-    parts = [b""]
-    if len(bodies) == 1:   # msg (2): a message of the body alone (its lead kept by length, as msgs' are)
+    if len(bodies) == 1:   # a plain publish: the bytes after the txn id kept by topic and length (issue 32)
         body = bodies[0]
-        n = len(body)
-        lead = _MSG_LEADS.get(n)
-        if lead is None:
-            inner = _BODY_TAG + _varint(n) if n else b""   # an empty body is no field at all
-            lead = _PUBLISH_MSG_TAG + _varint(len(inner) + n) + inner
-            if n < 1 << 14:
-                _MSG_LEADS[n] = lead
-        parts.append(lead)
-        parts.append(body)
-        size = len(lead) + n
-    else:
-        size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
+        tail = _ONE_TAILS.get((topic, len(body)))
+        if tail is None:
+            tail = _one_tail(topic, len(body))
+        txn = _varint(txn_id)
+        return b"".join((_pack_length(_PUBLISH_HEAD_LEN + len(txn) + len(tail) + len(body)), _PUBLISH_HEAD, txn,
+                         tail, body))
+    parts = [b""]
+    size = _add_fields(parts, bodies, _BODY_LEADS, _BODY_MESSAGE)
     if topic:
         topic_lead = _varint(len(topic))
         topic_size = 1 + len(topic_lead) + len(topic)
@@ -330,6 +322,29 @@ def publish_batch(txn_id: int, topic: bytes, bodies: Sequence[bytes]) -> bytes:
         head = _PUBLISH_HEAD + _varint(txn_id) + _PUBLISH_REQUEST_TAG + _varint(size)
     parts[0] = LENGTH_PREFIX.pack(len(head) + size) + head
     return b"".join(parts)
+
+
+def _one_tail(topic: bytes, n: int) -> bytes:
+    """``publish_batch``'s bytes of one body of ``n`` bytes between the txn id and the body: the topic (5), the
+    ``publishRequest`` (10) lead, its topic (1) and its ``msg`` (2) lead with the body's lead (kept in
+    ``_ONE_TAILS``, up to ``_ONE_TAILS_KEPT`` of them)."""
+    inner = _BODY_TAG + _varint(n) if n else b""   # an empty body is no field at all
+    lead = _PUBLISH_MSG_TAG + _varint(len(inner) + n) + inner
+    size = len(lead) + n
+    if topic:
+        topic_field = _varint(len(topic)) + topic
+        tail = b"".join((b"\x2a", topic_field, _PUBLISH_REQUEST_TAG, _varint(1 + len(topic_field) + size),
+                         b"\x0a", topic_field, lead))
+    else:
+        tail = _PUBLISH_REQUEST_TAG + _varint(size) + lead
+    if len(_ONE_TAILS) >= _ONE_TAILS_KEPT:
+        _ONE_TAILS.clear()
+    _ONE_TAILS[topic, n] = tail
+    return tail
+
+
+_ONE_TAILS: dict[tuple[bytes, int], bytes] = {}
+_ONE_TAILS_KEPT = 4096
 
 
 def publish_request_size(topic: bytes, bodies: Sequence[bytes]) -> int:
@@ -352,6 +367,7 @@ def publish_request_size(topic: bytes, bodies: Sequence[bytes]) -> int:
 
 
 _PUBLISH_HEAD = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH).SerializeToString() + b"\x18"
+_PUBLISH_HEAD_LEN = len(_PUBLISH_HEAD)
 _PUBLISH_REQUEST_TAG = _varint(10 << 3 | 2)   # PubSubRequest.publishRequest
 _PUBLISH_MSG_TAG = _varint(2 << 3 | 2)        # PublishRequest.msg
 _PUBLISH_MSGS_TAG = _varint(3 << 3 | 2)       # PublishRequest.msgs

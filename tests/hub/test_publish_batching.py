@@ -39,9 +39,9 @@ def requests_of(c: HedwigClient, topic: bytes) -> list[int]:
             sizes.append(len(req.publishRequest.msgs) or 1)
         return send(req, timeout)
 
-    def publish_batch(topic: bytes, bodies: list[bytes], timeout: float, answer: Answer) -> None:
+    def publish_batch(topic: bytes, bodies: list[bytes], timeout: float, answer: Answer, now: bool = False) -> None:
         sizes.append(len(bodies))   # a batch of bodies alone, framed by hand
-        send_bodies(topic, bodies, timeout, answer)
+        send_bodies(topic, bodies, timeout, answer, now)
 
     conn.request = request  # type: ignore[method-assign]
     conn.publish_batch = publish_batch  # type: ignore[method-assign]

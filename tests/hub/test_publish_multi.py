@@ -37,9 +37,9 @@ def count_requests(c: HedwigClient) -> dict[str, int]:
             sent["parts"] += len(parts)
             multi(parts, timeout, answer)
 
-        def publish_batch(topic, bodies, timeout, answer, batch=batch):  # type: ignore[no-untyped-def]
+        def publish_batch(topic, bodies, timeout, answer, now=False, batch=batch):  # type: ignore[no-untyped-def]
             sent["single"] += 1
-            batch(topic, bodies, timeout, answer)
+            batch(topic, bodies, timeout, answer, now)
 
         def one_request(req, timeout, request=request):  # type: ignore[no-untyped-def]
             if req.type == pb.PUBLISH:
