@@ -3,7 +3,7 @@
     conn = HubChannel(client, "host:port")        # the protocol factory of loop.create_connection
     fut = conn.request(req, timeout)              # the response; ResponseTimeoutError after timeout s
     conn.one_way(consume_req)                     # no response expected (CONSUME)
-    conn.publish_batch(topic, bodies, timeout, answer)   # the response goes to answer.set_result (no future)
+    conn.publish_batch(topic, bodies, timeout, answer, now)   # the response goes to answer.set_result (no future)
     conn.alive; await conn.lost                   # the connection is usable; resolves once it is gone
     conn.drop("why")                              # close it now: as if the connection had been lost
 
