@@ -45,6 +45,12 @@ def test_topics_bench_prints_every_case(tmp_path: Path) -> None:
     assert 0 < apart["entries_per_message"] <= 1.02 and 0 < spread["entries_per_message"] <= 1.02
     assert case["fair_ratio"]["entries_per_message"] == [spread["entries_per_message"], flat["entries_per_message"]]
     assert all(r["hub_cpu_ms_per_msg"] >= 0 <= r["bookies_cpu_ms_per_msg"] for r in (spread, apart, one, flat))
+    # the bench client's CPU is counted too; the bookies' journal groups hold the case's adds
+    for r in (spread, apart, one, flat):
+        assert r["client_cpu_ms_per_msg"] > 0 and set(r["cores_busy"]) == {"hub", "bookies", "client"}
+        assert r["journal_group"]["entries"] >= 1 and r["journal_group"]["sync_ms"] > 0
+        assert r["journal_group"]["commit_ms"] >= r["journal_group"]["sync_ms"]
+        assert r["checkpoints"] >= 0 <= r["checkpoint_ms"]
     # one request per message (no producer batching) as well: still one message per entry
     lone = case["one_topic_unbatched_requests"]
     assert lone["client_batching"] is False and case["topics_ratio"]["ratio"] > 0

@@ -39,8 +39,13 @@ prints one JSON line per case:
   Each of these lines carries ``entries_per_message`` (ledger entries the
   bookies journaled, over the write quorum, per message: about 1 when 2 000
   topics cannot batch, far below 1 for one topic, whose entries pack many
-  messages) and the CPU milliseconds per message of the hub and of the
-  bookies together. Then ``one_topic_unbatched``: hub 1 restarted with one
+  messages) and the CPU milliseconds per message of the hub, of the
+  bookies together and of the bench's client (this process's event loop
+  thread: the client library and the bench's window), ``cores_busy`` (each
+  one's CPU over the case's seconds: 1.0 is one of the 2 cores saturated),
+  ``journal_group`` (the bookies' journal groups: adds each, mean ms of the
+  write and sync, and of first write to durable) and the bookies'
+  checkpoints (count and total ms) over the case. Then ``one_topic_unbatched``: hub 1 restarted with one
   message per entry (``max_batch_messages=1``, ``--depth`` adds in flight per
   topic), the same client, depth and count on a new topic; and a
   ``fair_ratio`` line (spread / that case): the spread case against one topic
@@ -180,18 +185,31 @@ def _cpu_seconds(pid: int | None) -> float:
         return 0.0
 
 
-async def journaled_entries(stats_urls: list[str]) -> float:
-    """Entries the bookies behind ``stats_urls`` journaled so far (``bookie_group_commit_entries_sum``)."""
+BOOKIE_SUMS = ("bookie_group_commit_entries_sum", "bookie_group_commit_entries_count",
+               "bookie_journal_sync_seconds_sum", "bookie_group_commit_seconds_sum",
+               "bookie_checkpoint_seconds_sum", "bookie_checkpoint_seconds_count")
+"""What ``bookie_sums`` reads of each bookie's ``/metrics``: journaled entries and groups, the groups' sync and
+first-write-to-durable seconds, the checkpoints' seconds and count."""
+
+
+async def bookie_sums(stats_urls: list[str]) -> dict[str, float]:
+    """``BOOKIE_SUMS`` of the bookies behind ``stats_urls`` so far, summed over them."""
     import urllib.request
 
-    def fetch(url: str) -> float:
+    def fetch(url: str) -> dict[str, float]:
+        out = dict.fromkeys(BOOKIE_SUMS, 0.0)
         with urllib.request.urlopen(url, timeout=10) as resp:
             for line in resp.read().decode().splitlines():
-                if line.startswith("bookie_group_commit_entries_sum"):
-                    return float(line.rsplit(" ", 1)[1])
-        return 0.0
+                name, _, value = line.partition(" ")
+                if name in out:
+                    out[name] = float(value)
+        return out
 
-    return sum(await asyncio.gather(*(asyncio.to_thread(fetch, u) for u in stats_urls)))
+    total = dict.fromkeys(BOOKIE_SUMS, 0.0)
+    for one in await asyncio.gather(*(asyncio.to_thread(fetch, u) for u in stats_urls)):
+        for name, value in one.items():
+            total[name] += value
+    return total
 
 
 async def wait_owner_gone(uri: str, topic: bytes, timeout: float = 120.0) -> float:
@@ -292,18 +310,33 @@ class _Costs:
         self.urls = [u for u in cluster.stats_urls if u][-n:]       # hubs first, then the bookies
         self.pids = [cluster.bookie_pid(i) for i in range(n)]
 
-    def _now(self) -> tuple[float, float, float]:
-        entries = self.loop.run(journaled_entries(self.urls))
-        return entries, _cpu_seconds(self.cluster.hub_pid(1)), sum(map(_cpu_seconds, self.pids))
+    def _now(self) -> tuple[dict[str, float], float, float]:
+        sums = self.loop.run(bookie_sums(self.urls))
+        return sums, _cpu_seconds(self.cluster.hub_pid(1)), sum(map(_cpu_seconds, self.pids))
 
     def run(self, case: Callable[[], Outcome]) -> tuple[Outcome, dict[str, Any]]:
-        e0, h0, b0 = self._now()
+        s0, h0, b0 = self._now()
+        c0 = time.thread_time()      # the bench client: this process's event loop, on this thread
         out = case()
-        e1, h1, b1 = self._now()
+        c1 = time.thread_time()
+        s1, h1, b1 = self._now()
         ok = max(len(out.latencies) - out.errors, 1)
-        return out, {"entries_per_message": round((e1 - e0) / self.quorum / ok, 3),
+        d = {k: s1[k] - s0[k] for k in BOOKIE_SUMS}
+        groups = max(d["bookie_group_commit_entries_count"], 1)
+        return out, {"entries_per_message": round(d["bookie_group_commit_entries_sum"] / self.quorum / ok, 3),
                      "hub_cpu_ms_per_msg": round((h1 - h0) * 1000 / ok, 4),
-                     "bookies_cpu_ms_per_msg": round((b1 - b0) * 1000 / ok, 4)}
+                     "bookies_cpu_ms_per_msg": round((b1 - b0) * 1000 / ok, 4),
+                     "client_cpu_ms_per_msg": round((c1 - c0) * 1000 / ok, 4),
+                     # cores busy over the case: 1.0 is one core saturated (the machine has 2)
+                     "cores_busy": {k: round(v / out.seconds, 2) if out.seconds else None
+                                    for k, v in (("hub", h1 - h0), ("bookies", b1 - b0), ("client", c1 - c0))},
+                     # the bookies' journal groups: adds each, mean ms of the sync and of first write to durable
+                     "journal_group": {
+                         "entries": round(d["bookie_group_commit_entries_sum"] / groups, 1),
+                         "sync_ms": round(d["bookie_journal_sync_seconds_sum"] * 1000 / groups, 3),
+                         "commit_ms": round(d["bookie_group_commit_seconds_sum"] * 1000 / groups, 3)},
+                     "checkpoints": int(d["bookie_checkpoint_seconds_count"]),
+                     "checkpoint_ms": round(d["bookie_checkpoint_seconds_sum"] * 1000, 1)}
 
 
 def _spread(loop: asyncio.Runner, cluster: Any, args: argparse.Namespace, names: Callable[[str, int], list[bytes]],
