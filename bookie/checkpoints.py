@@ -23,6 +23,7 @@ from bookie import journal
 from bookie.disk import describe_commit_error
 from bookie.errors import BookieServerError
 from bookie.journal import Position
+from bookie.messages import ENTRY_HEADER as _ENTRY_HEADER
 from bookie.storage_core import (
     _CHECKPOINT_KEY,
     _POSITION,
@@ -296,8 +297,13 @@ def replay(index: LedgerIndex, journal_dir: Path) -> tuple[int, int]:
     for rec in journal.read_journal(journal_dir, start):
         n += 1
         if rec.kind == journal.ADD:
-            state_of(rec.ledger_id)
-            entries[_pack_key(rec.ledger_id, rec.entry_id)] = rec.value
+            st = state_of(rec.ledger_id)
+            value = rec.value
+            entries[_pack_key(rec.ledger_id, rec.entry_id)] = value
+            if len(value) >= _ENTRY_HEADER.size:   # the LAC piggybacked in the entry's header (no LAC record)
+                lid, entry_id, lac = _ENTRY_HEADER.unpack_from(value)
+                if lac > st.lac and lid == rec.ledger_id and entry_id == rec.entry_id:
+                    st.lac = lac
         elif rec.kind == journal.LEDGER:
             st = state_of(rec.ledger_id, rec.value)
             if not st.master_key:

@@ -221,14 +221,16 @@ class GroupCommit:
         rest one by one (``submit_acked_add``), which raises or throttles what stopped this loop (a short
         payload, another ledger's, an unknown ledger, a key or fencing refusal, an id out of range, a full write
         cache), and adds the waiter of the admitted ones (``add_waiter``). The journal records are those of
-        ``_admit``, each add's kind and key joined to its payload (one checksum call, one buffer less).
+        ``_admit``, each add's kind and key joined to its payload (one checksum call, one buffer less). A LAC
+        these adds raise needs no LAC record of its own (``_Batch.piggybacked``): the replay reads it from the
+        entry header of the add's record, as the LAC came from there.
         """
         cache = self._cache
         if self.closing or cache.throttled or (cache.flushing is not None and cache.nbytes >= cache.half):
             return 0
         batch = self._batch or self._open_batch()
         states = self._state.get
-        parts, dirty, last = batch.parts, batch.dirty, batch.last
+        parts, dirty, last, piggybacked = batch.parts, batch.dirty, batch.last, batch.piggybacked
         add_key, add_value, last_of = batch.keys.append, batch.values.append, last.get
         header, add_head, pack_key, record_head = _ENTRY_HEADER_UNPACK, _ADD_HEAD_PACK, _pack_key, _HEADER_PACK
         on_lac, watched = self.on_lac, self.lac_watched
@@ -248,6 +250,7 @@ class GroupCommit:
                 state.lac = lac
                 if lid not in dirty:
                     dirty.add(lid)
+                piggybacked[lid] = lac   # in the header of this add's record, below: no LAC record for it
                 if on_lac is not None and (watched is None or lid in watched):
                     on_lac(lid, lac)
             body = add_head(kind, lid, entry_id) + payload
@@ -392,9 +395,12 @@ class GroupCommit:
         if batch.dirty:
             states = self._state.get
             parts = batch.parts
+            piggybacked = batch.piggybacked.get
             for lid in batch.dirty:   # ``journal.encode_lac``'s records, without two calls each
                 st = states(lid)
-                if st is not None and st.lac >= 0:
+                # none where an add of the group carries the ledger's LAC in its header (the replay reads it
+                # there): with many ledgers nearly every add raises its own ledger's LAC (issue 34)
+                if st is not None and st.lac >= 0 and piggybacked(lid) != st.lac:
                     body = _LAC_PACK(journal.LAC, lid, st.lac)
                     parts += (_HEADER_PACK(17, crc32c(body)), body)
             self._index.dirty |= batch.dirty

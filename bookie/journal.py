@@ -22,8 +22,10 @@ whose damage shows as a bad CRC or an impossible length). Bodies:
 * ``LEDGER``: ledger id, then the master key (written once, when a ledger
   becomes known to the bookie, before any add of it);
 * ``FENCE``: ledger id;
-* ``LAC``: ledger id, then the LAC (8 bytes BE, signed): piggybacked LACs are
-  journalled per ledger per group, explicit ones as they come.
+* ``LAC``: ledger id, then the LAC (8 bytes BE, signed): a ledger's LAC that
+  rose in a group, unless an ``ADD`` of that group carries it in its payload's
+  entry header (ledger id, entry id, LAC), which the replay reads too;
+  explicit LACs always.
 
 Replay stops cleanly at the end of the written data (a zero length: the
 preallocated tail) and at a torn or corrupt record at the tail of the last

@@ -21,8 +21,9 @@ The write path (an add is acknowledged once durable):
 2. Group commit: while no journal write is in flight the group is handed,
    at the end of the loop turn (or ``group_wait`` after its first write), to
    the journal thread, which encodes its records (``bookie.journal``: length,
-   CRC32C, kind, body; one ``LAC`` record per ledger whose piggybacked LAC
-   rose), writes them with one ``pwrite`` and syncs them with one
+   CRC32C, kind, body; one ``LAC`` record per ledger whose LAC rose, but
+   none where an add of the group carries that LAC in its entry header: the
+   replay reads it there), writes them with one ``pwrite`` and syncs them with one
    ``fdatasync``. Groups that fill meanwhile go next. One hand-off each way
    per group: a queue put to the thread, one ``call_soon_threadsafe`` back.
    A small group (at most ``_INLINE_ENTRIES`` adds, while syncs take under

@@ -112,7 +112,9 @@ class _Batch:
     add: the hot path allocates no object the cyclic GC has to track.
     ``parts`` holds the encoded journal records in order (adds, ledger
     records, fences, explicit LACs); ``dirty`` the ledgers whose LAC rose
-    (one LAC record each, added when the group is handed over); ``last``
+    (one LAC record each, added when the group is handed over, except where
+    ``piggybacked`` shows that an add of the group carries that LAC in its
+    entry header, which the replay reads: ``GroupCommit.admit_frame``); ``last``
     the highest entry id per ledger. ``waiters`` are the ``done`` callbacks
     (a run of ``submit_acked_add`` adds of one sink is one of them, whose
     acks grow in ``run_acks`` while ``run_sink`` is its sink), ``futures``
@@ -121,8 +123,8 @@ class _Batch:
     ``error`` once the write failed.
     """
 
-    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "position", "run_acks",
-                 "run_sink", "started", "sync_seconds", "values", "waiters")
+    __slots__ = ("dirty", "error", "futures", "keys", "last", "nbytes", "parts", "piggybacked", "position",
+                 "run_acks", "run_sink", "started", "sync_seconds", "values", "waiters")
 
     def __init__(self) -> None:
         self.keys: list[bytes] = []
@@ -133,6 +135,7 @@ class _Batch:
         self.futures: list[asyncio.Future[None]] = []
         self.parts: list[bytes] = []
         self.dirty: set[int] = set()
+        self.piggybacked: dict[int, int] = {}   # ledger -> the highest LAC an add's header in ``parts`` carries
         self.last: dict[int, int] = {}
         self.error: BaseException | None = None
         self.position: Position | None = None

@@ -61,6 +61,38 @@ async def test_replay_restores_entries_fence_master_key_and_lac(tmp_path: Path) 
         await s.close()
 
 
+async def test_a_lac_piggybacked_on_a_frame_s_adds_is_replayed_from_their_headers_without_lac_records(
+        tmp_path: Path) -> None:
+    """Issue 34: a LAC that a frame's add raises is in that add's entry header, so the group journals no LAC record
+    for it; a crash before any checkpoint still restores each ledger's highest LAC (from the headers), and an
+    explicit LAC above it in the same group keeps its record."""
+    s = _open(tmp_path / "s", flush_interval=3600)
+    for ledger_id in (1, 2, 3):   # known ledgers: admit_frame admits their adds
+        await s.add_entry(ledger_id, 0, KEY, add_req(ledger_id, 0).body, -1)
+    start = s.journal.synced
+    loop = asyncio.get_running_loop()
+    frame_done, lac_done = loop.create_future(), loop.create_future()
+    frame = [add_req(lid, eid, lac=lac).body for lid, eid, lac in
+             [(1, 1, 0), (2, 1, 0), (1, 2, 1), (2, 2, 1), (1, 3, 0), (3, 1, -1)]]
+    assert s.journal.admit_frame(frame, 0, True, KEY, False, frame_done.set_result) == len(frame)
+    s.submit_write_lac(2, KEY, 2, lac_done.set_result)   # the same group: above what ledger 2's adds carry
+    assert await frame_done is None and await lac_done is None
+    records = list(journal.read_journal(tmp_path / "s" / "journal", start))
+    assert [(r.ledger_id, r.entry_id) for r in records if r.kind == journal.ADD] == [
+        (1, 1), (2, 1), (1, 2), (2, 2), (1, 3), (3, 1)]
+    assert [(r.ledger_id, r.lac) for r in records if r.kind == journal.LAC] == [(2, 2)]
+    assert (s.read_lac(1), s.read_lac(2), s.read_lac(3)) == (1, 2, -1)
+    s.journal.writer.close()   # a kill -9: no checkpoint
+    s.index.env.close()
+    s = _open(tmp_path / "s")
+    try:
+        assert s.replayed == 9
+        assert (s.read_lac(1), s.read_lac(2), s.read_lac(3)) == (1, 2, -1)
+        assert [s.read_entry(1, i)[1] for i in (1, 2, 3)] == [frame[0], frame[2], frame[4]]
+    finally:
+        await s.close()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 async def test_a_torn_tail_ends_the_replay_cleanly(tmp_path: Path, damage: str) -> None:
     await _write_and_crash(tmp_path / "s", 20)

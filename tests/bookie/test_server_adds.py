@@ -189,7 +189,14 @@ async def test_an_add_entries_multi_frame_of_known_ledgers_is_journaled_with_eac
     records = list(journal.read_journal(storage.journal_dir, start))   # what a restart replays
     assert [(r.ledger_id, r.entry_id, r.value) for r in records if r.kind == journal.ADD] == [
         (1, 1, frame[0]), (2, 1, frame[1]), (1, 2, frame[2]), (2, 2, frame[3]), (1, 3, frame[4])]
-    assert sorted((r.ledger_id, r.lac) for r in records if r.kind == journal.LAC) == [(1, 1), (2, 1)]
+    # each ledger's highest LAC is in the entry header of one of these adds: no LAC record repeats it (issue 34),
+    # the replay reads it from the headers
+    assert [r for r in records if r.kind == journal.LAC] == []
+    header_lacs: dict[int, int] = {}
+    for r in records:
+        if r.kind == journal.ADD:
+            header_lacs[r.ledger_id] = max(header_lacs.get(r.ledger_id, -1), proto.ENTRY_HEADER.unpack_from(r.value)[2])
+    assert header_lacs == {1: 1, 2: 1}
 
 
 async def test_add_entries_answers_each_failed_add_and_keeps_the_others(server: BookieServer,
