@@ -99,7 +99,7 @@ class MultiPublishPath(PublishPath):
             if t is None:
                 self._track(self._part_when_loaded(answer, i, pub))
                 continue
-            self._enqueue_part(t, pub, answer, i)
+            self._enqueue_part(t, pub, answer, i, sends=True)
             if not published_to or published_to[-1] is not t.log:
                 published_to.append(t.log)
 
@@ -116,8 +116,12 @@ class MultiPublishPath(PublishPath):
             return
         self._enqueue_part(t, pub, answer, i)
 
-    def _enqueue_part(self, t: Topic, pub: pb.PublishRequest, answer: _MultiAnswer, i: int) -> None:
-        """``_enqueue`` of one part: its message (or messages, with consecutive seq ids) on ``t``'s log."""
+    def _enqueue_part(self, t: Topic, pub: pb.PublishRequest, answer: _MultiAnswer, i: int, *,
+                      sends: bool = False) -> None:
+        """``_enqueue`` of one part: its message (or messages, with consecutive seq ids) on ``t``'s log.
+
+        ``sends``: queued during a read, whose end sends it (``_publish_multi`` lists the log in
+        ``_published_to``): no end-of-turn callback per topic (``EntryBatcher.submit``'s), as for a PUBLISH."""
         t.last_active = time.monotonic()
         topic = pub.topic
         stamp = self._stamp
@@ -129,12 +133,12 @@ class MultiPublishPath(PublishPath):
                 stamp(topic, msg)
                 nbytes += len(msg.body)
             self.server.stats.incr("publishes", len(msgs))
-            t.log.submit_all(msgs, part, nbytes)
+            t.log.submit_all(msgs, part, nbytes, sends=sends)
             return
         msg = pub.msg
         stamp(topic, msg)
         self.server.stats.incr("publishes")
-        t.log.submit(msg, _Part(self, answer, i, t, 1, False))
+        t.log.submit(msg, _Part(self, answer, i, t, 1, False), sends=sends)
 
     def _multi_published(self, answer: _MultiAnswer) -> None:
         """Every part is settled: one answer (``hub.frames_multi.multi_published``)."""

@@ -375,6 +375,34 @@ async def test_a_long_read_of_publishes_sends_its_first_ones_before_parsing_the_
     assert seqs == [(i, i) for i in range(1, n + 1)]      # every publish answered, in order, dense seq ids
 
 
+async def test_a_publish_multi_read_sends_its_parts_at_its_end_with_no_callback_per_part(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: the parts of a PUBLISH_MULTI leave when the read ends, as a PUBLISH's do (``sends``), with no
+    end-of-turn ``send_queued`` scheduled per topic (a loop callback per message of a spread publisher)."""
+    from hub.batcher import EntryBatcher
+    from hub.frames_multi import publish_multi
+
+    log, lh = held_log()
+    conn, server, _, written = _serving(log, lh)
+    calls: list[bool] = []
+    send_queued = EntryBatcher.send_queued
+
+    def counted(self: EntryBatcher) -> None:
+        calls.append(self._pump_soon)
+        send_queued(self)
+
+    monkeypatch.setattr(EntryBatcher, "send_queued", counted)
+    conn.data_received(publish_multi(7, [(b"t", [b"a" * 10]), (b"t", [b"b" * 10, b"c" * 10]), (b"t", [b"d"])]))
+    assert lh.entries() == [[1, 2, 3, 4]]                 # one entry, made at the end of the read
+    assert calls == [True]                                # by the read's own send_queued ...
+    await turns()
+    assert calls == [True] and lh.entries() == [[1, 2, 3, 4]]   # ... and none scheduled for the topic
+    lh.settle(0)
+    server.flush()
+    (answer,) = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(b"".join(written))]
+    assert answer.txnId == 7 and answer.statusCode == pb.SUCCESS
+
+
 async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds() -> None:
     """``submit_all`` (the server's batched publish): one entry for what fits, each message its own seq id."""
     log, lh = held_log(max_batch_messages=3, max_outstanding_adds=4, batch_flush_bytes=1)
