@@ -28,7 +28,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol
+from hub.body_publish import StampedBody
 from hub.connection_publish import PublishHost, PublishPath, _BatchAnswer
+from hub.frames import stamped_wire
 from hub.frames_multi import multi_published, part_published
 from hub.owned_topics import Redirect
 from hub.proto import pubsub_pb2 as pb
@@ -68,6 +70,21 @@ def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.Publish
     return None
 
 
+_new_stamped = tuple.__new__
+
+
+def _body_size(body: bytes) -> int:
+    """The serialized size of a ``Message`` holding ``body`` alone: its field's tag, length and bytes."""
+    n = len(body)
+    if not n:
+        return 0
+    size = 2 + n   # the tag, the length's first byte
+    while n >= 0x80:
+        n >>= 7
+        size += 1
+    return size
+
+
 class MultiPublishPath(PublishPath):
     """PUBLISH_MULTI of ``HubConnection`` (on top of its single-topic publish path)."""
 
@@ -92,16 +109,40 @@ class MultiPublishPath(PublishPath):
         if not parts:
             self._multi_published(answer)
             return
-        topics = self.server.topics
+        server = self.server
+        topics = server.topics
         published_to = self._published_to
+        # the request's stamp, once: the owner's clock (``_stamp``'s) and whether a part of a body alone may
+        # be queued as a ``StampedBody`` (``_publish_body``'s short way: no regions stamping this hub's messages)
+        now = time.monotonic()
+        now_ms = time.time_ns() // 1_000_000
+        regions = server.regions
+        vectors = None if regions is None else regions.vectors   # a topic with a vector-max: the long way
+        short = not self.region_hub
+        region = server.region_bytes
+        plain = 0
         for i, pub in enumerate(parts):
             t = topics.get(pub.topic)
             if t is None:
                 self._track(self._part_when_loaded(answer, i, pub))
                 continue
-            self._enqueue_part(t, pub, answer, i, sends=True)
+            t.last_active = now
+            msg = pub.msg
+            if short and not pub.msgs and msg.ByteSize() == _body_size(body := msg.body) \
+                    and not (vectors and vectors.get(pub.topic)):
+                # a message of a body alone (any other field would add to its size): stamped and serialized
+                # from the body, as a single publish of a body is, without protobuf field writes and a
+                # serialization per message (issue 34)
+                wire = stamped_wire(body, region, now_ms)
+                t.log.submit(_new_stamped(StampedBody, (body, now_ms, region, wire)),
+                             _Part(self, answer, i, t, 1, False), wire, sends=True)
+                plain += 1
+            else:
+                self._enqueue_part(t, pub, answer, i, sends=True)
             if not published_to or published_to[-1] is not t.log:
                 published_to.append(t.log)
+        if plain:
+            server.stats.counters["publishes"] += plain   # incr's, once per request
 
     async def _part_when_loaded(self, answer: _MultiAnswer, i: int, pub: pb.PublishRequest) -> None:
         """A part to a topic not loaded here: loaded (or redirected, failed) as a PUBLISH's topic is."""

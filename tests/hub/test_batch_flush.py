@@ -403,6 +403,66 @@ async def test_a_publish_multi_read_sends_its_parts_at_its_end_with_no_callback_
     assert answer.txnId == 7 and answer.statusCode == pb.SUCCESS
 
 
+class KeptLedger(HeldLedger):
+    """A ``HeldLedger`` that keeps each entry's bytes too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.data: list[bytes] = []
+
+    def async_add_entry(self, data: bytes, cb: Callable[[int, BaseException | None], None]) -> None:
+        self.data.append(data)
+        super().async_add_entry(data, cb)
+
+
+async def test_publish_multi_parts_of_a_body_alone_are_stored_as_protobuf_stamps_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: a PUBLISH_MULTI part whose message holds a body alone is stamped and serialized from the body,
+    once per request (``StampedBody``); any other field (an empty key is one) takes the long way. Both are stored
+    exactly as protobuf serializes the stamped message, and each part is answered with its seq id."""
+    from hub import protocol
+
+    log = TopicLog(b"t", None, None, load_hub_conf(None, {}))
+    lh = KeptLedger()
+    log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
+    conn, server, _, written = _serving(log, lh)
+    msgs = [pb.Message(body=b"a" * 10), pb.Message(body=b"b", key=b"k"), pb.Message(body=b""),
+            pb.Message(body=b"c" * 300, key=b""), pb.Message(body=b"d" * 200)]
+    req = pb.PubSubRequest(protocolVersion=pb.VERSION_ONE, type=pb.PUBLISH_MULTI, txnId=9,
+                           multiPublishRequest=pb.MultiPublishRequest(publishes=[
+                               pb.PublishRequest(topic=b"t", msg=m) for m in msgs]))
+    from hub.batcher import EntryBatcher
+    from hub.body_publish import StampedBody
+
+    queued: list[bool] = []
+    submit = EntryBatcher.submit
+
+    def spy(self: EntryBatcher, message: Any, *args: Any, **kw: Any) -> None:
+        queued.append(isinstance(message, StampedBody))
+        submit(self, message, *args, **kw)
+
+    monkeypatch.setattr(EntryBatcher, "submit", spy)
+    conn.data_received(protocol.encode(req))
+    assert queued == [True, False, True, False, True]     # the bodies alone the short way
+    assert lh.entries() == [[1, 2, 3, 4, 5]]
+    stored = decode_batch(lh.data[0])
+    stamp = stored[0].publishTimeMs
+    assert stamp > 0 and all(m.publishTimeMs >= stamp for m in stored)
+    for got, sent in zip(stored, msgs, strict=True):
+        want = pb.Message()
+        want.CopyFrom(sent)
+        want.srcRegion = server.region_bytes
+        want.publishTimeMs = got.publishTimeMs
+        want.msgId.localComponent = got.msgId.localComponent   # set by decode_batch
+        assert got == want and got.HasField("key") == sent.HasField("key")
+    lh.settle(0)
+    server.flush()
+    (answer,) = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(b"".join(written))]
+    assert answer.txnId == 9 and answer.statusCode == pb.SUCCESS
+    assert [a.publishResponse.publishedMsgId.localComponent for a in answer.multiPublishResponse.answers] == [
+        1, 2, 3, 4, 5]
+
+
 async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds() -> None:
     """``submit_all`` (the server's batched publish): one entry for what fits, each message its own seq id."""
     log, lh = held_log(max_batch_messages=3, max_outstanding_adds=4, batch_flush_bytes=1)
