@@ -52,27 +52,6 @@ class MultiPublishHost(PublishHost, Protocol):
     async def topic(self, topic: bytes, should_claim: bool, for_publish: bool = False) -> Topic: ...
 
 
-def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.PublishRequest]) -> tuple[int, str] | None:
-    """Why a PUBLISH_MULTI is refused as a whole: its first part that a PUBLISH of its own would be refused for
-    (``ServerConnection``'s checks: the topic's name, message sizes, delays, producers in a batch); else None."""
-    for i, pub in enumerate(parts):
-        problem = protocol.name_problem(pub.topic, "topic", protocol.MAX_TOPIC_BYTES)
-        if problem is not None:
-            return pb.MALFORMED_REQUEST, f"part {i}: {problem}"
-        if pub.msgs:
-            refused, _ = machine._batch_problem(pub)
-            if refused is not None:
-                return refused[0], f"part {i}: {refused[1]}"
-            continue
-        refused = machine.message_problem(pub.msg)
-        if refused is not None:
-            return refused[0], f"part {i}: {refused[1]}"
-    return None
-
-
-_new_stamped = tuple.__new__
-
-
 def _body_size(body: bytes) -> int:
     """The serialized size of a ``Message`` holding ``body`` alone: its field's tag, length and bytes."""
     n = len(body)
@@ -83,6 +62,44 @@ def _body_size(body: bytes) -> int:
         n >>= 7
         size += 1
     return size
+
+
+def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.PublishRequest],
+                  seen: list[tuple[bytes, bytes | None]] | None = None) -> tuple[int, str] | None:
+    """Why a PUBLISH_MULTI is refused as a whole: its first part that a PUBLISH of its own would be refused for
+    (``ServerConnection``'s checks: the topic's name, message sizes, delays, producers in a batch); else None.
+
+    ``seen`` gets each part's topic and, for a message of a body alone (no other field: a size of the body's
+    field alone, so no delay either), its body, else None: what the caller reads again otherwise (a protobuf
+    bytes field is copied at each read)."""
+    limit = machine.max_message_size
+    for i, pub in enumerate(parts):
+        topic = pub.topic
+        problem = protocol.name_problem(topic, "topic", protocol.MAX_TOPIC_BYTES)
+        if problem is not None:
+            return pb.MALFORMED_REQUEST, f"part {i}: {problem}"
+        if pub.msgs:
+            refused, _ = machine._batch_problem(pub)
+            if refused is not None:
+                return refused[0], f"part {i}: {refused[1]}"
+            if seen is not None:
+                seen.append((topic, None))
+            continue
+        msg = pub.msg
+        body = msg.body
+        if msg.ByteSize() == _body_size(body) and len(body) <= limit:
+            if seen is not None:
+                seen.append((topic, body))
+            continue
+        refused = machine.message_problem(msg)
+        if refused is not None:
+            return refused[0], f"part {i}: {refused[1]}"
+        if seen is not None:
+            seen.append((topic, None))
+    return None
+
+
+_new_stamped = tuple.__new__
 
 
 class MultiPublishPath(PublishPath):
@@ -99,7 +116,8 @@ class MultiPublishPath(PublishPath):
     def _publish_multi(self, req: pb.PubSubRequest) -> None:
         """Queue each part of ``req`` (a PUBLISH_MULTI, counted in flight) on its topic's log, in order."""
         parts = req.multiPublishRequest.publishes
-        refused = multi_problem(self.machine, parts)
+        seen: list[tuple[bytes, bytes | None]] = []
+        refused = multi_problem(self.machine, parts, seen)
         if refused is not None:
             self._finished()
             self.server.stats.incr("requests_rejected")
@@ -121,15 +139,13 @@ class MultiPublishPath(PublishPath):
         short = not self.region_hub
         region = server.region_bytes
         plain = 0
-        for i, pub in enumerate(parts):
-            t = topics.get(pub.topic)
+        for i, (topic, body) in enumerate(seen):
+            t = topics.get(topic)
             if t is None:
-                self._track(self._part_when_loaded(answer, i, pub))
+                self._track(self._part_when_loaded(answer, i, parts[i]))
                 continue
             t.last_active = now
-            msg = pub.msg
-            if short and not pub.msgs and msg.ByteSize() == _body_size(body := msg.body) \
-                    and not (vectors and vectors.get(pub.topic)):
+            if body is not None and short and not (vectors and vectors.get(topic)):
                 # a message of a body alone (any other field would add to its size): stamped and serialized
                 # from the body, as a single publish of a body is, without protobuf field writes and a
                 # serialization per message (issue 34)
@@ -138,7 +154,7 @@ class MultiPublishPath(PublishPath):
                              _Part(self, answer, i, t, 1, False), wire, sends=True)
                 plain += 1
             else:
-                self._enqueue_part(t, pub, answer, i, sends=True)
+                self._enqueue_part(t, parts[i], answer, i, sends=True)
             if not published_to or published_to[-1] is not t.log:
                 published_to.append(t.log)
         if plain:
