@@ -151,7 +151,7 @@ class MultiPublishPath(PublishPath):
                 # serialization per message (issue 34)
                 wire = stamped_wire(body, region, now_ms)
                 t.log.submit(_new_stamped(StampedBody, (body, now_ms, region, wire)),
-                             _Part(self, answer, i, t, 1, False), wire, sends=True)
+                             _PlainPart(self, answer, i, t), wire, sends=True)
                 plain += 1
             else:
                 self._enqueue_part(t, parts[i], answer, i, sends=True)
@@ -234,16 +234,17 @@ def _part_failed(exc: BaseException, first: int, stored: int | None) -> bytes:
 
 
 class _MultiAnswer:
-    """The answer to a PUBLISH_MULTI, collected as its parts settle (each once, in any order)."""
+    """The answer to a PUBLISH_MULTI, collected as its parts settle (each once, in any order): each part's
+    serialized answer, or a plain part's seq id (``multi_published`` encodes it with the frame)."""
 
     __slots__ = ("answers", "conn", "left", "t0", "txn_id")
 
     def __init__(self, conn: MultiPublishPath, txn_id: int, n: int, t0: float) -> None:
         self.conn, self.txn_id, self.t0 = conn, txn_id, t0
-        self.answers: list[bytes] = [b""] * n
+        self.answers: list[bytes | int] = [b""] * n
         self.left = n
 
-    def part_done(self, index: int, data: bytes) -> None:
+    def part_done(self, index: int, data: bytes | int) -> None:
         self.answers[index] = data
         self.left -= 1
         if not self.left:
@@ -272,3 +273,24 @@ class _Part(_BatchAnswer):
             self.answer.part_done(self.index, part_published(self.first, self.stored, self.batched))
         else:
             self.conn._part_failed(self)  # type: ignore[attr-defined]
+
+
+class _PlainPart:
+    """The ``Done`` of a part of one message of a body alone (``_publish_multi``'s short way): its answer is its
+    seq id, put in the request's answers as is (``multi_published`` encodes it); a failure goes the way of
+    ``_Part``'s."""
+
+    __slots__ = ("answer", "conn", "index", "t")
+
+    def __init__(self, conn: MultiPublishPath, answer: _MultiAnswer, index: int, t: Topic) -> None:
+        self.conn, self.answer, self.index, self.t = conn, answer, index, t
+
+    def __call__(self, seq: int, error: BaseException | None) -> None:
+        if error is not None:
+            _Part(self.conn, self.answer, self.index, self.t, 1, False).settle(0, error)
+            return
+        answer = self.answer   # part_done's, without its call (once per message)
+        answer.answers[self.index] = seq
+        answer.left -= 1
+        if not answer.left:
+            self.conn._multi_published(answer)

@@ -73,12 +73,24 @@ def part_published(first: int, stored: int, batched: bool) -> bytes:
     return _field(b"\x52", inner)                                       # publishResponse (10)
 
 
-def multi_published(txn_id: int, answers: Sequence[bytes]) -> bytes:
+_SEQ_PARTS = [_PART_TAG + bytes((n + 5,)) + b"\x52" + bytes((n + 3,)) + b"\x0a" + bytes((n + 1,)) + b"\x08"
+              for n in range(11)]
+"""By the length n of a seq id's varint: a part's lead and ``part_published(seq, 0, False)`` up to the varint."""
+
+
+def multi_published(txn_id: int, answers: Sequence[bytes | int]) -> bytes:
     """The encoded SUCCESS answer to a PUBLISH_MULTI: ``answers`` (each a serialized ``PubSubResponse``, in the
-    parts' order) in ``multiPublishResponse.answers``; byte for byte what protobuf serializes (tested)."""
+    parts' order) in ``multiPublishResponse.answers``; byte for byte what protobuf serializes (tested). An int
+    (at least 1) stands for ``part_published(seq, 0, False)``, encoded here with the frame (issue 34)."""
     body = [b""]
     size = 0
     for answer in answers:
+        if isinstance(answer, int):
+            v = _varint(answer)
+            part = _SEQ_PARTS[len(v)] + v
+            body.append(part)
+            size += len(part)
+            continue
         lead = _PART_TAG + _varint(len(answer))
         body.append(lead)
         body.append(answer)

@@ -463,6 +463,30 @@ async def test_publish_multi_parts_of_a_body_alone_are_stored_as_protobuf_stamps
         1, 2, 3, 4, 5]
 
 
+async def test_a_failed_add_of_a_publish_multi_part_of_a_body_alone_answers_that_part_with_the_failure() -> None:
+    """The short way's part (``_PlainPart``): stored, it answers with its seq id; its add failed, the part's
+    answer carries the failure (as a PUBLISH's would) and the request is still answered once, whole."""
+    from hub.frames_multi import publish_multi
+
+    store = RangesStore()
+    log = TopicLog(b"t", None, store, load_hub_conf(None, {"batch_flush_bytes": 0, "max_outstanding_adds": 4}))
+    lh = RefusingLedger()                                   # refuses its second add
+    log.lh, log._last_index = lh, EntryIndex(lh.ledger_id)
+    log.ranges = pb.LedgerRanges(ranges=[pb.LedgerRange(ledgerId=lh.ledger_id, startSeqIdIncluded=1)])
+    conn, server, _, written = _serving(log, lh)
+    conn.data_received(publish_multi(3, [(b"t", [b"a" * 10])]))
+    lh.settle(0)
+    conn.data_received(publish_multi(4, [(b"t", [b"b" * 10])]))
+    await turns(20)
+    server.flush()
+    first, second = [pb.PubSubResponse.FromString(f) for f in FrameDecoder(1 << 20).feed(b"".join(written))]
+    assert (first.txnId, first.statusCode) == (3, pb.SUCCESS)
+    assert [a.publishResponse.publishedMsgId.localComponent for a in first.multiPublishResponse.answers] == [1]
+    assert (second.txnId, second.statusCode) == (4, pb.SUCCESS)   # the request; its part failed
+    (part,) = second.multiPublishResponse.answers
+    assert part.statusCode == pb.SERVICE_DOWN and not part.publishResponse.publishedMsgId.localComponent
+
+
 async def test_a_batched_publish_is_queued_at_once_and_split_by_the_entry_bounds() -> None:
     """``submit_all`` (the server's batched publish): one entry for what fits, each message its own seq id."""
     log, lh = held_log(max_batch_messages=3, max_outstanding_adds=4, batch_flush_bytes=1)

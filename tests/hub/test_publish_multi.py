@@ -238,3 +238,8 @@ async def test_the_hand_made_frames_are_what_protobuf_serializes(txn: int) -> No
     made = [part_published(5, 1, False), part_published(2**33, 3, True), answers[2].SerializeToString(),
             part_published(0, 0, True)]
     assert multi_published(txn, made) == encode(resp)
+    # a plain part's seq id as an int: encoded with the frame as part_published(seq, 0, False) is
+    for seq in (1, 127, 128, 2**33, 2**63 - 1):
+        plain = [seq, *made, seq]
+        assert multi_published(txn, plain) == multi_published(txn, [part_published(seq, 0, False), *made,
+                                                                     part_published(seq, 0, False)])
