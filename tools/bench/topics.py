@@ -89,6 +89,27 @@ hub 0.061 -> 0.040 ms and bookies 0.063 -> 0.034 ms of CPU per message
 left per message is its entry of its own: the topic's pump, its ledger add
 and its share of the bookies' answers.
 
+Where a spread message's time goes now (issue 34, the rows' CPU and journal
+fields; 2 000 topics at depth 64, against ``one_topic_unbatched``, both one
+message per entry): the window moves as one convoy. The client writes one
+PUBLISH_MULTI of about 64 parts, the hub one ADD_ENTRIES_MULTI per bookie,
+each bookie one journal group (about 33 adds, a 0.4 ms sync) and one answer,
+the hub one answer (``strace``: 8 system calls a cycle in both cases). A
+message's latency is then about 64 times the CPU per message of the client,
+the hub and one bookie in turn, plus a sync, while the 2 cores are half idle
+(``cores_busy`` about 0.5 hub, 0.5 bookies, 0.25 client). Per message
+(``/proc`` thread times): hub 27 against 18 us, one bookie 8.3 against 6.9
+(its checkpoint thread 1.4 against 0.55: a segment and a ledger record per
+ledger), client 10 against 6. Splitting the convoy (a PUBLISH_MULTI's parts
+sent to the bookies in chunks, smaller client requests) did not pay in
+alternated runs; cutting per-message work does: a part of a body alone is
+now stamped, serialized and answered once per request (``hub.connection_multi``),
+and the bookies journal no LAC record an add's header already carries. 5
+pairs of this bench, the code before those alternated with after (load
+average 3-7): spread 8 200-17 500 -> 9 600-19 400 msg/s (each pair +1 to
++18 %, median +16 %), hub 27-30.5 -> 23-32 us per message (median 29.5 ->
+24.5), ``fair_ratio`` median 0.54 -> 0.62.
+
 Figures measured on a shared machine are contended: the lines carry the
 configuration, not the machine's load.
 """
