@@ -104,11 +104,11 @@ ledger), client 10 against 6. Splitting the convoy (a PUBLISH_MULTI's parts
 sent to the bookies in chunks, smaller client requests) did not pay in
 alternated runs; cutting per-message work does: a part of a body alone is
 now stamped, serialized and answered once per request (``hub.connection_multi``),
-and the bookies journal no LAC record an add's header already carries. 5
+and the bookies journal no LAC record an add's header already carries. 10
 pairs of this bench, the code before those alternated with after (load
-average 3-7): spread 8 200-17 500 -> 9 600-19 400 msg/s (each pair +1 to
-+18 %, median +16 %), hub 27-30.5 -> 23-32 us per message (median 29.5 ->
-24.5), ``fair_ratio`` median 0.54 -> 0.62.
+average 3-7; medians): spread 12 400 -> 14 300 msg/s (per pair -12 % to
++33 %, median +16 %), p50 3.9 -> 3.2 ms, hub 29 -> 26 us per message,
+``ratio`` 0.35 -> 0.38, ``fair_ratio`` 0.55 -> 0.62.
 
 Figures measured on a shared machine are contended: the lines carry the
 configuration, not the machine's load.
