@@ -213,9 +213,11 @@ class GroupCommit:
         return batch
 
     def admit_frame(self, entries: Sequence[bytes], ledger_id: int, multi: bool, master_key: bytes, recovery: bool,
-                    done: Done) -> int:
+                    sink: AckSink, ack: object) -> int:
         """Admit a frame's adds (ADD_ENTRIES of ``ledger_id``, or ADD_ENTRIES_MULTI when ``multi``) from the first
-        while each passes ``_admit``'s checks plainly; ``done`` waits for them all once all were admitted.
+        while each passes ``_admit``'s checks plainly; once all were admitted, ``ack`` joins ``sink``'s run as one
+        ``submit_acked_add`` does (one ack for the whole frame: the frame and the single adds of one connection
+        form one run, one waiter).
 
         Returns how many were admitted (in order, into the open group). Fewer than all: the caller serves the
         rest one by one (``submit_acked_add``), which raises or throttles what stopped this loop (a short
@@ -260,8 +262,12 @@ class GroupCommit:
             if entry_id > last_of(lid, -1):
                 last[lid] = entry_id
             n += 1
-        batch.waiters.append(done)
-        batch.run_sink = None
+        if batch.run_sink is sink:
+            batch.run_acks.append(ack)
+        else:
+            acks = batch.run_acks = [ack]
+            batch.run_sink = sink
+            batch.waiters.append(functools.partial(sink, acks))
         return n
 
     def add_waiter(self, done: Done) -> None:
@@ -475,7 +481,6 @@ class GroupCommit:
                     log.exception("entry storage on_commit hook raised")
             if filled:
                 self._checkpoints.cache_filled()
-        batch.waiters.reverse()  # popped from the end, in order
         self._complete(batch)
 
     def _complete(self, batch: _Batch) -> None:
@@ -487,10 +492,21 @@ class GroupCommit:
         """
         exc = batch.error
         waiters = batch.waiters
-        pop = waiters.pop
         left = len(waiters)
-        seen = -1
         handover = not self._group_wait
+        if left <= _SLICE and (self._batch is None or self._committing or not handover):
+            # one slice and no open group to hand over before it (the usual small group): in order, plainly
+            for done in waiters:
+                try:
+                    done(exc)
+                except Exception:
+                    log.exception("entry storage completion callback raised")
+            waiters.clear()
+            left = 0
+        else:
+            waiters.reverse()  # popped from the end, in order
+        pop = waiters.pop
+        seen = -1
         while left:
             # The journal thread is idle: hand it the open group once that holds as
             # many adds as there are callbacks left to run, or once the callbacks

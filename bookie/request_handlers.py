@@ -116,18 +116,6 @@ class _AddsAnswer:
         conn.finished()
 
 
-def _frame_done(stats: BookieStats, conn: BookieServerProtocol, req: proto.Request, exc: BaseException | None) -> None:
-    """The waiter of an ADD_ENTRIES frame whose adds were all admitted (``GroupCommit.admit_frame``): one OK answer,
-    else (the group failed) every add answered with the error, as ``_AddsAnswer`` does."""
-    if exc is None:   # every add counts as an ADD_ENTRY in the metrics, as if sent singly
-        op = req.op
-        conn.frame_answered(op, proto.ok_frame(req.txn_id, op), len(req.entries))
-        return
-    answer = _AddsAnswer(stats, conn, req.txn_id, req.ledger_id, req.entries, req.op)
-    answer.settled(range(len(req.entries)), exc)
-    answer.submitted()
-
-
 class RequestHandlers:
     """Serves every connection's decoded requests against the storage; see the module docstring."""
 
@@ -248,8 +236,7 @@ class RequestHandlers:
         start = 0
         if entries and not req.trace and not read_only and storage is not None:
             # the common case: every add admitted by one call, one waiter answers the frame
-            start = storage.journal.admit_frame(entries, ledger_id, multi, master_key, recovery,
-                                                functools.partial(_frame_done, self._stats, conn, req))
+            start = storage.journal.admit_frame(entries, ledger_id, multi, master_key, recovery, conn.acked, req)
             if start == len(entries):
                 conn.started()
                 return
@@ -280,6 +267,13 @@ class RequestHandlers:
                     log.error("error serving an add of ADD_ENTRIES from %s", conn.peer, exc_info=exc)
                 answer.failed(i, exc)
         conn.started()
+        answer.submitted()
+
+    def frame_failed(self, req: proto.Request, exc: BaseException, conn: BookieServerProtocol) -> None:
+        """An ADD_ENTRIES frame whose adds were all admitted (``GroupCommit.admit_frame``) is in a group that failed:
+        every add is answered with the error, as ``_AddsAnswer`` answers (the frame is finished then)."""
+        answer = _AddsAnswer(self._stats, conn, req.txn_id, req.ledger_id, req.entries, req.op)
+        answer.settled(range(len(req.entries)), exc)
         answer.submitted()
 
     def _read(self, req: proto.Request, conn: BookieServerProtocol) -> None:

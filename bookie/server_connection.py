@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from bookie import protocol as proto
 from bookie.conf import BookieConf
@@ -26,6 +26,11 @@ ADD_ENTRIES = proto.ADD_ENTRIES
 ADD_ENTRIES_MULTI = proto.ADD_ENTRIES_MULTI
 OK = proto.OK
 ADD_OK = (ADD_ENTRY, OK)
+ok_frame = proto.ok_frame
+JOIN_BYTES = 16 * 1024
+"""A flush of answers totalling at most this is written as one joined buffer (``Outbox`` join_bytes): a read's
+few small answers leave by one ``write``, as the python floor's sink writes its acks, not a ``writev`` of one
+part per answer (issue 32)."""
 
 __all__ = ["BookieServerProtocol", "ConnectionHost", "ReadGroup", "RequestSink"]
 
@@ -56,6 +61,10 @@ class RequestSink(Protocol):
 
     def add_entries(self, req: proto.Request, conn: BookieServerProtocol) -> None:
         """Serve an ADD_ENTRIES or ADD_ENTRIES_MULTI (``handle``'s other hot path)."""
+        ...
+
+    def frame_failed(self, req: proto.Request, exc: BaseException, conn: BookieServerProtocol) -> None:
+        """Answer every add of an ADD_ENTRIES frame admitted whole with ``exc`` (its group failed); finishes it."""
         ...
 
     @property
@@ -97,7 +106,7 @@ class BookieServerProtocol(asyncio.Protocol):
         self.key = key
         self.state = proto.ServerConnection(conf.max_frame_size, conf.max_pending_requests,
                                             conf.max_pending_response_bytes)
-        self.outbox = Outbox(on_flush=self.state.flushed)
+        self.outbox = Outbox(on_flush=self.state.flushed, join_bytes=JOIN_BYTES)
         self.started = self.state.request_started  # a request is answered later (``finished``)
         self.acked = self._acked  # the storage's sink for this connection's adds: one object, so runs form
         self.acks = proto.AddAcks()  # frames the OK answers to its adds
@@ -261,17 +270,38 @@ class BookieServerProtocol(asyncio.Protocol):
         if self.state.requests_finished(1):
             self._act_on_finished()
 
-    def _acked(self, acks: list[bytes], exc: BaseException | None) -> None:
-        """The storage's sink for this connection's adds (``submit_acked_add``): answer a run of them.
+    def _acked(self, acks: list[Any], exc: BaseException | None) -> None:
+        """The storage's sink for this connection's adds: answer a run of them, one call per group.
 
-        ``acks`` are their framed OK answers (``conn.acks``), queued as they
-        are once the group is durable; after a failed commit each add is
-        answered with the error instead.
+        An ack is the framed OK answer of an ADD_ENTRY (``conn.acks``,
+        ``submit_acked_add``) or the ``Request`` of an ADD_ENTRIES frame whose
+        adds were admitted whole (``GroupCommit.admit_frame``), answered by
+        its hand-framed OK (``ok_frame``); all are queued together once the
+        group is durable. After a failed commit each add is answered with the
+        error instead (a frame's by ``RequestSink.frame_failed``).
         """
         n = len(acks)
-        if self.transport is not None:
-            if exc is None:
-                self._server.stats.requests[ADD_OK] = self._server.stats.requests.get(ADD_OK, 0) + n
+        if exc is None:
+            if self.transport is not None:
+                requests = self._server.stats.requests
+                adds = n
+                for ack in acks:
+                    if type(ack) is not bytes:   # a frame in the run: frame its answer, count it
+                        frames: list[bytes] = []
+                        adds = 0
+                        for item in acks:
+                            if type(item) is bytes:
+                                frames.append(item)
+                                adds += 1
+                            else:
+                                op = item.op
+                                frames.append(ok_frame(item.txn_id, op))
+                                adds += len(item.entries)
+                                key = (op, OK)
+                                requests[key] = requests.get(key, 0) + 1
+                        acks = frames
+                        break
+                requests[ADD_OK] = requests.get(ADD_OK, 0) + adds   # each add counts as an ADD_ENTRY
                 nbytes = sum(map(len, acks))
                 if self._in_read:
                     self.outbox.put_all(acks, nbytes)  # the read's flush writes them
@@ -279,11 +309,16 @@ class BookieServerProtocol(asyncio.Protocol):
                     self.outbox.send_all(acks, nbytes)
                 if self.state.response_queued(nbytes):
                     self.outbox.flush()
-            else:
-                for ack in acks:
+        else:
+            for ack in acks:
+                if type(ack) is not bytes:
+                    n -= 1   # finished by its answer
+                    self._requests.frame_failed(ack, exc, self)
+                elif self.transport is not None:
                     ok = proto.parse_response(ack[proto.PREFIX_SIZE:])
                     self.send_later(proto.add_response(ok.txn_id, ok.ledger_id, ok.entry_id, exc))
-        self.finished(n)
+        if self.state.requests_finished(n):
+            self._act_on_finished()
 
     def flush(self) -> None:
         self.outbox.flush()

@@ -260,3 +260,46 @@ async def test_a_pipeline_of_add_entries_frames_is_stored_in_full(server: Bookie
     assert run.finished and run.errors == 0 and len(run.latencies()) == 500
     assert server.storage.read_entry(9, 499) == (499, payloads[499])
     assert server.stats.requests[(proto.ADD_ENTRY, proto.OK)] == 500
+
+
+async def test_single_adds_and_add_entries_frames_of_one_read_are_answered_by_one_run(
+        server: BookieServer, client: RawBookieClient) -> None:
+    assert (await client.call(add_req(1, 0))).status == proto.OK
+    journal_ = server.storage.journal
+    waiters: list[int] = []
+    complete = journal_._complete
+
+    def count_waiters(batch: Any) -> None:
+        waiters.append(len(batch.waiters))
+        complete(batch)
+
+    journal_._complete = count_waiters  # type: ignore[method-assign]
+    before = dict(server.stats.requests)
+    answers = await pipelined(client, [add_req(1, 1), add_entries(1, [payload(1, 2), payload(1, 3)]),
+                                       add_req(1, 4)])
+    assert [(a.op, a.status) for a in answers] == [(proto.ADD_ENTRY, proto.OK), (proto.ADD_ENTRIES, proto.OK),
+                                                   (proto.ADD_ENTRY, proto.OK)]
+    assert waiters and all(n == 1 for n in waiters)   # each group: one waiter for the connection's run
+    requests = server.stats.requests
+    assert requests[(proto.ADD_ENTRY, proto.OK)] - before[(proto.ADD_ENTRY, proto.OK)] == 4
+    assert requests[(proto.ADD_ENTRIES, proto.OK)] - before.get((proto.ADD_ENTRIES, proto.OK), 0) == 1
+    assert [server.storage.read_entry(1, i)[0] for i in range(5)] == [0, 1, 2, 3, 4]
+    (conn,) = server.connections
+    assert conn.state.in_flight == 0
+
+
+async def test_a_failed_journal_write_answers_each_add_of_a_mixed_run_with_the_error(
+        server: BookieServer, client: RawBookieClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (await client.call(add_req(1, 0))).status == proto.OK
+    before = dict(server.stats.requests)
+    break_the_journal(server, monkeypatch)
+    single, frame, last = await pipelined(client, [add_req(1, 1), add_entries(1, [payload(1, 2), payload(1, 3)]),
+                                                   add_req(1, 4)])
+    assert (single.op, single.status, single.entry_id) == (proto.ADD_ENTRY, proto.ERROR, 1)
+    assert (frame.op, frame.status) == (proto.ADD_ENTRIES, proto.ERROR) and "on fire" in frame.message
+    assert [(a.entry_id, a.status) for a in frame.adds] == [(2, proto.ERROR), (3, proto.ERROR)]
+    assert (last.op, last.status, last.entry_id) == (proto.ADD_ENTRY, proto.ERROR, 4)
+    assert server.stats.requests[(proto.ADD_ENTRY, proto.OK)] == before[(proto.ADD_ENTRY, proto.OK)]
+    assert (proto.ADD_ENTRIES, proto.OK) not in server.stats.requests
+    (conn,) = server.connections
+    assert conn.state.in_flight == 0
