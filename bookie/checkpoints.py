@@ -66,7 +66,7 @@ class _Idle:
 
 
 class Checkpoints:
-    """Checkpoints of the write cache into LMDB: periodic, when the cache is half full, or asked for.
+    """Checkpoints of the write cache into LMDB: periodic, once the cache holds ``checkpoint_bytes``, or asked for.
 
     ``group`` (the journal hand-off) is wired after construction: it needs
     this object too. ``closing`` is set by ``EntryStorage.close``: a failed
@@ -104,7 +104,7 @@ class Checkpoints:
             self.armed = True
 
     def cache_filled(self) -> None:
-        """The write cache is half full: checkpoint it unless a checkpoint runs."""
+        """The write cache holds ``checkpoint_bytes``: checkpoint it unless a checkpoint runs."""
         if self.flushing is None:
             self._start()
 
@@ -236,7 +236,7 @@ class Checkpoints:
         for fut in job.waiters:
             if not fut.done():
                 fut.set_result(None)
-        if self._waiters or self._cache.nbytes >= self._cache.half or self._index.deleting:
+        if self._waiters or self._cache.nbytes >= self._cache.checkpoint_bytes or self._index.deleting:
             self._start()
         elif self._cache.throttled:
             self.group.admit_throttled()

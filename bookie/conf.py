@@ -92,8 +92,9 @@ class BookieConf:
     journal_preallocate_mb: int = setting(16, "Journal files are preallocated this much at a time (MiB).", min=1)
     journal_max_group_wait_ms: int = setting(0, "How long a group commit waits for more adds after its first "
                                                 "(ms); 0 = commit as soon as the previous sync returns.", min=0)
-    write_cache_max_size_mb: int = setting(64, "Memory for synced entries not yet in LMDB (MiB); a checkpoint "
-                                               "starts when half of it is used.", min=1)
+    write_cache_max_size_mb: int = setting(64, "Memory for synced entries not yet in LMDB (MiB); adds wait "
+                                               "while a checkpoint runs and half of it is used (a checkpoint "
+                                               "starts once 1 MiB or half of it is used).", min=1)
     flush_interval: int = setting(1000, "Checkpoint interval (ms): the write cache goes into LMDB and older "
                                         "journal files are deleted.", min=1)
     write_cache_max_throttle_ms: int = setting(10000, "How long an add waits for room in a full write cache "

@@ -34,8 +34,8 @@ The write path (an add is acknowledged once durable):
    keyed by the 16-byte storage key) and its callbacks run in order (a run
    of ``submit_acked_add`` adds with one sink is one call: the server's
    connections).
-4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds half
-   of ``write_cache_max_size`` bytes, the cache is swapped for an empty one
+4. Checkpoint: every ``flush_interval`` seconds, or once the cache holds
+   ``write_cache.CHECKPOINT_BYTES`` (at most half of ``write_cache_max_size``), the cache is swapped for an empty one
    and the flush thread writes the swapped one into LMDB in one synced
    transaction (``bookie.segments``: one value per run of a ledger's
    entries), with the ledger records and the journal position it covers;

@@ -259,5 +259,5 @@ class CheckpointTrigger(Protocol):
         ...
 
     def cache_filled(self) -> None:
-        """The write cache is half full: checkpoint now unless one runs."""
+        """The write cache holds ``checkpoint_bytes``: checkpoint now unless one runs."""
         ...
