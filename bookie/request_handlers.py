@@ -235,7 +235,7 @@ class RequestHandlers:
         read_only = self._read_only()
         start = 0
         if entries and not req.trace and not read_only and storage is not None:
-            # the common case: every add admitted by one call, one waiter answers the frame
+            # the common case: every add admitted by one call; the frame joins the connection's run of acks
             start = storage.journal.admit_frame(entries, ledger_id, multi, master_key, recovery, conn.acked, req)
             if start == len(entries):
                 conn.started()
