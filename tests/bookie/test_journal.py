@@ -74,7 +74,9 @@ async def test_a_lac_piggybacked_on_a_frame_s_adds_is_replayed_from_their_header
     frame_done, lac_done = loop.create_future(), loop.create_future()
     frame = [add_req(lid, eid, lac=lac).body for lid, eid, lac in
              [(1, 1, 0), (2, 1, 0), (1, 2, 1), (2, 2, 1), (1, 3, 0), (3, 1, -1)]]
-    assert s.journal.admit_frame(frame, 0, True, KEY, False, frame_done.set_result) == len(frame)
+    def sink(acks: list[object], exc: BaseException | None) -> None:   # the frame's one ack, as a connection's
+        frame_done.set_result(exc if acks == ["frame"] else acks)
+    assert s.journal.admit_frame(frame, 0, True, KEY, False, sink, "frame") == len(frame)
     s.submit_write_lac(2, KEY, 2, lac_done.set_result)   # the same group: above what ledger 2's adds carry
     assert await frame_done is None and await lac_done is None
     records = list(journal.read_journal(tmp_path / "s" / "journal", start))
