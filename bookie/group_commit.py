@@ -147,12 +147,8 @@ class GroupCommit:
         batch = self._admit(ledger_id, entry_id, master_key, payload, lac, recovery)
         if batch is None:
             self._cache.throttle(_pack_key(ledger_id, entry_id), payload, functools.partial(sink, [ack]), ledger_id)
-        elif batch.run_sink is sink:
-            batch.run_acks.append(ack)
         else:
-            acks = batch.run_acks = [ack]
-            batch.run_sink = sink
-            batch.waiters.append(functools.partial(sink, acks))
+            batch.join_run(sink, ack)
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, payload: bytes,
                   lac: int = -1, *, recovery: bool = False) -> asyncio.Future[None]:
@@ -262,12 +258,7 @@ class GroupCommit:
             if entry_id > last_of(lid, -1):
                 last[lid] = entry_id
             n += 1
-        if batch.run_sink is sink:
-            batch.run_acks.append(ack)
-        else:
-            acks = batch.run_acks = [ack]
-            batch.run_sink = sink
-            batch.waiters.append(functools.partial(sink, acks))
+        batch.join_run(sink, ack)
         return n
 
     def add_waiter(self, done: Done) -> None:

@@ -12,6 +12,7 @@ through a small Protocol here (``GroupState``, ``CheckpointTrigger``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import struct
 import time
 from collections.abc import Callable, Iterable
@@ -142,6 +143,15 @@ class _Batch:
         self.started = time.perf_counter()
         self.nbytes = 0
         self.sync_seconds = 0.0
+
+    def join_run(self, sink: AckSink, ack: object) -> None:
+        """``ack`` joins ``sink``'s run: the last waiter's acks if that run is ``sink``'s, else a new waiter."""
+        if self.run_sink is sink:
+            self.run_acks.append(ack)
+        else:
+            acks = self.run_acks = [ack]
+            self.run_sink = sink
+            self.waiters.append(functools.partial(sink, acks))
 
 
 def _check_ids(ledger_id: int, entry_id: int | None = None) -> None:
