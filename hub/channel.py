@@ -60,7 +60,7 @@ from typing import Protocol, cast
 
 from bookie.wire import Outbox, set_tcp_liveness
 from hub import errors
-from hub.client_answers import BatchAnswer
+from hub.client_answers import BatchAnswer, MultiAnswer
 from hub.conf import HubClientConf
 from hub.message import Message
 from hub.proto import pubsub_pb2 as pb
@@ -247,9 +247,13 @@ class HubChannel(asyncio.Protocol):
         for ev in self.machine.receive_data(data):
             if type(ev) is PublishedReceived:   # a publish's SUCCESS, read by hand: the most frequent answer
                 value = ev.value
-                if isinstance(value, BatchAnswer):   # (a client's batch is one: hub.client_publish)
+                got = ev.first
+                if isinstance(value, BatchAnswer) and type(got) is int:   # (a client's batch: hub.client_publish)
                     if not value.finished:
-                        value.published(ev.first)
+                        value.published(got)
+                elif isinstance(value, MultiAnswer) and type(got) is list and len(got) == len(value.parts):
+                    if not value.finished:   # a PUBLISH_MULTI's parts, each a SUCCESS (issue 34)
+                        value.published(got)
                 elif not value.done():
                     value.set_result(ev.response)
             elif isinstance(ev, ResponseReceived):

@@ -1,6 +1,7 @@
 """The client's most frequent frame, a SUCCESS answer to a publish, read by hand (issue 32).
 
     got = read_published(frame)          # (txn_id, first seq id), or None: protobuf reads the frame
+                                         # (a PUBLISH_MULTI's: (txn_id, [each part's first seq id]))
     PublishedReceived(value, first, frame)
 
 A publishing client gets one answer per request, nearly all of them the hub's
@@ -35,13 +36,14 @@ _MAX_VARINT = 1 << 64
 
 @dataclass(slots=True)
 class PublishedReceived(Generic[T]):
-    """A SUCCESS answer to a publish, read by hand: the request's ``value`` and the first stored seq id.
+    """A SUCCESS answer to a publish, read by hand: the request's ``value`` and the first stored seq id (of a
+    PUBLISH_MULTI's answer: each part's, in order).
 
     Not frozen (one per answer: a frozen dataclass's ``__init__`` costs several times as much).
     """
 
     value: T
-    first: int
+    first: int | list[int]
     frame: bytes
 
     @property
@@ -50,12 +52,14 @@ class PublishedReceived(Generic[T]):
         return pb.PubSubResponse.FromString(self.frame)
 
 
-def read_published(frame: bytes) -> tuple[int, int] | None:
+def read_published(frame: bytes) -> tuple[int, int | list[int]] | None:
     """``(txn_id, seq_id)`` of a frame body (no length prefix) that is exactly a SUCCESS answer to a publish:
     ``ANSWER_LEAD``, a txn id other than 0, the topic (or none), then the ``publishResponse`` up to the end,
     holding a ``publishedMsgId`` of a ``localComponent`` (not 0) alone and a ``stored`` count (or none), in that
     order, each once, with the topic and the lengths under 0x80 bytes (one-byte varints, as the hub's answers
-    to a topic of fewer than 128 bytes have them); else None.
+    to a topic of fewer than 128 bytes have them); else None. Of a PUBLISH_MULTI's SUCCESS answer (``ANSWER_LEAD``,
+    the txn id, then ``multiPublishResponse`` up to the end, each part a SUCCESS as ``_read_multi`` reads it):
+    ``(txn_id, [seq id of each part, in order])`` (issue 34).
 
     Read inline, one pass, no call per field: a varint read by a helper costs more than protobuf's whole
     parse (measured), the inline read a little less, and the answer then skips the rest of protobuf's way.
@@ -78,6 +82,9 @@ def read_published(frame: bytes) -> tuple[int, int] | None:
         i += 1
         if not 0 < txn < _MAX_VARINT:
             return None
+        if b[i] == 0x7A:                     # multiPublishResponse (15): a PUBLISH_MULTI's answer
+            seqs = _read_multi(b, i + 1)
+            return None if seqs is None else (txn, seqs)
         if b[i] == 0x2A:                     # topic (bytes 5): not read
             size = b[i + 1]
             if size >= 0x80:
@@ -113,5 +120,68 @@ def read_published(frame: bytes) -> tuple[int, int] | None:
                     or any(c < 0x80 for c in stored[:-1]):
                 return None
         return txn, seq
+    except IndexError:   # a varint or a field past the end
+        return None
+
+
+def _read_multi(b: bytes, i: int) -> list[int] | None:
+    """The parts' seq ids of a ``multiPublishResponse`` whose length's varint is at ``i`` and whose answers run
+    up to the end of ``b``, each exactly ``hub.frames_multi.part_published(seq, stored, batched)`` of a seq id
+    (not 0), with or without ``stored`` (SUCCESS stored them all), its lengths under 0x80 (one-byte varints);
+    else None (protobuf reads it). One pass, varints inline (issue 34)."""
+    try:
+        byte = b[i]                          # the answers' length: up to the end of the frame
+        size = byte & 0x7F
+        shift = 7
+        while byte >= 0x80:
+            i += 1
+            byte = b[i]
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            if shift > 35:
+                return None
+        i += 1
+        n = len(b)
+        if size != n - i:
+            return None
+        seqs: list[int] = []
+        while i < n:
+            size = b[i + 1]                  # answers (1) { publishResponse (10) { publishedMsgId (1) { ...
+            if b[i] != 0x0A or size >= 0x80 or b[i + 2] != 0x52 or b[i + 3] != size - 2 or b[i + 4] != 0x0A:
+                return None
+            end = i + 2 + size
+            size = b[i + 5]
+            if size >= 0x80 or b[i + 6] != 0x08:   # ... localComponent (1) alone }
+                return None
+            last = i + 6 + size
+            i += 7
+            byte = b[i]
+            seq = byte & 0x7F
+            shift = 7
+            while byte >= 0x80:
+                i += 1
+                byte = b[i]
+                seq |= (byte & 0x7F) << shift
+                shift += 7
+                if shift > 70:
+                    return None
+            i += 1
+            if i != last or not 0 < seq < _MAX_VARINT:
+                return None
+            if i < end:                      # stored (2): a varint up to the part's end
+                if b[i] != 0x10 or end - i > 11:
+                    return None
+                i += 1
+                while i < end - 1:
+                    if b[i] < 0x80:
+                        return None
+                    i += 1
+                if i != end - 1 or b[i] >= 0x80 or (end - last == 11 and b[i] > 1):
+                    return None
+                i += 1
+            elif i != end:
+                return None
+            seqs.append(seq)
+        return seqs
     except IndexError:   # a varint or a field past the end
         return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -158,9 +158,11 @@ async def test_a_part_the_hub_does_not_own_is_redirected_alone_and_the_others_ar
 
 
 @asynccontextmanager
-async def old_hub(hub: str) -> AsyncIterator[tuple[str, list[int]]]:
+async def old_hub(hub: str, answer: Callable[[pb.PubSubRequest], bytes] | None = None
+                  ) -> AsyncIterator[tuple[str, list[int]]]:
     """A proxy to ``hub`` that answers PUBLISH_MULTI as a hub that predates it does (UNKNOWN_OPERATION, nothing
-    stored) and passes every other frame through; its address, and the txn ids it refused."""
+    stored; or with ``answer(request)``'s frame) and passes every other frame through; its address, and the txn
+    ids it refused (answered)."""
     refused: list[int] = []
     host, port = hub.split(":")
     tasks: set[asyncio.Task[None]] = set()
@@ -187,7 +189,8 @@ async def old_hub(hub: str) -> AsyncIterator[tuple[str, list[int]]]:
             req = pb.PubSubRequest.FromString(frame[4:])
             if req.type == pb.PUBLISH_MULTI:
                 refused.append(req.txnId)
-                client_w.write(encode(response(req.txnId, pb.UNKNOWN_OPERATION, "unknown operation 11")))
+                client_w.write(encode(response(req.txnId, pb.UNKNOWN_OPERATION, "unknown operation 11"))
+                               if answer is None else answer(req))
             else:
                 hub_w.write(frame)
         hub_w.close()
