@@ -16,6 +16,7 @@ from hub.client_answers import MultiAnswer
 from hub.client_published import read_published
 from hub.frames_multi import multi_published, part_published
 from hub.proto import pubsub_pb2 as pb
+from tests.hub.test_client_published import mangle
 from tests.hub.test_hub import publish_req, raw_exchange
 from tests.hub.test_publish_multi import names, old_hub
 from tools.cluster import LocalCluster
@@ -102,20 +103,8 @@ def multi_responses(draw: st.DrawFn) -> bytes:
 @st.composite
 def mangled(draw: st.DrawFn) -> bytes:
     """An answer with bytes flipped, inserted, cut or dropped: anything from a valid frame to garbage."""
-    frame = bytearray(draw(st.one_of(multi_responses(), st.builds(
+    return mangle(draw, draw(st.one_of(multi_responses(), st.builds(
         lambda t, seqs: multi_published(t, seqs)[4:], POSITIVE, st.lists(POSITIVE, max_size=5)))))
-    for _ in range(draw(st.integers(0, 3))):
-        op = draw(st.integers(0, 3))
-        at = draw(st.integers(0, len(frame)))
-        if op == 0 and at < len(frame):
-            frame[at] = draw(st.integers(0, 255))
-        elif op == 1:
-            frame[at:at] = draw(st.binary(min_size=1, max_size=11))
-        elif op == 2:
-            del frame[at:]
-        else:
-            del frame[at:at + draw(st.integers(1, 3))]
-    return bytes(frame)
 
 
 @settings(max_examples=1500, deadline=None)

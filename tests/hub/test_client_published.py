@@ -90,8 +90,13 @@ def responses(draw: st.DrawFn) -> bytes:
 @st.composite
 def mangled(draw: st.DrawFn) -> bytes:
     """An answer with bytes flipped, inserted, cut or dropped: anything from a valid frame to garbage."""
-    frame = bytearray(draw(st.one_of(responses(), st.builds(lambda t, s, q: published(t, s, q)[4:],
-                                                             U64, st.binary(max_size=5), U64))))
+    return mangle(draw, draw(st.one_of(responses(), st.builds(lambda t, s, q: published(t, s, q)[4:],
+                                                              U64, st.binary(max_size=5), U64))))
+
+
+def mangle(draw: st.DrawFn, answer: bytes) -> bytes:
+    """``answer`` with up to 3 bytes flipped, runs inserted, cut or dropped (hypothesis draws which)."""
+    frame = bytearray(answer)
     for _ in range(draw(st.integers(0, 3))):
         op = draw(st.integers(0, 3))
         at = draw(st.integers(0, len(frame)))
