@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from hub.frames import long_varint
 from hub.proto import pubsub_pb2 as pb
 
 __all__ = ["ANSWER_LEAD", "PublishedReceived", "read_published"]
@@ -61,25 +62,17 @@ def read_published(frame: bytes) -> tuple[int, int | list[int]] | None:
     the txn id, then ``multiPublishResponse`` up to the end, each part a SUCCESS as ``_read_multi`` reads it):
     ``(txn_id, [seq id of each part, in order])`` (issue 34).
 
-    Read inline, one pass, no call per field: a varint read by a helper costs more than protobuf's whole
-    parse (measured), the inline read a little less, and the answer then skips the rest of protobuf's way.
+    Read in one pass, no call per field: a one-byte varint inline, a longer one by ``hub.frames.long_varint``
+    (the hub's reader of its publishes); the answer then skips the rest of protobuf's way.
     """
     b = frame
     try:   # the read inline here, not a call of its own: a call less per answer (issue 32)
         if not b.startswith(ANSWER_LEAD):
             return None
-        i = 3                                # txnId (3): a varint of up to 10 bytes, under 2**64, not 0
-        byte = b[3]
-        txn = byte & 0x7F
-        shift = 7
-        while byte >= 0x80:
-            i += 1
-            byte = b[i]
-            txn |= (byte & 0x7F) << shift
-            shift += 7
-            if shift > 70:
-                return None
-        i += 1
+        txn = b[3]                           # txnId (3): a varint of up to 10 bytes, under 2**64, not 0
+        i = 4
+        if txn >= 0x80:
+            txn, i = long_varint(b, i, txn)
         if not 0 < txn < _MAX_VARINT:
             return None
         if b[i] == 0x7A:                     # multiPublishResponse (15): a PUBLISH_MULTI's answer
@@ -98,18 +91,10 @@ def read_published(frame: bytes) -> tuple[int, int | list[int]] | None:
         if size >= 0x80 or b[i + 4] != 0x08:  # localComponent (1) alone
             return None
         end = i + 4 + size
-        i += 5
-        byte = b[i]
-        seq = byte & 0x7F
-        shift = 7
-        while byte >= 0x80:
-            i += 1
-            byte = b[i]
-            seq |= (byte & 0x7F) << shift
-            shift += 7
-            if shift > 70:
-                return None
-        i += 1
+        seq = b[i + 5]
+        i += 6
+        if seq >= 0x80:
+            seq, i = long_varint(b, i, seq)
         if i != end or not 0 < seq < _MAX_VARINT:
             return None
         if i < n:                            # stored (2): SUCCESS stored all of them; its varint ends the frame
@@ -128,19 +113,12 @@ def _read_multi(b: bytes, i: int) -> list[int] | None:
     """The parts' seq ids of a ``multiPublishResponse`` whose length's varint is at ``i`` and whose answers run
     up to the end of ``b``, each exactly ``hub.frames_multi.part_published(seq, stored, batched)`` of a seq id
     (not 0), with or without ``stored`` (SUCCESS stored them all), its lengths under 0x80 (one-byte varints);
-    else None (protobuf reads it). One pass, varints inline (issue 34)."""
+    else None (protobuf reads it). One pass, as ``read_published`` (issue 34)."""
     try:
-        byte = b[i]                          # the answers' length: up to the end of the frame
-        size = byte & 0x7F
-        shift = 7
-        while byte >= 0x80:
-            i += 1
-            byte = b[i]
-            size |= (byte & 0x7F) << shift
-            shift += 7
-            if shift > 35:
-                return None
+        size = b[i]                          # the answers' length: up to the end of the frame
         i += 1
+        if size >= 0x80:
+            size, i = long_varint(b, i, size)
         n = len(b)
         if size != n - i:
             return None
@@ -154,18 +132,10 @@ def _read_multi(b: bytes, i: int) -> list[int] | None:
             if size >= 0x80 or b[i + 6] != 0x08:   # ... localComponent (1) alone }
                 return None
             last = i + 6 + size
-            i += 7
-            byte = b[i]
-            seq = byte & 0x7F
-            shift = 7
-            while byte >= 0x80:
-                i += 1
-                byte = b[i]
-                seq |= (byte & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    return None
-            i += 1
+            seq = b[i + 7]
+            i += 8
+            if seq >= 0x80:
+                seq, i = long_varint(b, i, seq)
             if i != last or not 0 < seq < _MAX_VARINT:
                 return None
             if i < end:                      # stored (2): a varint up to the part's end
