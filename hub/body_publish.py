@@ -174,7 +174,7 @@ class StampedBody(tuple):  # type: ignore[type-arg]   # (body, publishTimeMs, sr
     It reads as the ``pb.Message`` fields the log looks at (``body``, ``publishTimeMs``, ``srcRegion``,
     ``producer`` and ``sequenceId``, empty) and ``SerializeToString()`` gives ``wire``; ``message()`` is the
     ``pb.Message`` itself, parsed, for whoever needs more (``hub.message.Message.persisted_run``).
-    Made with ``tuple.__new__(StampedBody, fields)`` (``stamped_bodies``), no ``__init__`` call.
+    Made with ``new_stamped(StampedBody, fields)`` (``tuple.__new__``: no ``__init__`` call).
     """
 
     __slots__ = ()
@@ -193,12 +193,13 @@ class StampedBody(tuple):  # type: ignore[type-arg]   # (body, publishTimeMs, sr
         return pb.Message.FromString(self[3])
 
 
-_new_stamped = tuple.__new__
+new_stamped = tuple.__new__
+"""A queued body publish: ``new_stamped(StampedBody, (body, time_ms, region, wire))`` (no ``__init__`` call)."""
 
 
 def stamped_bodies(bodies: list[bytes], wires: list[bytes], time_ms: int, region: bytes) -> list[StampedBody]:
     """``StampedBody`` of each of ``bodies`` (``wires``: their stamped serializations, in order)."""
-    new = _new_stamped
+    new = new_stamped
     return [new(StampedBody, (body, time_ms, region, wire)) for body, wire in zip(bodies, wires, strict=True)]
 
 

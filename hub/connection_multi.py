@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol
-from hub.body_publish import StampedBody
+from hub.body_publish import StampedBody, new_stamped
 from hub.connection_publish import PublishHost, PublishPath, _BatchAnswer
 from hub.frames import stamped_wire
 from hub.frames_multi import multi_published, part_published
@@ -99,9 +99,6 @@ def multi_problem(machine: protocol.ServerConnection, parts: Sequence[pb.Publish
     return None
 
 
-_new_stamped = tuple.__new__
-
-
 class MultiPublishPath(PublishPath):
     """PUBLISH_MULTI of ``HubConnection`` (on top of its single-topic publish path)."""
 
@@ -150,7 +147,7 @@ class MultiPublishPath(PublishPath):
                 # from the body, as a single publish of a body is, without protobuf field writes and a
                 # serialization per message (issue 34)
                 wire = stamped_wire(body, region, now_ms)
-                t.log.submit(_new_stamped(StampedBody, (body, now_ms, region, wire)),
+                t.log.submit(new_stamped(StampedBody, (body, now_ms, region, wire)),
                              _PlainPart(self, answer, i, t), wire, sends=True)
                 plain += 1
             else:

@@ -23,7 +23,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Protocol
 
 from hub import protocol, tracing
-from hub.body_publish import BodyPublish, StampedBody, stamped_bodies
+from hub.body_publish import BodyPublish, StampedBody, new_stamped, stamped_bodies
 from hub.delayed import resolve_due
 from hub.frames import published, published_batch_ok, stamped_wire, stamped_wires
 from hub.proto import pubsub_pb2 as pb
@@ -41,9 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("hub.connection")   # these lines have always been the connection's
 
 __all__ = ["PublishPath"]
-
-_new_stamped = tuple.__new__
-"""A ``BodyPublish``'s queued message: ``_new_stamped(StampedBody, (body, time_ms, region, wire))``."""
 
 
 class PublishHost(Protocol):
@@ -178,7 +175,7 @@ class PublishPath:
             server.stats.counters["publishes"] += 1   # incr's, without its call (once per publish)
             body = ev.body
             wire = stamped_wire(body, region, now)
-            t.log.submit(_new_stamped(StampedBody, (body, now, region, wire)),
+            t.log.submit(new_stamped(StampedBody, (body, now, region, wire)),
                          functools.partial(self._body_published, ev, t, t0), wire, sends=True)
         else:   # a batched one: as _enqueue's bodies path, its messages StampedBody too
             server.stats.incr("publishes", len(bodies))
